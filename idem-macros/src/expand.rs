@@ -1,0 +1,183 @@
+//! Generates the rewritten handler from the checked model.
+//!
+//! The user's block is moved, with its own spans, into an `async move` block
+//! whose return type is pinned to the written return type (so `?` and type
+//! errors read as they would in the original function). Everything the
+//! expansion introduces is named with `Span::mixed_site()`, so the body cannot
+//! see or shadow it, and reaches the runtime through `<crate>::__private`.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{Ident, Type};
+
+use crate::valid::{Handler, KeyPart};
+
+pub(crate) fn expand(h: &Handler) -> TokenStream {
+    let rt = &h.krate;
+    let p = quote!(#rt::__private);
+    let func = &h.func;
+    let attrs = &func.attrs;
+    let vis = &func.vis;
+    let sig = &func.sig;
+    let ident = &sig.ident;
+    let generics = &sig.generics;
+    let where_clause = &generics.where_clause;
+    let unsafety = &sig.unsafety;
+    let block = &func.block;
+
+    let mixed = Span::mixed_site();
+    let store = Ident::new("store", mixed);
+    let spec = Ident::new("__IDEM_SPEC", mixed);
+    let key = Ident::new("__idem_key", mixed);
+    let key_ref = Ident::new("__idem_key_ref", mixed);
+
+    let ret_ty = &h.ret_ty;
+    let ok_ty = match &h.ok_ty {
+        Some(t) => quote!(#t),
+        None => quote_spanned!(ret_ty.span()=> <#ret_ty as #p::HandlerResult>::Ok),
+    };
+    let err_ty = match &h.err_ty {
+        Some(t) => quote!(#t),
+        None => quote_spanned!(ret_ty.span()=> <#ret_ty as #p::HandlerResult>::Err),
+    };
+    let ok_span = h.ok_ty.as_ref().map_or(ret_ty.span(), Spanned::span);
+
+    let store_ty = format_ident!("{}", h.store.type_name());
+    let receiver = h.receiver.as_ref().map(|r| quote!(#r,));
+    let params = h.params.iter().map(|p| &p.arg);
+
+    let name = &h.name;
+    let function = ident.to_string();
+    let key_text = &h.key_text;
+    let ttl_ms = u64::try_from(h.ttl.as_millis()).unwrap_or(u64::MAX);
+    let lease_ms = u64::try_from(h.lease.as_millis()).unwrap_or(u64::MAX);
+    let store_name = h.store.name();
+    let mode = if h.tx_pat.is_some() {
+        quote!(Transaction)
+    } else {
+        quote!(Lease)
+    };
+
+    let derive_key = derive_key(h, &p, &spec);
+    let bind_key = h.key_pat.as_ref().map(|pat| quote!(let #pat = #key_ref;));
+    let fake_return = fake_return(ret_ty);
+
+    let call = match &h.tx_pat {
+        Some(tx_pat) => {
+            let call_state = Ident::new("__idem_call", mixed);
+            let tx = Ident::new("__idem_tx", mixed);
+            let result = Ident::new("__idem_result", mixed);
+            quote! {
+                let mut #call_state = match #p::tx_begin::<_, #ok_ty, #err_ty>(#store, &#spec, &#key).await {
+                    #p::Result::Ok(#p::TxBegin::Fresh(call)) => call,
+                    #p::Result::Ok(#p::TxBegin::Done(outcome)) => return #p::Result::Ok(outcome),
+                    #p::Result::Err(error) => return #p::Result::Err(error),
+                };
+                let #key_ref = &#key;
+                let __idem_span = #call_state.span();
+                let #tx = #call_state.tx();
+                let #result: #ret_ty = #p::Instrument::instrument(
+                    async move {
+                        let #tx_pat = #tx;
+                        #bind_key
+                        #fake_return
+                        #block
+                    },
+                    __idem_span,
+                )
+                .await;
+                #p::tx_finish(#store, &#spec, &#key, #call_state, #result).await
+            }
+        }
+        None => {
+            quote! {
+                let #key_ref = &#key;
+                let __idem_body = async move {
+                    #bind_key
+                    #fake_return
+                    #block
+                };
+                #p::run_lease::<_, #ok_ty, #err_ty, _>(#store, &#spec, &#key, __idem_body).await
+            }
+        }
+    };
+
+    let assert_storable = quote_spanned! {ok_span=>
+        #p::assert_storable::<#ok_ty>();
+    };
+
+    quote! {
+        #(#attrs)*
+        #vis async #unsafety fn #ident #generics (
+            #receiver
+            #store: &#p::#store_ty,
+            #(#params),*
+        ) -> #p::Result<#p::Outcome<#ok_ty>, #p::Error<#err_ty>>
+        #where_clause
+        {
+            const #spec: #p::HandlerSpec = #p::HandlerSpec {
+                name: #name,
+                function: #function,
+                key: #key_text,
+                ttl: #p::Duration::from_millis(#ttl_ms),
+                lease: #p::Duration::from_millis(#lease_ms),
+                store: #store_name,
+                mode: #p::Mode::#mode,
+                module: ::core::module_path!(),
+                file: ::core::file!(),
+                line: ::core::line!(),
+            };
+            #p::inventory::submit! { #spec }
+            #assert_storable
+            let #key: #p::Key = #derive_key;
+            #call
+        }
+    }
+}
+
+/// The key derivation: one `part` call per field path, spanned on the key
+/// literal so a missing field or a float lands on the attribute.
+fn derive_key(h: &Handler, p: &TokenStream, spec: &Ident) -> TokenStream {
+    let builder = Ident::new("__idem_builder", Span::mixed_site());
+    let span = h.key_span;
+    let parts = h.key.iter().map(|part| match part {
+        KeyPart::Const(text) => quote!(#builder.constant(#text);),
+        KeyPart::Path { root, fields, text } => {
+            let access = quote_spanned!(span=> &(#root) #(.#fields)*);
+            let call = quote_spanned!(span=> #builder.part(#access));
+            quote! {
+                if #call.is_err() {
+                    return #p::key_missing(&#spec, #text);
+                }
+            }
+        }
+    });
+    quote! {{
+        let mut #builder = #p::KeyBuilder::new();
+        #(#parts)*
+        #builder.finish()
+    }}
+}
+
+/// Pins the body's return type to the written one, spanned on it, so the
+/// body type-checks exactly as the function did (a trick from
+/// tracing-attributes).
+fn fake_return(ret_ty: &Type) -> TokenStream {
+    quote_spanned! {ret_ty.span()=>
+        #[allow(
+            unknown_lints,
+            unreachable_code,
+            clippy::diverging_sub_expression,
+            clippy::empty_loop,
+            clippy::let_unit_value,
+            clippy::let_with_type_underscore,
+            clippy::needless_return,
+            clippy::unreachable
+        )]
+        if false {
+            let __idem_fake_return: #ret_ty = loop {};
+            return __idem_fake_return;
+        }
+    }
+}

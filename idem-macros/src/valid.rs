@@ -1,0 +1,534 @@
+//! Checks the arguments against the function and builds the model that
+//! `expand` generates from. Pure checks: nothing here emits code.
+
+use std::time::Duration;
+
+use idem_grammar::{Part, Segment};
+use proc_macro2::Span;
+use syn::{FnArg, GenericArgument, Ident, ItemFn, LitStr, Pat, PathArguments, ReturnType, Type};
+
+use crate::attr::Args;
+use crate::ctxt::Ctxt;
+
+/// Default lease of lease-mode handlers.
+const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Store {
+    Sqlite,
+    Postgres,
+    MySql,
+    Redis,
+    Memory,
+}
+
+impl Store {
+    const ALL: &'static [(&'static str, Store)] = &[
+        ("sqlite", Store::Sqlite),
+        ("postgres", Store::Postgres),
+        ("mysql", Store::MySql),
+        ("redis", Store::Redis),
+        ("memory", Store::Memory),
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(_, s)| *s == self)
+            .map_or("?", |(n, _)| n)
+    }
+
+    /// The runtime type the rewritten function takes.
+    pub(crate) fn type_name(self) -> &'static str {
+        match self {
+            Store::Sqlite => "SqliteStore",
+            Store::Postgres => "PgStore",
+            Store::MySql => "MySqlStore",
+            Store::Redis => "RedisStore",
+            Store::Memory => "MemoryStore",
+        }
+    }
+
+    /// The transaction alias of a SQL store.
+    fn tx_alias(self) -> Option<&'static str> {
+        match self {
+            Store::Sqlite => Some("SqliteTx"),
+            Store::Postgres => Some("PgTx"),
+            Store::MySql => Some("MySqlTx"),
+            Store::Redis | Store::Memory => None,
+        }
+    }
+
+    fn enabled(self) -> bool {
+        match self {
+            Store::Sqlite => cfg!(feature = "sqlite"),
+            Store::Postgres => cfg!(feature = "postgres"),
+            Store::MySql => cfg!(feature = "mysql"),
+            Store::Redis => cfg!(feature = "redis"),
+            Store::Memory => true,
+        }
+    }
+}
+
+/// A parameter that stays in the rewritten signature.
+pub(crate) struct Param {
+    pub(crate) arg: syn::PatType,
+    /// The parameter's name, when its pattern is a plain identifier.
+    pub(crate) ident: Option<Ident>,
+}
+
+/// One part of the key, ready to generate.
+pub(crate) enum KeyPart {
+    /// `root.seg.seg`: `root` is a parameter, segments carry the literal's span.
+    Path {
+        root: Ident,
+        fields: Vec<syn::Member>,
+        text: String,
+    },
+    Const(String),
+}
+
+/// The whole model of one handler.
+pub(crate) struct Handler {
+    pub(crate) func: ItemFn,
+    pub(crate) krate: syn::Path,
+    pub(crate) name: String,
+    pub(crate) key_text: String,
+    pub(crate) key: Vec<KeyPart>,
+    pub(crate) key_span: Span,
+    pub(crate) ttl: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) store: Store,
+    /// The transaction parameter's pattern, in transaction mode.
+    pub(crate) tx_pat: Option<Box<Pat>>,
+    /// The `&Key` parameter's pattern, if the body reads its key.
+    pub(crate) key_pat: Option<Box<Pat>>,
+    pub(crate) receiver: Option<syn::Receiver>,
+    pub(crate) params: Vec<Param>,
+    /// `Ok` and `Err` types of the handler's result; `None` for a
+    /// `Result<T>` alias, whose parts are named through the runtime.
+    pub(crate) ok_ty: Option<Type>,
+    pub(crate) err_ty: Option<Type>,
+    /// The written return type, for spans and the body's type check.
+    pub(crate) ret_ty: Type,
+}
+
+/// Checks everything; returns the model only when nothing was wrong enough
+/// to stop generation (errors are in `cx` either way).
+pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Option<Handler> {
+    let sig = &func.sig;
+    if sig.asyncness.is_none() {
+        cx.error_spanned_by(
+            sig.fn_token,
+            "#[idempotent] needs an `async fn`: the claim and the record are awaited around the body",
+        );
+    }
+    if let Some(c) = &sig.constness {
+        cx.error_spanned_by(c, "an idempotent handler cannot be `const`");
+    }
+    if let Some(v) = &sig.variadic {
+        cx.error_spanned_by(v, "an idempotent handler cannot be variadic");
+    }
+
+    let store = args.store.as_ref().and_then(|lit| store(cx, lit));
+    if args.store.is_none() {
+        cx.error_at(
+            Span::call_site(),
+            "missing `store`: where the records live, one of \"sqlite\", \"postgres\", \"mysql\", \"redis\" or \"memory\", e.g. store = \"sqlite\"",
+        );
+    }
+    let ttl = match &args.ttl {
+        Some(lit) => duration(cx, lit, "ttl"),
+        None => {
+            cx.error_at(
+                Span::call_site(),
+                "missing `ttl`: how long a completed message suppresses duplicates, e.g. ttl = \"24h\"",
+            );
+            None
+        }
+    };
+    let lease = match &args.lease {
+        Some(lit) => duration(cx, lit, "lease"),
+        None => Some(DEFAULT_LEASE),
+    };
+    let name = match &args.name {
+        Some(lit) => handler_name(cx, lit),
+        None => Some(sig.ident.to_string().trim_start_matches("r#").to_owned()),
+    };
+    let krate = match &args.krate {
+        Some(lit) => {
+            match lit.parse::<syn::Path>() {
+                Ok(p) => Some(p),
+                Err(_) => {
+                    cx.error_spanned_by(lit, "`crate` takes a path, e.g. crate = \"my_idem\" or crate = \"::idem_runtime\"");
+                    None
+                }
+            }
+        }
+        None => Some(syn::parse_quote!(::idem_runtime)),
+    };
+
+    let result_types = return_types(cx, &sig.output, &sig.ident);
+
+    let sig_parts = params(cx, func, store);
+
+    if let (Some(_), Some(lit)) = (&sig_parts.tx_pat, &args.lease) {
+        cx.error_spanned_by(
+            lit,
+            "`lease` has no meaning in transaction mode: the open transaction holds the claim until it commits or rolls back; remove `lease`, or remove the transaction parameter to run in lease mode",
+        );
+    }
+
+    let key = match &args.key {
+        Some(lit) => key(cx, lit, &sig_parts.params),
+        None => {
+            cx.error_at(
+                Span::call_site(),
+                "missing `key`: the message fields that identify it, e.g. key = \"order_id\" or key = \"order_id + sku\"",
+            );
+            None
+        }
+    };
+
+    Some(Handler {
+        func: func.clone(),
+        krate: krate?,
+        name: name?,
+        key_text: args.key.as_ref()?.value(),
+        key: key?,
+        key_span: args.key.as_ref()?.span(),
+        ttl: ttl?,
+        lease: lease?,
+        store: store?,
+        tx_pat: sig_parts.tx_pat,
+        key_pat: sig_parts.key_pat,
+        receiver: sig_parts.receiver,
+        params: sig_parts.params,
+        ok_ty: result_types.as_ref()?.0.clone(),
+        err_ty: result_types.as_ref()?.1.clone(),
+        ret_ty: result_types?.2,
+    })
+}
+
+fn store(cx: &mut Ctxt, lit: &LitStr) -> Option<Store> {
+    let value = lit.value();
+    let Some((_, store)) = Store::ALL.iter().find(|(n, _)| *n == value) else {
+        cx.error_spanned_by(
+            lit,
+            format!(
+                "unknown store \"{value}\": use \"sqlite\", \"postgres\", \"mysql\", \"redis\" or \"memory\""
+            ),
+        );
+        return None;
+    };
+    if !store.enabled() {
+        cx.error_spanned_by(
+            lit,
+            format!(
+                "store \"{n}\" needs the `{n}` feature of idem-runtime: idem-runtime = {{ version = \"...\", features = [\"{n}\"] }}",
+                n = store.name()
+            ),
+        );
+        return None;
+    }
+    Some(*store)
+}
+
+fn duration(cx: &mut Ctxt, lit: &LitStr, what: &str) -> Option<Duration> {
+    match idem_grammar::parse_duration(&lit.value()) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            cx.error_spanned_by(lit, format!("invalid `{what}`: {}", e.message));
+            None
+        }
+    }
+}
+
+fn handler_name(cx: &mut Ctxt, lit: &LitStr) -> Option<String> {
+    let value = lit.value();
+    if value.is_empty()
+        || value.len() > 128
+        || value.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        cx.error_spanned_by(
+            lit,
+            "`name` must be 1 to 128 characters without spaces, e.g. name = \"deduct_stock\"; it scopes the handler's keys in the store, so keep it stable",
+        );
+        return None;
+    }
+    Some(value)
+}
+
+/// Splits `Result<T, E>` (or a one-argument `Result<T>` alias).
+#[allow(clippy::type_complexity)]
+fn return_types(
+    cx: &mut Ctxt,
+    output: &ReturnType,
+    ident: &Ident,
+) -> Option<(Option<Type>, Option<Type>, Type)> {
+    const ADVICE: &str = "an idempotent handler returns `Result<T, E>`: `Ok(T)` is recorded and handed to duplicates, `Err(E)` records nothing so a redelivery runs again";
+    let ty = match output {
+        ReturnType::Default => {
+            cx.error_spanned_by(ident, format!("`{ident}` returns nothing: {ADVICE}"));
+            return None;
+        }
+        ReturnType::Type(_, ty) => ty,
+    };
+    let segment = match &**ty {
+        Type::Path(p) if p.qself.is_none() => p.path.segments.last(),
+        _ => None,
+    };
+    let args = match segment {
+        Some(seg) if seg.ident == "Result" => match &seg.arguments {
+            PathArguments::AngleBracketed(a) => Some(
+                a.args
+                    .iter()
+                    .filter_map(|g| match g {
+                        GenericArgument::Type(t) => Some(t.clone()),
+                        _ => None,
+                    })
+                    .collect::<Vec<_>>(),
+            ),
+            _ => None,
+        },
+        _ => None,
+    };
+    match args.as_deref() {
+        Some([ok, err]) => Some((Some(ok.clone()), Some(err.clone()), (**ty).clone())),
+        // A `Result<T>` alias: the runtime's trait names its parts.
+        Some([_]) => Some((None, None, (**ty).clone())),
+        _ => {
+            cx.error_spanned_by(ty, format!("this return type is not a `Result`: {ADVICE}"));
+            None
+        }
+    }
+}
+
+struct SigParts {
+    tx_pat: Option<Box<Pat>>,
+    key_pat: Option<Box<Pat>>,
+    receiver: Option<syn::Receiver>,
+    params: Vec<Param>,
+}
+
+/// What kind of transaction a parameter type names, if any.
+fn tx_kind(ty: &Type) -> Option<(Store, &Type)> {
+    let Type::Reference(r) = ty else { return None };
+    r.mutability?;
+    let Type::Path(p) = &*r.elem else { return None };
+    let seg = p.path.segments.last()?;
+    let name = seg.ident.to_string();
+    let by_alias = Store::ALL
+        .iter()
+        .find(|(_, s)| s.tx_alias() == Some(name.as_str()))
+        .map(|(_, s)| *s);
+    if by_alias.is_some() {
+        return by_alias.map(|s| (s, ty));
+    }
+    if name == "Transaction" {
+        if let PathArguments::AngleBracketed(a) = &seg.arguments {
+            for g in &a.args {
+                if let GenericArgument::Type(Type::Path(db)) = g {
+                    let db = db.path.segments.last()?.ident.to_string();
+                    return match db.as_str() {
+                        "Sqlite" => Some((Store::Sqlite, ty)),
+                        "Postgres" => Some((Store::Postgres, ty)),
+                        "MySql" => Some((Store::MySql, ty)),
+                        _ => None,
+                    };
+                }
+            }
+        }
+    }
+    None
+}
+
+/// `&Key` or `&idem_runtime::Key`: the body reads its own derived key.
+fn is_key_param(ty: &Type) -> bool {
+    let Type::Reference(r) = ty else { return false };
+    if r.mutability.is_some() {
+        return false;
+    }
+    let Type::Path(p) = &*r.elem else {
+        return false;
+    };
+    p.path
+        .segments
+        .last()
+        .is_some_and(|s| s.ident == "Key" && s.arguments.is_empty())
+}
+
+fn params(cx: &mut Ctxt, func: &ItemFn, store: Option<Store>) -> SigParts {
+    let mut parts = SigParts {
+        tx_pat: None,
+        key_pat: None,
+        receiver: None,
+        params: Vec::new(),
+    };
+    let mut index = 0;
+    for arg in &func.sig.inputs {
+        let pt = match arg {
+            FnArg::Receiver(r) => {
+                parts.receiver = Some(r.clone());
+                continue;
+            }
+            FnArg::Typed(pt) => pt,
+        };
+        let position = index;
+        index += 1;
+        if let Some((kind, ty)) = tx_kind(&pt.ty) {
+            if position != 0 {
+                cx.error_spanned_by(
+                    ty,
+                    "the transaction parameter must come first (after `self`): the rewritten function takes the store in its place",
+                );
+            }
+            if parts.tx_pat.is_some() {
+                cx.error_spanned_by(ty, "only one transaction parameter is allowed");
+            }
+            match store {
+                Some(s) if s == kind => {}
+                Some(s) => match s.tx_alias() {
+                    Some(alias) => cx.error_spanned_by(
+                        ty,
+                        format!(
+                            "this is a {} transaction, but the handler uses store = \"{}\": write `&mut {alias}<'_>`",
+                            kind.name(),
+                            s.name()
+                        ),
+                    ),
+                    None => cx.error_spanned_by(
+                        ty,
+                        format!(
+                            "store \"{}\" has no transactions: remove this parameter to run the handler in lease mode, or use a SQL store (\"sqlite\", \"postgres\", \"mysql\")",
+                            s.name()
+                        ),
+                    ),
+                },
+                None => {}
+            }
+            parts.tx_pat = Some(pt.pat.clone());
+            continue;
+        }
+        if is_key_param(&pt.ty) {
+            if parts.key_pat.is_some() {
+                cx.error_spanned_by(&pt.ty, "only one `&Key` parameter is allowed");
+            }
+            parts.key_pat = Some(pt.pat.clone());
+            continue;
+        }
+        let ident = match &*pt.pat {
+            Pat::Ident(pi) if pi.subpat.is_none() => Some(pi.ident.clone()),
+            _ => None,
+        };
+        parts.params.push(Param {
+            arg: pt.clone(),
+            ident,
+        });
+    }
+    parts
+}
+
+fn key(cx: &mut Ctxt, lit: &LitStr, params: &[Param]) -> Option<Vec<KeyPart>> {
+    let text = lit.value();
+    let expr = match idem_grammar::parse_key(&text) {
+        Ok(e) => e,
+        Err(e) => {
+            cx.error_spanned_by(lit, format!("invalid `key`: {}", e.message));
+            return None;
+        }
+    };
+    if expr.parts.iter().all(|p| matches!(p, Part::Const { .. })) {
+        cx.error_spanned_by(
+            lit,
+            "this key has only constants, so every message would share one key: add a field of the message, e.g. key = \"'deduct' + order_id\"",
+        );
+        return None;
+    }
+    let names: Vec<String> = params
+        .iter()
+        .filter_map(|p| p.ident.as_ref().map(|i| i.to_string()))
+        .collect();
+    let mut out = Vec::new();
+    let mut ok = true;
+    for part in &expr.parts {
+        let (segments, part_text) = match part {
+            Part::Const { value, .. } => {
+                out.push(KeyPart::Const(value.clone()));
+                continue;
+            }
+            Part::Path { segments, .. } => (segments, part.to_string()),
+        };
+        let (root, rest): (Ident, &[Segment]) = match params {
+            [] => {
+                cx.error_spanned_by(
+                    lit,
+                    format!("key part `{part_text}` names a field, but the handler has no message parameter to read it from"),
+                );
+                ok = false;
+                continue;
+            }
+            [only] => match &only.ident {
+                Some(ident) => (ident.clone(), &segments[..]),
+                None => {
+                    cx.error_spanned_by(
+                        &only.arg.pat,
+                        "the message parameter needs a plain name (e.g. `msg: &OrderPlaced`) for the key to read its fields",
+                    );
+                    ok = false;
+                    continue;
+                }
+            },
+            _ => {
+                let first = match &segments[0] {
+                    Segment::Field(f) => f.as_str(),
+                    Segment::Index(_) => "",
+                };
+                let root = params
+                    .iter()
+                    .filter_map(|p| p.ident.as_ref())
+                    .find(|i| *i == first);
+                match root {
+                    Some(r) => (r.clone(), &segments[1..]),
+                    None => {
+                        let suggestions: Vec<String> =
+                            names.iter().map(|n| format!("`{n}.{part_text}`")).collect();
+                        cx.error_spanned_by(
+                            lit,
+                            format!(
+                                "key part `{part_text}` is ambiguous: with several message parameters a key path starts with the parameter's name, e.g. {}",
+                                suggestions.join(" or ")
+                            ),
+                        );
+                        ok = false;
+                        continue;
+                    }
+                }
+            }
+        };
+        let fields = rest.iter().map(|s| member(s, lit.span())).collect();
+        out.push(KeyPart::Path {
+            root,
+            fields,
+            text: part_text,
+        });
+    }
+    ok.then_some(out)
+}
+
+/// A field access whose tokens carry the key literal's span, so rustc's own
+/// "no field" diagnostics land on the attribute.
+fn member(segment: &Segment, span: Span) -> syn::Member {
+    match segment {
+        Segment::Field(name) => {
+            let ident = syn::parse_str::<Ident>(name)
+                .map(|mut i| {
+                    i.set_span(span);
+                    i
+                })
+                .unwrap_or_else(|_| Ident::new_raw(name, span));
+            syn::Member::Named(ident)
+        }
+        Segment::Index(i) => syn::Member::Unnamed(syn::Index { index: *i, span }),
+    }
+}

@@ -1,0 +1,94 @@
+//! Where stores read the time from.
+//!
+//! The SQLite and in-memory stores compute claim leases and record expiry
+//! from a [`Clock`], so tests can move time forward without sleeping.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// A source of wall-clock time in milliseconds since the Unix epoch.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::clock::{Clock, SystemClock};
+/// assert!(SystemClock.now_millis() > 1_600_000_000_000);
+/// ```
+pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
+    /// Milliseconds since the Unix epoch.
+    fn now_millis(&self) -> i64;
+}
+
+/// The system's wall clock; the default everywhere.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::clock::{Clock, SystemClock};
+/// let a = SystemClock.now_millis();
+/// assert!(SystemClock.now_millis() >= a);
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_millis(&self) -> i64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    }
+}
+
+/// A clock that only moves when told to, for tests of expiry and leases.
+///
+/// Clones share the same time.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::clock::{Clock, ManualClock};
+/// use std::time::Duration;
+///
+/// let clock = ManualClock::new(1_000);
+/// let shared = clock.clone();
+/// clock.advance(Duration::from_secs(2));
+/// assert_eq!(shared.now_millis(), 3_000);
+/// ```
+#[derive(Debug, Clone)]
+pub struct ManualClock(Arc<AtomicI64>);
+
+impl ManualClock {
+    /// A clock that reads `start_millis` until advanced.
+    pub fn new(start_millis: i64) -> Self {
+        Self(Arc::new(AtomicI64::new(start_millis)))
+    }
+
+    /// A clock starting at the system's current time.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::clock::{Clock, ManualClock};
+    /// assert!(ManualClock::starting_now().now_millis() > 0);
+    /// ```
+    pub fn starting_now() -> Self {
+        Self::new(SystemClock.now_millis())
+    }
+
+    /// Moves the clock forward.
+    pub fn advance(&self, by: Duration) {
+        let ms = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
+        self.0.fetch_add(ms, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_millis(&self) -> i64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,406 @@
+//! Business keys: the parts a handler's key expression names, and their
+//! injective encoding into the string a store keeps.
+//!
+//! # Encoding
+//!
+//! Each part is written as text (see [`KeyPart`]) and stored as
+//! `<byte length>:<text>`, parts separated by `|`: the key `order_id + sku`
+//! with `order_id = "A-17"` and `sku = 3` is stored as `4:A-17|1:3`. Because
+//! every part carries its length, two different lists of parts never encode
+//! alike, whatever characters they hold (`"a:b" + "c"` is `3:a:b|1:c`,
+//! `"a" + "b:c"` is `1:a|3:b:c`).
+//!
+//! An encoding longer than [`MAX_KEY_LEN`] bytes is stored as
+//! `#sha256:<64 hex digits>` of the encoding instead, so every stored key fits
+//! an index. A plain encoding always starts with a digit, a digest with `#`,
+//! so the two forms never meet either.
+
+use std::fmt::{self, Write as _};
+
+use sha2::{Digest, Sha256};
+
+/// The longest encoded key stored as it is; longer ones are stored as a digest.
+pub const MAX_KEY_LEN: usize = 128;
+
+/// A derived idempotency key, as the store keeps it.
+///
+/// A handler can take `key: &Key` as an extra parameter to read its own key,
+/// for example to pass it on as the idempotency key of an external call.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::{Key, KeyBuilder};
+///
+/// let mut b = KeyBuilder::new();
+/// b.part(&"A-17").unwrap();
+/// b.part(&3u32).unwrap();
+/// let key: Key = b.finish();
+/// assert_eq!(key.as_str(), "4:A-17|1:3");
+/// assert_eq!(key.to_string(), "4:A-17|1:3");
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    stored: String,
+}
+
+impl Key {
+    /// The key as stored: the encoding, or its digest for long keys.
+    pub fn as_str(&self) -> &str {
+        &self.stored
+    }
+
+    /// A short, stable fingerprint of the key (16 hex digits of its SHA-256),
+    /// used in tracing spans so logs do not carry business data.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let key = idem_runtime::Key::from_parts(&[&"A-17"]).unwrap();
+    /// assert_eq!(key.digest().len(), 16);
+    /// assert_eq!(key.digest(), key.clone().digest());
+    /// ```
+    pub fn digest(&self) -> String {
+        let hash = Sha256::digest(self.stored.as_bytes());
+        hex(&hash[..8])
+    }
+
+    /// Builds a key from parts, as the generated code does; handy in tests and
+    /// operator tooling that look a record up.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::Key;
+    /// let key = Key::from_parts(&[&"A-17", &3u32]).unwrap();
+    /// assert_eq!(key.as_str(), "4:A-17|1:3");
+    /// assert!(Key::from_parts(&[&None::<u32>]).is_err());
+    /// ```
+    pub fn from_parts(parts: &[&dyn KeyPart]) -> Result<Key, KeyMissing> {
+        let mut b = KeyBuilder::new();
+        for p in parts {
+            b.part(*p)?;
+        }
+        Ok(b.finish())
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.stored)
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Key({:?})", self.stored)
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// A key part was an `Option` holding `None`.
+///
+/// The generated code turns it into [`Error::KeyMissing`](crate::Error::KeyMissing),
+/// naming the handler and the part.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::{KeyBuilder, KeyMissing};
+/// let mut b = KeyBuilder::new();
+/// assert_eq!(b.part(&None::<String>), Err(KeyMissing));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyMissing;
+
+impl fmt::Display for KeyMissing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a key part is None")
+    }
+}
+
+impl std::error::Error for KeyMissing {}
+
+/// Builds a [`Key`] part by part.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::KeyBuilder;
+/// let mut b = KeyBuilder::new();
+/// b.constant("deduct");
+/// b.part(&42u64).unwrap();
+/// assert_eq!(b.finish().as_str(), "6:deduct|2:42");
+/// ```
+#[derive(Debug, Default)]
+pub struct KeyBuilder {
+    encoded: String,
+    scratch: String,
+    parts: usize,
+}
+
+impl KeyBuilder {
+    /// An empty builder.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends one part taken from the message.
+    pub fn part<P: KeyPart + ?Sized>(&mut self, part: &P) -> Result<(), KeyMissing> {
+        self.scratch.clear();
+        part.write_key_part(&mut PartWriter {
+            buf: &mut self.scratch,
+        })?;
+        self.push_scratch();
+        Ok(())
+    }
+
+    /// Appends a constant part (`'deduct'` in a key expression).
+    pub fn constant(&mut self, text: &str) {
+        self.scratch.clear();
+        self.scratch.push_str(text);
+        self.push_scratch();
+    }
+
+    fn push_scratch(&mut self) {
+        if self.parts > 0 {
+            self.encoded.push('|');
+        }
+        let _ = write!(self.encoded, "{}:", self.scratch.len());
+        self.encoded.push_str(&self.scratch);
+        self.parts += 1;
+    }
+
+    /// The finished key; long encodings become a digest.
+    pub fn finish(self) -> Key {
+        if self.encoded.len() <= MAX_KEY_LEN {
+            return Key {
+                stored: self.encoded,
+            };
+        }
+        let hash = Sha256::digest(self.encoded.as_bytes());
+        Key {
+            stored: format!("#sha256:{}", hex(&hash)),
+        }
+    }
+}
+
+/// Receives the text of one key part; see [`KeyPart`].
+///
+/// It implements [`std::fmt::Write`], so `write!(out, "{}", value)` works.
+#[derive(Debug)]
+pub struct PartWriter<'a> {
+    buf: &'a mut String,
+}
+
+impl PartWriter<'_> {
+    /// Appends text to this part.
+    pub fn write_str(&mut self, s: &str) {
+        self.buf.push_str(s);
+    }
+}
+
+impl fmt::Write for PartWriter<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.buf.push_str(s);
+        Ok(())
+    }
+}
+
+/// A value that can be part of an idempotency key.
+///
+/// Implemented for strings, integers, `bool`, `char`, [`uuid::Uuid`],
+/// references and smart pointers to these, and `Option`s of these (`None` is
+/// [`Error::KeyMissing`](crate::Error::KeyMissing) at run time). Floats are
+/// deliberately not key parts: equal amounts can print differently
+/// (`0.1 + 0.2` and `0.3`, `-0.0` and `0.0`), so a redelivery could miss its
+/// record. Use integer minor units or a string instead.
+///
+/// A part writes its text once; the encoding adds its length, so a part's text
+/// may contain any character.
+///
+/// # Examples
+///
+/// A newtype delegates to its inner value:
+///
+/// ```
+/// use idem_runtime::{KeyMissing, KeyPart, PartWriter};
+///
+/// struct OrderId(u64);
+///
+/// impl KeyPart for OrderId {
+///     fn write_key_part(&self, out: &mut PartWriter<'_>) -> Result<(), KeyMissing> {
+///         self.0.write_key_part(out)
+///     }
+/// }
+///
+/// let key = idem_runtime::Key::from_parts(&[&OrderId(17)]).unwrap();
+/// assert_eq!(key.as_str(), "2:17");
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be part of an idempotency key",
+    label = "this key part is a `{Self}`",
+    note = "key parts are strings, integers, bool, char, uuid::Uuid, Options of these, and types that implement `idem_runtime::KeyPart`",
+    note = "floats are refused on purpose: equal amounts can print differently (0.1 + 0.2 vs 0.3, -0.0 vs 0.0), so a redelivery could miss its record; key on integer minor units (cents) or a string instead"
+)]
+pub trait KeyPart {
+    /// Writes this part's text, or reports that it is missing.
+    fn write_key_part(&self, out: &mut PartWriter<'_>) -> Result<(), KeyMissing>;
+}
+
+impl KeyPart for str {
+    fn write_key_part(&self, out: &mut PartWriter<'_>) -> Result<(), KeyMissing> {
+        out.write_str(self);
+        Ok(())
+    }
+}
+
+impl KeyPart for String {
+    fn write_key_part(&self, out: &mut PartWriter<'_>) -> Result<(), KeyMissing> {
+        out.write_str(self);
+        Ok(())
+    }
+}
+
+macro_rules! display_parts {
+    ($($t:ty),*) => {$(
+        impl KeyPart for $t {
+            fn write_key_part(&self, out: &mut PartWriter<'_>) -> Result<(), KeyMissing> {
+                let _ = write!(out, "{self}");
+                Ok(())
+            }
+        }
+    )*};
+}
+
+display_parts!(
+    u8,
+    u16,
+    u32,
+    u64,
+    u128,
+    usize,
+    i8,
+    i16,
+    i32,
+    i64,
+    i128,
+    isize,
+    bool,
+    char,
+    std::num::NonZeroU32,
+    std::num::NonZeroU64,
+    std::num::NonZeroI64,
+    uuid::Uuid
+);
+
+impl<T: KeyPart + ?Sized> KeyPart for &T {
+    fn write_key_part(&self, out: &mut PartWriter<'_>) -> Result<(), KeyMissing> {
+        (**self).write_key_part(out)
+    }
+}
+
+impl<T: KeyPart + ?Sized> KeyPart for Box<T> {
+    fn write_key_part(&self, out: &mut PartWriter<'_>) -> Result<(), KeyMissing> {
+        (**self).write_key_part(out)
+    }
+}
+
+impl<T: KeyPart + ?Sized> KeyPart for std::sync::Arc<T> {
+    fn write_key_part(&self, out: &mut PartWriter<'_>) -> Result<(), KeyMissing> {
+        (**self).write_key_part(out)
+    }
+}
+
+impl<T: KeyPart + ToOwned + ?Sized> KeyPart for std::borrow::Cow<'_, T> {
+    fn write_key_part(&self, out: &mut PartWriter<'_>) -> Result<(), KeyMissing> {
+        (**self).write_key_part(out)
+    }
+}
+
+impl<T: KeyPart> KeyPart for Option<T> {
+    fn write_key_part(&self, out: &mut PartWriter<'_>) -> Result<(), KeyMissing> {
+        match self {
+            Some(v) => v.write_key_part(out),
+            None => Err(KeyMissing),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn encode(parts: &[String]) -> String {
+        let mut b = KeyBuilder::new();
+        for p in parts {
+            b.part(p).unwrap();
+        }
+        b.finish().stored
+    }
+
+    #[test]
+    fn separators_inside_parts_do_not_collide() {
+        let a = encode(&["a:b".into(), "c".into()]);
+        let b = encode(&["a".into(), "b:c".into()]);
+        let c = encode(&["a|1:b".into()]);
+        let d = encode(&["a".into(), "b".into()]);
+        assert_ne!(a, b);
+        assert_ne!(c, d);
+    }
+
+    #[test]
+    fn long_keys_become_a_fixed_size_digest() {
+        let k = encode(&["x".repeat(500)]);
+        assert!(k.starts_with("#sha256:"));
+        assert_eq!(k.len(), "#sha256:".len() + 64);
+        assert_ne!(k, encode(&["x".repeat(501)]));
+        // the longest plain key stays plain
+        let plain = encode(&["y".repeat(MAX_KEY_LEN - 4)]);
+        assert_eq!(plain.len(), MAX_KEY_LEN);
+        assert!(!plain.starts_with('#'));
+    }
+
+    #[test]
+    fn values_print_canonically() {
+        let k = Key::from_parts(&[&-5i64, &true, &'x', &uuid::Uuid::nil(), &Some("s")]).unwrap();
+        assert_eq!(
+            k.as_str(),
+            "2:-5|4:true|1:x|36:00000000-0000-0000-0000-000000000000|1:s"
+        );
+    }
+
+    proptest! {
+        /// No two different lists of parts encode alike.
+        #[test]
+        fn encoding_is_injective(
+            a in proptest::collection::vec(".{0,12}", 0..5),
+            b in proptest::collection::vec(".{0,12}", 0..5),
+        ) {
+            if a != b {
+                prop_assert_ne!(encode(&a), encode(&b));
+            } else {
+                prop_assert_eq!(encode(&a), encode(&b));
+            }
+        }
+
+        /// Lists that differ only by where a separator-like character falls.
+        #[test]
+        fn moved_boundaries_never_collide(s in "[a:|0-9]{0,16}", cut in 0usize..17, cut2 in 0usize..17) {
+            let cut = cut.min(s.len());
+            let cut2 = cut2.min(s.len());
+            prop_assume!(cut != cut2);
+            let x = encode(&[s[..cut].to_string(), s[cut..].to_string()]);
+            let y = encode(&[s[..cut2].to_string(), s[cut2..].to_string()]);
+            prop_assert_ne!(x, y);
+        }
+    }
+}

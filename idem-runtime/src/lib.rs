@@ -1,0 +1,137 @@
+//! # idem: idempotent message handlers by declaration
+//!
+//! Brokers deliver at least once. A consumer that crashes before its ack, a
+//! rebalance or a producer retry hands the same message to a handler again.
+//! `#[idempotent]` makes the handler take effect once per business key:
+//!
+//! ```standalone_crate
+//! use idem_runtime::{idempotent, Outcome, SqliteStore, SqliteTx};
+//!
+//! #[derive(serde::Deserialize)]
+//! struct OrderPlaced { order_id: u64, sku: String, qty: i64 }
+//!
+//! #[idempotent(key = "order_id + sku", ttl = "24h", store = "sqlite")]
+//! async fn deduct_stock(tx: &mut SqliteTx<'_>, msg: &OrderPlaced) -> Result<i64, sqlx::Error> {
+//!     sqlx::query_scalar("UPDATE inventory SET stock = stock - ? WHERE sku = ? RETURNING stock")
+//!         .bind(msg.qty)
+//!         .bind(&msg.sku)
+//!         .fetch_one(&mut **tx)
+//!         .await
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! let store = SqliteStore::open(dir.path().join("shop.db")).await?;
+//! store.migrate().await?;
+//! # sqlx::query("CREATE TABLE inventory (sku TEXT PRIMARY KEY, stock INTEGER NOT NULL)").execute(store.pool()).await?;
+//! # sqlx::query("INSERT INTO inventory VALUES ('apple', 10)").execute(store.pool()).await?;
+//! let msg = OrderPlaced { order_id: 1, sku: "apple".into(), qty: 3 };
+//! for _ in 0..5 {
+//!     // delivered five times, deducted once
+//!     let left = deduct_stock(&store, &msg).await?.into_inner();
+//!     assert_eq!(left, 7);
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! The attribute rewrites the function: it takes the store where the
+//! transaction parameter was, derives the key from the message, claims it,
+//! runs the body, records the result and returns an [`Outcome`]: `Executed`
+//! the first time, `Duplicate` with the recorded result afterwards.
+//!
+//! * **Transaction mode** (the first parameter is the store's transaction):
+//!   claim, body writes and recorded outcome commit together or not at all.
+//! * **Lease mode** (no transaction parameter, or a store without
+//!   transactions): the claim is a lease with a fencing token, kept alive
+//!   while the body runs; for bodies whose effects leave the database (an
+//!   SMS, an HTTP call).
+//!
+//! See the README for the attribute's arguments, the stores and the design
+//! decisions.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_docs, unreachable_pub, clippy::unwrap_used)]
+
+pub mod clock;
+mod driver;
+mod error;
+mod key;
+mod outcome;
+pub mod registry;
+pub mod store;
+
+pub use driver::{Claim, LeaseStore, TxClaim, TxStore, metric};
+pub use error::{BoxError, Error, StoreError};
+pub use idem_grammar::{format_duration, parse_duration};
+/// Makes an async handler idempotent; see the crate docs and the README.
+///
+/// ```text
+/// #[idempotent(key = "order_id + sku", ttl = "24h", store = "sqlite")]
+/// #[idempotent(key = "message_id", ttl = "7d", store = "memory", lease = "30s", name = "points")]
+/// ```
+///
+/// | argument | meaning |
+/// | --- | --- |
+/// | `key` | `part (+ part)*`: field paths of the message (`order_id`, `order.id`, `items.0`) or quoted constants (`'deduct'`) |
+/// | `ttl` | how long a completed record suppresses duplicates: `90s`, `30m`, `24h`, `7d`, `1h30m` |
+/// | `store` | `sqlite`, `postgres`, `mysql`, `redis` or `memory` |
+/// | `name` | the handler's namespace in the store; defaults to the function's name |
+/// | `lease` | lease mode: how long a claim may stay in progress before another consumer may take it over (default `30s`) |
+/// | `crate` | the path of `idem_runtime` when it is renamed |
+///
+/// Misuse is a compile error on the offending token:
+///
+/// ```compile_fail
+/// #[derive(serde::Deserialize)]
+/// struct Payment { amount: f64 }
+///
+/// // floats are not key parts: equal amounts can print differently
+/// #[idem_runtime::idempotent(key = "amount", ttl = "1h", store = "memory")]
+/// async fn pay(msg: &Payment) -> Result<(), std::io::Error> { Ok(()) }
+/// ```
+pub use idem_macros::idempotent;
+pub use key::{Key, KeyBuilder, KeyMissing, KeyPart, MAX_KEY_LEN, PartWriter};
+pub use outcome::Outcome;
+pub use store::memory::MemoryStore;
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub use store::sqlite::{SqliteStore, SqliteTx};
+
+/// What the generated code names. Not public API: it changes without notice.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::driver::{TxBegin, TxCall, key_missing, run_lease, tx_begin, tx_finish};
+    pub use crate::registry::{HandlerSpec, Mode};
+    pub use crate::{Error, Key, KeyBuilder, MemoryStore, Outcome};
+    #[cfg(feature = "sqlite")]
+    pub use crate::{SqliteStore, SqliteTx};
+    pub use core::future::Future;
+    pub use core::result::Result;
+    pub use core::time::Duration;
+    pub use inventory;
+    pub use tracing::Instrument;
+
+    /// Implemented for what a handler may return as its `Ok` value.
+    #[diagnostic::on_unimplemented(
+        message = "the result of an idempotent handler must be storable: `{Self}` does not implement `serde::Serialize` and `serde::de::DeserializeOwned`",
+        label = "a duplicate gets this value back, decoded from the store",
+        note = "derive `serde::Serialize` and `serde::Deserialize` for it, or return a type that does"
+    )]
+    pub trait StorableOutcome: serde::Serialize + serde::de::DeserializeOwned {}
+    impl<T: serde::Serialize + serde::de::DeserializeOwned> StorableOutcome for T {}
+
+    /// Emitted with the return type's span so that a missing serde impl is
+    /// reported on the user's `T`.
+    pub const fn assert_storable<T: StorableOutcome>() {}
+
+    /// Lets `Result<T>` aliases (one type argument) name their parts.
+    pub trait HandlerResult {
+        /// The `Ok` type.
+        type Ok;
+        /// The `Err` type.
+        type Err;
+    }
+    impl<T, E> HandlerResult for core::result::Result<T, E> {
+        type Ok = T;
+        type Err = E;
+    }
+}

@@ -1,0 +1,168 @@
+//! Every `#[idempotent]` handler linked into the binary, described statically.
+//!
+//! The macro submits one [`HandlerSpec`] per handler with `inventory`. The
+//! runtime reads them to refuse two handlers with the same name (their keys
+//! would share a namespace in the store) and for tooling.
+//!
+//! A handler in a library crate that nothing in the binary references may be
+//! left out by the linker, and then it is not listed either; that is harmless
+//! because such a handler cannot be called.
+//!
+//! # Examples
+//!
+//! ```standalone_crate
+//! for h in idem_runtime::registry::handlers() {
+//!     println!("{} keyed by `{}` on {} ({}:{})", h.name, h.key, h.store, h.file, h.line);
+//! }
+//! idem_runtime::registry::check().expect("handler names are unique");
+//! ```
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// How a handler's body is protected.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::registry::Mode;
+/// assert_eq!(Mode::Transaction.as_str(), "transaction");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// The claim, the body's writes and the outcome commit in one database
+    /// transaction.
+    Transaction,
+    /// The claim is a lease; the outcome is recorded when the body returns.
+    Lease,
+}
+
+impl Mode {
+    /// `"transaction"` or `"lease"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Transaction => "transaction",
+            Mode::Lease => "lease",
+        }
+    }
+}
+
+/// The static description of one handler, built by the macro.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::registry::{HandlerSpec, Mode};
+/// use std::time::Duration;
+///
+/// const SPEC: HandlerSpec = HandlerSpec {
+///     name: "deduct_stock",
+///     function: "deduct_stock",
+///     key: "order_id + sku",
+///     ttl: Duration::from_secs(86_400),
+///     lease: Duration::from_secs(30),
+///     store: "sqlite",
+///     mode: Mode::Transaction,
+///     module: "shop::stock",
+///     file: "src/stock.rs",
+///     line: 12,
+/// };
+/// assert_eq!(SPEC.ttl, idem_grammar::parse_duration("24h").unwrap());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandlerSpec {
+    /// The namespace of the handler's keys in the store (`name = "..."`, or
+    /// the function's name).
+    pub name: &'static str,
+    /// The function's own name.
+    pub function: &'static str,
+    /// The key expression as written.
+    pub key: &'static str,
+    /// How long a completed record suppresses duplicates.
+    pub ttl: Duration,
+    /// Lease mode: how long a claim may stay in progress before another
+    /// consumer may take it over. Unused in transaction mode.
+    pub lease: Duration,
+    /// The store's name: `sqlite`, `postgres`, `mysql`, `redis` or `memory`.
+    pub store: &'static str,
+    /// Transaction or lease mode.
+    pub mode: Mode,
+    /// `module_path!()` of the handler.
+    pub module: &'static str,
+    /// Source file of the handler.
+    pub file: &'static str,
+    /// Source line of the attribute.
+    pub line: u32,
+}
+
+inventory::collect!(HandlerSpec);
+
+/// All handlers linked into this binary, in no particular order.
+pub fn handlers() -> impl Iterator<Item = &'static HandlerSpec> {
+    inventory::iter::<HandlerSpec>.into_iter()
+}
+
+/// Two handlers share a registered name.
+///
+/// # Examples
+///
+/// ```
+/// // The message names both places and says what to change.
+/// let e = idem_runtime::registry::RegistryError::DuplicateName {
+///     name: "notify",
+///     first: "src/a.rs:10".into(),
+///     second: "src/b.rs:20".into(),
+/// };
+/// assert!(e.to_string().contains("name = \"...\""));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegistryError {
+    /// Two handlers were registered under one name.
+    #[error(
+        "two idempotent handlers are named `{name}` ({first} and {second}): their keys would share one namespace; give one of them `name = \"...\"`"
+    )]
+    DuplicateName {
+        /// The shared name.
+        name: &'static str,
+        /// `file:line` of one handler.
+        first: String,
+        /// `file:line` of the other.
+        second: String,
+    },
+}
+
+/// Checks that no two handlers in this binary share a name.
+///
+/// Stores call it when they are built, and every handler call consults its
+/// cached result, so a clash stops the consumer before it touches a record.
+pub fn check() -> Result<(), RegistryError> {
+    static RESULT: OnceLock<Result<(), RegistryError>> = OnceLock::new();
+    RESULT.get_or_init(scan).clone()
+}
+
+fn scan() -> Result<(), RegistryError> {
+    let mut all: Vec<&'static HandlerSpec> = handlers().collect();
+    all.sort_by_key(|h| (h.name, h.file, h.line));
+    for pair in all.windows(2) {
+        if pair[0].name == pair[1].name {
+            return Err(RegistryError::DuplicateName {
+                name: pair[0].name,
+                first: format!("{}:{}", pair[0].file, pair[0].line),
+                second: format!("{}:{}", pair[1].file, pair[1].line),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Looks a handler up by its registered name.
+///
+/// # Examples
+///
+/// ```
+/// assert!(idem_runtime::registry::find("no_such_handler").is_none());
+/// ```
+pub fn find(name: &str) -> Option<&'static HandlerSpec> {
+    handlers().find(|h| h.name == name)
+}

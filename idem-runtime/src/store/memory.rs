@@ -1,0 +1,263 @@
+//! The in-memory store: lease mode in one process, for tests and for
+//! consumers whose dedup window may be forgotten on restart.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::clock::{Clock, SystemClock, millis};
+use crate::driver::{Claim, LeaseStore};
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::registry::HandlerSpec;
+use crate::store::{Record, Status, Sweep};
+
+/// An in-process store behind a mutex: lease mode only, records live as long
+/// as the process. Expired records are replaced on access and deleted by
+/// [`sweep_expired`](MemoryStore::sweep_expired).
+///
+/// Clones share the same records.
+///
+/// # Examples
+///
+/// ```standalone_crate
+/// use idem_runtime::{idempotent, MemoryStore, Outcome};
+///
+/// #[derive(serde::Deserialize)]
+/// struct PointsEarned { message_id: String, points: u32 }
+///
+/// #[idempotent(key = "message_id", ttl = "7d", store = "memory")]
+/// async fn grant_points(msg: &PointsEarned) -> Result<u32, std::io::Error> {
+///     Ok(msg.points)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let store = MemoryStore::new();
+/// let msg = PointsEarned { message_id: "m-1".into(), points: 5 };
+/// assert_eq!(grant_points(&store, &msg).await.unwrap(), Outcome::Executed(5));
+/// assert_eq!(grant_points(&store, &msg).await.unwrap(), Outcome::Duplicate(5));
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct MemoryStore {
+    records: Arc<Mutex<HashMap<(String, String), Entry>>>,
+    clock: Arc<dyn Clock>,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    status: Status,
+    token: Option<String>,
+    outcome: Option<String>,
+    attempts: i64,
+    created_at: i64,
+    updated_at: i64,
+    expires_at: i64,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store on the system clock.
+    pub fn new() -> Self {
+        Self::with_clock(SystemClock)
+    }
+
+    /// An empty store reading time from `clock` (see
+    /// [`ManualClock`](crate::clock::ManualClock) for tests).
+    pub fn with_clock(clock: impl Clock) -> Self {
+        Self {
+            records: Arc::default(),
+            clock: Arc::new(clock),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<(String, String), Entry>> {
+        // A panic while holding the lock cannot leave an entry half-written
+        // (every update is a single assignment), so a poisoned map is usable.
+        self.records
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// How many records are held, expired or not.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(idem_runtime::MemoryStore::new().len(), 0);
+    /// ```
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// `true` when no record is held.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert!(idem_runtime::MemoryStore::new().is_empty());
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
+    /// The record of `key` under handler `handler`, if any.
+    pub fn record(&self, handler: &str, key: &Key) -> Option<Record> {
+        let map = self.lock();
+        map.get(&(handler.to_owned(), key.as_str().to_owned()))
+            .map(|e| Record {
+                handler: handler.to_owned(),
+                key: key.as_str().to_owned(),
+                status: e.status,
+                outcome: e.outcome.clone(),
+                attempts: e.attempts,
+                created_at_ms: e.created_at,
+                updated_at_ms: e.updated_at,
+                expires_at_ms: e.expires_at,
+            })
+    }
+
+    /// Deletes at most `batch` expired records; returns how many.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(idem_runtime::MemoryStore::new().sweep_expired(100), 0);
+    /// ```
+    pub fn sweep_expired(&self, batch: u32) -> u64 {
+        let now = self.clock.now_millis();
+        let mut map = self.lock();
+        let expired: Vec<_> = map
+            .iter()
+            .filter(|(_, e)| e.expires_at <= now)
+            .map(|(k, _)| k.clone())
+            .take(batch as usize)
+            .collect();
+        for k in &expired {
+            map.remove(k);
+        }
+        expired.len() as u64
+    }
+
+    fn with_entry<R>(
+        &self,
+        spec: &HandlerSpec,
+        key: &Key,
+        f: impl FnOnce(&mut Option<Entry>, i64) -> R,
+    ) -> R {
+        let now = self.clock.now_millis();
+        let mut map = self.lock();
+        let k = (spec.name.to_owned(), key.as_str().to_owned());
+        let mut slot = map.remove(&k);
+        let r = f(&mut slot, now);
+        if let Some(e) = slot {
+            map.insert(k, e);
+        }
+        r
+    }
+}
+
+fn holds(e: &Option<Entry>, token: &str) -> bool {
+    matches!(e, Some(e) if e.status == Status::InProgress && e.token.as_deref() == Some(token))
+}
+
+impl LeaseStore for MemoryStore {
+    fn store_name(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn claim(&self, spec: &'static HandlerSpec, key: &Key) -> Result<Claim, StoreError> {
+        Ok(self.with_entry(spec, key, |slot, now| {
+            let attempts = match slot {
+                Some(e) if e.expires_at > now => {
+                    return match e.status {
+                        Status::Completed => Claim::Completed {
+                            outcome: e.outcome.clone().unwrap_or_default(),
+                        },
+                        Status::InProgress => Claim::InProgress {
+                            retry_after: Duration::from_millis((e.expires_at - now) as u64),
+                        },
+                    };
+                }
+                Some(e) if e.status == Status::InProgress => e.attempts + 1,
+                _ => 1,
+            };
+            let token = uuid::Uuid::new_v4().simple().to_string();
+            *slot = Some(Entry {
+                status: Status::InProgress,
+                token: Some(token.clone()),
+                outcome: None,
+                attempts,
+                created_at: now,
+                updated_at: now,
+                expires_at: now.saturating_add(millis(spec.lease)),
+            });
+            Claim::Acquired { token }
+        }))
+    }
+
+    async fn complete(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        token: &str,
+        outcome: &str,
+    ) -> Result<bool, StoreError> {
+        Ok(self.with_entry(spec, key, |slot, now| {
+            if !holds(slot, token) {
+                return false;
+            }
+            if let Some(e) = slot {
+                e.status = Status::Completed;
+                e.token = None;
+                e.outcome = Some(outcome.to_owned());
+                e.updated_at = now;
+                e.expires_at = now.saturating_add(millis(spec.ttl));
+            }
+            true
+        }))
+    }
+
+    async fn release(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        token: &str,
+    ) -> Result<(), StoreError> {
+        self.with_entry(spec, key, |slot, _| {
+            if holds(slot, token) {
+                *slot = None;
+            }
+        });
+        Ok(())
+    }
+
+    async fn extend(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        token: &str,
+    ) -> Result<bool, StoreError> {
+        Ok(self.with_entry(spec, key, |slot, now| {
+            if !holds(slot, token) {
+                return false;
+            }
+            if let Some(e) = slot {
+                e.updated_at = now;
+                e.expires_at = now.saturating_add(millis(spec.lease));
+            }
+            true
+        }))
+    }
+}
+
+impl Sweep for MemoryStore {
+    async fn sweep_expired(&self, batch: u32) -> Result<u64, StoreError> {
+        Ok(MemoryStore::sweep_expired(self, batch))
+    }
+}

@@ -1,0 +1,194 @@
+//! The stores, and what they share: the record an operator reads back, table
+//! name validation and the background sweeper.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::error::StoreError;
+
+pub mod memory;
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub mod sqlite;
+
+/// Whether a record is still being worked on or holds a result.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::store::Status;
+/// assert_eq!(Status::parse("completed"), Some(Status::Completed));
+/// assert_eq!(Status::InProgress.as_str(), "in_progress");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Status {
+    /// Claimed; the body has not finished (lease mode), or the transaction
+    /// has not committed (never visible to others in transaction mode).
+    InProgress,
+    /// The body finished and its outcome is recorded.
+    Completed,
+}
+
+impl Status {
+    /// The text stored in the `status` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::InProgress => "in_progress",
+            Status::Completed => "completed",
+        }
+    }
+
+    /// Reads the text of the `status` column.
+    pub fn parse(s: &str) -> Option<Status> {
+        match s {
+            "in_progress" => Some(Status::InProgress),
+            "completed" => Some(Status::Completed),
+            _ => None,
+        }
+    }
+}
+
+/// One dedup record, as an operator would ask for it: was this message
+/// processed, when, with what result.
+///
+/// Times are milliseconds since the Unix epoch.
+///
+/// # Examples
+///
+/// ```
+/// # async fn demo() -> Result<(), idem_runtime::StoreError> {
+/// use idem_runtime::{Key, MemoryStore};
+/// let store = MemoryStore::new();
+/// let key = Key::from_parts(&[&"A-17"]).unwrap();
+/// if let Some(record) = store.record("deduct_stock", &key) {
+///     println!("{:?} at {} -> {:?}", record.status, record.updated_at_ms, record.outcome);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The handler's registered name.
+    pub handler: String,
+    /// The stored key (see [`Key`](crate::Key)).
+    pub key: String,
+    /// In progress or completed.
+    pub status: Status,
+    /// The recorded result as JSON, once completed.
+    pub outcome: Option<String>,
+    /// How many claims this record has seen in its current window (1, plus
+    /// one per lease takeover).
+    pub attempts: i64,
+    /// When the current claim was made.
+    pub created_at_ms: i64,
+    /// When the record last changed.
+    pub updated_at_ms: i64,
+    /// When a completed record stops suppressing duplicates, or when an
+    /// in-progress lease runs out.
+    pub expires_at_ms: i64,
+}
+
+/// A store whose expired records can be deleted in batches.
+pub trait Sweep: Clone + Send + Sync + 'static {
+    /// Deletes at most `batch` expired records; returns how many it deleted.
+    fn sweep_expired(&self, batch: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
+}
+
+/// A background task that deletes expired records; stops when dropped.
+///
+/// Every `every`, it deletes expired records in batches of `batch` until a
+/// batch comes back short, so the table stays the size of the dedup window
+/// without one long-running delete.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use idem_runtime::{MemoryStore, store::Sweeper};
+/// use std::time::Duration;
+/// let store = MemoryStore::new();
+/// let sweeper = Sweeper::spawn(store.clone(), Duration::from_secs(60), 1000);
+/// drop(sweeper); // stops the task
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct Sweeper {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Sweeper {
+    /// Spawns the sweeper on the current tokio runtime.
+    pub fn spawn<S: Sweep>(store: S, every: Duration, batch: u32) -> Sweeper {
+        let batch = batch.max(1);
+        let task = tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                loop {
+                    match store.sweep_expired(batch).await {
+                        Ok(n) if n >= u64::from(batch) => tokio::task::yield_now().await,
+                        Ok(_) => break,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "sweeping expired idempotency records failed");
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+        Sweeper { task }
+    }
+}
+
+impl Drop for Sweeper {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Checks that `name` is a plain SQL identifier, optionally schema-qualified:
+/// ASCII letters, digits and `_`, not starting with a digit, each part at most
+/// 63 bytes. Nothing else ever reaches the SQL text.
+#[cfg_attr(not(feature = "_sql"), allow(dead_code))]
+pub(crate) fn validate_table_name(name: &str) -> Result<(), StoreError> {
+    let ok_part = |p: &str| {
+        !p.is_empty()
+            && p.len() <= 63
+            && p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            && !p.as_bytes()[0].is_ascii_digit()
+    };
+    let parts: Vec<&str> = name.split('.').collect();
+    if parts.len() <= 2 && parts.iter().all(|p| ok_part(p)) {
+        Ok(())
+    } else {
+        Err(StoreError::InvalidTableName {
+            name: name.to_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::validate_table_name;
+
+    #[test]
+    fn table_names() {
+        for ok in ["idem_keys", "app.idem_keys", "_t1", "T"] {
+            assert!(validate_table_name(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "1abc",
+            "a-b",
+            "a.b.c",
+            "a b",
+            "keys;drop",
+            "\"q\"",
+            "é",
+            ".a",
+            &"x".repeat(64),
+        ] {
+            assert!(validate_table_name(bad).is_err(), "{bad}");
+        }
+    }
+}

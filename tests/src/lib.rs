@@ -1,0 +1,1 @@
+//! Integration tests of idem live in `tests/`.
