@@ -1,1 +1,37 @@
-//! Shared pieces of the examples.
+//! Pieces shared by the examples: a throw-away database file.
+
+use std::path::PathBuf;
+
+/// A fresh SQLite file under the system's temp directory, removed (with its
+/// WAL files) when dropped.
+#[derive(Debug)]
+pub struct TempDb {
+    path: PathBuf,
+}
+
+impl TempDb {
+    /// A new, not yet existing, database path named after `name`.
+    pub fn new(name: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let path =
+            std::env::temp_dir().join(format!("idem-{name}-{}-{nanos}.db", std::process::id()));
+        TempDb { path }
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl Drop for TempDb {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = self.path.clone().into_os_string();
+            p.push(suffix);
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}

@@ -53,21 +53,22 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
     let ttl_ms = u64::try_from(h.ttl.as_millis()).unwrap_or(u64::MAX);
     let lease_ms = u64::try_from(h.lease.as_millis()).unwrap_or(u64::MAX);
     let store_name = h.store.name();
-    let mode = if h.tx_pat.is_some() {
+    let mode = if h.tx_param.is_some() {
         quote!(Transaction)
     } else {
         quote!(Lease)
     };
 
     let derive_key = derive_key(h, &p, &spec);
-    let bind_key = h.key_pat.as_ref().map(|pat| quote!(let #pat = #key_ref;));
+    let bind_key = h.key_param.as_ref().map(|param| bind(param, &key_ref));
     let fake_return = fake_return(ret_ty);
 
-    let call = match &h.tx_pat {
-        Some(tx_pat) => {
+    let call = match &h.tx_param {
+        Some(tx_param) => {
             let call_state = Ident::new("__idem_call", mixed);
             let tx = Ident::new("__idem_tx", mixed);
             let result = Ident::new("__idem_result", mixed);
+            let bind_tx = bind(tx_param, &tx);
             quote! {
                 let mut #call_state = match #p::tx_begin::<_, #ok_ty, #err_ty>(#store, &#spec, &#key).await {
                     #p::Result::Ok(#p::TxBegin::Fresh(call)) => call,
@@ -79,7 +80,7 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
                 let #tx = #call_state.tx();
                 let #result: #ret_ty = #p::Instrument::instrument(
                     async move {
-                        let #tx_pat = #tx;
+                        #bind_tx
                         #bind_key
                         #fake_return
                         #block
@@ -158,6 +159,25 @@ fn derive_key(h: &Handler, p: &TokenStream, spec: &Ident) -> TokenStream {
         #(#parts)*
         #builder.finish()
     }}
+}
+
+/// Binds a removed parameter (the transaction, the key) inside the body, with
+/// the type as written (named lifetimes elided, since the binding is local).
+/// The annotation keeps the user's imports used and checks that the written
+/// type is what the store hands over, reporting a mismatch on that type.
+fn bind(param: &syn::PatType, value: &Ident) -> TokenStream {
+    struct Elide;
+    impl syn::visit_mut::VisitMut for Elide {
+        fn visit_lifetime_mut(&mut self, l: &mut syn::Lifetime) {
+            if l.ident != "static" {
+                *l = syn::Lifetime::new("'_", l.span());
+            }
+        }
+    }
+    let pat = &param.pat;
+    let mut ty = (*param.ty).clone();
+    syn::visit_mut::VisitMut::visit_type_mut(&mut Elide, &mut ty);
+    quote!(let #pat: #ty = #value;)
 }
 
 /// Pins the body's return type to the written one, spanned on it, so the

@@ -99,10 +99,10 @@ pub(crate) struct Handler {
     pub(crate) ttl: Duration,
     pub(crate) lease: Duration,
     pub(crate) store: Store,
-    /// The transaction parameter's pattern, in transaction mode.
-    pub(crate) tx_pat: Option<Box<Pat>>,
-    /// The `&Key` parameter's pattern, if the body reads its key.
-    pub(crate) key_pat: Option<Box<Pat>>,
+    /// The transaction parameter, in transaction mode.
+    pub(crate) tx_param: Option<syn::PatType>,
+    /// The `&Key` parameter, if the body reads its key.
+    pub(crate) key_param: Option<syn::PatType>,
     pub(crate) receiver: Option<syn::Receiver>,
     pub(crate) params: Vec<Param>,
     /// `Ok` and `Err` types of the handler's result; `None` for a
@@ -172,7 +172,7 @@ pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Option<Handler
 
     let sig_parts = params(cx, func, store);
 
-    if let (Some(_), Some(lit)) = (&sig_parts.tx_pat, &args.lease) {
+    if let (Some(_), Some(lit)) = (&sig_parts.tx_param, &args.lease) {
         cx.error_spanned_by(
             lit,
             "`lease` has no meaning in transaction mode: the open transaction holds the claim until it commits or rolls back; remove `lease`, or remove the transaction parameter to run in lease mode",
@@ -200,8 +200,8 @@ pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Option<Handler
         ttl: ttl?,
         lease: lease?,
         store: store?,
-        tx_pat: sig_parts.tx_pat,
-        key_pat: sig_parts.key_pat,
+        tx_param: sig_parts.tx_param,
+        key_param: sig_parts.key_param,
         receiver: sig_parts.receiver,
         params: sig_parts.params,
         ok_ty: result_types.as_ref()?.0.clone(),
@@ -305,8 +305,8 @@ fn return_types(
 }
 
 struct SigParts {
-    tx_pat: Option<Box<Pat>>,
-    key_pat: Option<Box<Pat>>,
+    tx_param: Option<syn::PatType>,
+    key_param: Option<syn::PatType>,
     receiver: Option<syn::Receiver>,
     params: Vec<Param>,
 }
@@ -360,8 +360,8 @@ fn is_key_param(ty: &Type) -> bool {
 
 fn params(cx: &mut Ctxt, func: &ItemFn, store: Option<Store>) -> SigParts {
     let mut parts = SigParts {
-        tx_pat: None,
-        key_pat: None,
+        tx_param: None,
+        key_param: None,
         receiver: None,
         params: Vec::new(),
     };
@@ -383,7 +383,7 @@ fn params(cx: &mut Ctxt, func: &ItemFn, store: Option<Store>) -> SigParts {
                     "the transaction parameter must come first (after `self`): the rewritten function takes the store in its place",
                 );
             }
-            if parts.tx_pat.is_some() {
+            if parts.tx_param.is_some() {
                 cx.error_spanned_by(ty, "only one transaction parameter is allowed");
             }
             match store {
@@ -407,14 +407,14 @@ fn params(cx: &mut Ctxt, func: &ItemFn, store: Option<Store>) -> SigParts {
                 },
                 None => {}
             }
-            parts.tx_pat = Some(pt.pat.clone());
+            parts.tx_param = Some(pt.clone());
             continue;
         }
         if is_key_param(&pt.ty) {
-            if parts.key_pat.is_some() {
+            if parts.key_param.is_some() {
                 cx.error_spanned_by(&pt.ty, "only one `&Key` parameter is allowed");
             }
-            parts.key_pat = Some(pt.pat.clone());
+            parts.key_param = Some(pt.clone());
             continue;
         }
         let ident = match &*pt.pat {
