@@ -99,6 +99,26 @@ pub enum TxClaim<Tx> {
     },
 }
 
+/// What became of a transaction-mode call at its commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TxCommit {
+    /// The dedup row, the body's writes and the outcome committed.
+    Committed,
+    /// The store writes its dedup row after the body and found a live one:
+    /// this delivery was a duplicate, its writes were rolled back, and this is
+    /// the recorded outcome (JSON).
+    Duplicate {
+        /// The recorded outcome as the store keeps it (JSON).
+        outcome: String,
+    },
+    /// As `Duplicate`, but the other delivery has not completed: the writes
+    /// were rolled back and the call should be retried after `retry_after`.
+    InProgress {
+        /// A hint for the redelivery delay.
+        retry_after: Duration,
+    },
+}
+
 /// A SQL store that can run handlers in transaction mode.
 pub trait TxStore: Send + Sync {
     /// The open transaction handed to the body.
@@ -114,14 +134,15 @@ pub trait TxStore: Send + Sync {
         key: &Key,
     ) -> impl Future<Output = Result<TxClaim<Self::Tx>, StoreError>> + Send;
 
-    /// Records `outcome` in the claim row and commits.
+    /// Records `outcome` in the dedup row and commits, unless the store
+    /// writes that row only now and finds the key taken (see [`TxCommit`]).
     fn commit_outcome(
         &self,
         tx: Self::Tx,
         spec: &'static HandlerSpec,
         key: &Key,
         outcome: &str,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    ) -> impl Future<Output = Result<TxCommit, StoreError>> + Send;
 
     /// Rolls the transaction back: the claim and the body's writes vanish.
     fn rollback(&self, tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -485,7 +506,7 @@ pub async fn tx_finish<S, T, E>(
 ) -> Result<Outcome<T>, Error<E>>
 where
     S: TxStore,
-    T: Serialize,
+    T: Serialize + DeserializeOwned,
 {
     record_body(spec, call.body_start);
     let span = call.span;
@@ -499,11 +520,19 @@ where
                         return Err(e);
                     }
                 };
-                store
+                match store
                     .commit_outcome(call.tx, spec, key, &outcome)
                     .await
-                    .map_err(|e| store_err(spec, key, e))?;
-                Ok(Outcome::Executed(value))
+                    .map_err(|e| store_err(spec, key, e))?
+                {
+                    TxCommit::Committed => Ok(Outcome::Executed(value)),
+                    TxCommit::Duplicate { outcome } => decode(spec, key, &outcome),
+                    TxCommit::InProgress { retry_after } => Err(Error::InProgress {
+                        handler: spec.name,
+                        key: key.clone(),
+                        retry_after,
+                    }),
+                }
             }
             Err(error) => {
                 rollback_quietly(store, call.tx).await;

@@ -59,7 +59,7 @@ mod outcome;
 pub mod registry;
 pub mod store;
 
-pub use driver::{Claim, LeaseStore, TxClaim, TxStore, metric};
+pub use driver::{Claim, LeaseStore, TxClaim, TxCommit, TxStore, metric};
 pub use error::{BoxError, Error, StoreError};
 pub use idem_grammar::{format_duration, parse_duration};
 /// Makes an async handler idempotent; see the crate docs and the README.
@@ -92,6 +92,9 @@ pub use idem_macros::idempotent;
 pub use key::{Key, KeyBuilder, KeyMissing, KeyPart, MAX_KEY_LEN, PartWriter};
 pub use outcome::Outcome;
 pub use store::memory::MemoryStore;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use store::postgres::{PgStore, PgTx};
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use store::sqlite::{SqliteStore, SqliteTx};
@@ -102,6 +105,8 @@ pub mod __private {
     pub use crate::driver::{TxBegin, TxCall, key_missing, run_lease, tx_begin, tx_finish};
     pub use crate::registry::{HandlerSpec, Mode};
     pub use crate::{Error, Key, KeyBuilder, MemoryStore, Outcome};
+    #[cfg(feature = "postgres")]
+    pub use crate::{PgStore, PgTx};
     #[cfg(feature = "sqlite")]
     pub use crate::{SqliteStore, SqliteTx};
     pub use core::future::Future;

@@ -9,7 +9,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 use sqlx::{AssertSqlSafe, Row, Sqlite, Transaction};
 
 use crate::clock::{Clock, SystemClock, millis};
-use crate::driver::{Claim, LeaseStore, TxClaim, TxStore};
+use crate::driver::{Claim, LeaseStore, TxClaim, TxCommit, TxStore};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::registry::{self, HandlerSpec};
@@ -519,7 +519,7 @@ impl TxStore for SqliteStore {
         spec: &'static HandlerSpec,
         key: &Key,
         outcome: &str,
-    ) -> Result<(), StoreError> {
+    ) -> Result<TxCommit, StoreError> {
         let now = self.clock.now_millis();
         sqlx::query(q(&self.sql.complete_tx))
             .bind(spec.name)
@@ -530,7 +530,10 @@ impl TxStore for SqliteStore {
             .execute(&mut *tx)
             .await
             .map_err(|e| backend(e, self.busy_timeout))?;
-        tx.commit().await.map_err(|e| backend(e, self.busy_timeout))
+        tx.commit()
+            .await
+            .map_err(|e| backend(e, self.busy_timeout))?;
+        Ok(TxCommit::Committed)
     }
 
     async fn rollback(&self, tx: Self::Tx) -> Result<(), StoreError> {

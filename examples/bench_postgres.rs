@@ -1,0 +1,292 @@
+//! What an idempotent Postgres handler costs against the same business
+//! transaction without idem, as ratios measured in one run.
+//!
+//! ```text
+//! cargo run --release -p idem-examples --example bench_postgres
+//! DATABASE_URL=postgres://... SECS=5 ROUNDS=5 TASKS=8 cargo run --release -p idem-examples --example bench_postgres
+//! ```
+//!
+//! The business transaction is the one of `shared/bench/pg-limit`: deduct one
+//! unit from one of 10,000 stock rows (`BEGIN; UPDATE ...; COMMIT`). Three
+//! variants run interleaved, round after round, each for `SECS` seconds with
+//! `TASKS` concurrent consumers on a pool of as many connections:
+//!
+//! * `bare`: the business transaction alone;
+//! * `idem (claim last)`: the same body in an `#[idempotent]` handler that
+//!   records its outcome, the store's default order;
+//! * `idem (claim first)`: the same with `ClaimOrder::First`.
+//!
+//! Every message is fresh (a new message id). It prints each variant's median
+//! throughput and its ratio to `bare`, then counts the statements a fresh
+//! message and a duplicate cost, and ends with the line `idem/bare: <ratio>`
+//! for the default order.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use idem_runtime::store::postgres::ClaimOrder;
+use idem_runtime::{PgStore, PgTx, idempotent};
+use serde::Deserialize;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+
+#[derive(Debug, Deserialize)]
+struct Deduct {
+    message_id: i64,
+    sku: i64,
+}
+
+async fn deduct(conn: &mut sqlx::PgConnection, sku: i64) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE bench_inventory SET stock = stock - 1 WHERE sku = $1")
+        .bind(sku)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+#[idempotent(
+    key = "message_id",
+    ttl = "24h",
+    store = "postgres",
+    name = "bench_deduct"
+)]
+async fn deduct_idem(tx: &mut PgTx<'_>, msg: &Deduct) -> Result<i64, sqlx::Error> {
+    deduct(tx, msg.sku).await?;
+    Ok(msg.sku)
+}
+
+async fn deduct_bare(pool: &PgPool, msg: &Deduct) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    deduct(&mut tx, msg.sku).await?;
+    tx.commit().await
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Variant {
+    Bare,
+    Idem(ClaimOrder),
+}
+
+impl Variant {
+    fn label(self) -> &'static str {
+        match self {
+            Variant::Bare => "bare",
+            Variant::Idem(ClaimOrder::Last) => "idem (claim last)",
+            Variant::Idem(ClaimOrder::First) => "idem (claim first)",
+        }
+    }
+}
+
+/// Runs one variant for `secs` with `tasks` consumers; returns messages/s.
+async fn run(
+    variant: Variant,
+    pool: &PgPool,
+    stores: &[PgStore; 2],
+    secs: f64,
+    tasks: usize,
+    next_id: &Arc<AtomicU64>,
+) -> f64 {
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let (pool, stop, done, next_id) =
+            (pool.clone(), stop.clone(), done.clone(), next_id.clone());
+        let store = match variant {
+            Variant::Idem(ClaimOrder::First) => stores[1].clone(),
+            _ => stores[0].clone(),
+        };
+        handles.push(tokio::spawn(async move {
+            let mut sku = (t as i64 * 1237) % 10_000;
+            while !stop.load(Ordering::Relaxed) {
+                let msg = Deduct {
+                    message_id: next_id.fetch_add(1, Ordering::Relaxed) as i64,
+                    sku: sku + 1,
+                };
+                sku = (sku + 7919) % 10_000;
+                match variant {
+                    Variant::Bare => deduct_bare(&pool, &msg)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string()),
+                    Variant::Idem(_) => deduct_idem(&store, &msg)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string()),
+                }
+                .unwrap_or_else(|e| panic!("{}: {e}", variant.label()));
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let start = Instant::now();
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        h.await.expect("consumer task");
+    }
+    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Counts the statements sqlx sends (its `sqlx::query` log events).
+mod counting {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tracing::{Event, Metadata, Subscriber, span};
+
+    pub(crate) static STATEMENTS: AtomicU64 = AtomicU64::new(0);
+
+    pub(crate) struct Counter;
+
+    impl Subscriber for Counter {
+        fn enabled(&self, meta: &Metadata<'_>) -> bool {
+            meta.target() == "sqlx::query"
+        }
+        fn new_span(&self, _: &span::Attributes<'_>) -> span::Id {
+            span::Id::from_u64(1)
+        }
+        fn record(&self, _: &span::Id, _: &span::Record<'_>) {}
+        fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
+        fn event(&self, event: &Event<'_>) {
+            if event.metadata().target() == "sqlx::query" {
+                STATEMENTS.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        fn enter(&self, _: &span::Id) {}
+        fn exit(&self, _: &span::Id) {}
+    }
+}
+
+/// Statements of one call, as sqlx reports them, plus the `BEGIN` that sqlx
+/// sends outside its statement log.
+async fn statements_of<F: std::future::Future>(call: F) -> u64 {
+    let before = counting::STATEMENTS.load(Ordering::Relaxed);
+    call.await;
+    counting::STATEMENTS.load(Ordering::Relaxed) - before + 1
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let secs: f64 = env("SECS", 5.0);
+    let rounds: usize = env("ROUNDS", 5);
+    let tasks: usize = env("TASKS", 8);
+
+    let pool = PgPoolOptions::new()
+        .max_connections(tasks as u32)
+        .min_connections(tasks as u32)
+        // No liveness ping before each transaction: neither variant pays it.
+        .test_before_acquire(false)
+        .connect(&url)
+        .await?;
+    sqlx::raw_sql(
+        "DROP TABLE IF EXISTS bench_inventory, bench_idem_last, bench_idem_first;
+         CREATE TABLE bench_inventory (sku BIGINT PRIMARY KEY, stock BIGINT NOT NULL);
+         INSERT INTO bench_inventory SELECT g, 1000000000 FROM generate_series(1, 10000) g;",
+    )
+    .execute(&pool)
+    .await?;
+    let last = PgStore::from_pool(pool.clone()).with_table("bench_idem_last")?;
+    let first = PgStore::from_pool(pool.clone())
+        .with_table("bench_idem_first")?
+        .with_claim_order(ClaimOrder::First);
+    last.migrate().await?;
+    first.migrate().await?;
+    let stores = [last, first];
+    let next_id = Arc::new(AtomicU64::new(1));
+
+    let variants = [
+        Variant::Bare,
+        Variant::Idem(ClaimOrder::Last),
+        Variant::Idem(ClaimOrder::First),
+    ];
+    println!("{tasks} consumers, {rounds} rounds of {secs} s per variant, interleaved");
+    // Warm-up: connections, prepared statements, caches.
+    for v in variants {
+        run(v, &pool, &stores, 1.0, tasks, &next_id).await;
+    }
+    let mut tps: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+    for round in 1..=rounds {
+        // Rotate the order each round so drift does not favour one variant.
+        for i in 0..variants.len() {
+            let k = (i + round) % variants.len();
+            let t = run(variants[k], &pool, &stores, secs, tasks, &next_id).await;
+            tps[k].push(t);
+        }
+    }
+    let bare = median(tps[0].clone());
+    println!(
+        "{:<20} {:>12} {:>8}   rounds",
+        "variant", "median msg/s", "/bare"
+    );
+    for (v, t) in variants.iter().zip(&tps) {
+        let m = median(t.clone());
+        let rounds: Vec<String> = t.iter().map(|x| format!("{x:.0}")).collect();
+        println!(
+            "{:<20} {:>12.0} {:>8.3}   {}",
+            v.label(),
+            m,
+            m / bare,
+            rounds.join(" ")
+        );
+    }
+
+    // Statements a message costs (BEGIN counted; see `statements_of`).
+    let _guard = tracing::subscriber::set_default(counting::Counter);
+    let fresh = |id| Deduct {
+        message_id: id,
+        sku: 1,
+    };
+    let id = next_id.fetch_add(10, Ordering::Relaxed) as i64;
+    let bare_n = statements_of(async {
+        deduct_bare(&pool, &fresh(id)).await.expect("bare");
+    })
+    .await;
+    let mut report = Vec::new();
+    for (store, name) in [(&stores[0], "claim last"), (&stores[1], "claim first")] {
+        let id = next_id.fetch_add(1, Ordering::Relaxed) as i64;
+        let f = statements_of(async {
+            assert!(
+                deduct_idem(store, &fresh(id))
+                    .await
+                    .expect("fresh")
+                    .is_executed()
+            );
+        })
+        .await;
+        let d = statements_of(async {
+            assert!(
+                deduct_idem(store, &fresh(id))
+                    .await
+                    .expect("dup")
+                    .is_duplicate()
+            );
+        })
+        .await;
+        report.push(format!("{name}: fresh {f}, duplicate {d}"));
+    }
+    drop(_guard);
+    println!(
+        "statements (= round trips) per message: bare {bare_n}; {}",
+        report.join("; ")
+    );
+    let ratio = median(tps[1].clone()) / bare;
+    println!("idem/bare: {ratio:.3}");
+    sqlx::raw_sql("DROP TABLE IF EXISTS bench_inventory, bench_idem_last, bench_idem_first")
+        .execute(&pool)
+        .await?;
+    Ok(())
+}
