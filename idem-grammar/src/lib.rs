@@ -182,7 +182,7 @@ pub fn parse_duration(input: &str) -> Result<Duration, ParseError> {
     }
     if total == 0 {
         return Err(ParseError::new(
-            "a duration must be longer than zero: a zero ttl would never suppress a duplicate",
+            "a duration must be longer than zero",
             0..input.len(),
         ));
     }

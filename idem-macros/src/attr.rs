@@ -4,6 +4,7 @@
 //! on the repeat, and with its literal so that later errors point at it.
 
 use proc_macro2::TokenStream;
+use quote::ToTokens;
 use syn::parse::{ParseStream, Parser};
 use syn::{LitStr, Token};
 
@@ -28,7 +29,31 @@ pub(crate) struct Args {
     pub(crate) name: Option<LitStr>,
     pub(crate) lease: Option<LitStr>,
     pub(crate) krate: Option<LitStr>,
+    /// Arguments written but already reported (a value that is not a string
+    /// literal, a misspelled name): not to be reported as missing too.
+    reported: Vec<&'static str>,
+    /// Something could not be read as an argument (a syntax error, a value
+    /// without a name): which arguments the user meant to give is unknown.
+    unreadable: bool,
 }
+
+impl Args {
+    /// Whether `label` is absent and should be reported as missing: not when
+    /// an error about it was reported already, nor after a syntax error.
+    pub(crate) fn is_missing(&self, label: &str) -> bool {
+        let given = match label {
+            "key" => &self.key,
+            "ttl" => &self.ttl,
+            "store" => &self.store,
+            "name" => &self.name,
+            "lease" => &self.lease,
+            _ => &self.krate,
+        };
+        given.is_none() && !self.unreadable && !self.reported.contains(&label)
+    }
+}
+
+const NAMES: &[&str] = &["key", "ttl", "store", "name", "lease", "crate"];
 
 /// Parses the arguments, recording every problem in `cx`; what parsed is kept.
 pub(crate) fn parse(cx: &mut Ctxt, tokens: TokenStream) -> Args {
@@ -37,7 +62,8 @@ pub(crate) fn parse(cx: &mut Ctxt, tokens: TokenStream) -> Args {
     let parser = |input: ParseStream<'_>| {
         while !input.is_empty() {
             let lookahead = input.lookahead1();
-            let (slot, label): (&mut Option<LitStr>, &str) = if lookahead.peek(kw::key) {
+            let name_span = input.span();
+            let (slot, label): (&mut Option<LitStr>, &'static str) = if lookahead.peek(kw::key) {
                 input.parse::<kw::key>()?;
                 (&mut args.key, "key")
             } else if lookahead.peek(kw::ttl) {
@@ -55,12 +81,29 @@ pub(crate) fn parse(cx: &mut Ctxt, tokens: TokenStream) -> Args {
             } else if lookahead.peek(Token![crate]) {
                 input.parse::<Token![crate]>()?;
                 (&mut args.krate, "crate")
+            } else if input.peek(LitStr) {
+                let value: LitStr = input.parse()?;
+                errors.push(syn::Error::new(
+                    value.span(),
+                    "this value has no name: arguments are written `name = \"value\"`, as in key = \"order_id\", ttl = \"24h\", store = \"sqlite\"",
+                ));
+                args.unreadable = true;
+                if input.is_empty() {
+                    break;
+                }
+                input.parse::<Token![,]>()?;
+                continue;
             } else if input.peek(syn::Ident) {
                 let unknown: syn::Ident = input.parse()?;
-                errors.push(syn::Error::new(
-                    unknown.span(),
-                    format!("unknown argument `{unknown}`: expected {VALID}"),
-                ));
+                let message = match similar(&unknown.to_string(), NAMES) {
+                    Some(known) => {
+                        // A misspelling: the argument it names is not missing.
+                        args.reported.push(known);
+                        format!("unknown argument `{unknown}`: did you mean `{known}`?")
+                    }
+                    None => format!("unknown argument `{unknown}`: expected {VALID}"),
+                };
+                errors.push(syn::Error::new(unknown.span(), message));
                 // Skip its value and go on, so later mistakes are reported too.
                 if input.parse::<Option<Token![=]>>()?.is_some() {
                     input.parse::<syn::Expr>()?;
@@ -73,25 +116,37 @@ pub(crate) fn parse(cx: &mut Ctxt, tokens: TokenStream) -> Args {
             } else {
                 return Err(lookahead.error());
             };
-            let eq: Token![=] = input.parse().map_err(|e| {
+            input.parse::<Token![=]>().map_err(|e| {
                 syn::Error::new(
                     e.span(),
-                    format!("expected `=` after `{label}`, as in {label} = \"...\""),
+                    format!("expected `=` after `{label}`, as in {}", example(label)),
                 )
             })?;
-            let value: LitStr = input.parse().map_err(|e| {
-                syn::Error::new(
-                    e.span(),
-                    format!("`{label}` takes a string literal, as in {}", example(label)),
-                )
-            })?;
-            if slot.is_some() {
-                errors.push(syn::Error::new(
-                    eq.span.join(value.span()).unwrap_or(value.span()),
-                    format!("`{label}` is given twice: keep one"),
-                ));
+            if input.peek(LitStr) {
+                let value: LitStr = input.parse()?;
+                if slot.is_some() {
+                    errors.push(syn::Error::new(
+                        name_span,
+                        format!("`{label}` is given twice: keep one"),
+                    ));
+                } else {
+                    *slot = Some(value);
+                }
             } else {
-                *slot = Some(value);
+                // Report the value and go on: the argument is not missing.
+                let span = input.span();
+                let value: syn::Expr = input.parse()?;
+                let written = value.to_token_stream().to_string();
+                let advice = if quoting_fits(label, &written) {
+                    format!("write {label} = \"{written}\"")
+                } else {
+                    format!("as in {}", example(label))
+                };
+                errors.push(syn::Error::new(
+                    span,
+                    format!("`{label}` takes a string literal: {advice}"),
+                ));
+                args.reported.push(label);
             }
             if input.is_empty() {
                 break;
@@ -101,10 +156,61 @@ pub(crate) fn parse(cx: &mut Ctxt, tokens: TokenStream) -> Args {
         Ok(())
     };
     let fatal = parser.parse2(tokens).err();
+    args.unreadable |= fatal.is_some();
     for e in errors.into_iter().chain(fatal) {
         cx.syn_error(e);
     }
     args
+}
+
+/// The candidate that `unknown` is most likely a misspelling of: one letter
+/// added, dropped or changed, or two letters swapped.
+pub(crate) fn similar<'a>(unknown: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    candidates
+        .iter()
+        .map(|known| (distance(unknown, known), *known))
+        .filter(|(d, known)| *d <= 1 || (*d == 2 && same_letters(unknown, known)))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, known)| known)
+}
+
+/// `stroe` and `store`: two letters swapped.
+fn same_letters(a: &str, b: &str) -> bool {
+    let mut a: Vec<char> = a.chars().collect();
+    let mut b: Vec<char> = b.chars().collect();
+    a.sort_unstable();
+    b.sort_unstable();
+    a == b
+}
+
+/// Levenshtein distance between two short ASCII-ish words.
+fn distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = if ca == *cb {
+                prev
+            } else {
+                1 + prev.min(cur).min(row[j])
+            };
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+/// Whether `written`, put in quotes, is a valid value of `label`; then the
+/// error can say exactly what to write.
+fn quoting_fits(label: &str, written: &str) -> bool {
+    match label {
+        "key" => idem_grammar::parse_key(written).is_ok(),
+        "ttl" | "lease" => idem_grammar::parse_duration(written).is_ok(),
+        _ => syn::parse_str::<syn::Ident>(written).is_ok(),
+    }
 }
 
 fn example(label: &str) -> &'static str {

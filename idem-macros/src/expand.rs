@@ -42,6 +42,13 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
         None => quote_spanned!(ret_ty.span()=> <#ret_ty as #p::HandlerResult>::Err),
     };
     let ok_span = h.ok_ty.as_ref().map_or(ret_ty.span(), Spanned::span);
+    // The driver calls (and their `.await`s) bound the `Ok` type by serde's
+    // traits. They carry the `Ok` type's span, as `assert_storable` below
+    // does, so that a type serde cannot store is reported on the user's type,
+    // not on the whole attribute; rustc then folds their errors into the
+    // explained ones of `assert_storable` (incremental builds may still show
+    // serde's own "trait bound not satisfied" next to them, on the same type).
+    let p_ok = respan(p.clone(), ok_span);
 
     let store_ty = format_ident!("{}", h.store.type_name());
     let receiver = h.receiver.as_ref().map(|r| quote!(#r,));
@@ -69,8 +76,14 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
             let tx = Ident::new("__idem_tx", mixed);
             let result = Ident::new("__idem_result", mixed);
             let bind_tx = bind(tx_param, &tx);
+            let tx_begin = quote_spanned! {ok_span=>
+                #p_ok::tx_begin::<_, #ok_ty, #err_ty>(#store, &#spec, &#key).await
+            };
+            let tx_finish = quote_spanned! {ok_span=>
+                #p_ok::tx_finish::<_, #ok_ty, #err_ty>(#store, &#spec, &#key, #call_state, #result).await
+            };
             quote! {
-                let mut #call_state = match #p::tx_begin::<_, #ok_ty, #err_ty>(#store, &#spec, &#key).await {
+                let mut #call_state = match #tx_begin {
                     #p::Result::Ok(#p::TxBegin::Fresh(call)) => call,
                     #p::Result::Ok(#p::TxBegin::Done(outcome)) => return #p::Result::Ok(outcome),
                     #p::Result::Err(error) => return #p::Result::Err(error),
@@ -88,24 +101,28 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
                     __idem_span,
                 )
                 .await;
-                #p::tx_finish(#store, &#spec, &#key, #call_state, #result).await
+                #tx_finish
             }
         }
         None => {
+            let body = Ident::new("__idem_body", mixed);
+            let run_lease = quote_spanned! {ok_span=>
+                #p_ok::run_lease::<_, #ok_ty, #err_ty, _>(#store, &#spec, &#key, #body).await
+            };
             quote! {
                 let #key_ref = &#key;
-                let __idem_body = async move {
+                let #body = async move {
                     #bind_key
                     #fake_return
                     #block
                 };
-                #p::run_lease::<_, #ok_ty, #err_ty, _>(#store, &#spec, &#key, __idem_body).await
+                #run_lease
             }
         }
     };
 
     let assert_storable = quote_spanned! {ok_span=>
-        #p::assert_storable::<#ok_ty>();
+        #p_ok::assert_storable::<#ok_ty>();
     };
 
     quote! {
@@ -200,4 +217,22 @@ fn fake_return(ret_ty: &Type) -> TokenStream {
             return __idem_fake_return;
         }
     }
+}
+
+/// Gives every token of `tokens` the span `span` (generated tokens only:
+/// never pass user tokens, whose own spans matter).
+fn respan(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut tt| {
+            if let proc_macro2::TokenTree::Group(g) = &tt {
+                let mut group = proc_macro2::Group::new(g.delimiter(), respan(g.stream(), span));
+                group.set_span(span);
+                tt = proc_macro2::TokenTree::Group(group);
+            } else {
+                tt.set_span(span);
+            }
+            tt
+        })
+        .collect()
 }

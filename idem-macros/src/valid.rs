@@ -130,23 +130,9 @@ pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Option<Handler
         cx.error_spanned_by(v, "an idempotent handler cannot be variadic");
     }
 
+    missing_arguments(cx, args);
     let store = args.store.as_ref().and_then(|lit| store(cx, lit));
-    if args.store.is_none() {
-        cx.error_at(
-            Span::call_site(),
-            "missing `store`: where the records live, one of \"sqlite\", \"postgres\", \"mysql\", \"redis\" or \"memory\", e.g. store = \"sqlite\"",
-        );
-    }
-    let ttl = match &args.ttl {
-        Some(lit) => duration(cx, lit, "ttl"),
-        None => {
-            cx.error_at(
-                Span::call_site(),
-                "missing `ttl`: how long a completed message suppresses duplicates, e.g. ttl = \"24h\"",
-            );
-            None
-        }
-    };
+    let ttl = args.ttl.as_ref().and_then(|lit| duration(cx, lit, "ttl"));
     let lease = match &args.lease {
         Some(lit) => duration(cx, lit, "lease"),
         None => Some(DEFAULT_LEASE),
@@ -179,16 +165,10 @@ pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Option<Handler
         );
     }
 
-    let key = match &args.key {
-        Some(lit) => key(cx, lit, &sig_parts.params),
-        None => {
-            cx.error_at(
-                Span::call_site(),
-                "missing `key`: the message fields that identify it, e.g. key = \"order_id\" or key = \"order_id + sku\"",
-            );
-            None
-        }
-    };
+    let key = args
+        .key
+        .as_ref()
+        .and_then(|lit| key(cx, lit, &sig_parts.params));
 
     Some(Handler {
         func: func.clone(),
@@ -208,6 +188,51 @@ pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Option<Handler
         err_ty: result_types.as_ref()?.1.clone(),
         ret_ty: result_types?.2,
     })
+}
+
+/// Reports the required arguments that are absent, in one error when several
+/// are, on the attribute (there is no token of theirs to point at).
+fn missing_arguments(cx: &mut Ctxt, args: &Args) {
+    // (argument, what it says, an example)
+    const REQUIRED: &[(&str, &str, &str)] = &[
+        (
+            "key",
+            "the message fields that identify a message",
+            "key = \"order_id\"",
+        ),
+        (
+            "ttl",
+            "how long a completed message suppresses duplicates",
+            "ttl = \"24h\"",
+        ),
+        (
+            "store",
+            "where the records live: \"sqlite\", \"postgres\", \"mysql\", \"redis\" or \"memory\"",
+            "store = \"sqlite\"",
+        ),
+    ];
+    let missing: Vec<_> = REQUIRED
+        .iter()
+        .filter(|(label, _, _)| args.is_missing(label))
+        .collect();
+    let message = match missing.as_slice() {
+        [] => return,
+        [(label, what, example)] => format!("missing `{label}`: {what}, e.g. {example}"),
+        [first @ .., last] => {
+            let names: Vec<String> = first.iter().map(|(l, _, _)| format!("`{l}`")).collect();
+            let whats: Vec<&str> = first.iter().map(|(_, w, _)| *w).collect();
+            let examples: Vec<&str> = missing.iter().map(|(_, _, e)| *e).collect();
+            format!(
+                "missing {} and `{}`: {}, and {}; e.g. {}",
+                names.join(", "),
+                last.0,
+                whats.join(", "),
+                last.1,
+                examples.join(", ")
+            )
+        }
+    };
+    cx.error_at(Span::call_site(), message);
 }
 
 fn store(cx: &mut Ctxt, lit: &LitStr) -> Option<Store> {
@@ -298,7 +323,17 @@ fn return_types(
         // A `Result<T>` alias: the runtime's trait names its parts.
         Some([_]) => Some((None, None, (**ty).clone())),
         _ => {
-            cx.error_spanned_by(ty, format!("this return type is not a `Result`: {ADVICE}"));
+            let message = match segment {
+                Some(seg) if seg.ident == "Result" => {
+                    "this `Result` names no `Ok` type to record: write `Result<T, E>`, or a `Result<T>` alias".to_owned()
+                }
+                Some(seg) if seg.ident.to_string().ends_with("Result") => format!(
+                    "`{}` is not a `Result` by name: #[idempotent] recognizes `Result<T, E>` and `Result<T>` aliases by the name `Result`; write `Result<T, E>`, or name the alias `Result`",
+                    seg.ident
+                ),
+                _ => format!("this return type is not a `Result`: {ADVICE}"),
+            };
+            cx.error_spanned_by(ty, message);
             None
         }
     }
@@ -377,14 +412,18 @@ fn params(cx: &mut Ctxt, func: &ItemFn, store: Option<Store>) -> SigParts {
         let position = index;
         index += 1;
         if let Some((kind, ty)) = tx_kind(&pt.ty) {
+            if parts.tx_param.is_some() {
+                cx.error_spanned_by(
+                    ty,
+                    "only one transaction parameter is allowed: the handler's writes all go through the one transaction that holds the claim",
+                );
+                continue;
+            }
             if position != 0 {
                 cx.error_spanned_by(
                     ty,
                     "the transaction parameter must come first (after `self`): the rewritten function takes the store in its place",
                 );
-            }
-            if parts.tx_param.is_some() {
-                cx.error_spanned_by(ty, "only one transaction parameter is allowed");
             }
             match store {
                 Some(s) if s == kind => {}
@@ -491,15 +530,30 @@ fn key(cx: &mut Ctxt, lit: &LitStr, params: &[Param]) -> Option<Vec<KeyPart>> {
                 match root {
                     Some(r) => (r.clone(), &segments[1..]),
                     None => {
-                        let suggestions: Vec<String> =
-                            names.iter().map(|n| format!("`{n}.{part_text}`")).collect();
-                        cx.error_spanned_by(
-                            lit,
-                            format!(
-                                "key part `{part_text}` is ambiguous: with several message parameters a key path starts with the parameter's name, e.g. {}",
-                                suggestions.join(" or ")
-                            ),
-                        );
+                        let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
+                        let misspelt = match segments.len() {
+                            1 => None,
+                            _ => crate::attr::similar(first, &name_refs),
+                        };
+                        let message = match misspelt {
+                            Some(name) => {
+                                let rest: Vec<String> =
+                                    segments[1..].iter().map(ToString::to_string).collect();
+                                format!(
+                                    "key part `{part_text}` starts with `{first}`, which is not a parameter: did you mean `{name}.{}`?",
+                                    rest.join(".")
+                                )
+                            }
+                            None => {
+                                let suggestions: Vec<String> =
+                                    names.iter().map(|n| format!("`{n}.{part_text}`")).collect();
+                                format!(
+                                    "key part `{part_text}` is ambiguous: with several message parameters a key path starts with the parameter's name, e.g. {}",
+                                    suggestions.join(" or ")
+                                )
+                            }
+                        };
+                        cx.error_spanned_by(lit, message);
                         ok = false;
                         continue;
                     }

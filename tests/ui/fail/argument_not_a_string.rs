@@ -1,0 +1,13 @@
+// Every argument takes a string literal; the others are still checked.
+use idem_runtime::idempotent;
+
+struct OrderPlaced {
+    order_id: u64,
+}
+
+#[idempotent(key = order_id, ttl = 24h, store = "memory")]
+async fn deduct_stock(msg: &OrderPlaced) -> Result<u64, std::io::Error> {
+    Ok(msg.order_id)
+}
+
+fn main() {}

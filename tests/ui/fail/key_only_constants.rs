@@ -1,0 +1,13 @@
+// A key made only of constants would give every message the same key.
+use idem_runtime::idempotent;
+
+struct OrderPlaced {
+    order_id: u64,
+}
+
+#[idempotent(key = "'deduct' + 'stock'", ttl = "24h", store = "memory")]
+async fn deduct_stock(msg: &OrderPlaced) -> Result<u64, std::io::Error> {
+    Ok(msg.order_id)
+}
+
+fn main() {}

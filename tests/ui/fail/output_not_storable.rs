@@ -1,0 +1,28 @@
+// The `Ok` value is recorded for duplicates, so serde must be able to store it.
+use idem_runtime::{SqliteTx, idempotent};
+
+struct OrderPlaced {
+    order_id: u64,
+}
+
+struct StockLeft {
+    left: u64,
+}
+
+// lease mode
+#[idempotent(key = "order_id", ttl = "24h", store = "memory")]
+async fn deduct_stock(msg: &OrderPlaced) -> Result<StockLeft, std::io::Error> {
+    Ok(StockLeft { left: msg.order_id })
+}
+
+// transaction mode
+#[idempotent(key = "order_id", ttl = "24h", store = "sqlite")]
+async fn deduct_stock_tx(
+    tx: &mut SqliteTx<'_>,
+    msg: &OrderPlaced,
+) -> Result<StockLeft, sqlx::Error> {
+    sqlx::query("SELECT 1").execute(&mut **tx).await?;
+    Ok(StockLeft { left: msg.order_id })
+}
+
+fn main() {}

@@ -1,0 +1,13 @@
+// A key path that goes on past a field that has no fields of its own.
+use idem_runtime::idempotent;
+
+struct OrderPlaced {
+    order_id: u64,
+}
+
+#[idempotent(key = "order_id.inner", ttl = "24h", store = "memory")]
+async fn deduct_stock(msg: &OrderPlaced) -> Result<u64, std::io::Error> {
+    Ok(msg.order_id)
+}
+
+fn main() {}
