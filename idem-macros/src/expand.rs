@@ -67,6 +67,8 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
     };
 
     let derive_key = derive_key(h, &p, &spec);
+    // Only a body that reads its key borrows it.
+    let key_borrow = h.key_param.as_ref().map(|_| quote!(let #key_ref = &#key;));
     let bind_key = h.key_param.as_ref().map(|param| bind(param, &key_ref));
     let fake_return = fake_return(ret_ty);
 
@@ -88,7 +90,7 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
                     #p::Result::Ok(#p::TxBegin::Done(outcome)) => return #p::Result::Ok(outcome),
                     #p::Result::Err(error) => return #p::Result::Err(error),
                 };
-                let #key_ref = &#key;
+                #key_borrow
                 let __idem_span = #call_state.span();
                 let #tx = #call_state.tx();
                 let #result: #ret_ty = #p::Instrument::instrument(
@@ -110,7 +112,7 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
                 #p_ok::run_lease::<_, #ok_ty, #err_ty, _>(#store, &#spec, &#key, #body).await
             };
             quote! {
-                let #key_ref = &#key;
+                #key_borrow
                 let #body = async move {
                     #bind_key
                     #fake_return

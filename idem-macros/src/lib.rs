@@ -21,8 +21,15 @@ mod valid;
 /// Makes an async handler idempotent. See `idem_runtime::idempotent`.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
-    let item2: proc_macro2::TokenStream = item.clone().into();
-    let func: syn::ItemFn = match syn::parse(item) {
+    idempotent_impl(args.into(), item.into()).into()
+}
+
+/// The attribute on `proc_macro2` tokens, so tests can expand it.
+fn idempotent_impl(
+    args: proc_macro2::TokenStream,
+    item: proc_macro2::TokenStream,
+) -> proc_macro2::TokenStream {
+    let func: syn::ItemFn = match syn::parse2(item.clone()) {
         Ok(f) => f,
         Err(e) => {
             let mut out = syn::Error::new(
@@ -30,20 +37,52 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
                 "#[idempotent] goes on an `async fn` (a free function or a method)",
             )
             .to_compile_error();
-            out.extend(item2);
-            return out.into();
+            out.extend(item);
+            return out;
         }
     };
     let mut cx = ctxt::Ctxt::default();
-    let args = attr::parse(&mut cx, args.into());
+    let args = attr::parse(&mut cx, args);
     let handler = valid::check(&mut cx, &args, &func);
     match (cx.finish(), handler) {
-        (Ok(()), Some(handler)) => expand::expand(&handler).into(),
+        (Ok(()), Some(handler)) => expand::expand(&handler),
         (Err(errors), _) => {
             let mut out = errors;
             out.extend(func.into_token_stream());
-            out.into()
+            out
         }
-        (Ok(()), None) => func.into_token_stream().into(),
+        (Ok(()), None) => func.into_token_stream(),
+    }
+}
+
+/// The expansion shown in the README, kept honest: this test regenerates it
+/// and fails when it differs (`IDEM_BLESS=1` rewrites the file).
+#[cfg(all(test, feature = "sqlite"))]
+mod snapshot {
+    #[test]
+    fn readme_expansion_is_current() {
+        let args = quote::quote!(key = "order_id + sku", ttl = "24h", store = "sqlite");
+        let item = quote::quote! {
+            async fn deduct_stock(tx: &mut SqliteTx<'_>, msg: &OrderPlaced) -> Result<StockLeft, AppError> {
+                let left = sqlx::query_scalar("UPDATE inventory SET stock = stock - ? WHERE sku = ? RETURNING stock")
+                    .bind(msg.qty).bind(&msg.sku).fetch_one(&mut **tx).await?;
+                Ok(StockLeft(left))
+            }
+        };
+        let out = super::idempotent_impl(args, item);
+        let file: syn::File = syn::parse2(out).expect("the expansion parses");
+        let pretty = prettyplease::unparse(&file);
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/expanded/deduct_stock.rs"
+        );
+        if std::env::var("IDEM_BLESS").is_ok_and(|v| v == "1") {
+            std::fs::write(path, &pretty).expect("write snapshot");
+        }
+        let committed = std::fs::read_to_string(path).unwrap_or_default();
+        assert_eq!(
+            pretty, committed,
+            "expansion changed; rerun with IDEM_BLESS=1 and update the README"
+        );
     }
 }
