@@ -35,3 +35,29 @@ impl Drop for TempDb {
         }
     }
 }
+
+/// Deletes every Redis key under `prefix:` (the examples' own keys).
+pub async fn delete_redis_prefix(url: &str, prefix: &str) -> Result<u64, redis::RedisError> {
+    let client = redis::Client::open(url)?;
+    let mut conn = client.get_connection_manager().await?;
+    let mut cursor: u64 = 0;
+    let mut deleted = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}:*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await?;
+        if !keys.is_empty() {
+            let n: u64 = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await?;
+            deleted += n;
+        }
+        cursor = next;
+        if cursor == 0 {
+            return Ok(deleted);
+        }
+    }
+}

@@ -63,7 +63,8 @@ impl Store {
         match self {
             Store::Sqlite => cfg!(feature = "sqlite"),
             Store::Postgres => cfg!(feature = "postgres"),
-            Store::MySql => cfg!(feature = "mysql"),
+            // Named by the design, not built yet: see `store()`.
+            Store::MySql => false,
             Store::Redis => cfg!(feature = "redis"),
             Store::Memory => true,
         }
@@ -246,6 +247,13 @@ fn store(cx: &mut Ctxt, lit: &LitStr) -> Option<Store> {
         );
         return None;
     };
+    if *store == Store::MySql {
+        cx.error_spanned_by(
+            lit,
+            "store \"mysql\" is not available in this version of idem-runtime yet: use \"postgres\" or \"sqlite\" for transaction mode, \"redis\" or \"memory\" for lease mode",
+        );
+        return None;
+    }
     if !store.enabled() {
         cx.error_spanned_by(
             lit,

@@ -73,7 +73,7 @@ pub use idem_grammar::{format_duration, parse_duration};
 /// | --- | --- |
 /// | `key` | `part (+ part)*`: field paths of the message (`order_id`, `order.id`, `items.0`) or quoted constants (`'deduct'`) |
 /// | `ttl` | how long a completed record suppresses duplicates: `90s`, `30m`, `24h`, `7d`, `1h30m` |
-/// | `store` | `sqlite`, `postgres`, `mysql`, `redis` or `memory` |
+/// | `store` | `sqlite`, `postgres`, `redis` or `memory` (`mysql` is reserved) |
 /// | `name` | the handler's namespace in the store; defaults to the function's name |
 /// | `lease` | lease mode: how long a claim may stay in progress before another consumer may take it over (default `30s`) |
 /// | `crate` | the path of `idem_runtime` when it is renamed |
@@ -95,6 +95,9 @@ pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use store::postgres::{PgStore, PgTx};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use store::redis::RedisStore;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use store::sqlite::{SqliteStore, SqliteTx};
@@ -102,6 +105,8 @@ pub use store::sqlite::{SqliteStore, SqliteTx};
 /// What the generated code names. Not public API: it changes without notice.
 #[doc(hidden)]
 pub mod __private {
+    #[cfg(feature = "redis")]
+    pub use crate::RedisStore;
     pub use crate::driver::{TxBegin, TxCall, key_missing, run_lease, tx_begin, tx_finish};
     pub use crate::registry::{HandlerSpec, Mode};
     pub use crate::{Error, Key, KeyBuilder, MemoryStore, Outcome};

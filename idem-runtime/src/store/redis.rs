@@ -1,0 +1,384 @@
+//! The Redis store (feature `redis`): lease mode on a single server or a
+//! Redis Cluster.
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{Script, Value};
+
+use crate::clock::{Clock, SystemClock, millis};
+use crate::driver::{Claim, LeaseStore};
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::registry::{self, HandlerSpec};
+use crate::store::{Record, Status};
+
+/// The default prefix of every Redis key the store writes.
+pub const DEFAULT_PREFIX: &str = "idem";
+
+/// How long a command may take before the call fails with
+/// [`StoreError::Timeout`]-like backend errors; also the connect timeout.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Claims `KEYS[1]` for `ARGV[1]` (token) for `ARGV[2]` ms, or reports what
+/// stands: `{1}` claimed, `{2, outcome}` completed, `{3, pttl}` in progress.
+const CLAIM: &str = r"
+local s = redis.call('HMGET', KEYS[1], 's', 'o', 'n')
+if not s[1] then
+  redis.call('HSET', KEYS[1], 's', 'in_progress', 't', ARGV[1], 'c', ARGV[3], 'u', ARGV[3], 'n', 1)
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1}
+end
+if s[1] == 'completed' then
+  return {2, s[2]}
+end
+return {3, redis.call('PTTL', KEYS[1])}
+";
+
+/// Completes the claim of token `ARGV[1]` with outcome `ARGV[2]`, kept for
+/// `ARGV[3]` ms; `ARGV[4]` is now. Returns 1, or 0 when the token lost it.
+const COMPLETE: &str = r"
+if redis.call('HGET', KEYS[1], 't') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 's', 'completed', 'o', ARGV[2], 'u', ARGV[4])
+redis.call('HDEL', KEYS[1], 't')
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+";
+
+/// Deletes the record if token `ARGV[1]` still holds it.
+const RELEASE: &str = r"
+if redis.call('HGET', KEYS[1], 't') ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+";
+
+/// Extends the lease of token `ARGV[1]` to `ARGV[2]` ms from now.
+const EXTEND: &str = r"
+if redis.call('HGET', KEYS[1], 't') ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('HSET', KEYS[1], 'u', ARGV[3])
+return 1
+";
+
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Conn::Single(_) => "Single",
+            Conn::Cluster(_) => "Cluster",
+        })
+    }
+}
+
+#[derive(Debug)]
+struct Scripts {
+    claim: Script,
+    complete: Script,
+    release: Script,
+    extend: Script,
+}
+
+/// The Redis store: lease mode with fencing tokens and native expiry.
+///
+/// Each record is one hash, `<prefix>:{<len>:<handler>|<key>}`: `s` (status), `t`
+/// (the claim's fencing token), `o` (the outcome, JSON), `c`/`u` (created and
+/// updated, ms since the epoch), with the key's own TTL: the lease while in
+/// progress, the handler's `ttl` once completed. The braces are a hash tag,
+/// so on Redis Cluster a record lives in one slot.
+///
+/// * a claim is one round trip (a Lua script): it takes an absent key with a
+///   new token, or returns the recorded outcome of a completed one, or the
+///   remaining lease of a live one;
+/// * completion, release and lease extension are one script each that
+///   compares the token, so a consumer whose lease ran out and was taken
+///   over gets [`Error::LeaseLost`](crate::Error::LeaseLost) instead of
+///   overwriting the newer claim.
+///
+/// A fresh message costs two round trips (claim, complete), a duplicate one.
+///
+/// **Persistence.** A Redis that keeps nothing on disk (`save ""`,
+/// `appendonly no`) forgets every record when it restarts: each message seen
+/// within the ttl runs again once. Run the dedup Redis with
+/// `appendonly yes` and `appendfsync everysec` (at most about a second of
+/// records lost on a crash) or `appendfsync always` (none, slower), and
+/// never with an eviction policy that can drop keys with a TTL
+/// (`maxmemory-policy noeviction`).
+///
+/// # Examples
+///
+/// ```no_run
+/// use idem_runtime::{idempotent, RedisStore};
+///
+/// #[derive(serde::Deserialize)]
+/// struct PointsEarned { message_id: String, points: i64 }
+///
+/// #[idempotent(key = "message_id", ttl = "7d", store = "redis")]
+/// async fn grant_points(msg: &PointsEarned) -> Result<i64, std::io::Error> {
+///     Ok(msg.points)
+/// }
+///
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+/// let msg = PointsEarned { message_id: "m-1".into(), points: 5 };
+/// let granted = grant_points(&store, &msg).await?.into_inner();
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RedisStore {
+    conn: Conn,
+    prefix: String,
+    scripts: std::sync::Arc<Scripts>,
+    clock: std::sync::Arc<dyn Clock>,
+}
+
+fn backend(e: redis::RedisError) -> StoreError {
+    if e.is_timeout() {
+        return StoreError::Timeout(DEFAULT_TIMEOUT);
+    }
+    StoreError::backend(e)
+}
+
+impl RedisStore {
+    /// Connects to one Redis server (`redis://host:port/db`). The connection
+    /// reconnects by itself after a failure; calls made while the server is
+    /// away fail with [`StoreError`] within the 2 s timeout.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        registry::check()?;
+        let client = redis::Client::open(url).map_err(backend)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(DEFAULT_TIMEOUT))
+            .set_response_timeout(Some(DEFAULT_TIMEOUT))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let conn = client
+            .get_connection_manager_with_config(config)
+            .await
+            .map_err(backend)?;
+        Ok(Self::with_conn(Conn::Single(conn)))
+    }
+
+    /// Connects to a Redis Cluster through any of its nodes.
+    pub async fn connect_cluster<I: AsRef<str>>(nodes: &[I]) -> Result<Self, StoreError> {
+        registry::check()?;
+        let nodes: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
+        let client = redis::cluster::ClusterClient::builder(nodes)
+            .connection_timeout(DEFAULT_TIMEOUT)
+            .response_timeout(DEFAULT_TIMEOUT)
+            .retries(3)
+            .build()
+            .map_err(backend)?;
+        let conn = client.get_async_connection().await.map_err(backend)?;
+        Ok(Self::with_conn(Conn::Cluster(conn)))
+    }
+
+    fn with_conn(conn: Conn) -> Self {
+        RedisStore {
+            conn,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            scripts: std::sync::Arc::new(Scripts {
+                claim: Script::new(CLAIM),
+                complete: Script::new(COMPLETE),
+                release: Script::new(RELEASE),
+                extend: Script::new(EXTEND),
+            }),
+            clock: std::sync::Arc::new(SystemClock),
+        }
+    }
+
+    /// Uses `prefix` instead of `idem` for every key (e.g. one prefix per
+    /// service sharing a Redis). Any text without `{` or `}`.
+    pub fn with_prefix(mut self, prefix: &str) -> Result<Self, StoreError> {
+        if prefix.is_empty() || prefix.contains(['{', '}']) {
+            return Err(StoreError::Schema(format!(
+                "invalid Redis key prefix {prefix:?}: use non-empty text without braces"
+            )));
+        }
+        self.prefix = prefix.to_owned();
+        Ok(self)
+    }
+
+    /// Reads the `c`/`u` timestamps from `clock` (expiry is Redis's own).
+    pub fn with_clock(mut self, clock: impl Clock) -> Self {
+        self.clock = std::sync::Arc::new(clock);
+        self
+    }
+
+    /// The Redis key of a record.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(store: idem_runtime::RedisStore) {
+    /// let key = idem_runtime::Key::from_parts(&[&"m-1"]).unwrap();
+    /// assert_eq!(store.redis_key("grant_points", &key), "idem:{12:grant_points|3:m-1}");
+    /// # }
+    /// ```
+    pub fn redis_key(&self, handler: &str, key: &Key) -> String {
+        // The handler name is length-prefixed like the key's parts, so no two
+        // (handler, key) pairs share a Redis key whatever the name holds.
+        format!(
+            "{}:{{{}:{}|{}}}",
+            self.prefix,
+            handler.len(),
+            handler,
+            key.as_str()
+        )
+    }
+
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        inv: &redis::ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        match &self.conn {
+            Conn::Single(c) => inv.invoke_async(&mut c.clone()).await.map_err(backend),
+            Conn::Cluster(c) => inv.invoke_async(&mut c.clone()).await.map_err(backend),
+        }
+    }
+
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
+        async fn go<C: ConnectionLike, T: redis::FromRedisValue>(
+            c: &mut C,
+            cmd: &redis::Cmd,
+        ) -> Result<T, StoreError> {
+            cmd.query_async(c).await.map_err(backend)
+        }
+        match &self.conn {
+            Conn::Single(c) => go(&mut c.clone(), cmd).await,
+            Conn::Cluster(c) => go(&mut c.clone(), cmd).await,
+        }
+    }
+
+    /// The record of `key` under handler `handler`, if any. `attempts` is
+    /// always 1 and `expires_at_ms` is computed from the key's TTL.
+    pub async fn record(&self, handler: &str, key: &Key) -> Result<Option<Record>, StoreError> {
+        let rkey = self.redis_key(handler, key);
+        let fields: Vec<Option<String>> = self
+            .query(
+                redis::cmd("HMGET")
+                    .arg(&rkey)
+                    .arg("s")
+                    .arg("o")
+                    .arg("c")
+                    .arg("u"),
+            )
+            .await?;
+        let pttl: i64 = self.query(redis::cmd("PTTL").arg(&rkey)).await?;
+        let [status, outcome, created, updated]: [Option<String>; 4] = fields
+            .try_into()
+            .map_err(|_| StoreError::Schema("unexpected HMGET reply".into()))?;
+        let Some(status) = status else {
+            return Ok(None);
+        };
+        let status = Status::parse(&status)
+            .ok_or_else(|| StoreError::Schema(format!("unknown status {status:?}")))?;
+        let num = |v: Option<String>| v.and_then(|s| s.parse::<i64>().ok()).unwrap_or(0);
+        Ok(Some(Record {
+            handler: handler.to_owned(),
+            key: key.as_str().to_owned(),
+            status,
+            outcome,
+            attempts: 1,
+            created_at_ms: num(created),
+            updated_at_ms: num(updated),
+            expires_at_ms: self.clock.now_millis().saturating_add(pttl.max(0)),
+        }))
+    }
+}
+
+fn reply_err(what: &str, v: &Value) -> StoreError {
+    StoreError::Schema(format!("unexpected reply to {what}: {v:?}"))
+}
+
+impl LeaseStore for RedisStore {
+    fn store_name(&self) -> &'static str {
+        "redis"
+    }
+
+    async fn claim(&self, spec: &'static HandlerSpec, key: &Key) -> Result<Claim, StoreError> {
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let reply: Vec<Value> = {
+            let mut inv = self.scripts.claim.prepare_invoke();
+            inv.key(self.redis_key(spec.name, key))
+                .arg(&token)
+                .arg(millis(spec.lease).max(1))
+                .arg(self.clock.now_millis());
+            self.run(&inv).await?
+        };
+        let as_int = |v: &Value| match v {
+            Value::Int(i) => Some(*i),
+            _ => None,
+        };
+        match reply.as_slice() {
+            [tag] if as_int(tag) == Some(1) => Ok(Claim::Acquired { token }),
+            [tag, outcome] if as_int(tag) == Some(2) => match outcome {
+                Value::BulkString(bytes) => Ok(Claim::Completed {
+                    outcome: String::from_utf8(bytes.clone())
+                        .map_err(|e| StoreError::Schema(e.to_string()))?,
+                }),
+                other => Err(reply_err("claim", other)),
+            },
+            [tag, pttl] if as_int(tag) == Some(3) => Ok(Claim::InProgress {
+                retry_after: Duration::from_millis(as_int(pttl).unwrap_or(0).max(0) as u64),
+            }),
+            _ => Err(StoreError::Schema(format!(
+                "unexpected reply to claim: {reply:?}"
+            ))),
+        }
+    }
+
+    async fn complete(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        token: &str,
+        outcome: &str,
+    ) -> Result<bool, StoreError> {
+        let done: i64 = {
+            let mut inv = self.scripts.complete.prepare_invoke();
+            inv.key(self.redis_key(spec.name, key))
+                .arg(token)
+                .arg(outcome)
+                .arg(millis(spec.ttl).max(1))
+                .arg(self.clock.now_millis());
+            self.run(&inv).await?
+        };
+        Ok(done == 1)
+    }
+
+    async fn release(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        token: &str,
+    ) -> Result<(), StoreError> {
+        let _: i64 = {
+            let mut inv = self.scripts.release.prepare_invoke();
+            inv.key(self.redis_key(spec.name, key)).arg(token);
+            self.run(&inv).await?
+        };
+        Ok(())
+    }
+
+    async fn extend(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        token: &str,
+    ) -> Result<bool, StoreError> {
+        let done: i64 = {
+            let mut inv = self.scripts.extend.prepare_invoke();
+            inv.key(self.redis_key(spec.name, key))
+                .arg(token)
+                .arg(millis(spec.lease).max(1))
+                .arg(self.clock.now_millis());
+            self.run(&inv).await?
+        };
+        Ok(done == 1)
+    }
+}

@@ -1,0 +1,1 @@
+//! Compile-time checks of idem with every store feature off; see `tests/`.
