@@ -6,40 +6,11 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{AppError, Probe, T0, Tally, together};
+use common::lease::Job;
+use common::{AppError, Probe, T0, Tally, assert_extended, together};
 use idem_runtime::clock::ManualClock;
 use idem_runtime::store::Status;
-use idem_runtime::{Error, Key, MemoryStore, Outcome, idempotent};
-
-#[derive(Debug, Clone)]
-struct Job {
-    id: String,
-    value: u32,
-    park: bool,
-    fail: bool,
-}
-
-impl Job {
-    fn new(id: &str, value: u32) -> Self {
-        Job {
-            id: id.into(),
-            value,
-            park: false,
-            fail: false,
-        }
-    }
-
-    fn parked(id: &str, value: u32) -> Self {
-        Job {
-            park: true,
-            ..Job::new(id, value)
-        }
-    }
-
-    fn key(&self) -> Key {
-        Key::from_parts(&[&self.id]).unwrap()
-    }
-}
+use idem_runtime::{Error, MemoryStore, Outcome, idempotent};
 
 async fn body(msg: &Job, probe: &Probe) -> Result<u32, AppError> {
     probe.hit();
@@ -170,9 +141,7 @@ async fn concurrent_deliveries_of_one_message_execute_exactly_once() {
 
     let tally = Tally::of(results);
     eprintln!("{N} concurrent deliveries of one message (memory): {tally:?}");
-    assert_eq!(tally.executed, 1, "{tally:?}");
-    assert_eq!(tally.duplicate + tally.in_progress, N - 1, "{tally:?}");
-    assert!(tally.other.is_empty(), "{tally:?}");
+    tally.assert_leased(1, N - 1);
     assert_eq!(probe.runs(), 1);
     assert_eq!(effects(&probe, "j-4"), 1);
     assert_eq!(store.len(), 1);
@@ -226,13 +195,7 @@ async fn concurrent_distinct_messages_each_execute_exactly_once() {
 
     let tally = Tally::of(results);
     eprintln!("{MESSAGES} messages x {COPIES} concurrent copies (memory): {tally:?}");
-    assert_eq!(tally.executed, MESSAGES, "{tally:?}");
-    assert_eq!(
-        tally.duplicate + tally.in_progress,
-        MESSAGES * (COPIES - 1),
-        "{tally:?}"
-    );
-    assert!(tally.other.is_empty(), "{tally:?}");
+    tally.assert_leased(MESSAGES, MESSAGES * (COPIES - 1));
     assert_eq!(probe.runs(), MESSAGES);
     for m in 0..MESSAGES {
         assert_eq!(effects(&probe, &format!("m-{m}")), 1, "message m-{m}");
@@ -407,12 +370,7 @@ async fn heartbeat_keeps_a_long_body_s_lease_alive() {
         "a second consumer took over a lease the heartbeat should keep: {b:?}"
     );
     let rec = store.record("mem_heartbeat", &key).unwrap();
-    assert_eq!((rec.status, rec.attempts), (Status::InProgress, 1));
-    assert!(
-        rec.expires_at_ms > claimed.created_at_ms + 400,
-        "the lease was never extended: {rec:?}"
-    );
-    assert!(rec.updated_at_ms > claimed.updated_at_ms, "{rec:?}");
+    assert_extended(&rec, &claimed);
 
     probe.open_gate();
     assert_eq!(a.await.unwrap().unwrap(), Outcome::Executed(1));

@@ -31,8 +31,6 @@ enum Park {
     No,
     /// Print READY and hang inside the body (the process is then killed).
     InsideBody,
-    /// Wait on the test's notify inside the body.
-    OnNotify,
 }
 
 static BODY_RUNS: AtomicUsize = AtomicUsize::new(0);
@@ -61,12 +59,39 @@ async fn apply_effect(tx: &mut PgTx<'_>, msg: &Effect) -> Result<i64, sqlx::Erro
             println!("READY");
             tokio::time::sleep(Duration::from_secs(120)).await;
         }
-        Park::OnNotify => PARK.notified().await,
     }
     Ok(applied)
 }
 
-static PARK: tokio::sync::Notify = tokio::sync::Notify::const_new();
+/// Where a body parks: it signals `parked` after its business write, then
+/// waits for `release`. One per call, so no wake-up leaks between tests.
+#[derive(Default)]
+struct Gate {
+    parked: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+}
+
+/// As `apply_effect`, parking on `gate` after the business write.
+#[idempotent(
+    key = "msg.message_id",
+    ttl = "1h",
+    store = "postgres",
+    name = "pg_apply_parked"
+)]
+async fn apply_parked(tx: &mut PgTx<'_>, msg: &Effect, gate: &Gate) -> Result<i64, sqlx::Error> {
+    let sql = format!(
+        "INSERT INTO {} (message_id, applied) VALUES ($1, 1)
+         ON CONFLICT (message_id) DO UPDATE SET applied = {0}.applied + 1 RETURNING applied",
+        msg.table
+    );
+    let applied: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
+        .bind(msg.message_id)
+        .fetch_one(&mut **tx)
+        .await?;
+    gate.parked.notify_one();
+    gate.release.notified().await;
+    Ok(applied)
+}
 
 async fn business_table(pool: &PgPool) -> String {
     let t = unique_table("pg_effects");
@@ -360,33 +385,22 @@ async fn dropped_connection_gives_store_error_and_records_nothing() {
         let msg = Effect {
             table: table.clone(),
             message_id: 7,
-            park: Park::OnNotify,
+            park: Park::No,
         };
-        let call = tokio::spawn(async move { apply_effect(&store, &msg).await });
-        // Wait until the body is parked inside its transaction.
-        let admin2 = admin.clone();
-        let mut parked = false;
-        for _ in 0..200 {
-            let state: Option<String> =
-                sqlx::query_scalar("SELECT state FROM pg_stat_activity WHERE pid = $1")
-                    .bind(pid)
-                    .fetch_optional(&admin2)
-                    .await
-                    .expect("activity");
-            if state.as_deref() == Some("idle in transaction") {
-                parked = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert!(parked, "the body never parked in its transaction");
+        let gate = std::sync::Arc::new(Gate::default());
+        let body_gate = gate.clone();
+        let call = tokio::spawn(async move { apply_parked(&store, &msg, &body_gate).await });
+        // The body has written through its transaction and is parked in it.
+        tokio::time::timeout(Duration::from_secs(10), gate.parked.notified())
+            .await
+            .expect("the body parks in its transaction");
         let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
             .bind(pid)
             .fetch_one(&admin)
             .await
             .expect("terminate");
         assert!(killed);
-        PARK.notify_one();
+        gate.release.notify_one();
         let r = call.await.expect("call task");
         assert!(
             matches!(r, Err(Error::Store { .. })),

@@ -1,0 +1,120 @@
+//! The SQLite fixture: a database file of its own per test, with the
+//! business tables `inventory` and `ledger` next to the dedup table.
+
+use std::path::PathBuf;
+
+use idem_runtime::SqliteStore;
+use idem_runtime::clock::ManualClock;
+use tempfile::TempDir;
+
+use super::{Fixture, Mode, Open};
+
+/// A SQLite store in a fresh temporary directory; the directory lives as
+/// long as this value.
+pub(crate) struct Db {
+    pub(crate) store: SqliteStore,
+    /// The business tables (fixed names: the database file is the test's own).
+    pub(crate) inventory: &'static str,
+    pub(crate) ledger: &'static str,
+    file: PathBuf,
+    _dir: TempDir,
+}
+
+impl Db {
+    /// A migrated store on the system clock, with `inventory` and `ledger`.
+    pub(crate) async fn new() -> Db {
+        Self::build(None).await
+    }
+
+    /// A migrated store reading time from `clock`.
+    pub(crate) async fn with_clock(clock: &ManualClock) -> Db {
+        Self::build(Some(clock.clone())).await
+    }
+
+    async fn build(clock: Option<ManualClock>) -> Db {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = SqliteStore::open(dir.path().join("idem.db"))
+            .await
+            .expect("open sqlite store");
+        let store = match clock {
+            Some(c) => store.with_clock(c),
+            None => store,
+        };
+        Db::with_store(store, dir).await
+    }
+
+    /// Migrates `store` (whose file is `idem.db` in `dir`) and adds the business
+    /// tables.
+    pub(crate) async fn with_store(store: SqliteStore, dir: TempDir) -> Db {
+        let file = dir.path().join("idem.db");
+        Db::assemble(store, dir, file).await
+    }
+
+    async fn assemble(store: SqliteStore, dir: TempDir, file: PathBuf) -> Db {
+        store.migrate().await.expect("migrate");
+        sqlx::raw_sql(
+            "CREATE TABLE inventory (sku TEXT PRIMARY KEY, stock INTEGER NOT NULL);
+             CREATE TABLE ledger (id INTEGER PRIMARY KEY AUTOINCREMENT,
+                                  order_id TEXT NOT NULL, amount INTEGER NOT NULL);",
+        )
+        .execute(store.pool())
+        .await
+        .expect("business tables");
+        Db {
+            store,
+            inventory: "inventory",
+            ledger: "ledger",
+            file,
+            _dir: dir,
+        }
+    }
+
+    /// The suites' constructor (always `Some`: SQLite needs no server).
+    pub(crate) async fn open(mode: Mode, how: Open) -> Option<Db> {
+        assert_eq!(mode, Mode::Sqlite, "a SQLite fixture");
+        Some(match how {
+            Open::Plain => Db::new().await,
+            Open::Clock(clock) => Db::with_clock(&clock).await,
+            Open::LockTimeout(timeout) => {
+                let dir = tempfile::tempdir().expect("temp dir");
+                let options = sqlx::sqlite::SqliteConnectOptions::new()
+                    .filename(dir.path().join("idem.db"))
+                    .create_if_missing(true)
+                    .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+                    .busy_timeout(timeout);
+                let store = SqliteStore::connect_with(options)
+                    .await
+                    .expect("open sqlite store");
+                Db::with_store(store, dir).await
+            }
+            Open::AppPool => {
+                // The application's own pool: business tables and dedup
+                // table share it.
+                let dir = tempfile::tempdir().expect("temp dir");
+                let file = dir.path().join("app.db");
+                let url = format!("sqlite://{}?mode=rwc", file.display());
+                let pool = sqlx::SqlitePool::connect(&url).await.expect("app pool");
+                Db::assemble(SqliteStore::from_pool(pool), dir, file).await
+            }
+        })
+    }
+
+    /// The database file, to open a second store on it (another consumer).
+    pub(crate) fn file(&self) -> PathBuf {
+        self.file.clone()
+    }
+
+    /// A second consumer: its own pool on the same file, as another process
+    /// would have.
+    pub(crate) async fn second_consumer(&self) -> SqliteStore {
+        SqliteStore::open(self.file())
+            .await
+            .expect("open a second store")
+    }
+}
+
+impl Fixture for Db {
+    type Store = SqliteStore;
+}
+
+business_tables!(Db);
