@@ -5,14 +5,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
+use sqlx::{Postgres, Transaction};
 
 use crate::clock::{Clock, SystemClock, millis};
-use crate::driver::{Claim, LeaseStore, TxClaim, TxCommit, TxStore};
+use crate::driver::{TxClaim, TxCommit, TxStore};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::registry::{self, HandlerSpec};
-use crate::store::{Record, Status, Sweep, validate_table_name};
+use crate::store::sql::{Dialect, Standing, Statements, q, sql_store};
+use crate::store::validate_table_name;
 
 /// The transaction a transaction-mode Postgres handler receives:
 /// `tx: &mut PgTx<'_>`, used as `&mut **tx` with sqlx.
@@ -107,109 +108,6 @@ pub struct PgStore {
     order: ClaimOrder,
 }
 
-#[derive(Debug)]
-struct Statements {
-    table: String,
-    create: Arc<str>,
-    lock_migration: Arc<str>,
-    claim: Arc<str>,
-    claim_with_outcome: Arc<str>,
-    select: Arc<str>,
-    complete_tx: Arc<str>,
-    complete_lease: Arc<str>,
-    release: Arc<str>,
-    extend: Arc<str>,
-    sweep: Arc<str>,
-    count: Arc<str>,
-}
-
-impl Statements {
-    fn new(t: &str) -> Self {
-        let bare = t.rsplit('.').next().unwrap_or(t);
-        let s = |sql: String| -> Arc<str> { sql.into() };
-        // Upserts take an expired row over; a live one is left alone and the
-        // statement returns (or affects) nothing.
-        let take_over = "ON CONFLICT (handler, key) DO UPDATE SET
-                status = excluded.status, token = excluded.token, outcome = excluded.outcome,
-                attempts = CASE WHEN cur.status = 'in_progress' AND excluded.status = 'in_progress'
-                                THEN cur.attempts + 1 ELSE 1 END,
-                created_at = excluded.created_at, updated_at = excluded.updated_at,
-                expires_at = excluded.expires_at
-             WHERE cur.expires_at <= excluded.created_at";
-        Statements {
-            table: t.to_owned(),
-            create: s(format!(
-                "CREATE TABLE IF NOT EXISTS {t} (
-                    handler TEXT NOT NULL,
-                    key TEXT NOT NULL,
-                    status TEXT NOT NULL,
-                    token TEXT,
-                    outcome TEXT,
-                    attempts INTEGER NOT NULL,
-                    created_at BIGINT NOT NULL,
-                    updated_at BIGINT NOT NULL,
-                    expires_at BIGINT NOT NULL,
-                    PRIMARY KEY (handler, key)
-                );
-                CREATE INDEX IF NOT EXISTS {bare}_expires_at ON {t} (expires_at);"
-            )),
-            // Serialises concurrent migrations of the same table: CREATE ...
-            // IF NOT EXISTS alone can still collide in the catalog.
-            lock_migration: s(format!(
-                "SELECT pg_advisory_xact_lock(hashtext('idem_migrate_' || '{t}'))"
-            )),
-            // $1 handler $2 key $3 token $4 now $5 lease_until
-            claim: s(format!(
-                "INSERT INTO {t} AS cur (handler, key, status, token, outcome, attempts, created_at, updated_at, expires_at)
-                 VALUES ($1, $2, 'in_progress', $3, NULL, 1, $4, $4, $5)
-                 {take_over}
-                 RETURNING 1"
-            )),
-            // $1 handler $2 key $3 outcome $4 now $5 expires_at
-            claim_with_outcome: s(format!(
-                "INSERT INTO {t} AS cur (handler, key, status, token, outcome, attempts, created_at, updated_at, expires_at)
-                 VALUES ($1, $2, 'completed', NULL, $3, 1, $4, $4, $5)
-                 {take_over}"
-            )),
-            select: s(format!(
-                "SELECT handler, key, status, outcome, attempts, created_at, updated_at, expires_at
-                 FROM {t} WHERE handler = $1 AND key = $2"
-            )),
-            // $1 handler $2 key $3 outcome $4 now $5 expires_at
-            complete_tx: s(format!(
-                "UPDATE {t} SET status = 'completed', token = NULL, outcome = $3, updated_at = $4, expires_at = $5
-                 WHERE handler = $1 AND key = $2"
-            )),
-            // $1 handler $2 key $3 outcome $4 now $5 expires_at $6 token
-            complete_lease: s(format!(
-                "UPDATE {t} SET status = 'completed', token = NULL, outcome = $3, updated_at = $4, expires_at = $5
-                 WHERE handler = $1 AND key = $2 AND token = $6 AND status = 'in_progress'"
-            )),
-            release: s(format!(
-                "DELETE FROM {t} WHERE handler = $1 AND key = $2 AND token = $3 AND status = 'in_progress'"
-            )),
-            // $1 handler $2 key $3 token $4 now $5 lease_until
-            extend: s(format!(
-                "UPDATE {t} SET updated_at = $4, expires_at = $5
-                 WHERE handler = $1 AND key = $2 AND token = $3 AND status = 'in_progress'"
-            )),
-            // Rows another transaction holds are skipped, not waited for.
-            sweep: s(format!(
-                "DELETE FROM {t} WHERE ctid = ANY (ARRAY(
-                    SELECT ctid FROM {t} WHERE expires_at <= $1
-                    ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))"
-            )),
-            count: s(format!("SELECT COUNT(*) FROM {t}")),
-        }
-    }
-}
-
-fn q(sql: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
-    // Built only from a validated identifier; every value is a bound parameter.
-    AssertSqlSafe(Arc::clone(sql))
-}
-
-/// `lock_not_available`: a lock wait ran past `lock_timeout`.
 fn is_lock_timeout(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
 }
@@ -249,7 +147,7 @@ impl PgStore {
     pub fn from_pool(pool: PgPool) -> Self {
         PgStore {
             pool,
-            sql: Arc::new(Statements::new(DEFAULT_TABLE)),
+            sql: Arc::new(Statements::new(DEFAULT_TABLE, Dialect::Postgres)),
             clock: Arc::new(SystemClock),
             lock_timeout: DEFAULT_LOCK_TIMEOUT,
             order: ClaimOrder::default(),
@@ -260,14 +158,8 @@ impl PgStore {
     /// `schema.table`.
     pub fn with_table(mut self, table: &str) -> Result<Self, StoreError> {
         validate_table_name(table)?;
-        self.sql = Arc::new(Statements::new(table));
+        self.sql = Arc::new(Statements::new(table, Dialect::Postgres));
         Ok(self)
-    }
-
-    /// Reads time from `clock` instead of the system clock (for tests).
-    pub fn with_clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Arc::new(clock);
-        self
     }
 
     /// The lock timeout reported as `retry_after` when a claim times out.
@@ -282,25 +174,17 @@ impl PgStore {
         self
     }
 
-    /// The sqlx pool, for the application's own queries.
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
-    }
-
-    /// The dedup table's name.
-    pub fn table(&self) -> &str {
-        &self.sql.table
-    }
-
     /// Creates the dedup table and its expiry index if they do not exist.
     /// Safe to call from several processes at once: the creation runs under
     /// a transaction-scoped advisory lock.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await.map_err(backend)?;
-        sqlx::query(q(&self.sql.lock_migration))
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?;
+        if let Some(lock) = &self.sql.lock_migration {
+            sqlx::query(q(lock))
+                .execute(&mut *tx)
+                .await
+                .map_err(backend)?;
+        }
         sqlx::raw_sql(q(&self.sql.create))
             .execute(&mut *tx)
             .await
@@ -308,61 +192,13 @@ impl PgStore {
         tx.commit().await.map_err(backend)
     }
 
-    /// Deletes at most `batch` expired records, oldest first, skipping rows
-    /// other transactions hold; returns how many.
-    pub async fn sweep_expired(&self, batch: u32) -> Result<u64, StoreError> {
-        let r = sqlx::query(q(&self.sql.sweep))
-            .bind(self.clock.now_millis())
-            .bind(i64::from(batch))
-            .execute(&self.pool)
-            .await
-            .map_err(backend)?;
-        Ok(r.rows_affected())
+    fn err(&self, e: sqlx::Error) -> StoreError {
+        backend(e)
     }
 
-    /// The record of `key` under handler `handler`, if any.
-    pub async fn record(&self, handler: &str, key: &Key) -> Result<Option<Record>, StoreError> {
-        let row = sqlx::query(q(&self.sql.select))
-            .bind(handler)
-            .bind(key.as_str())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(backend)?;
-        row.map(|r| to_record(&r)).transpose()
-    }
-
-    /// How many records the table holds, expired or not.
-    pub async fn count(&self) -> Result<i64, StoreError> {
-        sqlx::query_scalar(q(&self.sql.count))
-            .fetch_one(&self.pool)
-            .await
-            .map_err(backend)
-    }
-
-    async fn standing<'e, X>(
-        &self,
-        exec: X,
-        spec: &HandlerSpec,
-        key: &Key,
-        now: i64,
-    ) -> Result<Option<Standing>, StoreError>
-    where
-        X: sqlx::Executor<'e, Database = Postgres>,
-    {
-        let row = sqlx::query(q(&self.sql.select))
-            .bind(spec.name)
-            .bind(key.as_str())
-            .fetch_optional(exec)
-            .await
-            .map_err(backend)?;
-        let Some(row) = row else { return Ok(None) };
-        let record = to_record(&row)?;
-        Ok(Some(match record.status {
-            Status::Completed => Standing::Completed(record.outcome.unwrap_or_default()),
-            Status::InProgress => Standing::InProgress(Duration::from_millis(
-                u64::try_from(record.expires_at_ms - now).unwrap_or(0),
-            )),
-        }))
+    /// A claim that gave up waiting on another transaction holding the key.
+    fn lock_wait(&self, e: &sqlx::Error) -> Option<Duration> {
+        is_lock_timeout(e).then_some(self.lock_timeout)
     }
 
     fn in_progress(&self) -> TxClaim<PgTx<'static>> {
@@ -372,126 +208,7 @@ impl PgStore {
     }
 }
 
-enum Standing {
-    Completed(String),
-    InProgress(Duration),
-}
-
-fn to_record(row: &sqlx::postgres::PgRow) -> Result<Record, StoreError> {
-    let get = |e: sqlx::Error| StoreError::Schema(format!("unexpected dedup row: {e}"));
-    let status: String = row.try_get("status").map_err(get)?;
-    let attempts: i32 = row.try_get("attempts").map_err(get)?;
-    Ok(Record {
-        handler: row.try_get("handler").map_err(get)?,
-        key: row.try_get("key").map_err(get)?,
-        status: Status::parse(&status)
-            .ok_or_else(|| StoreError::Schema(format!("unknown status {status:?}")))?,
-        outcome: row.try_get("outcome").map_err(get)?,
-        attempts: i64::from(attempts),
-        created_at_ms: row.try_get("created_at").map_err(get)?,
-        updated_at_ms: row.try_get("updated_at").map_err(get)?,
-        expires_at_ms: row.try_get("expires_at").map_err(get)?,
-    })
-}
-
-/// How often a lease claim retries when the record it lost to vanished
-/// before it could be read (released or swept in between).
-const CLAIM_RETRIES: usize = 8;
-
-impl LeaseStore for PgStore {
-    fn store_name(&self) -> &'static str {
-        "postgres"
-    }
-
-    async fn claim(&self, spec: &'static HandlerSpec, key: &Key) -> Result<Claim, StoreError> {
-        for _ in 0..CLAIM_RETRIES {
-            let now = self.clock.now_millis();
-            let token = uuid::Uuid::new_v4().simple().to_string();
-            let won = sqlx::query(q(&self.sql.claim))
-                .bind(spec.name)
-                .bind(key.as_str())
-                .bind(&token)
-                .bind(now)
-                .bind(now.saturating_add(millis(spec.lease)))
-                .fetch_optional(&self.pool)
-                .await;
-            match won {
-                Ok(Some(_)) => return Ok(Claim::Acquired { token }),
-                Ok(None) => {}
-                Err(e) if is_lock_timeout(&e) => {
-                    return Ok(Claim::InProgress {
-                        retry_after: self.lock_timeout,
-                    });
-                }
-                Err(e) => return Err(backend(e)),
-            }
-            match self.standing(&self.pool, spec, key, now).await? {
-                Some(Standing::Completed(outcome)) => return Ok(Claim::Completed { outcome }),
-                Some(Standing::InProgress(retry_after)) => {
-                    return Ok(Claim::InProgress { retry_after });
-                }
-                None => continue,
-            }
-        }
-        Err(StoreError::Timeout(self.lock_timeout))
-    }
-
-    async fn complete(
-        &self,
-        spec: &'static HandlerSpec,
-        key: &Key,
-        token: &str,
-        outcome: &str,
-    ) -> Result<bool, StoreError> {
-        let now = self.clock.now_millis();
-        let r = sqlx::query(q(&self.sql.complete_lease))
-            .bind(spec.name)
-            .bind(key.as_str())
-            .bind(outcome)
-            .bind(now)
-            .bind(now.saturating_add(millis(spec.ttl)))
-            .bind(token)
-            .execute(&self.pool)
-            .await
-            .map_err(backend)?;
-        Ok(r.rows_affected() == 1)
-    }
-
-    async fn release(
-        &self,
-        spec: &'static HandlerSpec,
-        key: &Key,
-        token: &str,
-    ) -> Result<(), StoreError> {
-        sqlx::query(q(&self.sql.release))
-            .bind(spec.name)
-            .bind(key.as_str())
-            .bind(token)
-            .execute(&self.pool)
-            .await
-            .map_err(backend)?;
-        Ok(())
-    }
-
-    async fn extend(
-        &self,
-        spec: &'static HandlerSpec,
-        key: &Key,
-        token: &str,
-    ) -> Result<bool, StoreError> {
-        let now = self.clock.now_millis();
-        let r = sqlx::query(q(&self.sql.extend))
-            .bind(spec.name)
-            .bind(key.as_str())
-            .bind(token)
-            .bind(now)
-            .bind(now.saturating_add(millis(spec.lease)))
-            .execute(&self.pool)
-            .await
-            .map_err(backend)?;
-        Ok(r.rows_affected() == 1)
-    }
-}
+sql_store!(PgStore, Postgres, sqlx::postgres::PgRow, "postgres");
 
 impl TxStore for PgStore {
     type Tx = PgTx<'static>;
@@ -510,17 +227,12 @@ impl TxStore for PgStore {
             return Ok(TxClaim::Fresh(tx));
         }
         let now = self.clock.now_millis();
-        let won = sqlx::query(q(&self.sql.claim))
-            .bind(spec.name)
-            .bind(key.as_str())
-            .bind(None::<&str>)
-            .bind(now)
-            .bind(now.saturating_add(millis(spec.ttl)))
-            .fetch_optional(&mut *tx)
+        let won = self
+            .try_claim(&mut *tx, spec, key, None, now, spec.ttl)
             .await;
         match won {
-            Ok(Some(_)) => return Ok(TxClaim::Fresh(tx)),
-            Ok(None) => {}
+            Ok(true) => return Ok(TxClaim::Fresh(tx)),
+            Ok(false) => {}
             Err(e) if is_lock_timeout(&e) => return Ok(self.in_progress()),
             Err(e) => return Err(backend(e)),
         }
@@ -584,11 +296,5 @@ impl TxStore for PgStore {
 
     async fn rollback(&self, tx: Self::Tx) -> Result<(), StoreError> {
         tx.rollback().await.map_err(backend)
-    }
-}
-
-impl Sweep for PgStore {
-    async fn sweep_expired(&self, batch: u32) -> Result<u64, StoreError> {
-        PgStore::sweep_expired(self, batch).await
     }
 }
