@@ -232,6 +232,18 @@ pub fn format_duration(duration: Duration) -> String {
 // ---------------------------------------------------------------------------
 
 /// A parsed key expression: one or more parts joined by `+`.
+///
+/// Its `Display` writes it back in canonical form.
+///
+/// # Examples
+///
+/// ```
+/// use idem_grammar::{parse_key, KeyExpr};
+///
+/// let key: KeyExpr = parse_key("order_id+  'deduct'").unwrap();
+/// assert_eq!(key.parts.len(), 2);
+/// assert_eq!(key.to_string(), "order_id + 'deduct'");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyExpr {
     /// The parts in order; never empty.
@@ -239,6 +251,22 @@ pub struct KeyExpr {
 }
 
 /// One part of a key expression.
+///
+/// # Examples
+///
+/// ```
+/// use idem_grammar::{parse_key, Part};
+///
+/// let key = parse_key("order.id + 'it\\'s'").unwrap();
+/// for part in &key.parts {
+///     match part {
+///         Part::Path { segments, .. } => assert_eq!(segments.len(), 2),
+///         Part::Const { value, .. } => assert_eq!(value, "it's"),
+///     }
+/// }
+/// // `Display` quotes and escapes constants again
+/// assert_eq!(key.parts[1].to_string(), "'it\\'s'");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Part {
     /// A field path such as `order.id` or `items.0`.
@@ -274,6 +302,20 @@ impl Part {
 }
 
 /// One segment of a field path.
+///
+/// # Examples
+///
+/// ```
+/// use idem_grammar::{parse_key, Part, Segment};
+///
+/// let key = parse_key("items.0.sku").unwrap();
+/// let Part::Path { segments, .. } = &key.parts[0] else { unreachable!() };
+/// assert_eq!(
+///     segments,
+///     &[Segment::Field("items".into()), Segment::Index(0), Segment::Field("sku".into())]
+/// );
+/// assert_eq!(segments[1].to_string(), "0");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Segment {
     /// A named field, e.g. `order_id`.

@@ -2,6 +2,19 @@
 //!
 //! The SQLite and in-memory stores compute claim leases and record expiry
 //! from a [`Clock`], so tests can move time forward without sleeping.
+//!
+//! # Examples
+//!
+//! ```
+//! use idem_runtime::MemoryStore;
+//! use idem_runtime::clock::ManualClock;
+//! use std::time::Duration;
+//!
+//! let clock = ManualClock::starting_now();
+//! let store = MemoryStore::with_clock(clock.clone());
+//! // records the store makes now expire after their ttl; a test need not wait
+//! clock.advance(Duration::from_secs(7 * 86_400));
+//! ```
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -17,6 +30,26 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// ```
 pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
     /// Milliseconds since the Unix epoch.
+    ///
+    /// # Examples
+    ///
+    /// A clock fixed at one instant, e.g. to replay a recorded incident:
+    ///
+    /// ```
+    /// use idem_runtime::clock::Clock;
+    ///
+    /// #[derive(Debug)]
+    /// struct Frozen(i64);
+    ///
+    /// impl Clock for Frozen {
+    ///     fn now_millis(&self) -> i64 {
+    ///         self.0
+    ///     }
+    /// }
+    ///
+    /// assert_eq!(Frozen(1_700_000_000_000).now_millis(), 1_700_000_000_000);
+    /// let _store = idem_runtime::MemoryStore::with_clock(Frozen(1_700_000_000_000));
+    /// ```
     fn now_millis(&self) -> i64;
 }
 
@@ -60,6 +93,14 @@ pub struct ManualClock(Arc<AtomicI64>);
 
 impl ManualClock {
     /// A clock that reads `start_millis` until advanced.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::clock::{Clock, ManualClock};
+    /// let clock = ManualClock::new(1_700_000_000_000);
+    /// assert_eq!(clock.now_millis(), 1_700_000_000_000);
+    /// ```
     pub fn new(start_millis: i64) -> Self {
         Self(Arc::new(AtomicI64::new(start_millis)))
     }
@@ -76,7 +117,19 @@ impl ManualClock {
         Self::new(SystemClock.now_millis())
     }
 
-    /// Moves the clock forward.
+    /// Moves the clock forward, for this clock and all its clones.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::clock::{Clock, ManualClock};
+    /// use std::time::Duration;
+    ///
+    /// let clock = ManualClock::new(0);
+    /// clock.advance(Duration::from_millis(1_500));
+    /// clock.advance(Duration::from_secs(1));
+    /// assert_eq!(clock.now_millis(), 2_500);
+    /// ```
     pub fn advance(&self, by: Duration) {
         let ms = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
         self.0.fetch_add(ms, Ordering::SeqCst);

@@ -1,9 +1,14 @@
 //! What a rewritten handler does around its body, for both modes, and the
 //! store interfaces the two modes need.
 //!
-//! The generated code calls these functions through `__private`; they are
-//! public so that a store outside this crate can implement [`LeaseStore`] or
-//! [`TxStore`].
+//! The generated code calls these functions through `__private`. The two
+//! traits are public as the written contract of a store (what a claim, a
+//! completion and a commit must guarantee) and can be implemented outside
+//! this crate, but `#[idempotent(store = "...")]` accepts only the built-in
+//! stores.
+//!
+//! The stores of this crate implement them: [`LeaseStore`] all of them,
+//! [`TxStore`] the SQL stores.
 
 use std::future::Future;
 use std::pin::pin;
@@ -19,6 +24,37 @@ use crate::outcome::Outcome;
 use crate::registry::{self, HandlerSpec};
 
 /// The state of a key when a lease-mode handler tries to claim it.
+///
+/// # Examples
+///
+/// What the generated code does with each answer of [`LeaseStore::claim`]:
+///
+/// ```
+/// # use idem_runtime::registry::{HandlerSpec, Mode};
+/// # use std::time::Duration;
+/// # static SPEC: HandlerSpec = HandlerSpec {
+/// #     name: "notify", function: "notify", key: "message_id",
+/// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
+/// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
+/// # };
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use idem_runtime::{Claim, Key, LeaseStore, MemoryStore};
+///
+/// let store = MemoryStore::new();
+/// let key = Key::from_parts(&[&"m-1"])?;
+/// match store.claim(&SPEC, &key).await? {
+///     Claim::Acquired { token } => {
+///         // run the body, then record its result under the token
+///         assert!(store.complete(&SPEC, &key, &token, "42").await?);
+///     }
+///     Claim::Completed { outcome } => println!("duplicate; the body returned {outcome}"),
+///     Claim::InProgress { retry_after } => println!("busy; redeliver in {retry_after:?}"),
+/// }
+/// // the next delivery gets the recorded result
+/// assert_eq!(store.claim(&SPEC, &key).await?, Claim::Completed { outcome: "42".into() });
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
     /// The key was absent, expired, or its lease had run out: this caller
@@ -43,11 +79,91 @@ pub enum Claim {
 /// A store that can run handlers in lease mode.
 ///
 /// Durations come from the handler's [`HandlerSpec`] (`lease`, `ttl`).
+///
+/// # Examples
+///
+/// A store that wraps another one, here to count claims:
+///
+/// ```
+/// # use idem_runtime::registry::{HandlerSpec, Mode};
+/// # use std::time::Duration;
+/// # static SPEC: HandlerSpec = HandlerSpec {
+/// #     name: "notify", function: "notify", key: "message_id",
+/// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
+/// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
+/// # };
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use idem_runtime::{Claim, Key, LeaseStore, MemoryStore, StoreError};
+/// use idem_runtime::registry::HandlerSpec;
+/// use std::sync::atomic::{AtomicU64, Ordering};
+///
+/// #[derive(Default)]
+/// struct Counted { inner: MemoryStore, claims: AtomicU64 }
+///
+/// impl LeaseStore for Counted {
+///     fn store_name(&self) -> &'static str {
+///         "counted"
+///     }
+///     async fn claim(&self, spec: &'static HandlerSpec, key: &Key) -> Result<Claim, StoreError> {
+///         self.claims.fetch_add(1, Ordering::Relaxed);
+///         self.inner.claim(spec, key).await
+///     }
+///     async fn complete(
+///         &self, spec: &'static HandlerSpec, key: &Key, token: &str, outcome: &str,
+///     ) -> Result<bool, StoreError> {
+///         self.inner.complete(spec, key, token, outcome).await
+///     }
+///     async fn release(&self, spec: &'static HandlerSpec, key: &Key, token: &str) -> Result<(), StoreError> {
+///         self.inner.release(spec, key, token).await
+///     }
+///     async fn extend(&self, spec: &'static HandlerSpec, key: &Key, token: &str) -> Result<bool, StoreError> {
+///         self.inner.extend(spec, key, token).await
+///     }
+/// }
+///
+/// let store = Counted::default();
+/// let key = Key::from_parts(&[&"m-1"])?;
+/// assert!(matches!(store.claim(&SPEC, &key).await?, Claim::Acquired { .. }));
+/// assert_eq!(store.claims.load(Ordering::Relaxed), 1);
+/// # Ok(()) }
+/// ```
 pub trait LeaseStore: Send + Sync {
     /// The store's name, as written in `store = "..."`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::{LeaseStore, MemoryStore};
+    /// assert_eq!(MemoryStore::new().store_name(), "memory");
+    /// ```
     fn store_name(&self) -> &'static str;
 
     /// Claims `key` for `spec.lease`, or reports the record that stands.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use idem_runtime::registry::{HandlerSpec, Mode};
+    /// # use std::time::Duration;
+    /// # static SPEC: HandlerSpec = HandlerSpec {
+    /// #     name: "notify", function: "notify", key: "message_id",
+    /// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
+    /// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
+    /// # };
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::{Claim, Key, LeaseStore, MemoryStore};
+    ///
+    /// let store = MemoryStore::new();
+    /// let key = Key::from_parts(&[&"m-1"])?;
+    /// let first = store.claim(&SPEC, &key).await?;
+    /// assert!(matches!(first, Claim::Acquired { .. }));
+    /// // a second consumer finds the live lease
+    /// let Claim::InProgress { retry_after } = store.claim(&SPEC, &key).await? else { panic!() };
+    /// assert!(retry_after <= SPEC.lease);
+    /// # Ok(()) }
+    /// ```
     fn claim(
         &self,
         spec: &'static HandlerSpec,
@@ -56,6 +172,29 @@ pub trait LeaseStore: Send + Sync {
 
     /// Records `outcome` and keeps it for `spec.ttl`, if `token` still holds
     /// the claim. `Ok(false)` means the lease was lost.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use idem_runtime::registry::{HandlerSpec, Mode};
+    /// # use std::time::Duration;
+    /// # static SPEC: HandlerSpec = HandlerSpec {
+    /// #     name: "notify", function: "notify", key: "message_id",
+    /// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
+    /// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
+    /// # };
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::{Claim, Key, LeaseStore, MemoryStore};
+    ///
+    /// let store = MemoryStore::new();
+    /// let key = Key::from_parts(&[&"m-1"])?;
+    /// let Claim::Acquired { token } = store.claim(&SPEC, &key).await? else { panic!() };
+    /// assert!(store.complete(&SPEC, &key, &token, r#"{"sent":true}"#).await?);
+    /// // the token no longer holds a claim
+    /// assert!(!store.complete(&SPEC, &key, &token, "null").await?);
+    /// # Ok(()) }
+    /// ```
     fn complete(
         &self,
         spec: &'static HandlerSpec,
@@ -65,6 +204,29 @@ pub trait LeaseStore: Send + Sync {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Drops the claim, if `token` still holds it, so the key can run again.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use idem_runtime::registry::{HandlerSpec, Mode};
+    /// # use std::time::Duration;
+    /// # static SPEC: HandlerSpec = HandlerSpec {
+    /// #     name: "notify", function: "notify", key: "message_id",
+    /// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
+    /// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
+    /// # };
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::{Claim, Key, LeaseStore, MemoryStore};
+    ///
+    /// let store = MemoryStore::new();
+    /// let key = Key::from_parts(&[&"m-1"])?;
+    /// let Claim::Acquired { token } = store.claim(&SPEC, &key).await? else { panic!() };
+    /// // the body failed: give the key back so a redelivery runs it again
+    /// store.release(&SPEC, &key, &token).await?;
+    /// assert!(matches!(store.claim(&SPEC, &key).await?, Claim::Acquired { .. }));
+    /// # Ok(()) }
+    /// ```
     fn release(
         &self,
         spec: &'static HandlerSpec,
@@ -74,6 +236,28 @@ pub trait LeaseStore: Send + Sync {
 
     /// Extends the lease by `spec.lease` from now, if `token` still holds it.
     /// `Ok(false)` means the lease was lost.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use idem_runtime::registry::{HandlerSpec, Mode};
+    /// # use std::time::Duration;
+    /// # static SPEC: HandlerSpec = HandlerSpec {
+    /// #     name: "notify", function: "notify", key: "message_id",
+    /// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
+    /// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
+    /// # };
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::{Claim, Key, LeaseStore, MemoryStore};
+    ///
+    /// let store = MemoryStore::new();
+    /// let key = Key::from_parts(&[&"m-1"])?;
+    /// let Claim::Acquired { token } = store.claim(&SPEC, &key).await? else { panic!() };
+    /// assert!(store.extend(&SPEC, &key, &token).await?);
+    /// assert!(!store.extend(&SPEC, &key, "someone else's token").await?);
+    /// # Ok(()) }
+    /// ```
     fn extend(
         &self,
         spec: &'static HandlerSpec,
@@ -83,6 +267,39 @@ pub trait LeaseStore: Send + Sync {
 }
 
 /// The state of a key when a transaction-mode handler opens its transaction.
+///
+/// # Examples
+///
+/// ```
+/// # use idem_runtime::registry::{HandlerSpec, Mode};
+/// # use std::time::Duration;
+/// # static SPEC: HandlerSpec = HandlerSpec {
+/// #     name: "deduct_stock", function: "deduct_stock", key: "order_id",
+/// #     ttl: Duration::from_secs(86_400), lease: Duration::from_secs(30),
+/// #     store: "sqlite", mode: Mode::Transaction, module: "shop", file: "src/shop.rs", line: 1,
+/// # };
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
+/// # store.migrate().await?;
+/// use idem_runtime::{Key, TxClaim, TxStore};
+///
+/// let key = Key::from_parts(&[&17u64])?;
+/// match store.begin_claim(&SPEC, &key).await? {
+///     TxClaim::Fresh(tx) => {
+///         // run the body in `tx`, then commit its result with the claim
+///         store.commit_outcome(tx, &SPEC, &key, "7").await?;
+///     }
+///     TxClaim::Completed { outcome } => println!("duplicate; the body returned {outcome}"),
+///     TxClaim::InProgress { retry_after } => println!("busy; redeliver in {retry_after:?}"),
+/// }
+/// assert!(matches!(
+///     store.begin_claim(&SPEC, &key).await?,
+///     TxClaim::Completed { outcome } if outcome == "7"
+/// ));
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub enum TxClaim<Tx> {
     /// The claim row is inserted in the open transaction `Tx`.
@@ -100,6 +317,33 @@ pub enum TxClaim<Tx> {
 }
 
 /// What became of a transaction-mode call at its commit.
+///
+/// # Examples
+///
+/// ```
+/// # use idem_runtime::registry::{HandlerSpec, Mode};
+/// # use std::time::Duration;
+/// # static SPEC: HandlerSpec = HandlerSpec {
+/// #     name: "deduct_stock", function: "deduct_stock", key: "order_id",
+/// #     ttl: Duration::from_secs(86_400), lease: Duration::from_secs(30),
+/// #     store: "sqlite", mode: Mode::Transaction, module: "shop", file: "src/shop.rs", line: 1,
+/// # };
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
+/// # store.migrate().await?;
+/// use idem_runtime::{Key, TxClaim, TxCommit, TxStore};
+///
+/// let key = Key::from_parts(&[&17u64])?;
+/// let TxClaim::Fresh(tx) = store.begin_claim(&SPEC, &key).await? else { panic!() };
+/// match store.commit_outcome(tx, &SPEC, &key, "7").await? {
+///     TxCommit::Committed => println!("executed"),
+///     TxCommit::Duplicate { outcome } => println!("duplicate; the body returned {outcome}"),
+///     TxCommit::InProgress { retry_after } => println!("busy; redeliver in {retry_after:?}"),
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TxCommit {
     /// The dedup row, the body's writes and the outcome committed.
@@ -120,14 +364,104 @@ pub enum TxCommit {
 }
 
 /// A SQL store that can run handlers in transaction mode.
+///
+/// The generated code claims the key in a transaction, hands that
+/// transaction to the body, and commits the body's writes with the outcome or
+/// rolls everything back.
+///
+/// # Examples
+///
+/// The calls a transaction-mode handler makes, on [`SqliteStore`](crate::SqliteStore):
+///
+/// ```
+/// # use idem_runtime::registry::{HandlerSpec, Mode};
+/// # use std::time::Duration;
+/// # static SPEC: HandlerSpec = HandlerSpec {
+/// #     name: "deduct_stock", function: "deduct_stock", key: "order_id",
+/// #     ttl: Duration::from_secs(86_400), lease: Duration::from_secs(30),
+/// #     store: "sqlite", mode: Mode::Transaction, module: "shop", file: "src/shop.rs", line: 1,
+/// # };
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
+/// # store.migrate().await?;
+/// use idem_runtime::{Key, TxClaim, TxCommit, TxStore};
+///
+/// let key = Key::from_parts(&[&17u64])?;
+/// let TxClaim::Fresh(mut tx) = store.begin_claim(&SPEC, &key).await? else { panic!() };
+/// // the body's writes go through the same transaction
+/// sqlx::query("CREATE TABLE shipments (order_id INTEGER)").execute(&mut *tx).await?;
+/// sqlx::query("INSERT INTO shipments VALUES (17)").execute(&mut *tx).await?;
+/// assert_eq!(store.commit_outcome(tx, &SPEC, &key, "null").await?, TxCommit::Committed);
+///
+/// // a redelivery is turned away with the recorded outcome
+/// assert!(matches!(store.begin_claim(&SPEC, &key).await?, TxClaim::Completed { .. }));
+/// # Ok(()) }
+/// ```
 pub trait TxStore: Send + Sync {
     /// The open transaction handed to the body.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::{SqliteStore, SqliteTx, TxStore};
+    ///
+    /// // a transaction-mode SQLite handler's `tx: &mut SqliteTx<'_>` is this
+    /// fn body_tx(tx: <SqliteStore as TxStore>::Tx) -> SqliteTx<'static> {
+    ///     tx
+    /// }
+    /// ```
     type Tx: Send;
 
     /// The store's name, as written in `store = "..."`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use idem_runtime::registry::{HandlerSpec, Mode};
+    /// # use std::time::Duration;
+    /// # static SPEC: HandlerSpec = HandlerSpec {
+    /// #     name: "deduct_stock", function: "deduct_stock", key: "order_id",
+    /// #     ttl: Duration::from_secs(86_400), lease: Duration::from_secs(30),
+    /// #     store: "sqlite", mode: Mode::Transaction, module: "shop", file: "src/shop.rs", line: 1,
+    /// # };
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
+    /// # store.migrate().await?;
+    /// use idem_runtime::TxStore;
+    /// assert_eq!(TxStore::store_name(&store), "sqlite");
+    /// # Ok(()) }
+    /// ```
     fn store_name(&self) -> &'static str;
 
     /// Begins a transaction and inserts the claim row in it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use idem_runtime::registry::{HandlerSpec, Mode};
+    /// # use std::time::Duration;
+    /// # static SPEC: HandlerSpec = HandlerSpec {
+    /// #     name: "deduct_stock", function: "deduct_stock", key: "order_id",
+    /// #     ttl: Duration::from_secs(86_400), lease: Duration::from_secs(30),
+    /// #     store: "sqlite", mode: Mode::Transaction, module: "shop", file: "src/shop.rs", line: 1,
+    /// # };
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
+    /// # store.migrate().await?;
+    /// use idem_runtime::{Key, TxClaim, TxStore};
+    ///
+    /// let key = Key::from_parts(&[&17u64])?;
+    /// let TxClaim::Fresh(tx) = store.begin_claim(&SPEC, &key).await? else { panic!() };
+    /// // ... the body runs in `tx` ...
+    /// store.rollback(tx).await?;
+    /// # Ok(()) }
+    /// ```
     fn begin_claim(
         &self,
         spec: &'static HandlerSpec,
@@ -136,6 +470,31 @@ pub trait TxStore: Send + Sync {
 
     /// Records `outcome` in the dedup row and commits, unless the store
     /// writes that row only now and finds the key taken (see [`TxCommit`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use idem_runtime::registry::{HandlerSpec, Mode};
+    /// # use std::time::Duration;
+    /// # static SPEC: HandlerSpec = HandlerSpec {
+    /// #     name: "deduct_stock", function: "deduct_stock", key: "order_id",
+    /// #     ttl: Duration::from_secs(86_400), lease: Duration::from_secs(30),
+    /// #     store: "sqlite", mode: Mode::Transaction, module: "shop", file: "src/shop.rs", line: 1,
+    /// # };
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
+    /// # store.migrate().await?;
+    /// use idem_runtime::{Key, TxClaim, TxCommit, TxStore};
+    ///
+    /// let key = Key::from_parts(&[&17u64])?;
+    /// let TxClaim::Fresh(tx) = store.begin_claim(&SPEC, &key).await? else { panic!() };
+    /// let outcome = serde_json::to_string(&7)?;
+    /// assert_eq!(store.commit_outcome(tx, &SPEC, &key, &outcome).await?, TxCommit::Committed);
+    /// assert_eq!(store.record("deduct_stock", &key).await?.unwrap().outcome.as_deref(), Some("7"));
+    /// # Ok(()) }
+    /// ```
     fn commit_outcome(
         &self,
         tx: Self::Tx,
@@ -145,6 +504,31 @@ pub trait TxStore: Send + Sync {
     ) -> impl Future<Output = Result<TxCommit, StoreError>> + Send;
 
     /// Rolls the transaction back: the claim and the body's writes vanish.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use idem_runtime::registry::{HandlerSpec, Mode};
+    /// # use std::time::Duration;
+    /// # static SPEC: HandlerSpec = HandlerSpec {
+    /// #     name: "deduct_stock", function: "deduct_stock", key: "order_id",
+    /// #     ttl: Duration::from_secs(86_400), lease: Duration::from_secs(30),
+    /// #     store: "sqlite", mode: Mode::Transaction, module: "shop", file: "src/shop.rs", line: 1,
+    /// # };
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
+    /// # store.migrate().await?;
+    /// use idem_runtime::{Key, TxClaim, TxStore};
+    ///
+    /// let key = Key::from_parts(&[&17u64])?;
+    /// let TxClaim::Fresh(tx) = store.begin_claim(&SPEC, &key).await? else { panic!() };
+    /// // the body failed: nothing of this call remains
+    /// store.rollback(tx).await?;
+    /// assert!(store.record("deduct_stock", &key).await?.is_none());
+    /// # Ok(()) }
+    /// ```
     fn rollback(&self, tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
@@ -153,13 +537,54 @@ pub trait TxStore: Send + Sync {
 // ---------------------------------------------------------------------------
 
 /// Metric names, for dashboards and alerts.
+///
+/// The runtime records them through the [`metrics`](https://docs.rs/metrics)
+/// facade; install any recorder (Prometheus, StatsD, ...) to export them.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::metric;
+///
+/// // an alert on lease takeovers, in PromQL
+/// let alert = format!(r#"rate({}{{result="lease_lost"}}[5m]) > 0"#, metric::CALLS);
+/// assert_eq!(alert, r#"rate(idem_calls_total{result="lease_lost"}[5m]) > 0"#);
+/// ```
 pub mod metric {
     /// Counter of calls, labelled `handler` and `result`: `executed`,
     /// `duplicate`, or an [`Error::kind`](crate::Error::kind).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// // the duplicate rate of one handler, in PromQL
+    /// let q = format!(
+    ///     r#"rate({0}{{handler="points",result="duplicate"}}[5m]) / rate({0}{{handler="points"}}[5m])"#,
+    ///     idem_runtime::metric::CALLS,
+    /// );
+    /// assert!(q.starts_with("rate(idem_calls_total{"));
+    /// ```
     pub const CALLS: &str = "idem_calls_total";
     /// Histogram of the time to claim a key (seconds), labelled `handler`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// // the 99th percentile of claim latency, in PromQL
+    /// let q = format!(
+    ///     "histogram_quantile(0.99, rate({}_bucket[5m]))",
+    ///     idem_runtime::metric::CLAIM_SECONDS,
+    /// );
+    /// assert_eq!(q, "histogram_quantile(0.99, rate(idem_claim_seconds_bucket[5m]))");
+    /// ```
     pub const CLAIM_SECONDS: &str = "idem_claim_seconds";
     /// Histogram of the time the body ran (seconds), labelled `handler`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(idem_runtime::metric::BODY_SECONDS, "idem_body_seconds");
+    /// ```
     pub const BODY_SECONDS: &str = "idem_body_seconds";
 }
 

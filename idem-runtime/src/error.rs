@@ -5,6 +5,16 @@ use std::time::Duration;
 use crate::key::Key;
 
 /// A boxed error from a store's driver (sqlx, redis).
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::{BoxError, StoreError};
+///
+/// let driver: BoxError = "connection refused".into();
+/// let err = StoreError::Backend(driver);
+/// assert_eq!(err.to_string(), "connection refused");
+/// ```
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Why an idempotent call did not produce an [`Outcome`](crate::Outcome).

@@ -20,6 +20,19 @@ use std::fmt::{self, Write as _};
 use sha2::{Digest, Sha256};
 
 /// The longest encoded key stored as it is; longer ones are stored as a digest.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::{Key, MAX_KEY_LEN};
+///
+/// let short = Key::from_parts(&[&"A-17"]).unwrap();
+/// assert!(short.as_str().len() <= MAX_KEY_LEN);
+///
+/// let long = Key::from_parts(&[&"x".repeat(MAX_KEY_LEN)]).unwrap();
+/// assert!(long.as_str().starts_with("#sha256:"));
+/// assert_eq!(long.as_str().len(), "#sha256:".len() + 64);
+/// ```
 pub const MAX_KEY_LEN: usize = 128;
 
 /// A derived idempotency key, as the store keeps it.
@@ -46,6 +59,16 @@ pub struct Key {
 
 impl Key {
     /// The key as stored: the encoding, or its digest for long keys.
+    ///
+    /// This is the text to look a record up by, e.g. in the dedup table's
+    /// `key` column.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let key = idem_runtime::Key::from_parts(&[&"A-17", &"apple"]).unwrap();
+    /// assert_eq!(key.as_str(), "4:A-17|5:apple");
+    /// ```
     pub fn as_str(&self) -> &str {
         &self.stored
     }
@@ -148,11 +171,34 @@ pub struct KeyBuilder {
 
 impl KeyBuilder {
     /// An empty builder.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let mut b = idem_runtime::KeyBuilder::new();
+    /// b.part(&7u8).unwrap();
+    /// assert_eq!(b.finish().as_str(), "1:7");
+    /// ```
     pub fn new() -> Self {
         Self::default()
     }
 
     /// Appends one part taken from the message.
+    ///
+    /// Fails with [`KeyMissing`] when the part is an `Option` holding `None`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::{KeyBuilder, KeyMissing};
+    ///
+    /// let mut b = KeyBuilder::new();
+    /// b.part("A-17")?;
+    /// b.part(&Some(3u32))?;
+    /// assert_eq!(b.part(&None::<u32>), Err(KeyMissing));
+    /// assert_eq!(b.finish().as_str(), "4:A-17|1:3");
+    /// # Ok::<(), KeyMissing>(())
+    /// ```
     pub fn part<P: KeyPart + ?Sized>(&mut self, part: &P) -> Result<(), KeyMissing> {
         self.scratch.clear();
         part.write_key_part(&mut PartWriter {
@@ -163,6 +209,16 @@ impl KeyBuilder {
     }
 
     /// Appends a constant part (`'deduct'` in a key expression).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// // the key expression `'refund' + order_id`
+    /// let mut b = idem_runtime::KeyBuilder::new();
+    /// b.constant("refund");
+    /// b.part(&17u64).unwrap();
+    /// assert_eq!(b.finish().as_str(), "6:refund|2:17");
+    /// ```
     pub fn constant(&mut self, text: &str) {
         self.scratch.clear();
         self.scratch.push_str(text);
@@ -178,7 +234,21 @@ impl KeyBuilder {
         self.parts += 1;
     }
 
-    /// The finished key; long encodings become a digest.
+    /// The finished key; long encodings become a digest (see [`MAX_KEY_LEN`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::KeyBuilder;
+    ///
+    /// let mut b = KeyBuilder::new();
+    /// b.part("A-17").unwrap();
+    /// assert_eq!(b.finish().as_str(), "4:A-17");
+    ///
+    /// let mut b = KeyBuilder::new();
+    /// b.part(&"x".repeat(200)).unwrap();
+    /// assert!(b.finish().as_str().starts_with("#sha256:"));
+    /// ```
     pub fn finish(self) -> Key {
         if self.encoded.len() <= MAX_KEY_LEN {
             return Key {
@@ -195,6 +265,27 @@ impl KeyBuilder {
 /// Receives the text of one key part; see [`KeyPart`].
 ///
 /// It implements [`std::fmt::Write`], so `write!(out, "{}", value)` works.
+///
+/// # Examples
+///
+/// A part made of two fields, formatted with `write!`:
+///
+/// ```
+/// use idem_runtime::{Key, KeyMissing, KeyPart, PartWriter};
+/// use std::fmt::Write as _;
+///
+/// struct Version { major: u16, minor: u16 }
+///
+/// impl KeyPart for Version {
+///     fn write_key_part(&self, out: &mut PartWriter<'_>) -> Result<(), KeyMissing> {
+///         let _ = write!(out, "{}.{}", self.major, self.minor);
+///         Ok(())
+///     }
+/// }
+///
+/// let key = Key::from_parts(&[&Version { major: 2, minor: 14 }]).unwrap();
+/// assert_eq!(key.as_str(), "4:2.14");
+/// ```
 #[derive(Debug)]
 pub struct PartWriter<'a> {
     buf: &'a mut String,
@@ -202,6 +293,27 @@ pub struct PartWriter<'a> {
 
 impl PartWriter<'_> {
     /// Appends text to this part.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::{Key, KeyMissing, KeyPart, PartWriter};
+    ///
+    /// enum Channel { Sms, Email }
+    ///
+    /// impl KeyPart for Channel {
+    ///     fn write_key_part(&self, out: &mut PartWriter<'_>) -> Result<(), KeyMissing> {
+    ///         out.write_str(match self {
+    ///             Channel::Sms => "sms",
+    ///             Channel::Email => "email",
+    ///         });
+    ///         Ok(())
+    ///     }
+    /// }
+    ///
+    /// let key = Key::from_parts(&[&Channel::Email, &Channel::Sms]).unwrap();
+    /// assert_eq!(key.as_str(), "5:email|3:sms");
+    /// ```
     pub fn write_str(&mut self, s: &str) {
         self.buf.push_str(s);
     }
@@ -252,6 +364,29 @@ impl fmt::Write for PartWriter<'_> {
 )]
 pub trait KeyPart {
     /// Writes this part's text, or reports that it is missing.
+    ///
+    /// # Examples
+    ///
+    /// A part that may be absent reports [`KeyMissing`] instead of writing:
+    ///
+    /// ```
+    /// use idem_runtime::{Key, KeyMissing, KeyPart, PartWriter};
+    ///
+    /// struct CouponCode(String);
+    ///
+    /// impl KeyPart for CouponCode {
+    ///     fn write_key_part(&self, out: &mut PartWriter<'_>) -> Result<(), KeyMissing> {
+    ///         if self.0.is_empty() {
+    ///             return Err(KeyMissing);
+    ///         }
+    ///         out.write_str(&self.0.to_uppercase());
+    ///         Ok(())
+    ///     }
+    /// }
+    ///
+    /// assert_eq!(Key::from_parts(&[&CouponCode("spring".into())]).unwrap().as_str(), "6:SPRING");
+    /// assert_eq!(Key::from_parts(&[&CouponCode(String::new())]), Err(KeyMissing));
+    /// ```
     fn write_key_part(&self, out: &mut PartWriter<'_>) -> Result<(), KeyMissing>;
 }
 

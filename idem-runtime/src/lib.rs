@@ -78,6 +78,33 @@ pub use idem_grammar::{format_duration, parse_duration};
 /// | `lease` | lease mode: how long a claim may stay in progress before another consumer may take it over (default `30s`) |
 /// | `crate` | the path of `idem_runtime` when it is renamed |
 ///
+/// # Examples
+///
+/// Lease mode on the memory store, with its own name and lease, and a body that
+/// reads its key to pass it on (here, as an SMS gateway's idempotency key):
+///
+/// ```standalone_crate
+/// use idem_runtime::{idempotent, Key, MemoryStore, Outcome};
+///
+/// #[derive(serde::Deserialize)]
+/// struct OrderShipped { order_id: u64, phone: String }
+///
+/// #[idempotent(key = "'shipped' + order_id", ttl = "3d", store = "memory", lease = "10s", name = "sms")]
+/// async fn notify(msg: &OrderShipped, key: &Key) -> Result<String, std::io::Error> {
+///     Ok(format!("sent to {} with idempotency key {key}", msg.phone))
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = MemoryStore::new();
+/// let msg = OrderShipped { order_id: 17, phone: "+15550100".into() };
+/// // the rewritten function takes the store first
+/// let sent = notify(&store, &msg).await?;
+/// assert_eq!(sent, Outcome::Executed("sent to +15550100 with idempotency key 7:shipped|2:17".into()));
+/// assert!(notify(&store, &msg).await?.is_duplicate());
+/// # Ok(()) }
+/// ```
+///
 /// Misuse is a compile error on the offending token:
 ///
 /// ```compile_fail

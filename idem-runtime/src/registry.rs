@@ -39,6 +39,13 @@ pub enum Mode {
 
 impl Mode {
     /// `"transaction"` or `"lease"`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::registry::Mode;
+    /// assert_eq!(Mode::Lease.as_str(), "lease");
+    /// ```
     pub fn as_str(self) -> &'static str {
         match self {
             Mode::Transaction => "transaction",
@@ -98,6 +105,25 @@ pub struct HandlerSpec {
 inventory::collect!(HandlerSpec);
 
 /// All handlers linked into this binary, in no particular order.
+///
+/// # Examples
+///
+/// ```standalone_crate
+/// use idem_runtime::{idempotent, registry};
+///
+/// #[derive(serde::Deserialize)]
+/// struct PointsEarned { message_id: String }
+///
+/// #[idempotent(key = "message_id", ttl = "7d", store = "memory", name = "points")]
+/// async fn grant_points(msg: &PointsEarned) -> Result<(), std::io::Error> {
+///     Ok(())
+/// }
+///
+/// let spec = registry::handlers().find(|h| h.function == "grant_points").unwrap();
+/// assert_eq!(spec.name, "points");
+/// assert_eq!(spec.key, "message_id");
+/// assert_eq!(spec.mode, registry::Mode::Lease);
+/// ```
 pub fn handlers() -> impl Iterator<Item = &'static HandlerSpec> {
     inventory::iter::<HandlerSpec>.into_iter()
 }
@@ -136,6 +162,16 @@ pub enum RegistryError {
 ///
 /// Stores call it when they are built, and every handler call consults its
 /// cached result, so a clash stops the consumer before it touches a record.
+///
+/// # Examples
+///
+/// Checking at start-up, before any store is built, to fail fast:
+///
+/// ```
+/// if let Err(clash) = idem_runtime::registry::check() {
+///     panic!("refusing to start: {clash}");
+/// }
+/// ```
 pub fn check() -> Result<(), RegistryError> {
     static RESULT: OnceLock<Result<(), RegistryError>> = OnceLock::new();
     RESULT.get_or_init(scan).clone()

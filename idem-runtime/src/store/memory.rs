@@ -1,5 +1,15 @@
 //! The in-memory store: lease mode in one process, for tests and for
 //! consumers whose dedup window may be forgotten on restart.
+//!
+//! # Examples
+//!
+//! ```
+//! use idem_runtime::store::memory::MemoryStore;
+//!
+//! let store = MemoryStore::new();
+//! let shared = store.clone(); // hand a clone to each consumer task
+//! assert!(shared.is_empty());
+//! ```
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -63,12 +73,49 @@ impl Default for MemoryStore {
 
 impl MemoryStore {
     /// An empty store on the system clock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::MemoryStore;
+    /// let store = MemoryStore::new();
+    /// assert!(store.is_empty());
+    /// ```
     pub fn new() -> Self {
         Self::with_clock(SystemClock)
     }
 
     /// An empty store reading time from `clock` (see
     /// [`ManualClock`](crate::clock::ManualClock) for tests).
+    ///
+    /// # Examples
+    ///
+    /// A test that lets a record expire without waiting for its ttl:
+    ///
+    /// ```
+    /// # use idem_runtime::registry::{HandlerSpec, Mode};
+    /// # use std::time::Duration;
+    /// # static SPEC: HandlerSpec = HandlerSpec {
+    /// #     name: "notify", function: "notify", key: "message_id",
+    /// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
+    /// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
+    /// # };
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::clock::ManualClock;
+    /// use idem_runtime::{Claim, Key, LeaseStore, MemoryStore};
+    ///
+    /// let clock = ManualClock::new(1_000);
+    /// let store = MemoryStore::with_clock(clock.clone());
+    /// let key = Key::from_parts(&[&"m-1"])?;
+    /// let Claim::Acquired { token } = store.claim(&SPEC, &key).await? else { panic!() };
+    /// store.complete(&SPEC, &key, &token, "null").await?;
+    /// assert!(matches!(store.claim(&SPEC, &key).await?, Claim::Completed { .. }));
+    ///
+    /// clock.advance(SPEC.ttl); // the record expires: the key runs again
+    /// assert!(matches!(store.claim(&SPEC, &key).await?, Claim::Acquired { .. }));
+    /// # Ok(()) }
+    /// ```
     pub fn with_clock(clock: impl Clock) -> Self {
         Self {
             records: Arc::default(),
@@ -107,6 +154,34 @@ impl MemoryStore {
     }
 
     /// The record of `key` under handler `handler`, if any.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use idem_runtime::registry::{HandlerSpec, Mode};
+    /// # use std::time::Duration;
+    /// # static SPEC: HandlerSpec = HandlerSpec {
+    /// #     name: "notify", function: "notify", key: "message_id",
+    /// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
+    /// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
+    /// # };
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::clock::ManualClock;
+    /// use idem_runtime::store::Status;
+    /// use idem_runtime::{Key, LeaseStore, MemoryStore};
+    ///
+    /// let store = MemoryStore::with_clock(ManualClock::new(1_000));
+    /// let key = Key::from_parts(&[&"m-1"])?;
+    /// assert!(store.record("notify", &key).is_none());
+    ///
+    /// store.claim(&SPEC, &key).await?;
+    /// let record = store.record("notify", &key).unwrap();
+    /// assert_eq!(record.status, Status::InProgress);
+    /// assert_eq!(record.created_at_ms, 1_000);
+    /// assert_eq!(record.expires_at_ms, 31_000); // the 30 s lease
+    /// # Ok(()) }
+    /// ```
     pub fn record(&self, handler: &str, key: &Key) -> Option<Record> {
         let map = self.lock();
         map.get(&(handler.to_owned(), key.as_str().to_owned()))

@@ -1,5 +1,22 @@
 //! The stores, and what they share: the record an operator reads back, table
 //! name validation and the background sweeper.
+//!
+//! # Examples
+//!
+//! Every store can be asked for the record of a key and swept:
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use idem_runtime::{Key, MemoryStore, store::Sweeper};
+//! use std::time::Duration;
+//!
+//! let store = MemoryStore::new();
+//! let key = Key::from_parts(&[&"m-1"])?;
+//! assert!(store.record("notify", &key).is_none());
+//! let _sweeper = Sweeper::spawn(store.clone(), Duration::from_secs(60), 1_000);
+//! # Ok(()) }
+//! ```
 
 use std::future::Future;
 use std::time::Duration;
@@ -39,6 +56,13 @@ pub enum Status {
 
 impl Status {
     /// The text stored in the `status` column.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::store::Status;
+    /// assert_eq!(Status::Completed.as_str(), "completed");
+    /// ```
     pub fn as_str(self) -> &'static str {
         match self {
             Status::InProgress => "in_progress",
@@ -47,6 +71,14 @@ impl Status {
     }
 
     /// Reads the text of the `status` column.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::store::Status;
+    /// assert_eq!(Status::parse("in_progress"), Some(Status::InProgress));
+    /// assert_eq!(Status::parse("done"), None);
+    /// ```
     pub fn parse(s: &str) -> Option<Status> {
         match s {
             "in_progress" => Some(Status::InProgress),
@@ -96,8 +128,58 @@ pub struct Record {
 }
 
 /// A store whose expired records can be deleted in batches.
+///
+/// What a [`Sweeper`] runs. The memory and SQL stores implement it; Redis
+/// expires its records by itself.
+///
+/// # Examples
+///
+/// A one-off sweep at start-up, for any store:
+///
+/// ```
+/// use idem_runtime::{MemoryStore, StoreError, store::Sweep};
+///
+/// async fn sweep_all<S: Sweep>(store: &S) -> Result<u64, StoreError> {
+///     let mut total = 0;
+///     loop {
+///         let n = store.sweep_expired(500).await?;
+///         total += n;
+///         if n < 500 {
+///             return Ok(total);
+///         }
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), StoreError> {
+/// assert_eq!(sweep_all(&MemoryStore::new()).await?, 0);
+/// # Ok(()) }
+/// ```
 pub trait Sweep: Clone + Send + Sync + 'static {
     /// Deletes at most `batch` expired records; returns how many it deleted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use idem_runtime::registry::{HandlerSpec, Mode};
+    /// # use std::time::Duration;
+    /// # static SPEC: HandlerSpec = HandlerSpec {
+    /// #     name: "notify", function: "notify", key: "message_id",
+    /// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
+    /// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
+    /// # };
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::clock::ManualClock;
+    /// use idem_runtime::store::Sweep;
+    /// use idem_runtime::{Key, LeaseStore, MemoryStore};
+    ///
+    /// let clock = ManualClock::starting_now();
+    /// let store = MemoryStore::with_clock(clock.clone());
+    /// store.claim(&SPEC, &Key::from_parts(&[&"m-1"])?).await?;
+    /// clock.advance(SPEC.lease); // the lease runs out
+    /// assert_eq!(Sweep::sweep_expired(&store, 100).await?, 1);
+    /// # Ok(()) }
+    /// ```
     fn sweep_expired(&self, batch: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
 }
 
@@ -125,6 +207,36 @@ pub struct Sweeper {
 
 impl Sweeper {
     /// Spawns the sweeper on the current tokio runtime.
+    ///
+    /// The first sweep runs at once, then one every `every`. A failed sweep is
+    /// logged and retried at the next tick.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use idem_runtime::registry::{HandlerSpec, Mode};
+    /// # use std::time::Duration;
+    /// # static SPEC: HandlerSpec = HandlerSpec {
+    /// #     name: "notify", function: "notify", key: "message_id",
+    /// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
+    /// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
+    /// # };
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::clock::ManualClock;
+    /// use idem_runtime::store::Sweeper;
+    /// use idem_runtime::{Key, LeaseStore, MemoryStore};
+    ///
+    /// let clock = ManualClock::starting_now();
+    /// let store = MemoryStore::with_clock(clock.clone());
+    /// store.claim(&SPEC, &Key::from_parts(&[&"m-1"])?).await?;
+    /// clock.advance(SPEC.lease); // the lease runs out
+    ///
+    /// let _sweeper = Sweeper::spawn(store.clone(), Duration::from_secs(60), 1_000);
+    /// tokio::time::sleep(Duration::from_millis(50)).await;
+    /// assert!(store.is_empty());
+    /// # Ok(()) }
+    /// ```
     pub fn spawn<S: Sweep>(store: S, every: Duration, batch: u32) -> Sweeper {
         let batch = batch.max(1);
         let task = tokio::spawn(async move {

@@ -1,4 +1,18 @@
 //! The PostgreSQL store (feature `postgres`).
+//!
+//! # Examples
+//!
+//! ```no_run
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use idem_runtime::store::postgres::{ClaimOrder, PgStore};
+//!
+//! let store = PgStore::connect("postgres://app@db.internal/shop")
+//!     .await?
+//!     .with_claim_order(ClaimOrder::First);
+//! store.migrate().await?;
+//! # Ok(()) }
+//! ```
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -17,13 +31,60 @@ use crate::store::validate_table_name;
 
 /// The transaction a transaction-mode Postgres handler receives:
 /// `tx: &mut PgTx<'_>`, used as `&mut **tx` with sqlx.
+///
+/// # Examples
+///
+/// A helper a handler's body calls with its transaction:
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use idem_runtime::{PgStore, PgTx};
+///
+/// async fn ship(tx: &mut PgTx<'_>, order_id: i64) -> Result<(), sqlx::Error> {
+///     sqlx::query("INSERT INTO shipments (order_id) VALUES ($1)")
+///         .bind(order_id)
+///         .execute(&mut **tx)
+///         .await?;
+///     Ok(())
+/// }
+///
+/// let store = PgStore::connect("postgres://postgres@127.0.0.1/test").await?;
+/// let mut tx: PgTx<'_> = store.pool().begin().await?;
+/// ship(&mut tx, 17).await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
 pub type PgTx<'c> = Transaction<'c, Postgres>;
 
 /// The default dedup table.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://postgres@127.0.0.1/test")?;
+/// use idem_runtime::store::postgres::{DEFAULT_TABLE, PgStore};
+///
+/// let store = PgStore::from_pool(pool);
+/// assert_eq!(store.table(), DEFAULT_TABLE);
+/// assert_eq!(DEFAULT_TABLE, "idem_keys");
+/// # Ok(()) }
+/// ```
 pub const DEFAULT_TABLE: &str = "idem_keys";
 
 /// How long a claim waits on another transaction holding the same key
 /// before the call returns [`Error::InProgress`](crate::Error::InProgress).
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::store::postgres::DEFAULT_LOCK_TIMEOUT;
+/// use std::time::Duration;
+///
+/// assert_eq!(DEFAULT_LOCK_TIMEOUT, Duration::from_secs(5));
+/// ```
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// When a transaction-mode handler writes its dedup row.
@@ -74,7 +135,7 @@ pub enum ClaimOrder {
 ///
 /// # Examples
 ///
-/// ```no_run
+/// ```no_run,standalone_crate
 /// use idem_runtime::{idempotent, Outcome, PgStore, PgTx};
 ///
 /// #[derive(serde::Deserialize)]
@@ -120,6 +181,18 @@ impl PgStore {
     /// Connects with a URL such as `postgres://user@host/db`, setting the
     /// session's `lock_timeout` to 5 s. Call [`migrate`](Self::migrate)
     /// before use.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::PgStore;
+    ///
+    /// let store = PgStore::connect("postgres://app:secret@db.internal:5432/shop").await?;
+    /// store.migrate().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let options = PgConnectOptions::from_str(url).map_err(backend)?;
         Self::connect_with(options, PgPoolOptions::new()).await
@@ -127,6 +200,23 @@ impl PgStore {
 
     /// Connects with explicit sqlx options; adds `lock_timeout = 5s` to the
     /// connection options.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::PgStore;
+    /// use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+    ///
+    /// let options = PgConnectOptions::new()
+    ///     .host("db.internal")
+    ///     .username("app")
+    ///     .database("shop");
+    /// let store = PgStore::connect_with(options, PgPoolOptions::new().max_connections(32)).await?;
+    /// store.migrate().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn connect_with(
         options: PgConnectOptions,
         pool: PgPoolOptions,
@@ -144,6 +234,24 @@ impl PgStore {
     /// the dedup table share transactions. The pool's `lock_timeout` is what
     /// bounds a claim's wait; set it on the connections (`SET lock_timeout`)
     /// and tell the store with [`with_lock_timeout`](Self::with_lock_timeout).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::PgStore;
+    /// use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+    /// use std::time::Duration;
+    ///
+    /// let options: PgConnectOptions = "postgres://app@db.internal/shop".parse()?;
+    /// let pool = PgPoolOptions::new()
+    ///     .connect_with(options.options([("lock_timeout", "2s")]))
+    ///     .await?;
+    /// let store = PgStore::from_pool(pool.clone()).with_lock_timeout(Duration::from_secs(2));
+    /// store.migrate().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn from_pool(pool: PgPool) -> Self {
         PgStore {
             pool,
@@ -156,6 +264,20 @@ impl PgStore {
 
     /// Uses `table` instead of `idem_keys`: a plain identifier, optionally
     /// `schema.table`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://postgres@127.0.0.1/test")?;
+    /// use idem_runtime::PgStore;
+    ///
+    /// let store = PgStore::from_pool(pool).with_table("billing.idem_keys")?;
+    /// assert_eq!(store.table(), "billing.idem_keys");
+    /// assert!(store.clone().with_table("billing.idem-keys").is_err());
+    /// # Ok(()) }
+    /// ```
     pub fn with_table(mut self, table: &str) -> Result<Self, StoreError> {
         validate_table_name(table)?;
         self.sql = Arc::new(Statements::new(table, Dialect::Postgres));
@@ -163,12 +285,42 @@ impl PgStore {
     }
 
     /// The lock timeout reported as `retry_after` when a claim times out.
+    ///
+    /// Set it to the `lock_timeout` of the pool's connections when the store
+    /// did not make the pool (see [`from_pool`](Self::from_pool)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://postgres@127.0.0.1/test")?;
+    /// use idem_runtime::PgStore;
+    /// use std::time::Duration;
+    ///
+    /// let store = PgStore::from_pool(pool).with_lock_timeout(Duration::from_secs(2));
+    /// # Ok(()) }
+    /// ```
     pub fn with_lock_timeout(mut self, timeout: Duration) -> Self {
         self.lock_timeout = timeout;
         self
     }
 
     /// When transaction-mode handlers write their dedup row.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://postgres@127.0.0.1/test")?;
+    /// use idem_runtime::PgStore;
+    /// use idem_runtime::store::postgres::ClaimOrder;
+    ///
+    /// // duplicates are frequent and their bodies expensive: turn them away first
+    /// let store = PgStore::from_pool(pool).with_claim_order(ClaimOrder::First);
+    /// # Ok(()) }
+    /// ```
     pub fn with_claim_order(mut self, order: ClaimOrder) -> Self {
         self.order = order;
         self
@@ -177,6 +329,18 @@ impl PgStore {
     /// Creates the dedup table and its expiry index if they do not exist.
     /// Safe to call from several processes at once: the creation runs under
     /// a transaction-scoped advisory lock.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::PgStore;
+    ///
+    /// let store = PgStore::connect("postgres://postgres@127.0.0.1/test").await?;
+    /// store.migrate().await?; // at every start-up, from every consumer
+    /// # Ok(()) }
+    /// ```
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await.map_err(backend)?;
         if let Some(lock) = &self.sql.lock_migration {
@@ -208,7 +372,18 @@ impl PgStore {
     }
 }
 
-sql_store!(PgStore, Postgres, sqlx::postgres::PgRow, "postgres");
+sql_store!(
+    PgStore,
+    Postgres,
+    sqlx::postgres::PgRow,
+    "postgres",
+    // The generated methods' examples need a server: compiled, not run.
+    "```no_run\n\
+     # #[tokio::main(flavor = \"current_thread\")]\n\
+     # async fn main() -> Result<(), Box<dyn std::error::Error>> {\n\
+     # let store = idem_runtime::PgStore::connect(\"postgres://postgres@127.0.0.1/test\").await?;\n\
+     # store.migrate().await?;"
+);
 
 impl TxStore for PgStore {
     type Tx = PgTx<'static>;

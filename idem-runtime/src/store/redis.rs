@@ -1,5 +1,16 @@
 //! The Redis store (feature `redis`): lease mode on a single server or a
 //! Redis Cluster.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use idem_runtime::store::redis::RedisStore;
+//!
+//! let store = RedisStore::connect("redis://127.0.0.1:6379").await?.with_prefix("billing")?;
+//! # Ok(()) }
+//! ```
 
 use std::time::Duration;
 
@@ -15,18 +26,39 @@ use crate::registry::{self, HandlerSpec};
 use crate::store::{Record, Status};
 
 /// The default prefix of every Redis key the store writes.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::store::redis::DEFAULT_PREFIX;
+/// // records are found with `SCAN 0 MATCH idem:*`
+/// assert_eq!(format!("{DEFAULT_PREFIX}:*"), "idem:*");
+/// ```
 pub const DEFAULT_PREFIX: &str = "idem";
 
 /// How long a command may take before the call fails with
 /// [`StoreError::Timeout`]-like backend errors; also the connect timeout.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::store::redis::DEFAULT_TIMEOUT;
+/// use idem_runtime::StoreError;
+/// use std::time::Duration;
+///
+/// assert_eq!(DEFAULT_TIMEOUT, Duration::from_secs(2));
+/// // what a call that timed out reports
+/// let err = StoreError::Timeout(DEFAULT_TIMEOUT);
+/// assert_eq!(err.to_string(), "timed out after 2s");
+/// ```
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Claims `KEYS[1]` for `ARGV[1]` (token) for `ARGV[2]` ms, or reports what
 /// stands: `{1}` claimed, `{2, outcome}` completed, `{3, pttl}` in progress.
 const CLAIM: &str = r"
-local s = redis.call('HMGET', KEYS[1], 's', 'o', 'n')
+local s = redis.call('HMGET', KEYS[1], 's', 'o')
 if not s[1] then
-  redis.call('HSET', KEYS[1], 's', 'in_progress', 't', ARGV[1], 'c', ARGV[3], 'u', ARGV[3], 'n', 1)
+  redis.call('HSET', KEYS[1], 's', 'in_progress', 't', ARGV[1], 'c', ARGV[3], 'u', ARGV[3])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1}
 end
@@ -112,7 +144,7 @@ struct Scripts {
 ///
 /// # Examples
 ///
-/// ```no_run
+/// ```no_run,standalone_crate
 /// use idem_runtime::{idempotent, RedisStore};
 ///
 /// #[derive(serde::Deserialize)]
@@ -148,6 +180,17 @@ impl RedisStore {
     /// Connects to one Redis server (`redis://host:port/db`). The connection
     /// reconnects by itself after a failure; calls made while the server is
     /// away fail with [`StoreError`] within the 2 s timeout.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::RedisStore;
+    ///
+    /// let store = RedisStore::connect("redis://:secret@cache.internal:6379/2").await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         registry::check()?;
         let client = redis::Client::open(url).map_err(backend)?;
@@ -164,6 +207,21 @@ impl RedisStore {
     }
 
     /// Connects to a Redis Cluster through any of its nodes.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::RedisStore;
+    ///
+    /// let store = RedisStore::connect_cluster(&[
+    ///     "redis://10.0.0.1:7000",
+    ///     "redis://10.0.0.2:7000",
+    /// ])
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn connect_cluster<I: AsRef<str>>(nodes: &[I]) -> Result<Self, StoreError> {
         registry::check()?;
         let nodes: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
@@ -193,6 +251,21 @@ impl RedisStore {
 
     /// Uses `prefix` instead of `idem` for every key (e.g. one prefix per
     /// service sharing a Redis). Any text without `{` or `}`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let store = idem_runtime::RedisStore::connect("redis://127.0.0.1:6379").await?;
+    /// use idem_runtime::Key;
+    ///
+    /// let store = store.with_prefix("billing")?;
+    /// let key = Key::from_parts(&[&"m-1"])?;
+    /// assert_eq!(store.redis_key("charge", &key), "billing:{6:charge|3:m-1}");
+    /// assert!(store.with_prefix("{billing}").is_err());
+    /// # Ok(()) }
+    /// ```
     pub fn with_prefix(mut self, prefix: &str) -> Result<Self, StoreError> {
         if prefix.is_empty() || prefix.contains(['{', '}']) {
             return Err(StoreError::Schema(format!(
@@ -204,6 +277,18 @@ impl RedisStore {
     }
 
     /// Reads the `c`/`u` timestamps from `clock` (expiry is Redis's own).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let store = idem_runtime::RedisStore::connect("redis://127.0.0.1:6379").await?;
+    /// use idem_runtime::clock::ManualClock;
+    ///
+    /// let store = store.with_clock(ManualClock::new(1_700_000_000_000));
+    /// # Ok(()) }
+    /// ```
     pub fn with_clock(mut self, clock: impl Clock) -> Self {
         self.clock = std::sync::Arc::new(clock);
         self
@@ -256,6 +341,21 @@ impl RedisStore {
 
     /// The record of `key` under handler `handler`, if any. `attempts` is
     /// always 1 and `expires_at_ms` is computed from the key's TTL.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let store = idem_runtime::RedisStore::connect("redis://127.0.0.1:6379").await?;
+    /// use idem_runtime::Key;
+    ///
+    /// let key = Key::from_parts(&[&"m-1"])?;
+    /// if let Some(r) = store.record("grant_points", &key).await? {
+    ///     println!("{:?}, expires at {}: {:?}", r.status, r.expires_at_ms, r.outcome);
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn record(&self, handler: &str, key: &Key) -> Result<Option<Record>, StoreError> {
         let rkey = self.redis_key(handler, key);
         let fields: Vec<Option<String>> = self

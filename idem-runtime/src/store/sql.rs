@@ -190,20 +190,55 @@ pub(crate) const CLAIM_RETRIES: usize = 8;
 /// `fn err(&self, sqlx::Error) -> StoreError` and `fn lock_wait(&self,
 /// &sqlx::Error) -> Option<Duration>`, the latter `Some` when a claim gave
 /// up waiting on another transaction holding the key).
+///
+/// `$example` opens the doc examples of the generated public methods: the
+/// code fence (with `no_run` when the store needs a server) and hidden lines
+/// that bind a migrated `store` inside an `async fn main` returning
+/// `Result<(), Box<dyn Error>>`; each example closes it.
 macro_rules! sql_store {
-    ($store:ty, $db:ty, $row:ty, $name:literal) => {
+    ($store:ty, $db:ty, $row:ty, $name:literal, $example:literal) => {
         impl $store {
             /// The sqlx pool, for the application's own queries.
+            ///
+            /// # Examples
+            ///
+            #[doc = $example]
+            /// sqlx::query("CREATE TABLE IF NOT EXISTS shipments (order_id BIGINT PRIMARY KEY)")
+            ///     .execute(store.pool())
+            ///     .await?;
+            /// # Ok(()) }
+            /// ```
             pub fn pool(&self) -> &sqlx::Pool<$db> {
                 &self.pool
             }
 
             /// The dedup table's name.
+            ///
+            /// # Examples
+            ///
+            #[doc = $example]
+            /// assert_eq!(store.table(), "idem_keys");
+            /// # Ok(()) }
+            /// ```
             pub fn table(&self) -> &str {
                 &self.sql.table
             }
 
             /// Reads time from `clock` instead of the system clock (for tests).
+            ///
+            /// # Examples
+            ///
+            #[doc = $example]
+            /// use idem_runtime::clock::ManualClock;
+            /// use std::time::Duration;
+            ///
+            /// let clock = ManualClock::starting_now();
+            /// let store = store.with_clock(clock.clone());
+            /// // a day later, by this store's clock: day-long records are expired
+            /// clock.advance(Duration::from_secs(86_400));
+            /// store.sweep_expired(1_000).await?;
+            /// # Ok(()) }
+            /// ```
             pub fn with_clock(mut self, clock: impl $crate::clock::Clock) -> Self {
                 self.clock = std::sync::Arc::new(clock);
                 self
@@ -211,6 +246,14 @@ macro_rules! sql_store {
 
             /// Deletes at most `batch` expired records, oldest first; returns
             /// how many.
+            ///
+            /// # Examples
+            ///
+            #[doc = $example]
+            /// let deleted = store.sweep_expired(1_000).await?;
+            /// assert_eq!(deleted, 0); // nothing has expired yet
+            /// # Ok(()) }
+            /// ```
             pub async fn sweep_expired(&self, batch: u32) -> Result<u64, StoreError> {
                 let r = sqlx::query($crate::store::sql::q(&self.sql.sweep))
                     .bind(self.clock.now_millis())
@@ -222,6 +265,19 @@ macro_rules! sql_store {
             }
 
             /// The record of `key` under handler `handler`, if any.
+            ///
+            /// # Examples
+            ///
+            #[doc = $example]
+            /// use idem_runtime::Key;
+            ///
+            /// let key = Key::from_parts(&[&1u64, &"apple"])?;
+            /// match store.record("deduct_stock", &key).await? {
+            ///     Some(r) => println!("{:?} at {}: {:?}", r.status, r.updated_at_ms, r.outcome),
+            ///     None => println!("not seen within its ttl"),
+            /// }
+            /// # Ok(()) }
+            /// ```
             pub async fn record(
                 &self,
                 handler: &str,
@@ -237,6 +293,13 @@ macro_rules! sql_store {
             }
 
             /// How many records the table holds, expired or not.
+            ///
+            /// # Examples
+            ///
+            #[doc = $example]
+            /// assert_eq!(store.count().await?, 0);
+            /// # Ok(()) }
+            /// ```
             pub async fn count(&self) -> Result<i64, StoreError> {
                 sqlx::query_scalar($crate::store::sql::q(&self.sql.count))
                     .fetch_one(&self.pool)

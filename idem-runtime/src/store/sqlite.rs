@@ -1,4 +1,18 @@
 //! The embedded SQLite store (feature `sqlite`, on by default).
+//!
+//! # Examples
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! use idem_runtime::store::sqlite::SqliteStore;
+//!
+//! let store = SqliteStore::open(dir.path().join("idem.db")).await?;
+//! store.migrate().await?;
+//! assert_eq!(store.count().await?, 0);
+//! # Ok(()) }
+//! ```
 
 use std::path::Path;
 use std::str::FromStr;
@@ -18,12 +32,65 @@ use crate::store::validate_table_name;
 
 /// The transaction a transaction-mode SQLite handler receives:
 /// `tx: &mut SqliteTx<'_>`, used as `&mut **tx` with sqlx.
+///
+/// # Examples
+///
+/// A helper a handler's body calls with its transaction:
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// use idem_runtime::{SqliteStore, SqliteTx};
+///
+/// async fn ship(tx: &mut SqliteTx<'_>, order_id: i64) -> Result<(), sqlx::Error> {
+///     sqlx::query("INSERT INTO shipments (order_id) VALUES (?)")
+///         .bind(order_id)
+///         .execute(&mut **tx)
+///         .await?;
+///     Ok(())
+/// }
+///
+/// # let store = SqliteStore::open(dir.path().join("shop.db")).await?;
+/// # sqlx::query("CREATE TABLE shipments (order_id INTEGER)").execute(store.pool()).await?;
+/// let mut tx: SqliteTx<'_> = store.pool().begin().await?;
+/// ship(&mut tx, 17).await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
 pub type SqliteTx<'c> = Transaction<'c, Sqlite>;
 
 /// The default dedup table.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// use idem_runtime::store::sqlite::{DEFAULT_TABLE, SqliteStore};
+///
+/// let store = SqliteStore::open(dir.path().join("idem.db")).await?;
+/// assert_eq!(store.table(), DEFAULT_TABLE);
+/// assert_eq!(DEFAULT_TABLE, "idem_keys");
+/// # Ok(()) }
+/// ```
 pub const DEFAULT_TABLE: &str = "idem_keys";
 
 /// How long a writer waits for SQLite's write lock before giving up.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::StoreError;
+/// use idem_runtime::store::sqlite::DEFAULT_BUSY_TIMEOUT;
+/// use std::time::Duration;
+///
+/// assert_eq!(DEFAULT_BUSY_TIMEOUT, Duration::from_secs(5));
+/// // what a call that waited that long for the write lock reports
+/// let err = StoreError::Timeout(DEFAULT_BUSY_TIMEOUT);
+/// assert_eq!(err.to_string(), "timed out after 5s");
+/// ```
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The embedded store: a SQLite database file, through sqlx.
@@ -86,6 +153,19 @@ pub struct SqliteStore {
 impl SqliteStore {
     /// Opens (creating if needed) the database file at `path`, in WAL mode
     /// with a 5 s busy timeout. Call [`migrate`](Self::migrate) before use.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// use idem_runtime::SqliteStore;
+    ///
+    /// let store = SqliteStore::open(dir.path().join("idem.db")).await?;
+    /// store.migrate().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         let options = SqliteConnectOptions::new()
             .filename(path)
@@ -96,6 +176,20 @@ impl SqliteStore {
     }
 
     /// Connects with a sqlx URL such as `sqlite://data/idem.db?mode=rwc`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// use idem_runtime::SqliteStore;
+    ///
+    /// let path = dir.path().join("idem.db");
+    /// let store = SqliteStore::connect(&format!("sqlite://{}?mode=rwc", path.display())).await?;
+    /// store.migrate().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let options = SqliteConnectOptions::from_str(url)
             .map_err(StoreError::backend)?
@@ -104,9 +198,29 @@ impl SqliteStore {
     }
 
     /// Connects with explicit sqlx options. Set the busy timeout on them
-    /// with [`SqliteConnectOptions::busy_timeout`]; `busy_timeout` here is
-    /// what the store reports in [`StoreError::Timeout`] and
-    /// [`Error::InProgress`](crate::Error::InProgress).
+    /// with [`SqliteConnectOptions::busy_timeout`]. sqlx cannot read it back,
+    /// so [`StoreError::Timeout`] reports the 5 s default
+    /// ([`DEFAULT_BUSY_TIMEOUT`]) whatever the options say.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// use idem_runtime::SqliteStore;
+    /// use sqlx::sqlite::{SqliteConnectOptions, SqliteSynchronous};
+    /// use std::time::Duration;
+    ///
+    /// let options = SqliteConnectOptions::new()
+    ///     .filename(dir.path().join("idem.db"))
+    ///     .create_if_missing(true)
+    ///     .synchronous(SqliteSynchronous::Full)
+    ///     .busy_timeout(Duration::from_secs(5));
+    /// let store = SqliteStore::connect_with(options).await?;
+    /// store.migrate().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn connect_with(options: SqliteConnectOptions) -> Result<Self, StoreError> {
         registry::check()?;
         let busy_timeout = DEFAULT_BUSY_TIMEOUT;
@@ -122,6 +236,26 @@ impl SqliteStore {
 
     /// Uses an existing pool, e.g. the application's own, so that business
     /// tables and the dedup table share one database.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// use idem_runtime::SqliteStore;
+    /// use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
+    ///
+    /// let options = SqliteConnectOptions::new()
+    ///     .filename(dir.path().join("shop.db"))
+    ///     .create_if_missing(true);
+    /// let pool = SqlitePool::connect_with(options).await?;
+    /// let store = SqliteStore::from_pool(pool.clone());
+    /// store.migrate().await?;
+    /// // the application's own tables live next to the dedup table
+    /// sqlx::query("CREATE TABLE inventory (sku TEXT PRIMARY KEY, stock INTEGER)").execute(&pool).await?;
+    /// # Ok(()) }
+    /// ```
     pub fn from_pool(pool: SqlitePool) -> Self {
         SqliteStore {
             pool,
@@ -152,12 +286,38 @@ impl SqliteStore {
 
     /// Checks a table name: ASCII letters, digits and `_`, optionally
     /// `schema.table`, each part at most 63 bytes and not starting with a digit.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::SqliteStore;
+    ///
+    /// assert!(SqliteStore::validate_table_name("orders_dedup").is_ok());
+    /// assert!(SqliteStore::validate_table_name("main.orders_dedup").is_ok());
+    /// assert!(SqliteStore::validate_table_name("orders-dedup").is_err());
+    /// assert!(SqliteStore::validate_table_name("1st").is_err());
+    /// ```
     pub fn validate_table_name(table: &str) -> Result<(), StoreError> {
         validate_table_name(table)
     }
 
     /// Creates the dedup table and its expiry index if they do not exist.
     /// Safe to call at every start-up and from several processes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// use idem_runtime::SqliteStore;
+    ///
+    /// let store = SqliteStore::open(dir.path().join("idem.db")).await?;
+    /// store.migrate().await?;
+    /// store.migrate().await?; // a no-op the second time
+    /// assert_eq!(store.count().await?, 0);
+    /// # Ok(()) }
+    /// ```
     pub async fn migrate(&self) -> Result<(), StoreError> {
         sqlx::raw_sql(q(&self.sql.create))
             .execute(&self.pool)
@@ -177,7 +337,19 @@ impl SqliteStore {
     }
 }
 
-sql_store!(SqliteStore, Sqlite, sqlx::sqlite::SqliteRow, "sqlite");
+sql_store!(
+    SqliteStore,
+    Sqlite,
+    sqlx::sqlite::SqliteRow,
+    "sqlite",
+    // The generated methods' examples run on a temporary database.
+    "```\n\
+     # #[tokio::main(flavor = \"current_thread\")]\n\
+     # async fn main() -> Result<(), Box<dyn std::error::Error>> {\n\
+     # let dir = tempfile::tempdir()?;\n\
+     # let store = idem_runtime::SqliteStore::open(dir.path().join(\"idem.db\")).await?;\n\
+     # store.migrate().await?;"
+);
 
 fn backend(e: sqlx::Error, busy_timeout: Duration) -> StoreError {
     if let sqlx::Error::Database(db) = &e {
