@@ -459,7 +459,7 @@ pub trait TxStore: Send + Sync {
     /// let key = Key::from_parts(&[&17u64])?;
     /// let TxClaim::Fresh(tx) = store.begin_claim(&SPEC, &key).await? else { panic!() };
     /// // ... the body runs in `tx` ...
-    /// store.rollback(tx).await?;
+    /// store.rollback(tx, &SPEC, &key).await?;
     /// # Ok(()) }
     /// ```
     fn begin_claim(
@@ -503,7 +503,14 @@ pub trait TxStore: Send + Sync {
         outcome: &str,
     ) -> impl Future<Output = Result<TxCommit, StoreError>> + Send;
 
-    /// Rolls the transaction back: the claim and the body's writes vanish.
+    /// Rolls back a transaction whose body failed (or whose outcome could not
+    /// be encoded): the claim and the body's writes vanish.
+    ///
+    /// A store that writes its dedup row only after the body learns here,
+    /// and only here, that the key was completed already: the failed body
+    /// was a duplicate's (say, it found the stock the first delivery had
+    /// taken). It then returns that recorded outcome, which the call returns
+    /// as [`Outcome::Duplicate`] instead of the body's error.
     ///
     /// # Examples
     ///
@@ -525,11 +532,16 @@ pub trait TxStore: Send + Sync {
     /// let key = Key::from_parts(&[&17u64])?;
     /// let TxClaim::Fresh(tx) = store.begin_claim(&SPEC, &key).await? else { panic!() };
     /// // the body failed: nothing of this call remains
-    /// store.rollback(tx).await?;
+    /// assert_eq!(store.rollback(tx, &SPEC, &key).await?, None);
     /// assert!(store.record("deduct_stock", &key).await?.is_none());
     /// # Ok(()) }
     /// ```
-    fn rollback(&self, tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn rollback(
+        &self,
+        tx: Self::Tx,
+        spec: &'static HandlerSpec,
+        key: &Key,
+    ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send;
 }
 
 // ---------------------------------------------------------------------------
@@ -941,7 +953,7 @@ where
                 let outcome = match encode(spec, key, &value) {
                     Ok(o) => o,
                     Err(e) => {
-                        rollback_quietly(store, call.tx).await;
+                        rollback_quietly(store, call.tx, spec, key).await;
                         return Err(e);
                     }
                 };
@@ -959,14 +971,16 @@ where
                     }),
                 }
             }
-            Err(error) => {
-                rollback_quietly(store, call.tx).await;
-                Err(Error::Handler {
+            Err(error) => match rollback_quietly(store, call.tx, spec, key).await {
+                // The body failed because it was a duplicate's: the first
+                // delivery's recorded outcome is the answer.
+                Some(outcome) => decode(spec, key, &outcome),
+                None => Err(Error::Handler {
                     handler: spec.name,
                     key: key.clone(),
                     error,
-                })
-            }
+                }),
+            },
         }
     }
     .instrument(span.clone())
@@ -975,9 +989,15 @@ where
     finish(spec, r)
 }
 
-async fn rollback_quietly<S: TxStore>(store: &S, tx: S::Tx) {
-    if let Err(e) = store.rollback(tx).await {
+async fn rollback_quietly<S: TxStore>(
+    store: &S,
+    tx: S::Tx,
+    spec: &'static HandlerSpec,
+    key: &Key,
+) -> Option<String> {
+    store.rollback(tx, spec, key).await.unwrap_or_else(|e| {
         // The server rolls back on its own when the connection goes.
         tracing::warn!(error = %e, "rollback failed");
-    }
+        None
+    })
 }

@@ -626,3 +626,77 @@ fn first_msg(table: &str) -> Effect {
         park: Park::No,
     }
 }
+
+/// Takes the whole stock of one row, or refuses when it is gone.
+#[idempotent(
+    key = "message_id",
+    ttl = "1h",
+    store = "postgres",
+    name = "pg_take_all"
+)]
+async fn take_all(tx: &mut PgTx<'_>, msg: &Effect) -> Result<i64, TakeError> {
+    let sql = format!(
+        "UPDATE {} SET applied = 0 WHERE message_id = 1 AND applied > 0 RETURNING 1",
+        msg.table
+    );
+    let taken: Option<i32> = sqlx::query_scalar(AssertSqlSafe(sql))
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(TakeError::Db)?;
+    taken.map(|_| msg.message_id).ok_or(TakeError::NothingLeft)
+}
+
+#[derive(Debug, thiserror::Error)]
+enum TakeError {
+    #[error("nothing left")]
+    NothingLeft,
+    #[error(transparent)]
+    Db(sqlx::Error),
+}
+
+/// Claiming last, a duplicate's body runs before the claim can turn it away,
+/// and may fail because the first delivery already took effect. The call must
+/// still answer with the recorded outcome, not the body's error, or the
+/// consumer would retry a processed message forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_whose_body_fails_gets_the_recorded_outcome() {
+    for order in [ClaimOrder::Last, ClaimOrder::First] {
+        let admin = or_skip!(pg_pool(4).await);
+        let dedup = unique_table("pg_takeall_dedup");
+        let table = business_table(&admin).await;
+        let _cleanup = DropTables::new(&[&dedup, &table]);
+        let store = store_on(&admin, &dedup, order).await;
+        sqlx::query(AssertSqlSafe(format!("INSERT INTO {table} VALUES (1, 5)")))
+            .execute(&admin)
+            .await
+            .expect("stock");
+        let msg = Effect {
+            table: table.clone(),
+            message_id: 42,
+            park: Park::No,
+        };
+        assert_eq!(
+            take_all(&store, &msg).await.expect("first"),
+            idem_runtime::Outcome::Executed(42)
+        );
+        for _ in 0..3 {
+            match take_all(&store, &msg).await {
+                Ok(idem_runtime::Outcome::Duplicate(42)) => {}
+                other => panic!("{order:?}: expected the recorded outcome, got {other:?}"),
+            }
+        }
+        // A different message finds nothing left: that error is the body's.
+        let other = Effect {
+            message_id: 43,
+            ..msg.clone()
+        };
+        assert!(matches!(
+            take_all(&store, &other).await,
+            Err(Error::Handler {
+                error: TakeError::NothingLeft,
+                ..
+            })
+        ));
+        assert_eq!(applied(&admin, &table).await, vec![(1, 0)]);
+    }
+}

@@ -469,7 +469,25 @@ impl TxStore for PgStore {
         Ok(TxCommit::Committed)
     }
 
-    async fn rollback(&self, tx: Self::Tx) -> Result<(), StoreError> {
-        tx.rollback().await.map_err(backend)
+    async fn rollback(
+        &self,
+        tx: Self::Tx,
+        spec: &'static HandlerSpec,
+        key: &Key,
+    ) -> Result<Option<String>, StoreError> {
+        tx.rollback().await.map_err(backend)?;
+        if self.order == ClaimOrder::First {
+            // The claim came first: a failing body was never a duplicate's.
+            return Ok(None);
+        }
+        // Claiming last, a duplicate's body ran before the claim could turn
+        // it away, and it may have failed for that very reason (the first
+        // delivery took the stock). A live completed record is the answer.
+        let now = self.clock.now_millis();
+        Ok(self
+            .record(spec.name, key)
+            .await?
+            .filter(|r| r.status == crate::store::Status::Completed && r.expires_at_ms > now)
+            .and_then(|r| r.outcome))
     }
 }

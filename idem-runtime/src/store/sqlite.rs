@@ -427,7 +427,14 @@ impl TxStore for SqliteStore {
         Ok(TxCommit::Committed)
     }
 
-    async fn rollback(&self, tx: Self::Tx) -> Result<(), StoreError> {
-        tx.rollback().await.map_err(|e| self.err(e))
+    async fn rollback(
+        &self,
+        tx: Self::Tx,
+        _: &'static HandlerSpec,
+        _: &Key,
+    ) -> Result<Option<String>, StoreError> {
+        // The claim came first: a failing body was never a duplicate's.
+        tx.rollback().await.map_err(|e| self.err(e))?;
+        Ok(None)
     }
 }
