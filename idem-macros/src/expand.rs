@@ -24,7 +24,10 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
     let generics = &sig.generics;
     let where_clause = &generics.where_clause;
     let unsafety = &sig.unsafety;
-    let block = &func.block;
+    // The body's statements go straight into the generated `async move`
+    // block: wrapping the block itself would make rustc warn `unused_braces`
+    // on every one-line body.
+    let block = &func.block.stmts;
 
     let mixed = Span::mixed_site();
     let store = Ident::new("store", mixed);
@@ -98,7 +101,7 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
                         #bind_tx
                         #bind_key
                         #fake_return
-                        #block
+                        #(#block)*
                     },
                     __idem_span,
                 )
@@ -116,7 +119,7 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
                 let #body = async move {
                     #bind_key
                     #fake_return
-                    #block
+                    #(#block)*
                 };
                 #run_lease
             }

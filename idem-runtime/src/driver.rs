@@ -11,7 +11,6 @@
 //! [`TxStore`] the SQL stores.
 
 use std::future::Future;
-use std::pin::pin;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -724,7 +723,7 @@ pub async fn run_lease<S, T, E, F>(
     body: F,
 ) -> Result<Outcome<T>, Error<E>>
 where
-    S: LeaseStore,
+    S: LeaseStore + Clone + 'static,
     T: Serialize + DeserializeOwned,
     F: Future<Output = Result<T, E>>,
 {
@@ -743,7 +742,7 @@ async fn lease_inner<S, T, E, F>(
     body: F,
 ) -> Result<Outcome<T>, Error<E>>
 where
-    S: LeaseStore,
+    S: LeaseStore + Clone + 'static,
     T: Serialize + DeserializeOwned,
     F: Future<Output = Result<T, E>>,
 {
@@ -773,13 +772,10 @@ where
 
     match result {
         Ok(value) => {
-            let outcome = match encode(spec, key, &value) {
-                Ok(o) => o,
-                Err(e) => {
-                    release_quietly(store, spec, key, &token).await;
-                    return Err(e);
-                }
-            };
+            // The body succeeded, so its effect happened: if the outcome cannot
+            // be encoded the claim is kept (not released) until its lease
+            // runs out, rather than inviting an immediate second execution.
+            let outcome = encode(spec, key, &value)?;
             match store.complete(spec, key, &token, &outcome).await {
                 Ok(true) => Ok(Outcome::Executed(value)),
                 Ok(false) => Err(Error::LeaseLost {
@@ -812,7 +808,12 @@ async fn release_quietly<S: LeaseStore>(
     }
 }
 
-/// Polls `body` to completion while extending the lease every third of it.
+/// Awaits `body` while a task of its own extends the lease every third of it.
+///
+/// The heartbeat runs as a separate task so that a body that blocks its
+/// thread (a synchronous client, heavy computation) does not starve it on a
+/// multi-threaded runtime; it stops when the body finishes or the call is
+/// dropped.
 async fn with_heartbeat<S, T, E, F>(
     store: &S,
     spec: &'static HandlerSpec,
@@ -821,37 +822,42 @@ async fn with_heartbeat<S, T, E, F>(
     body: F,
 ) -> Result<T, E>
 where
-    S: LeaseStore,
+    S: LeaseStore + Clone + 'static,
     F: Future<Output = Result<T, E>>,
 {
     let period = (spec.lease / 3).max(Duration::from_millis(10));
-    let mut body = pin!(body);
-    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut beating = true;
-    loop {
-        tokio::select! {
-            biased;
-            r = &mut body => return r,
-            _ = ticks.tick(), if beating => {
-                // The body keeps running while the lease is extended.
-                let extend = store.extend(spec, key, token);
-                let mut extend = pin!(extend);
-                let extended = tokio::select! {
-                    biased;
-                    r = &mut body => return r,
-                    e = &mut extend => e,
-                };
-                match extended {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        tracing::warn!("lease lost while the body runs: another consumer took the key over");
-                        beating = false;
-                    }
-                    Err(e) => tracing::warn!(error = %e, "could not extend the lease; will retry"),
+    let (store, key, token) = (store.clone(), key.clone(), token.to_owned());
+    let heartbeat = async move {
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            match store.extend(spec, &key, &token).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!(
+                        "lease lost while the body runs: another consumer took the key over"
+                    );
+                    return;
                 }
+                Err(e) => tracing::warn!(error = %e, "could not extend the lease; will retry"),
             }
         }
+    };
+    let _heartbeat = AbortOnDrop(tokio::spawn(heartbeat.instrument(tracing::Span::current())));
+    // A task spawned from a worker waits in that worker's own slot, which no
+    // other worker takes: let it start (arm its timer) before a body that may
+    // block this thread runs. Its timer then wakes it on a free worker.
+    tokio::task::yield_now().await;
+    body.await
+}
+
+/// Aborts a task when dropped: the heartbeat ends with its call.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -10,9 +10,9 @@
 //! alike, whatever characters they hold (`"a:b" + "c"` is `3:a:b|1:c`,
 //! `"a" + "b:c"` is `1:a|3:b:c`).
 //!
-//! An encoding longer than [`MAX_KEY_LEN`] bytes is stored as
-//! `#sha256:<64 hex digits>` of the encoding instead, so every stored key fits
-//! an index. A plain encoding always starts with a digit, a digest with `#`,
+//! An encoding longer than [`MAX_KEY_LEN`] bytes, or holding a NUL byte
+//! (which Postgres text refuses), is stored as `#sha256:<64 hex digits>` of
+//! the encoding instead, so every stored key fits an index and every column. A plain encoding always starts with a digit, a digest with `#`,
 //! so the two forms never meet either.
 
 use std::fmt::{self, Write as _};
@@ -250,7 +250,9 @@ impl KeyBuilder {
     /// assert!(b.finish().as_str().starts_with("#sha256:"));
     /// ```
     pub fn finish(self) -> Key {
-        if self.encoded.len() <= MAX_KEY_LEN {
+        // A NUL byte is refused by Postgres text columns, so such keys are
+        // stored as their digest too.
+        if self.encoded.len() <= MAX_KEY_LEN && !self.encoded.contains('\0') {
             return Key {
                 stored: self.encoded,
             };
@@ -502,6 +504,13 @@ mod tests {
         let plain = encode(&["y".repeat(MAX_KEY_LEN - 4)]);
         assert_eq!(plain.len(), MAX_KEY_LEN);
         assert!(!plain.starts_with('#'));
+    }
+
+    #[test]
+    fn nul_bytes_go_to_the_digest_form() {
+        let k = encode(&["a\0b".into()]);
+        assert!(k.starts_with("#sha256:"), "{k}");
+        assert_ne!(k, encode(&["a\0c".into()]));
     }
 
     #[test]

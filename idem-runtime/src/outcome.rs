@@ -23,8 +23,11 @@ pub enum Outcome<T> {
     /// First delivery (or the first after the record expired): the body ran
     /// and its result was recorded.
     Executed(T),
-    /// A repeat delivery: the body did not run; this is the recorded result of
-    /// the delivery that did.
+    /// A repeat delivery: nothing was applied again; this is the recorded
+    /// result of the delivery that took effect. (In lease mode and in
+    /// transaction mode on SQLite, or on Postgres with `ClaimOrder::First`, the
+    /// body did not run; on Postgres's default `ClaimOrder::Last` it ran and
+    /// its transaction was rolled back.)
     Duplicate(T),
 }
 
@@ -66,7 +69,7 @@ impl<T> Outcome<T> {
         matches!(self, Outcome::Executed(_))
     }
 
-    /// `true` when this call was a repeat and the body did not run.
+    /// `true` when this call was a repeat and nothing was applied again.
     ///
     /// # Examples
     ///

@@ -61,6 +61,7 @@ fn lease_suite_on_a_three_master_cluster() {
         suite::body_reads_its_own_key,
         suite::stalled_body_loses_its_lease_and_its_completion_is_lease_lost,
         suite::stale_failure_after_a_takeover_does_not_release_the_new_claim,
+        suite::a_late_completion_nobody_overtook_is_recorded,
         suite::heartbeat_keeps_a_long_body_s_lease_alive,
         a_record_lives_in_the_slot_of_its_hash_tag,
         records_of_different_keys_spread_over_the_nodes,

@@ -45,6 +45,7 @@ on_the_server!(
     body_reads_its_own_key,
     stalled_body_loses_its_lease_and_its_completion_is_lease_lost,
     stale_failure_after_a_takeover_does_not_release_the_new_claim,
+    a_late_completion_nobody_overtook_is_recorded,
     heartbeat_keeps_a_long_body_s_lease_alive,
 );
 

@@ -67,16 +67,14 @@ async fn deduct_stock(
                     let __idem_fake_return: Result<StockLeft, AppError> = loop {};
                     return __idem_fake_return;
                 }
-                {
-                    let left = sqlx::query_scalar(
-                            "UPDATE inventory SET stock = stock - ? WHERE sku = ? RETURNING stock",
-                        )
-                        .bind(msg.qty)
-                        .bind(&msg.sku)
-                        .fetch_one(&mut **tx)
-                        .await?;
-                    Ok(StockLeft(left))
-                }
+                let left = sqlx::query_scalar(
+                        "UPDATE inventory SET stock = stock - ? WHERE sku = ? RETURNING stock",
+                    )
+                    .bind(msg.qty)
+                    .bind(&msg.sku)
+                    .fetch_one(&mut **tx)
+                    .await?;
+                Ok(StockLeft(left))
             },
             __idem_span,
         )

@@ -239,6 +239,8 @@ impl Sweeper {
     /// ```
     pub fn spawn<S: Sweep>(store: S, every: Duration, batch: u32) -> Sweeper {
         let batch = batch.max(1);
+        // tokio's interval needs a period above zero.
+        let every = every.max(Duration::from_millis(1));
         let task = tokio::spawn(async move {
             let mut ticks = tokio::time::interval(every);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

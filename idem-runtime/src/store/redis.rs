@@ -69,9 +69,15 @@ return {3, redis.call('PTTL', KEYS[1])}
 ";
 
 /// Completes the claim of token `ARGV[1]` with outcome `ARGV[2]`, kept for
-/// `ARGV[3]` ms; `ARGV[4]` is now. Returns 1, or 0 when the token lost it.
+/// `ARGV[3]` ms; `ARGV[4]` is now. Returns 1, or 0 when another claim holds
+/// the key or completed it. A key that expired with nobody taking it over is
+/// recorded all the same, as the SQL stores do: the body's effect happened.
 const COMPLETE: &str = r"
-if redis.call('HGET', KEYS[1], 't') ~= ARGV[1] then return 0 end
+local t = redis.call('HGET', KEYS[1], 't')
+if t ~= ARGV[1] then
+  if t or redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+  redis.call('HSET', KEYS[1], 'c', ARGV[4])
+end
 redis.call('HSET', KEYS[1], 's', 'completed', 'o', ARGV[2], 'u', ARGV[4])
 redis.call('HDEL', KEYS[1], 't')
 redis.call('PEXPIRE', KEYS[1], ARGV[3])

@@ -27,6 +27,7 @@ pub(crate) struct Statements {
     pub(crate) create: Arc<str>,
     /// Serialises concurrent migrations (Postgres): `CREATE ... IF NOT
     /// EXISTS` alone can still collide in the catalog.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) lock_migration: Option<Arc<str>>,
     /// `$1` handler `$2` key `$3` token `$4` now `$5` lease end: takes an
     /// absent or expired row as `in_progress`, returns a row if it did.
@@ -34,6 +35,7 @@ pub(crate) struct Statements {
     /// `$1` handler `$2` key `$3` outcome `$4` now `$5` expiry: inserts a
     /// `completed` row, or takes over an expired one; affects no row when a
     /// live one stands (transaction mode, claim last).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) claim_with_outcome: Arc<str>,
     /// `$1` handler `$2` key: the record.
     pub(crate) select: Arc<str>,

@@ -835,6 +835,38 @@ pub(crate) async fn stalled_body_loses_its_lease_and_its_completion_is_lease_los
     assert_eq!(fx.effects("s-1").await, 2);
 }
 
+/// A's lease runs out while its body is stalled, but nobody takes the key
+/// over: when A finishes, its completion is recorded (as on the SQL stores),
+/// because the body's effect happened and a redelivery must not repeat it.
+pub(crate) async fn a_late_completion_nobody_overtook_is_recorded(fx: &Fx) {
+    let probe = Probe::new();
+    let key = Job::new("late-1", 0).key();
+    let a = spawn_short_lease_job(fx, &probe, Job::parked("late-1", 1));
+    probe.wait_parked().await;
+    fx.run_out_lease(SHORT_LEASE, &key).await;
+    assert!(!fx.exists(SHORT_LEASE, &key).await, "the lease ran out");
+
+    probe.open_gate();
+    assert_eq!(a.await.unwrap().unwrap(), Outcome::Executed(1));
+    let rec = fx.store.record(SHORT_LEASE, &key).await.unwrap().unwrap();
+    assert_eq!(
+        (rec.status, rec.outcome.as_deref()),
+        (Status::Completed, Some("1"))
+    );
+    assert!(
+        fx.pttl(SHORT_LEASE, &key).await > 3_500_000,
+        "kept for the ttl"
+    );
+    assert_eq!(
+        short_lease_job(&fx.store, &Job::new("late-1", 9), &probe, fx)
+            .await
+            .unwrap(),
+        Outcome::Duplicate(1)
+    );
+    assert_eq!(probe.runs(), 1);
+    assert_eq!(fx.effects("late-1").await, 1);
+}
+
 /// The fencing token also guards release: A's lease runs out, C takes the
 /// key over and is still running when A's body fails. A's release carries
 /// its stale token and must leave C's claim alone.
