@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use idem_examples::{env, median};
 use idem_runtime::store::postgres::ClaimOrder;
 use idem_runtime::{PgStore, PgTx, idempotent};
 use serde::Deserialize;
@@ -127,18 +128,6 @@ async fn run(
         h.await.expect("consumer task");
     }
     done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 /// Counts the statements sqlx sends (its `sqlx::query` log events).

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use idem_examples::{env, median};
 use idem_runtime::{RedisStore, idempotent};
 use serde::Deserialize;
 
@@ -29,18 +30,6 @@ struct Msg {
 #[idempotent(key = "id", ttl = "10m", store = "redis", name = "bench_redis")]
 async fn handle(msg: &Msg) -> Result<u64, std::io::Error> {
     Ok(msg.id)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 async fn run(

@@ -1,4 +1,5 @@
-//! Pieces shared by the examples: a throw-away database file.
+//! Pieces shared by the examples: a throw-away database file, Redis clean-up,
+//! and the benchmarks' medians and settings.
 
 use std::path::PathBuf;
 
@@ -60,4 +61,18 @@ pub async fn delete_redis_prefix(url: &str, prefix: &str) -> Result<u64, redis::
             return Ok(deleted);
         }
     }
+}
+
+/// The median of benchmark samples (the upper middle one for an even count).
+pub fn median(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples.get(samples.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// A benchmark setting from the environment, or `default`.
+pub fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
