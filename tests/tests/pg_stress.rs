@@ -113,6 +113,32 @@ async fn applied(pool: &PgPool, table: &str) -> Vec<(i64, i64)> {
     .expect("read business table")
 }
 
+/// A test's tables: its business table and dedup table (dropped at the
+/// end, even on failure), an admin pool, and a migrated store on them.
+struct Setup {
+    admin: PgPool,
+    dedup: String,
+    table: String,
+    store: PgStore,
+    _cleanup: DropTables,
+}
+
+/// The usual start of a test, or `None` (skip) without a server.
+async fn setup(prefix: &str, order: ClaimOrder) -> Option<Setup> {
+    let admin = pg_pool(4).await?;
+    let dedup = unique_table(prefix);
+    let table = business_table(&admin).await;
+    let _cleanup = DropTables::new(&[&dedup, &table]);
+    let store = store_on(&admin, &dedup, order).await;
+    Some(Setup {
+        admin,
+        dedup,
+        table,
+        store,
+        _cleanup,
+    })
+}
+
 async fn store_on(pool: &PgPool, dedup: &str, order: ClaimOrder) -> PgStore {
     let store = PgStore::from_pool(pool.clone())
         .with_table(dedup)
@@ -125,11 +151,13 @@ async fn store_on(pool: &PgPool, dedup: &str, order: ClaimOrder) -> PgStore {
 /// 16 consumers on separate connections deliver the same 1,000 messages, each
 /// 3 to 5 times, at the same moment.
 async fn contention(order: ClaimOrder) {
-    let admin = or_skip!(pg_pool(4).await);
-    let dedup = unique_table("pg_dedup");
-    let table = business_table(&admin).await;
-    let _cleanup = DropTables::new(&[&dedup, &table]);
-    store_on(&admin, &dedup, order).await;
+    let Setup {
+        admin,
+        dedup,
+        table,
+        store: _,
+        _cleanup,
+    } = or_skip!(setup("pg_dedup", order).await);
 
     const MESSAGES: i64 = 1_000;
     const CONSUMERS: usize = 16;
@@ -290,11 +318,13 @@ fn run_and_kill(mode: &str, dedup: &str, table: &str, order: &str) {
 }
 
 async fn crash(mode: &str, order: ClaimOrder) {
-    let admin = or_skip!(pg_pool(4).await);
-    let dedup = unique_table("pg_crash_dedup");
-    let table = business_table(&admin).await;
-    let _cleanup = DropTables::new(&[&dedup, &table]);
-    let store = store_on(&admin, &dedup, order).await;
+    let Setup {
+        admin,
+        dedup,
+        table,
+        store,
+        _cleanup,
+    } = or_skip!(setup("pg_crash_dedup", order).await);
     let order_name = if order == ClaimOrder::First {
         "first"
     } else {
@@ -363,11 +393,13 @@ async fn sigkill_after_commit_before_ack_makes_redelivery_a_duplicate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_connection_gives_store_error_and_records_nothing() {
     for order in [ClaimOrder::Last, ClaimOrder::First] {
-        let admin = or_skip!(pg_pool(4).await);
-        let dedup = unique_table("pg_drop_dedup");
-        let table = business_table(&admin).await;
-        let _cleanup = DropTables::new(&[&dedup, &table]);
-        store_on(&admin, &dedup, order).await;
+        let Setup {
+            admin,
+            dedup,
+            table,
+            store: _,
+            _cleanup,
+        } = or_skip!(setup("pg_drop_dedup", order).await);
         // The consumer's own single-connection pool, so we know its backend.
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(1)
@@ -425,11 +457,13 @@ async fn dropped_connection_gives_store_error_and_records_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_claim_waiting_past_the_lock_timeout_is_in_progress() {
     for order in [ClaimOrder::Last, ClaimOrder::First] {
-        let admin = or_skip!(pg_pool(4).await);
-        let dedup = unique_table("pg_lock_dedup");
-        let table = business_table(&admin).await;
-        let _cleanup = DropTables::new(&[&dedup, &table]);
-        store_on(&admin, &dedup, order).await;
+        let Setup {
+            admin,
+            dedup,
+            table,
+            store: _,
+            _cleanup,
+        } = or_skip!(setup("pg_lock_dedup", order).await);
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(2)
             .after_connect(|conn, _| {
@@ -661,11 +695,13 @@ enum TakeError {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_whose_body_fails_gets_the_recorded_outcome() {
     for order in [ClaimOrder::Last, ClaimOrder::First] {
-        let admin = or_skip!(pg_pool(4).await);
-        let dedup = unique_table("pg_takeall_dedup");
-        let table = business_table(&admin).await;
-        let _cleanup = DropTables::new(&[&dedup, &table]);
-        let store = store_on(&admin, &dedup, order).await;
+        let Setup {
+            admin,
+            table,
+            store,
+            _cleanup,
+            ..
+        } = or_skip!(setup("pg_takeall_dedup", order).await);
         sqlx::query(AssertSqlSafe(format!("INSERT INTO {table} VALUES (1, 5)")))
             .execute(&admin)
             .await
