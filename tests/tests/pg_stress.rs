@@ -139,11 +139,16 @@ async fn setup(prefix: &str, order: ClaimOrder) -> Option<Setup> {
     })
 }
 
-async fn store_on(pool: &PgPool, dedup: &str, order: ClaimOrder) -> PgStore {
-    let store = PgStore::from_pool(pool.clone())
+/// A store on `pool` over the dedup table `dedup`, claiming in `order`.
+fn store_for(pool: PgPool, dedup: &str, order: ClaimOrder) -> PgStore {
+    PgStore::from_pool(pool)
         .with_table(dedup)
         .expect("valid table")
-        .with_claim_order(order);
+        .with_claim_order(order)
+}
+
+async fn store_on(pool: &PgPool, dedup: &str, order: ClaimOrder) -> PgStore {
+    let store = store_for(pool.clone(), dedup, order);
     store.migrate().await.expect("migrate");
     store
 }
@@ -184,10 +189,7 @@ async fn contention(order: ClaimOrder) {
                 .connect(&pg_url())
                 .await
                 .expect("consumer connects");
-            let store = PgStore::from_pool(pool)
-                .with_table(&dedup)
-                .expect("valid table")
-                .with_claim_order(order);
+            let store = store_for(pool, &dedup, order);
             barrier.wait().await;
             let (mut executed, mut duplicate, mut in_progress) = (0usize, 0usize, 0usize);
             for id in queue {
@@ -410,10 +412,7 @@ async fn dropped_connection_gives_store_error_and_records_nothing() {
             .fetch_one(&pool)
             .await
             .expect("pid");
-        let store = PgStore::from_pool(pool)
-            .with_table(&dedup)
-            .expect("table")
-            .with_claim_order(order);
+        let store = store_for(pool, &dedup, order);
         let msg = Effect {
             table: table.clone(),
             message_id: 7,
@@ -477,11 +476,7 @@ async fn a_claim_waiting_past_the_lock_timeout_is_in_progress() {
             .connect(&pg_url())
             .await
             .expect("connect");
-        let store = PgStore::from_pool(pool)
-            .with_table(&dedup)
-            .expect("table")
-            .with_claim_order(order)
-            .with_lock_timeout(Duration::from_millis(300));
+        let store = store_for(pool, &dedup, order).with_lock_timeout(Duration::from_millis(300));
 
         // The other delivery's uncommitted claim row.
         let key = idem_runtime::Key::from_parts(&[&3i64]).expect("key");
