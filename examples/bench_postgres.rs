@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use idem_examples::{env, median};
-use idem_runtime::store::postgres::ClaimOrder;
+use idem_runtime::ClaimOrder;
 use idem_runtime::{PgStore, PgTx, idempotent};
 use serde::Deserialize;
 use sqlx::PgPool;

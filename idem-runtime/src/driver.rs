@@ -17,6 +17,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
+use crate::codec::{decode, encode};
 use crate::error::{Error, StoreError};
 use crate::key::Key;
 use crate::outcome::Outcome;
@@ -48,7 +49,7 @@ use crate::registry::{self, HandlerSpec};
 ///         assert!(store.complete(&SPEC, &key, &token, "42").await?);
 ///     }
 ///     Claim::Completed { outcome } => println!("duplicate; the body returned {outcome}"),
-///     Claim::InProgress { retry_after } => println!("busy; redeliver in {retry_after:?}"),
+///     Claim::InProgress { lease_left } => println!("busy for at most {lease_left:?} more"),
 /// }
 /// // the next delivery gets the recorded result
 /// assert_eq!(store.claim(&SPEC, &key).await?, Claim::Completed { outcome: "42".into() });
@@ -70,8 +71,10 @@ pub enum Claim {
     },
     /// Another consumer holds a live lease.
     InProgress {
-        /// What is left of that lease.
-        retry_after: Duration,
+        /// What is left of that lease: after it, the key can be taken over.
+        /// The runtime turns it into the caller's redelivery hint
+        /// ([`Error::InProgress`]'s `retry_after`).
+        lease_left: Duration,
     },
 }
 
@@ -159,8 +162,8 @@ pub trait LeaseStore: Send + Sync {
     /// let first = store.claim(&SPEC, &key).await?;
     /// assert!(matches!(first, Claim::Acquired { .. }));
     /// // a second consumer finds the live lease
-    /// let Claim::InProgress { retry_after } = store.claim(&SPEC, &key).await? else { panic!() };
-    /// assert!(retry_after <= SPEC.lease);
+    /// let Claim::InProgress { lease_left } = store.claim(&SPEC, &key).await? else { panic!() };
+    /// assert!(lease_left <= SPEC.lease);
     /// # Ok(()) }
     /// ```
     fn claim(
@@ -643,6 +646,8 @@ impl<E> std::fmt::Display for ErrorDisplay<'_, E> {
         match self.0 {
             Error::Store { source, .. } => write!(f, "store: {source}"),
             Error::Codec { source, .. } => write!(f, "codec: {source}"),
+            Error::Unrecordable { source, .. } => write!(f, "unrecordable: {source}"),
+            Error::Config { source, .. } => write!(f, "config: {source}"),
             other => f.write_str(other.kind()),
         }
     }
@@ -666,32 +671,9 @@ fn store_err<E>(spec: &'static HandlerSpec, key: &Key, source: StoreError) -> Er
     }
 }
 
-fn check_registry<E>(spec: &'static HandlerSpec, key: &Key) -> Result<(), Error<E>> {
-    registry::check().map_err(|e| store_err(spec, key, StoreError::Registry(e)))
-}
-
-fn decode<T: DeserializeOwned, E>(
-    spec: &'static HandlerSpec,
-    key: &Key,
-    outcome: &str,
-) -> Result<Outcome<T>, Error<E>> {
-    serde_json::from_str(outcome)
-        .map(Outcome::Duplicate)
-        .map_err(|source| Error::Codec {
-            handler: spec.name,
-            key: key.clone(),
-            source,
-        })
-}
-
-fn encode<T: Serialize, E>(
-    spec: &'static HandlerSpec,
-    key: &Key,
-    value: &T,
-) -> Result<String, Error<E>> {
-    serde_json::to_string(value).map_err(|source| Error::Codec {
+fn check_registry<E>(spec: &'static HandlerSpec) -> Result<(), Error<E>> {
+    registry::check().map_err(|source| Error::Config {
         handler: spec.name,
-        key: key.clone(),
         source,
     })
 }
@@ -746,7 +728,7 @@ where
     T: Serialize + DeserializeOwned,
     F: Future<Output = Result<T, E>>,
 {
-    check_registry(spec, key)?;
+    check_registry(spec)?;
     let claim_start = Instant::now();
     let token = match store.claim(spec, key).await {
         Ok(Claim::Acquired { token }) => token,
@@ -754,12 +736,12 @@ where
             record_claim(spec, claim_start);
             return decode(spec, key, &outcome);
         }
-        Ok(Claim::InProgress { retry_after }) => {
+        Ok(Claim::InProgress { lease_left }) => {
             record_claim(spec, claim_start);
             return Err(Error::InProgress {
                 handler: spec.name,
                 key: key.clone(),
-                retry_after,
+                retry_after: crate::retry::lease_hint(spec, lease_left),
             });
         }
         Err(e) => return Err(store_err(spec, key, e)),
@@ -769,6 +751,7 @@ where
     let body_start = Instant::now();
     let result = with_heartbeat(store, spec, key, &token, body).await;
     record_body(spec, body_start);
+    crate::retry::body_finished(spec, body_start.elapsed());
 
     match result {
         Ok(value) => {
@@ -907,7 +890,7 @@ where
 {
     let span = call_span(spec, key);
     let r = async {
-        check_registry(spec, key)?;
+        check_registry(spec)?;
         let start = Instant::now();
         let claim = store
             .begin_claim(spec, key)

@@ -34,6 +34,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 ///         Error::Handler { .. } => "nack: the body failed and left nothing behind, retry",
 ///         Error::InProgress { .. } => "nack with delay: another consumer is on it",
 ///         Error::Store { .. } => "nack: the store is unreachable, retry later",
+///         Error::Config { .. } => "stop the consumer: the build is wrong, retrying never helps",
 ///         _ => "dead-letter and alert",
 ///     }
 /// }
@@ -57,7 +58,7 @@ pub enum Error<E> {
 
     /// Another delivery of the same key is being processed right now (a live
     /// lease, or a transaction holding the key past the lock timeout). Nack
-    /// and redeliver after `retry_after`.
+    /// and redeliver after `retry_after`; the body did not run.
     #[error(
         "handler `{handler}`: key {key} is being processed by another consumer; retry after {retry_after:?}"
     )]
@@ -66,8 +67,12 @@ pub enum Error<E> {
         handler: &'static str,
         /// The derived key.
         key: Key,
-        /// A hint for the redelivery delay: what is left of the other claim's
-        /// lease, or the lock timeout.
+        /// When to redeliver. Lease mode: when the other delivery's result is
+        /// likely to be recorded, estimated from how long this handler's
+        /// bodies took in this process (or, before any finished, from how long
+        /// the other claim has been held), at least 10 ms and never past the
+        /// end of the other claim's lease, after which the key can be taken
+        /// over. Transaction mode: the lock timeout the claim waited.
         retry_after: Duration,
     },
 
@@ -95,9 +100,30 @@ pub enum Error<E> {
         part: &'static str,
     },
 
-    /// The recorded outcome could not be encoded, or no longer decodes into
-    /// the handler's return type (the type changed since it was recorded).
-    #[error("handler `{handler}`: outcome for key {key} does not (de)serialize: {source}")]
+    /// The body succeeded, but its value cannot be recorded so that a
+    /// duplicate reads the same value back: serde could not encode it, or its
+    /// encoding does not decode into the return type again (a NaN or infinite
+    /// float, which JSON can only write as `null`; a type whose `Deserialize`
+    /// refuses what its `Serialize` wrote). Nothing was recorded, so no
+    /// duplicate can ever meet an unreadable record. Transaction mode: the
+    /// body's writes were rolled back with the claim. Lease mode: the body's
+    /// effect happened, and the claim is kept until its lease runs out, so
+    /// no other delivery runs the body before then. Dead-letter the message:
+    /// a redelivery returns the same value.
+    #[error("handler `{handler}`: the result for key {key} cannot be recorded: {source}")]
+    Unrecordable {
+        /// The handler's registered name.
+        handler: &'static str,
+        /// The derived key.
+        key: Key,
+        /// Why: serde's error, encoding or reading back.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A recorded outcome no longer decodes into the handler's return type
+    /// (the type changed since it was recorded). The body did not run.
+    #[error("handler `{handler}`: the recorded outcome for key {key} does not decode: {source}")]
     Codec {
         /// The handler's registered name.
         handler: &'static str,
@@ -108,7 +134,20 @@ pub enum Error<E> {
         source: serde_json::Error,
     },
 
-    /// The store failed: connection, timeout, schema, configuration.
+    /// The binary itself is wrong: two handlers share a registered name, so
+    /// their keys would collide. No call of any handler runs until the build
+    /// is fixed, and no redelivery can fix it: stop the consumer, give the
+    /// handlers distinct `name = "..."`s and deploy again.
+    #[error("handler `{handler}` refused to run: {source}")]
+    Config {
+        /// The handler's registered name.
+        handler: &'static str,
+        /// Every clash in the binary.
+        #[source]
+        source: crate::registry::RegistryError,
+    },
+
+    /// The store failed: connection, timeout, schema.
     #[error("handler `{handler}`: store error{}: {source}", key.as_ref().map(|k| format!(" for key {k}")).unwrap_or_default())]
     Store {
         /// The handler's registered name.
@@ -136,7 +175,9 @@ impl<E> Error<E> {
             | Error::InProgress { handler, .. }
             | Error::LeaseLost { handler, .. }
             | Error::KeyMissing { handler, .. }
+            | Error::Unrecordable { handler, .. }
             | Error::Codec { handler, .. }
+            | Error::Config { handler, .. }
             | Error::Store { handler, .. } => handler,
         }
     }
@@ -154,9 +195,10 @@ impl<E> Error<E> {
             Error::Handler { key, .. }
             | Error::InProgress { key, .. }
             | Error::LeaseLost { key, .. }
+            | Error::Unrecordable { key, .. }
             | Error::Codec { key, .. } => Some(key),
             Error::Store { key, .. } => key.as_ref(),
-            Error::KeyMissing { .. } => None,
+            Error::KeyMissing { .. } | Error::Config { .. } => None,
         }
     }
 
@@ -178,7 +220,8 @@ impl<E> Error<E> {
     }
 
     /// A short label of the variant, as used in metrics (`handler_error`,
-    /// `in_progress`, `lease_lost`, `key_missing`, `codec`, `store`).
+    /// `in_progress`, `lease_lost`, `key_missing`, `unrecordable`, `codec`,
+    /// `config`, `store`).
     ///
     /// # Examples
     ///
@@ -192,7 +235,9 @@ impl<E> Error<E> {
             Error::InProgress { .. } => "in_progress",
             Error::LeaseLost { .. } => "lease_lost",
             Error::KeyMissing { .. } => "key_missing",
+            Error::Unrecordable { .. } => "unrecordable",
             Error::Codec { .. } => "codec",
+            Error::Config { .. } => "config",
             Error::Store { .. } => "store",
         }
     }
@@ -222,6 +267,22 @@ pub enum StoreError {
     #[error("timed out after {0:?}")]
     Timeout(Duration),
 
+    /// The dedup table does not exist: the store was never migrated.
+    #[error(
+        "the dedup table `{table}` does not exist: call `migrate()` on the store once before handling messages"
+    )]
+    MissingTable {
+        /// The table the store was configured with.
+        table: String,
+    },
+
+    /// A Redis key prefix that cannot be used.
+    #[error("invalid Redis key prefix {prefix:?}: use non-empty text without `{{` or `}}`")]
+    InvalidPrefix {
+        /// The rejected prefix.
+        prefix: String,
+    },
+
     /// A table name that is not a plain SQL identifier.
     #[error(
         "invalid table name {name:?}: use letters, digits and `_` (optionally `schema.table`), at most 63 bytes, not starting with a digit"
@@ -236,7 +297,8 @@ pub enum StoreError {
     Schema(String),
 
     /// Two handlers in this binary share a registered name, so their keys
-    /// would collide.
+    /// would collide: returned when a store is built; calls report it as
+    /// [`Error::Config`].
     #[error("{0}")]
     Registry(#[from] crate::registry::RegistryError),
 }

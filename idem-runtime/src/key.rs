@@ -42,6 +42,11 @@ pub const MAX_KEY_LEN: usize = 128;
 ///
 /// # Examples
 ///
+/// It displays as its parts, the way the message holds them (`A-17 + 3`),
+/// which is what error messages and logs show; [`as_str`](Key::as_str) is the
+/// encoding the store keeps, which is what to pass on as an external
+/// idempotency key. Two keys are equal when their stored forms are.
+///
 /// ```
 /// use idem_runtime::{Key, KeyBuilder};
 ///
@@ -50,11 +55,39 @@ pub const MAX_KEY_LEN: usize = 128;
 /// b.part(&3u32).unwrap();
 /// let key: Key = b.finish();
 /// assert_eq!(key.as_str(), "4:A-17|1:3");
-/// assert_eq!(key.to_string(), "4:A-17|1:3");
+/// assert_eq!(key.to_string(), "A-17 + 3");
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone)]
 pub struct Key {
     stored: String,
+    /// The parts for people: see [`Display`](#impl-Display-for-Key).
+    shown: String,
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.stored == other.stored
+    }
+}
+
+impl Eq for Key {}
+
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.stored.hash(state);
+    }
+}
+
+impl PartialOrd for Key {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Key {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.stored.cmp(&other.stored)
+    }
 }
 
 impl Key {
@@ -108,15 +141,57 @@ impl Key {
     }
 }
 
+/// The parts as the message holds them, joined by ` + `: `A-17 + apple`.
+///
+/// A part that is empty, or holds anything but letters, digits and
+/// `- _ . : @ / #`, is quoted with Rust's escapes (`"a b" + 3`), so the
+/// boundaries stay visible; a part longer than 40 characters is cut with
+/// `…`. A key stored as a digest (see [`MAX_KEY_LEN`]) shows the digest's
+/// first 16 hex digits after its parts: `"xxxx…" [#sha256:3f0a…]`.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::Key;
+///
+/// let key = Key::from_parts(&[&"A-17", &"pear drop", &3u8]).unwrap();
+/// assert_eq!(key.to_string(), r#"A-17 + "pear drop" + 3"#);
+/// ```
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.stored)
+        f.write_str(&self.shown)?;
+        if let Some(digest) = self.stored.strip_prefix("#sha256:") {
+            write!(f, " [#sha256:{}…]", &digest[..16])?;
+        }
+        Ok(())
     }
 }
 
 impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Key({:?})", self.stored)
+    }
+}
+
+/// Longest part shown in full by `Display`.
+const SHOWN_PART_LEN: usize = 40;
+
+/// Appends one part to a key's shown form.
+fn show_part(shown: &mut String, part: &str) {
+    if !shown.is_empty() {
+        shown.push_str(" + ");
+    }
+    let plain = !part.is_empty()
+        && part
+            .chars()
+            .all(|c| c.is_alphanumeric() || "-_.:@/#".contains(c));
+    let cut: String = part.chars().take(SHOWN_PART_LEN).collect();
+    let ellipsis = if cut.len() < part.len() { "…" } else { "" };
+    if plain {
+        let _ = write!(shown, "{cut}{ellipsis}");
+    } else {
+        let quoted = format!("{cut:?}");
+        let _ = write!(shown, "{}{ellipsis}\"", &quoted[..quoted.len() - 1]);
     }
 }
 
@@ -165,6 +240,7 @@ impl std::error::Error for KeyMissing {}
 #[derive(Debug, Default)]
 pub struct KeyBuilder {
     encoded: String,
+    shown: String,
     scratch: String,
     parts: usize,
 }
@@ -231,6 +307,7 @@ impl KeyBuilder {
         }
         let _ = write!(self.encoded, "{}:", self.scratch.len());
         self.encoded.push_str(&self.scratch);
+        show_part(&mut self.shown, &self.scratch);
         self.parts += 1;
     }
 
@@ -255,11 +332,13 @@ impl KeyBuilder {
         if self.encoded.len() <= MAX_KEY_LEN && !self.encoded.contains('\0') {
             return Key {
                 stored: self.encoded,
+                shown: self.shown,
             };
         }
         let hash = Sha256::digest(self.encoded.as_bytes());
         Key {
             stored: format!("#sha256:{}", hex(&hash)),
+            shown: self.shown,
         }
     }
 }
@@ -511,6 +590,26 @@ mod tests {
         let k = encode(&["a\0b".into()]);
         assert!(k.starts_with("#sha256:"), "{k}");
         assert_ne!(k, encode(&["a\0c".into()]));
+    }
+
+    #[test]
+    fn keys_display_as_their_parts() {
+        let key = Key::from_parts(&[&"p-1"]).unwrap();
+        assert_eq!(key.to_string(), "p-1");
+        let key = Key::from_parts(&[&"", &"a + b", &"tab\t", &7u8, &"日本"]).unwrap();
+        assert_eq!(key.to_string(), r#""" + "a + b" + "tab\t" + 7 + 日本"#);
+        let long = Key::from_parts(&[&"x".repeat(200), &"y"]).unwrap();
+        let shown = long.to_string();
+        let digest = &long.as_str()["#sha256:".len()..][..16];
+        assert_eq!(
+            shown,
+            format!("{}… + y [#sha256:{digest}…]", "x".repeat(SHOWN_PART_LEN))
+        );
+        let quoted_long = Key::from_parts(&[&" ".repeat(50)]).unwrap();
+        assert_eq!(
+            quoted_long.to_string(),
+            format!("\"{}…\"", " ".repeat(SHOWN_PART_LEN))
+        );
     }
 
     #[test]

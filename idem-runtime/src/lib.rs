@@ -52,11 +52,13 @@
 #![warn(missing_docs, unreachable_pub, clippy::unwrap_used)]
 
 pub mod clock;
+mod codec;
 mod driver;
 mod error;
 mod key;
 mod outcome;
 pub mod registry;
+mod retry;
 pub mod store;
 
 pub use driver::{Claim, LeaseStore, TxClaim, TxCommit, TxStore, metric};
@@ -91,7 +93,7 @@ pub use idem_grammar::{format_duration, parse_duration};
 ///
 /// #[idempotent(key = "'shipped' + order_id", ttl = "3d", store = "memory", lease = "10s", name = "sms")]
 /// async fn notify(msg: &OrderShipped, key: &Key) -> Result<String, std::io::Error> {
-///     Ok(format!("sent to {} with idempotency key {key}", msg.phone))
+///     Ok(format!("sent to {} with idempotency key {}", msg.phone, key.as_str()))
 /// }
 ///
 /// # #[tokio::main(flavor = "current_thread")]
@@ -121,13 +123,14 @@ pub use outcome::Outcome;
 pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use store::postgres::{PgStore, PgTx};
+pub use store::postgres::{ClaimOrder, PgStore, PgTx};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use store::redis::RedisStore;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use store::sqlite::{SqliteStore, SqliteTx};
+pub use store::{Record, Status, Sweep, Sweeper};
 
 /// What the generated code names. Not public API: it changes without notice.
 #[doc(hidden)]

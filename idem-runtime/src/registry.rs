@@ -128,34 +128,105 @@ pub fn handlers() -> impl Iterator<Item = &'static HandlerSpec> {
     inventory::iter::<HandlerSpec>.into_iter()
 }
 
-/// Two handlers share a registered name.
+/// Handlers that share a registered name: their keys would share one
+/// namespace in the store, so a message of one would be taken for a
+/// duplicate of the other's.
+///
+/// It lists every clash in the binary, each with every handler in it, and
+/// its message says which `name = "..."` to add.
 ///
 /// # Examples
 ///
 /// ```
-/// // The message names both places and says what to change.
-/// let e = idem_runtime::registry::RegistryError::DuplicateName {
-///     name: "notify",
-///     first: "src/a.rs:10".into(),
-///     second: "src/b.rs:20".into(),
-/// };
-/// assert!(e.to_string().contains("name = \"...\""));
+/// use idem_runtime::registry::{Clash, RegistryError};
+///
+/// fn report(err: &RegistryError) {
+///     let RegistryError::DuplicateNames { clashes } = err else { return };
+///     for Clash { name, handlers } in clashes {
+///         eprintln!("`{name}` is used by {} handlers", handlers.len());
+///     }
+/// }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RegistryError {
-    /// Two handlers were registered under one name.
-    #[error(
-        "two idempotent handlers are named `{name}` ({first} and {second}): their keys would share one namespace; give one of them `name = \"...\"`"
-    )]
-    DuplicateName {
-        /// The shared name.
-        name: &'static str,
-        /// `file:line` of one handler.
-        first: String,
-        /// `file:line` of the other.
-        second: String,
+    /// Some registered names are used by more than one handler.
+    #[error("{}", describe(clashes))]
+    DuplicateNames {
+        /// Every shared name, in name order.
+        clashes: Vec<Clash>,
     },
+}
+
+/// One registered name and the handlers that share it.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::registry::Clash;
+///
+/// let clash = Clash { name: "notify", handlers: Vec::new() };
+/// assert!(clash.handlers.is_empty());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Clash {
+    /// The shared name.
+    pub name: &'static str,
+    /// The handlers registered under it (two or more), by source place.
+    pub handlers: Vec<&'static HandlerSpec>,
+}
+
+fn describe(clashes: &[Clash]) -> String {
+    let mut out = match clashes {
+        [one] => format!(
+            "{} idempotent handlers share the name `{}`, so their keys would share one namespace in the store",
+            one.handlers.len(),
+            one.name
+        ),
+        _ => format!(
+            "{} names are each shared by several idempotent handlers, so their keys would share one namespace in the store",
+            clashes.len()
+        ),
+    };
+    out.push_str("; this cannot be retried away: fix the build");
+    for clash in clashes {
+        out.push_str(&format!("\n  `{}`:", clash.name));
+        for h in &clash.handlers {
+            out.push_str(&format!(
+                " {}::{} ({}:{});",
+                h.module, h.function, h.file, h.line
+            ));
+        }
+        out.pop();
+        // Whichever handler already has records keeps the name; the others
+        // get one made of their module and function, which is unique.
+        let renames: Vec<String> = clash.handlers[1..]
+            .iter()
+            .map(|h| {
+                format!(
+                    "name = \"{}\" on {}::{}",
+                    suggested_name(h),
+                    h.module,
+                    h.function
+                )
+            })
+            .collect();
+        out.push_str(&format!(
+            "\n    keep `{}` on the handler whose records already exist and rename the others, e.g. {}",
+            clash.name,
+            renames.join(", ")
+        ));
+    }
+    out
+}
+
+/// A name unique in the binary: the module path (without the crate's own
+/// name) and the function.
+fn suggested_name(h: &HandlerSpec) -> String {
+    match h.module.split_once("::") {
+        Some((_, inner)) => format!("{inner}::{}", h.function),
+        None => format!("{}::{}", h.module, h.function),
+    }
 }
 
 /// Checks that no two handlers in this binary share a name.
@@ -180,16 +251,20 @@ pub fn check() -> Result<(), RegistryError> {
 fn scan() -> Result<(), RegistryError> {
     let mut all: Vec<&'static HandlerSpec> = handlers().collect();
     all.sort_by_key(|h| (h.name, h.file, h.line));
-    for pair in all.windows(2) {
-        if pair[0].name == pair[1].name {
-            return Err(RegistryError::DuplicateName {
-                name: pair[0].name,
-                first: format!("{}:{}", pair[0].file, pair[0].line),
-                second: format!("{}:{}", pair[1].file, pair[1].line),
+    let mut clashes: Vec<Clash> = Vec::new();
+    for group in all.chunk_by(|a, b| a.name == b.name) {
+        if group.len() > 1 {
+            clashes.push(Clash {
+                name: group[0].name,
+                handlers: group.to_vec(),
             });
         }
     }
-    Ok(())
+    if clashes.is_empty() {
+        Ok(())
+    } else {
+        Err(RegistryError::DuplicateNames { clashes })
+    }
 }
 
 /// Looks a handler up by its registered name.

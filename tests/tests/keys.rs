@@ -37,7 +37,7 @@ async fn reserve(
         .bind(msg.qty)
         .execute(&mut **tx)
         .await?;
-    Ok(key.to_string())
+    Ok(key.as_str().to_owned())
 }
 
 #[tokio::test]
@@ -53,7 +53,7 @@ async fn transaction_body_reads_its_own_key_and_from_parts_rebuilds_it() {
     let out = reserve(&db.store, &msg, &probe).await.unwrap();
     let key = Key::from_parts(&[&msg.order_id, &msg.sku]).unwrap();
     assert_eq!(key.as_str(), "4:A-17|5:apple");
-    assert_eq!(out, Outcome::Executed(key.to_string()));
+    assert_eq!(out, Outcome::Executed(key.as_str().to_owned()));
     assert_eq!(probe.seen(), [key.as_str()]);
     assert_eq!(db.ledger_rows(key.as_str()).await, 1);
 
@@ -70,7 +70,7 @@ async fn transaction_body_reads_its_own_key_and_from_parts_rebuilds_it() {
 
     assert_eq!(
         reserve(&db.store, &msg, &probe).await.unwrap(),
-        Outcome::Duplicate(key.to_string())
+        Outcome::Duplicate(key.as_str().to_owned())
     );
     assert_eq!(probe.runs(), 1);
 }
@@ -89,7 +89,7 @@ struct Pair {
 )]
 async fn pair(msg: &Pair, key: &Key, probe: &Probe) -> Result<String, AppError> {
     probe.hit();
-    Ok(format!("{}+{} -> {key}", msg.a, msg.b))
+    Ok(format!("{}+{} -> {}", msg.a, msg.b, key.as_str()))
 }
 
 #[tokio::test]
@@ -167,7 +167,7 @@ async fn long_keys_are_stored_as_a_fixed_size_digest_and_still_deduplicate() {
     let out = store_blob(&db.store, &Blob { id: long.clone() }, &probe)
         .await
         .unwrap();
-    assert_eq!(out, Outcome::Executed(format!("500:{key}")));
+    assert_eq!(out, Outcome::Executed(format!("500:{}", key.as_str())));
     let stored: Vec<String> = sqlx::query_scalar("SELECT key FROM idem_keys")
         .fetch_all(db.store.pool())
         .await
@@ -212,7 +212,12 @@ struct Shipment {
     name = "keys_nested"
 )]
 async fn ship(msg: &Shipment, key: &Key) -> Result<String, AppError> {
-    Ok(format!("{}x{} as {key}", msg.items.1, msg.items.0))
+    Ok(format!(
+        "{}x{} as {}",
+        msg.items.1,
+        msg.items.0,
+        key.as_str()
+    ))
 }
 
 #[tokio::test]
@@ -233,7 +238,7 @@ async fn constants_nested_fields_and_tuple_indices_build_the_documented_key() {
 
     assert_eq!(
         ship(&store, &msg).await.unwrap(),
-        Outcome::Executed(format!("3xsku-9 as {key}"))
+        Outcome::Executed(format!("3xsku-9 as {}", key.as_str()))
     );
     assert!(store.record("keys_nested", &key).is_some());
     // Same business key, other quantity: a duplicate.
@@ -243,7 +248,7 @@ async fn constants_nested_fields_and_tuple_indices_build_the_documented_key() {
     };
     assert_eq!(
         ship(&store, &again).await.unwrap(),
-        Outcome::Duplicate(format!("3xsku-9 as {key}"))
+        Outcome::Duplicate(format!("3xsku-9 as {}", key.as_str()))
     );
 }
 
@@ -262,7 +267,7 @@ struct Event {
 )]
 async fn typed(msg: &Event, key: &Key) -> Result<String, AppError> {
     let _ = msg;
-    Ok(key.to_string())
+    Ok(key.as_str().to_owned())
 }
 
 #[tokio::test]
@@ -281,7 +286,7 @@ async fn typed_parts_encode_canonically() {
     );
     assert_eq!(
         typed(&store, &msg).await.unwrap(),
-        Outcome::Executed(key.to_string())
+        Outcome::Executed(key.as_str().to_owned())
     );
 }
 

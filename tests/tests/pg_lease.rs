@@ -8,7 +8,7 @@ mod common;
 
 common::lease::suite! {
     db: PgDb,
-    mode: Mode::Pg(idem_runtime::store::postgres::ClaimOrder::Last),
+    mode: Mode::Pg(idem_runtime::ClaimOrder::Last),
     store: "postgres",
     names: { job: "pl_job", heartbeat: "pl_heartbeat", notice: "pl_notice" },
 }

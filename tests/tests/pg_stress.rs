@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use idem_runtime::ClaimOrder;
 use idem_runtime::clock::ManualClock;
-use idem_runtime::store::postgres::ClaimOrder;
 use idem_runtime::{Error, Outcome, PgStore, PgTx, idempotent};
 use idem_tests::{DropTables, or_skip, pg_pool, pg_url, unique_table};
 use serde::{Deserialize, Serialize};

@@ -10,7 +10,7 @@ mod common;
 mod claim_last {
     crate::common::tx::suite! {
         db: PgDb,
-        mode: Mode::Pg(idem_runtime::store::postgres::ClaimOrder::Last),
+        mode: Mode::Pg(idem_runtime::ClaimOrder::Last),
         store: "postgres",
         tx: PgTx,
         names: { deduct: "pg_last_deduct", unencodable: "pg_last_unencodable", refund: "pg_last_refund" },
@@ -22,7 +22,7 @@ mod claim_last {
 mod claim_first {
     crate::common::tx::suite! {
         db: PgDb,
-        mode: Mode::Pg(idem_runtime::store::postgres::ClaimOrder::First),
+        mode: Mode::Pg(idem_runtime::ClaimOrder::First),
         store: "postgres",
         tx: PgTx,
         names: { deduct: "pg_first_deduct", unencodable: "pg_first_unencodable", refund: "pg_first_refund" },

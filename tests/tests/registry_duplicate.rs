@@ -1,7 +1,10 @@
-//! Two handlers registered under one name. This file is its own test binary
-//! on purpose: the clash poisons every store and every handler call in it.
+//! Handlers registered under one name. This file is its own test binary on
+//! purpose: the clashes poison every store and every handler call in it.
+//!
+//! Two clashes: `notify`, given explicitly to two handlers, and `send`, the
+//! default name of two functions in different modules.
 
-use idem_runtime::registry::{self, RegistryError};
+use idem_runtime::registry::{self, Clash, RegistryError};
 use idem_runtime::{Error, MemoryStore, SqliteStore, SqliteTx, StoreError, idempotent};
 
 #[derive(Debug)]
@@ -34,54 +37,83 @@ mod shipping {
     }
 }
 
-/// A third handler with a name of its own: refused too, because the check
-/// is for the whole binary.
+mod marketing {
+    use super::{Msg, Never};
+    use idem_runtime::idempotent;
+
+    #[idempotent(key = "id", ttl = "1h", store = "memory")]
+    pub(super) async fn send(msg: &Msg) -> Result<u64, Never> {
+        Ok(msg.id)
+    }
+}
+
+mod sales {
+    use super::{Msg, Never};
+    use idem_runtime::idempotent;
+
+    #[idempotent(key = "id", ttl = "1h", store = "memory")]
+    pub(super) async fn send(msg: &Msg) -> Result<u64, Never> {
+        Ok(msg.id)
+    }
+}
+
+/// A handler with a name of its own: refused too, because the check is for
+/// the whole binary.
 #[idempotent(key = "id", ttl = "1h", store = "sqlite", name = "innocent")]
 async fn innocent(tx: &mut SqliteTx<'_>, msg: &Msg) -> Result<u64, Never> {
     let _ = tx;
     Ok(msg.id)
 }
 
+/// `file:line` of the attribute of a handler in this file, checked against
+/// the source: it must be one of the clashing attributes.
+fn assert_place(spec: &registry::HandlerSpec, name_in_attribute: Option<&str>) {
+    assert_eq!(spec.file, file!());
+    let source = include_str!("registry_duplicate.rs");
+    let text = source.lines().nth(spec.line as usize - 1).expect("a line");
+    assert!(text.contains("#[idempotent("), "{text:?}");
+    if let Some(name) = name_in_attribute {
+        assert!(text.contains(&format!("name = \"{name}\"")), "{text:?}");
+    }
+}
+
 #[test]
-fn check_refuses_the_shared_name_and_names_both_places() {
+fn check_reports_every_clash_with_every_handler_and_the_names_to_add() {
     let err = registry::check().unwrap_err();
-    let RegistryError::DuplicateName {
-        name,
-        first,
-        second,
-    } = &err
-    else {
+    let RegistryError::DuplicateNames { clashes } = &err else {
         panic!("unexpected {err:?}");
     };
-    assert_eq!(*name, "notify");
-    // Each place is `file:line` of one of the two attributes above.
-    let source = include_str!("registry_duplicate.rs");
-    let mut lines = Vec::new();
-    for place in [first, second] {
-        let (file, line) = place.rsplit_once(':').expect("file:line");
-        assert_eq!(file, file!(), "{place}");
-        let line: usize = line.parse().expect("a line number");
-        let text = source.lines().nth(line - 1).expect("line in this file");
-        assert!(
-            text.contains("#[idempotent(") && text.contains("name = \"notify\""),
-            "{place} is not one of the clashing attributes: {text:?}"
-        );
-        lines.push(line);
+    let names: Vec<&str> = clashes.iter().map(|c| c.name).collect();
+    assert_eq!(names, ["notify", "send"]);
+    for Clash { name, handlers } in clashes {
+        assert_eq!(handlers.len(), 2, "{name}");
+        for h in handlers {
+            assert_eq!(h.name, *name);
+            assert_place(h, (*name == "notify").then_some("notify"));
+        }
+        assert_ne!(handlers[0].line, handlers[1].line);
     }
-    assert_ne!(lines[0], lines[1], "both places are the same: {err}");
-    let expected = [first.clone(), second.clone()];
+
     let text = err.to_string();
-    assert!(text.contains("notify"), "{text}");
+    assert!(text.contains("cannot be retried away"), "{text}");
+    for place in clashes.iter().flat_map(|c| &c.handlers) {
+        assert!(
+            text.contains(&format!(
+                "{}::{} ({}:{})",
+                place.module, place.function, place.file, place.line
+            )),
+            "{text}"
+        );
+    }
+    // Same function name in two modules: the advice names the module.
     assert!(
-        text.contains(&expected[0]) && text.contains(&expected[1]),
+        text.contains("name = \"sales::send\" on registry_duplicate::sales::send"),
         "{text}"
     );
-    assert!(text.contains("name = \"...\""), "{text}");
-
-    let both: Vec<_> = registry::handlers()
-        .filter(|h| h.name == "notify")
-        .collect();
-    assert_eq!(both.len(), 2);
+    assert!(
+        text.contains("keep `send` on the handler whose records already exist"),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -93,7 +125,7 @@ async fn opening_a_sqlite_store_fails() {
     assert!(
         matches!(
             &err,
-            StoreError::Registry(RegistryError::DuplicateName { name: "notify", .. })
+            StoreError::Registry(RegistryError::DuplicateNames { clashes }) if clashes.len() == 2
         ),
         "{err:?}"
     );
@@ -102,20 +134,22 @@ async fn opening_a_sqlite_store_fails() {
 }
 
 #[tokio::test]
-async fn every_handler_call_is_a_store_error_and_no_body_runs() {
+async fn every_handler_call_is_a_config_error_and_no_body_runs() {
     let store = MemoryStore::new();
     let err = billing::notify(&store, &Msg { id: 1 }).await.unwrap_err();
     assert!(
         matches!(
             &err,
-            Error::Store {
+            Error::Config {
                 handler: "notify",
-                source: StoreError::Registry(_),
-                key: Some(_),
+                source: RegistryError::DuplicateNames { .. },
             }
         ),
         "{err:?}"
     );
+    assert_eq!(err.kind(), "config");
+    assert!(marketing::send(&store, &Msg { id: 1 }).await.is_err());
+    assert!(sales::send(&store, &Msg { id: 1 }).await.is_err());
     assert!(store.is_empty(), "a record was written despite the clash");
 
     // A store built from a pool skips the start-up check; the call still
@@ -130,8 +164,8 @@ async fn every_handler_call_is_a_store_error_and_no_body_runs() {
         assert!(
             matches!(
                 &err,
-                Error::Store {
-                    source: StoreError::Registry(RegistryError::DuplicateName { .. }),
+                Error::Config {
+                    source: RegistryError::DuplicateNames { .. },
                     ..
                 }
             ),

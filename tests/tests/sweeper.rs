@@ -7,8 +7,8 @@ mod common;
 use std::time::Duration;
 
 use common::{AppError, Db, Probe, T0, eventually};
+use idem_runtime::Sweeper;
 use idem_runtime::clock::ManualClock;
-use idem_runtime::store::Sweeper;
 use idem_runtime::{MemoryStore, SqliteTx, idempotent};
 
 #[derive(Debug)]

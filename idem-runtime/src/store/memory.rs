@@ -255,7 +255,7 @@ impl LeaseStore for MemoryStore {
                             outcome: e.outcome.clone().unwrap_or_default(),
                         },
                         Status::InProgress => Claim::InProgress {
-                            retry_after: Duration::from_millis((e.expires_at - now) as u64),
+                            lease_left: Duration::from_millis((e.expires_at - now) as u64),
                         },
                     };
                 }

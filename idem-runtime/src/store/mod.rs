@@ -8,7 +8,7 @@
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use idem_runtime::{Key, MemoryStore, store::Sweeper};
+//! use idem_runtime::{Key, MemoryStore, Sweeper};
 //! use std::time::Duration;
 //!
 //! let store = MemoryStore::new();
@@ -193,7 +193,7 @@ pub trait Sweep: Clone + Send + Sync + 'static {
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// use idem_runtime::{MemoryStore, store::Sweeper};
+/// use idem_runtime::{MemoryStore, Sweeper};
 /// use std::time::Duration;
 /// let store = MemoryStore::new();
 /// let sweeper = Sweeper::spawn(store.clone(), Duration::from_secs(60), 1000);
@@ -224,7 +224,7 @@ impl Sweeper {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use idem_runtime::clock::ManualClock;
-    /// use idem_runtime::store::Sweeper;
+    /// use idem_runtime::Sweeper;
     /// use idem_runtime::{Key, LeaseStore, MemoryStore};
     ///
     /// let clock = ManualClock::starting_now();

@@ -5,7 +5,7 @@
 //! ```no_run
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use idem_runtime::store::postgres::{ClaimOrder, PgStore};
+//! use idem_runtime::{ClaimOrder, PgStore};
 //!
 //! let store = PgStore::connect("postgres://app@db.internal/shop")
 //!     .await?
@@ -18,7 +18,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::Connection as _;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 
 use crate::clock::{Clock, SystemClock, millis};
@@ -95,7 +96,7 @@ pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 /// # Examples
 ///
 /// ```
-/// use idem_runtime::store::postgres::ClaimOrder;
+/// use idem_runtime::ClaimOrder;
 /// assert_eq!(ClaimOrder::default(), ClaimOrder::Last);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -226,6 +227,15 @@ impl PgStore {
             "lock_timeout",
             format!("{}ms", DEFAULT_LOCK_TIMEOUT.as_millis()),
         )]);
+        // One direct connection first: a pool retries a refused connection
+        // until its acquire timeout (30 s) and then reports only the
+        // timeout, while this fails at once with the cause.
+        PgConnection::connect_with(&options)
+            .await
+            .map_err(backend)?
+            .close()
+            .await
+            .map_err(backend)?;
         let pool = pool.connect_with(options).await.map_err(backend)?;
         Ok(Self::from_pool(pool))
     }
@@ -315,7 +325,7 @@ impl PgStore {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://postgres@127.0.0.1/test")?;
     /// use idem_runtime::PgStore;
-    /// use idem_runtime::store::postgres::ClaimOrder;
+    /// use idem_runtime::ClaimOrder;
     ///
     /// // duplicates are frequent and their bodies expensive: turn them away first
     /// let store = PgStore::from_pool(pool).with_claim_order(ClaimOrder::First);
@@ -342,21 +352,29 @@ impl PgStore {
     /// # Ok(()) }
     /// ```
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await.map_err(backend)?;
+        let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
         if let Some(lock) = &self.sql.lock_migration {
             sqlx::query(q(lock))
                 .execute(&mut *tx)
                 .await
-                .map_err(backend)?;
+                .map_err(|e| self.err(e))?;
         }
         sqlx::raw_sql(q(&self.sql.create))
             .execute(&mut *tx)
             .await
-            .map_err(backend)?;
-        tx.commit().await.map_err(backend)
+            .map_err(|e| self.err(e))?;
+        tx.commit().await.map_err(|e| self.err(e))
     }
 
     fn err(&self, e: sqlx::Error) -> StoreError {
+        // undefined_table: every statement of the store names only its table.
+        if let sqlx::Error::Database(db) = &e {
+            if db.code().as_deref() == Some("42P01") {
+                return StoreError::MissingTable {
+                    table: self.sql.table.clone(),
+                };
+            }
+        }
         backend(e)
     }
 
@@ -397,7 +415,7 @@ impl TxStore for PgStore {
         spec: &'static HandlerSpec,
         key: &Key,
     ) -> Result<TxClaim<Self::Tx>, StoreError> {
-        let mut tx = self.pool.begin().await.map_err(backend)?;
+        let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
         if self.order == ClaimOrder::Last {
             return Ok(TxClaim::Fresh(tx));
         }
@@ -409,10 +427,10 @@ impl TxStore for PgStore {
             Ok(true) => return Ok(TxClaim::Fresh(tx)),
             Ok(false) => {}
             Err(e) if is_lock_timeout(&e) => return Ok(self.in_progress()),
-            Err(e) => return Err(backend(e)),
+            Err(e) => return Err(self.err(e)),
         }
         let standing = self.standing(&mut *tx, spec, key, now).await?;
-        tx.rollback().await.map_err(backend)?;
+        tx.rollback().await.map_err(|e| self.err(e))?;
         match standing {
             Some(Standing::Completed(outcome)) => Ok(TxClaim::Completed { outcome }),
             Some(Standing::InProgress(retry_after)) => Ok(TxClaim::InProgress { retry_after }),
@@ -448,7 +466,7 @@ impl TxStore for PgStore {
                 // Claim-last found a live row: this delivery is a duplicate.
                 // Its body's writes roll back with the transaction.
                 let standing = self.standing(&mut *tx, spec, key, now).await?;
-                tx.rollback().await.map_err(backend)?;
+                tx.rollback().await.map_err(|e| self.err(e))?;
                 return Ok(match standing {
                     Some(Standing::Completed(outcome)) => TxCommit::Duplicate { outcome },
                     Some(Standing::InProgress(retry_after)) => TxCommit::InProgress { retry_after },
@@ -458,14 +476,14 @@ impl TxStore for PgStore {
                 });
             }
             Err(e) if is_lock_timeout(&e) => {
-                tx.rollback().await.map_err(backend)?;
+                tx.rollback().await.map_err(|e| self.err(e))?;
                 return Ok(TxCommit::InProgress {
                     retry_after: self.lock_timeout,
                 });
             }
-            Err(e) => return Err(backend(e)),
+            Err(e) => return Err(self.err(e)),
         }
-        tx.commit().await.map_err(backend)?;
+        tx.commit().await.map_err(|e| self.err(e))?;
         Ok(TxCommit::Committed)
     }
 
@@ -475,7 +493,7 @@ impl TxStore for PgStore {
         spec: &'static HandlerSpec,
         key: &Key,
     ) -> Result<Option<String>, StoreError> {
-        tx.rollback().await.map_err(backend)?;
+        tx.rollback().await.map_err(|e| self.err(e))?;
         if self.order == ClaimOrder::First {
             // The claim came first: a failing body was never a duplicate's.
             return Ok(None);

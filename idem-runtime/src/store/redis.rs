@@ -274,9 +274,9 @@ impl RedisStore {
     /// ```
     pub fn with_prefix(mut self, prefix: &str) -> Result<Self, StoreError> {
         if prefix.is_empty() || prefix.contains(['{', '}']) {
-            return Err(StoreError::Schema(format!(
-                "invalid Redis key prefix {prefix:?}: use non-empty text without braces"
-            )));
+            return Err(StoreError::InvalidPrefix {
+                prefix: prefix.to_owned(),
+            });
         }
         self.prefix = prefix.to_owned();
         Ok(self)
@@ -430,7 +430,7 @@ impl LeaseStore for RedisStore {
                 other => Err(reply_err("claim", other)),
             },
             [tag, pttl] if as_int(tag) == Some(3) => Ok(Claim::InProgress {
-                retry_after: Duration::from_millis(as_int(pttl).unwrap_or(0).max(0) as u64),
+                lease_left: Duration::from_millis(as_int(pttl).unwrap_or(0).max(0) as u64),
             }),
             _ => Err(StoreError::Schema(format!(
                 "unexpected reply to claim: {reply:?}"

@@ -396,7 +396,7 @@ macro_rules! sql_store {
                         Ok(false) => {}
                         Err(e) => {
                             return match self.lock_wait(&e) {
-                                Some(retry_after) => Ok(Claim::InProgress { retry_after }),
+                                Some(lease_left) => Ok(Claim::InProgress { lease_left }),
                                 None => Err(self.err(e)),
                             };
                         }
@@ -405,8 +405,8 @@ macro_rules! sql_store {
                         Some(Standing::Completed(outcome)) => {
                             return Ok(Claim::Completed { outcome });
                         }
-                        Some(Standing::InProgress(retry_after)) => {
-                            return Ok(Claim::InProgress { retry_after });
+                        Some(Standing::InProgress(lease_left)) => {
+                            return Ok(Claim::InProgress { lease_left });
                         }
                         None => continue,
                     }

@@ -17,6 +17,7 @@
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
@@ -104,7 +105,7 @@ pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///   token; completion, release and lease extension compare the token.
 ///
 /// Expired records are reclaimed at claim time; [`sweep_expired`] and
-/// [`Sweeper`](crate::store::Sweeper) delete them in bounded batches.
+/// [`Sweeper`](crate::Sweeper) delete them in bounded batches.
 ///
 /// SQLite has one writer at a time: concurrent claims queue on its write lock
 /// for up to the busy timeout (5 s unless the pool says otherwise), then fail
@@ -147,7 +148,10 @@ pub struct SqliteStore {
     pool: SqlitePool,
     sql: Arc<Statements>,
     clock: Arc<dyn Clock>,
-    busy_timeout: Duration,
+    /// The connections' busy timeout in milliseconds, as SQLite reports it
+    /// (`PRAGMA busy_timeout`), for [`StoreError::Timeout`]; read when the
+    /// store connects and again by `migrate`.
+    busy_timeout_ms: Arc<AtomicU64>,
 }
 
 impl SqliteStore {
@@ -198,9 +202,8 @@ impl SqliteStore {
     }
 
     /// Connects with explicit sqlx options. Set the busy timeout on them
-    /// with [`SqliteConnectOptions::busy_timeout`]. sqlx cannot read it back,
-    /// so [`StoreError::Timeout`] reports the 5 s default
-    /// ([`DEFAULT_BUSY_TIMEOUT`]) whatever the options say.
+    /// with [`SqliteConnectOptions::busy_timeout`] (sqlx's default is 5 s);
+    /// [`StoreError::Timeout`] reports the one the connections really have.
     ///
     /// # Examples
     ///
@@ -223,14 +226,13 @@ impl SqliteStore {
     /// ```
     pub async fn connect_with(options: SqliteConnectOptions) -> Result<Self, StoreError> {
         registry::check()?;
-        let busy_timeout = DEFAULT_BUSY_TIMEOUT;
         let pool = SqlitePoolOptions::new()
-            .acquire_timeout(busy_timeout.max(Duration::from_secs(5)))
+            .acquire_timeout(DEFAULT_BUSY_TIMEOUT)
             .connect_with(options)
             .await
             .map_err(StoreError::backend)?;
-        let mut store = Self::from_pool(pool);
-        store.busy_timeout = busy_timeout;
+        let store = Self::from_pool(pool);
+        store.read_busy_timeout().await?;
         Ok(store)
     }
 
@@ -261,8 +263,19 @@ impl SqliteStore {
             pool,
             sql: Arc::new(Statements::new(DEFAULT_TABLE, Dialect::Sqlite)),
             clock: Arc::new(SystemClock),
-            busy_timeout: DEFAULT_BUSY_TIMEOUT,
+            busy_timeout_ms: Arc::new(AtomicU64::new(millis_u64(DEFAULT_BUSY_TIMEOUT))),
         }
+    }
+
+    /// Asks SQLite for the connections' busy timeout.
+    async fn read_busy_timeout(&self) -> Result<(), StoreError> {
+        let ms: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        self.busy_timeout_ms
+            .store(u64::try_from(ms).unwrap_or(0), Ordering::Relaxed);
+        Ok(())
     }
 
     /// Uses `table` instead of `idem_keys`. The name must be a plain SQL
@@ -323,11 +336,21 @@ impl SqliteStore {
             .execute(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
-        Ok(())
+        // A store made from the application's pool learns its timeout here.
+        self.read_busy_timeout().await
     }
 
     fn err(&self, e: sqlx::Error) -> StoreError {
-        backend(e, self.busy_timeout)
+        if let sqlx::Error::Database(db) = &e {
+            // Every statement of the store names only its own table.
+            if db.message().starts_with("no such table") {
+                return StoreError::MissingTable {
+                    table: self.sql.table.clone(),
+                };
+            }
+        }
+        let busy = Duration::from_millis(self.busy_timeout_ms.load(Ordering::Relaxed));
+        backend(e, busy)
     }
 
     /// SQLite's lock is database-wide: a busy wait says nothing about the
@@ -437,4 +460,8 @@ impl TxStore for SqliteStore {
         tx.rollback().await.map_err(|e| self.err(e))?;
         Ok(None)
     }
+}
+
+fn millis_u64(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

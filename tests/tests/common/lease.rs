@@ -209,9 +209,11 @@ macro_rules! suite {
             let during = jobs_together(&db, &probe, N, |_| Job::new("j-5", 8)).await;
             for r in &during {
                 match r {
+                    // A redelivery hint of when the result is likely, not
+                    // the hour-long lease that is left.
                     Err(Error::InProgress { retry_after, .. }) => {
-                        assert!(*retry_after > Duration::from_secs(3_500), "{retry_after:?}");
-                        assert!(*retry_after <= Duration::from_secs(3_600), "{retry_after:?}");
+                        assert!(*retry_after >= Duration::from_millis(10), "{retry_after:?}");
+                        assert!(*retry_after < Duration::from_secs(60), "{retry_after:?}");
                     }
                     other => panic!("expected InProgress while the body runs, got {other:?}"),
                 }
@@ -302,7 +304,12 @@ macro_rules! suite {
                     ..
                 } => {
                     assert_eq!(handler, JOB);
-                    assert_eq!(retry_after, Duration::from_secs(3_000));
+                    // Held for 600 s of an hour's lease: the hint is at most
+                    // as long again (less once bodies of this handler have
+                    // finished quickly in this process), never past the 3,000
+                    // s left.
+                    assert!(retry_after <= Duration::from_secs(600), "{retry_after:?}");
+                    assert!(retry_after >= Duration::from_millis(10), "{retry_after:?}");
                 }
                 other => panic!("expected InProgress, got {other:?}"),
             }
@@ -477,7 +484,7 @@ macro_rules! suite {
             assert_eq!(rec.expires_at_ms, T0 + 1_400, "{rec:?}");
             match short_lease_job(&db.store, &Job::new("j-12", 2), &probe, &db).await {
                 Err(Error::InProgress { retry_after, .. }) => {
-                    assert_eq!(retry_after, Duration::from_millis(400));
+                    assert!(retry_after <= Duration::from_millis(400), "{retry_after:?}");
                 }
                 other => panic!("a second consumer took over a renewed lease: {other:?}"),
             }

@@ -14,10 +14,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use idem_runtime::ClaimOrder;
 use idem_runtime::clock::ManualClock;
-use idem_runtime::store::postgres::ClaimOrder;
-use idem_runtime::store::{Record, Status};
 use idem_runtime::{Error, Outcome};
+use idem_runtime::{Record, Status};
 use tokio::sync::{Barrier, Notify};
 
 /// The business tables of a suite fixture (a type with `store`, `inventory`

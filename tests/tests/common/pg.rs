@@ -3,8 +3,8 @@
 
 use std::str::FromStr;
 
+use idem_runtime::ClaimOrder;
 use idem_runtime::PgStore;
-use idem_runtime::store::postgres::ClaimOrder;
 use idem_tests::{DropTables, pg_pool, pg_url, unique_table};
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};

@@ -88,7 +88,7 @@ pub(crate) enum Waited {
 impl super::Mode {
     /// How this store ends a delivery that waits past the lock timeout.
     pub(crate) fn waited(self) -> Waited {
-        use idem_runtime::store::postgres::ClaimOrder;
+        use idem_runtime::ClaimOrder;
         match self {
             super::Mode::Sqlite => Waited::StoreTimeout,
             super::Mode::Pg(ClaimOrder::First) => Waited::InProgress,
@@ -466,7 +466,7 @@ macro_rules! suite {
         }
 
         #[tokio::test]
-        async fn outcome_that_does_not_encode_rolls_back_and_is_a_codec_error() {
+        async fn outcome_that_does_not_encode_rolls_back_and_is_unrecordable() {
             let db = or_skip!($Db::open(MODE, Open::Plain).await);
             let probe = Probe::new();
             let msg = OrderPlaced::new("o-7", "none", 1);
@@ -475,7 +475,7 @@ macro_rules! suite {
                 let err = deduct_unencodable(&db.store, &msg, &probe, &db)
                     .await
                     .unwrap_err();
-                assert!(matches!(err, Error::Codec { .. }), "{err:?}");
+                assert!(matches!(err, Error::Unrecordable { .. }), "{err:?}");
                 // Nothing was committed, so the redelivery runs again.
                 assert_eq!(probe.runs(), run);
                 assert_eq!(db.ledger_len().await, 0);

@@ -1,0 +1,407 @@
+//! How a body's value becomes a record and a record becomes a duplicate's
+//! value again: JSON, with two guarantees.
+//!
+//! * **Bit for bit.** Floats are written in their shortest exact form and
+//!   read back with serde_json's `float_roundtrip`, so `Duplicate(v)` equals
+//!   `Executed(v)` for every finite float, `-0.0` and subnormals included.
+//! * **Readable or not written.** A value JSON cannot carry is refused
+//!   before anything is recorded ([`Error::Unrecordable`]): NaN and the
+//!   infinities (JSON would write `null`, which a duplicate reads as `None`
+//!   or cannot read at all), and any value whose encoding does not decode
+//!   into its type again (a `Deserialize` that refuses its own `Serialize`'s
+//!   output). So no duplicate ever meets a record it cannot read.
+
+use std::fmt::{self, Display};
+
+use serde::de::DeserializeOwned;
+use serde::{Serialize, ser};
+
+use crate::error::Error;
+use crate::key::Key;
+use crate::outcome::Outcome;
+use crate::registry::HandlerSpec;
+
+/// Encodes a body's value for the record, or refuses it.
+pub(crate) fn encode<T: Serialize + DeserializeOwned, E>(
+    spec: &'static HandlerSpec,
+    key: &Key,
+    value: &T,
+) -> Result<String, Error<E>> {
+    let unrecordable = |source| Error::Unrecordable {
+        handler: spec.name,
+        key: key.clone(),
+        source,
+    };
+    value
+        .serialize(&mut FiniteCheck::default())
+        .map_err(|e| unrecordable(ser::Error::custom(e)))?;
+    let encoded = serde_json::to_string(value).map_err(unrecordable)?;
+    serde_json::from_str::<T>(&encoded).map_err(|e| {
+        unrecordable(ser::Error::custom(format_args!(
+            "it would not read back: {e}"
+        )))
+    })?;
+    Ok(encoded)
+}
+
+/// Decodes a recorded outcome for a duplicate.
+pub(crate) fn decode<T: DeserializeOwned, E>(
+    spec: &'static HandlerSpec,
+    key: &Key,
+    outcome: &str,
+) -> Result<Outcome<T>, Error<E>> {
+    serde_json::from_str(outcome)
+        .map(Outcome::Duplicate)
+        .map_err(|source| Error::Codec {
+            handler: spec.name,
+            key: key.clone(),
+            source,
+        })
+}
+
+/// Walks a value as serde presents it and stops at the first float JSON
+/// cannot carry, remembering where it was (`.amount`, `.samples[2]`).
+#[derive(Default)]
+struct FiniteCheck {
+    path: Vec<Step>,
+}
+
+enum Step {
+    Field(&'static str),
+    Index(usize),
+    MapValue,
+}
+
+/// A float JSON cannot carry, and where.
+#[derive(Debug)]
+struct NotFinite(String);
+
+impl Display for NotFinite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NotFinite {}
+
+impl ser::Error for NotFinite {
+    fn custom<M: Display>(msg: M) -> Self {
+        NotFinite(msg.to_string())
+    }
+}
+
+impl FiniteCheck {
+    fn float(&self, value: f64, shown: &dyn Display) -> Result<(), NotFinite> {
+        if value.is_finite() {
+            return Ok(());
+        }
+        let mut at = String::new();
+        for step in &self.path {
+            match step {
+                Step::Field(name) => at.push_str(&format!(".{name}")),
+                Step::Index(i) => at.push_str(&format!("[{i}]")),
+                Step::MapValue => at.push_str("[..]"),
+            }
+        }
+        let at = if at.is_empty() {
+            "the result".to_owned()
+        } else {
+            format!("`{at}`")
+        };
+        Err(NotFinite(format!(
+            "{at} is {shown}, which JSON cannot carry (it would be recorded as null); return a finite number, or an Option or enum that says what it means"
+        )))
+    }
+
+    fn nested<T: Serialize + ?Sized>(&mut self, step: Step, value: &T) -> Result<(), NotFinite> {
+        self.path.push(step);
+        value.serialize(&mut *self)?;
+        self.path.pop();
+        Ok(())
+    }
+}
+
+/// Scalars that are always fine.
+macro_rules! fine {
+    ($($method:ident($t:ty)),* $(,)?) => {$(
+        fn $method(self, _: $t) -> Result<(), NotFinite> {
+            Ok(())
+        }
+    )*};
+}
+
+impl ser::Serializer for &mut FiniteCheck {
+    type Ok = ();
+    type Error = NotFinite;
+    type SerializeSeq = Self;
+    type SerializeTuple = Self;
+    type SerializeTupleStruct = Self;
+    type SerializeTupleVariant = Self;
+    type SerializeMap = Self;
+    type SerializeStruct = Self;
+    type SerializeStructVariant = Self;
+
+    fine!(
+        serialize_bool(bool),
+        serialize_i8(i8),
+        serialize_i16(i16),
+        serialize_i32(i32),
+        serialize_i64(i64),
+        serialize_i128(i128),
+        serialize_u8(u8),
+        serialize_u16(u16),
+        serialize_u32(u32),
+        serialize_u64(u64),
+        serialize_u128(u128),
+        serialize_char(char),
+        serialize_str(&str),
+        serialize_bytes(&[u8]),
+        serialize_unit_struct(&'static str),
+    );
+
+    fn serialize_f32(self, v: f32) -> Result<(), NotFinite> {
+        self.float(f64::from(v), &v)
+    }
+    fn serialize_f64(self, v: f64) -> Result<(), NotFinite> {
+        self.float(v, &v)
+    }
+    fn serialize_none(self) -> Result<(), NotFinite> {
+        Ok(())
+    }
+    fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), NotFinite> {
+        value.serialize(self)
+    }
+    fn serialize_unit(self) -> Result<(), NotFinite> {
+        Ok(())
+    }
+    fn serialize_unit_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+    ) -> Result<(), NotFinite> {
+        Ok(())
+    }
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(
+        self,
+        _: &'static str,
+        value: &T,
+    ) -> Result<(), NotFinite> {
+        value.serialize(self)
+    }
+    fn serialize_newtype_variant<T: Serialize + ?Sized>(
+        self,
+        _: &'static str,
+        _: u32,
+        variant: &'static str,
+        value: &T,
+    ) -> Result<(), NotFinite> {
+        self.nested(Step::Field(variant), value)
+    }
+    fn serialize_seq(self, _: Option<usize>) -> Result<Self, NotFinite> {
+        self.path.push(Step::Index(0));
+        Ok(self)
+    }
+    fn serialize_tuple(self, len: usize) -> Result<Self, NotFinite> {
+        self.serialize_seq(Some(len))
+    }
+    fn serialize_tuple_struct(self, _: &'static str, len: usize) -> Result<Self, NotFinite> {
+        self.serialize_seq(Some(len))
+    }
+    fn serialize_tuple_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        variant: &'static str,
+        len: usize,
+    ) -> Result<Self, NotFinite> {
+        self.path.push(Step::Field(variant));
+        self.serialize_seq(Some(len))
+    }
+    fn serialize_map(self, _: Option<usize>) -> Result<Self, NotFinite> {
+        Ok(self)
+    }
+    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self, NotFinite> {
+        Ok(self)
+    }
+    fn serialize_struct_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        variant: &'static str,
+        _: usize,
+    ) -> Result<Self, NotFinite> {
+        self.path.push(Step::Field(variant));
+        Ok(self)
+    }
+}
+
+impl FiniteCheck {
+    /// The next element of the sequence whose index is on top of the path.
+    fn element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), NotFinite> {
+        value.serialize(&mut *self)?;
+        if let Some(Step::Index(i)) = self.path.last_mut() {
+            *i += 1;
+        }
+        Ok(())
+    }
+}
+
+/// The compound parts whose elements are counted like a sequence's.
+macro_rules! sequence {
+    ($($trait:ident :: $method:ident),*) => {$(
+        impl ser::$trait for &mut FiniteCheck {
+            type Ok = ();
+            type Error = NotFinite;
+            fn $method<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), NotFinite> {
+                self.element(value)
+            }
+            fn end(self) -> Result<(), NotFinite> {
+                self.path.pop();
+                Ok(())
+            }
+        }
+    )*};
+}
+
+sequence!(
+    SerializeSeq::serialize_element,
+    SerializeTuple::serialize_element,
+    SerializeTupleStruct::serialize_field
+);
+
+impl ser::SerializeTupleVariant for &mut FiniteCheck {
+    type Ok = ();
+    type Error = NotFinite;
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), NotFinite> {
+        self.element(value)
+    }
+    fn end(self) -> Result<(), NotFinite> {
+        self.path.pop();
+        self.path.pop();
+        Ok(())
+    }
+}
+
+impl ser::SerializeMap for &mut FiniteCheck {
+    type Ok = ();
+    type Error = NotFinite;
+    fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), NotFinite> {
+        // A float key is written as a string by JSON; a NaN one still reads
+        // back as a string "NaN" that no float parses: refuse it too.
+        key.serialize(&mut **self)
+    }
+    fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), NotFinite> {
+        self.nested(Step::MapValue, value)
+    }
+    fn end(self) -> Result<(), NotFinite> {
+        Ok(())
+    }
+}
+
+impl ser::SerializeStruct for &mut FiniteCheck {
+    type Ok = ();
+    type Error = NotFinite;
+    fn serialize_field<T: Serialize + ?Sized>(
+        &mut self,
+        name: &'static str,
+        value: &T,
+    ) -> Result<(), NotFinite> {
+        self.nested(Step::Field(name), value)
+    }
+    fn end(self) -> Result<(), NotFinite> {
+        Ok(())
+    }
+}
+
+impl ser::SerializeStructVariant for &mut FiniteCheck {
+    type Ok = ();
+    type Error = NotFinite;
+    fn serialize_field<T: Serialize + ?Sized>(
+        &mut self,
+        name: &'static str,
+        value: &T,
+    ) -> Result<(), NotFinite> {
+        self.nested(Step::Field(name), value)
+    }
+    fn end(self) -> Result<(), NotFinite> {
+        self.path.pop();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn check<T: Serialize>(value: &T) -> Result<(), String> {
+        value
+            .serialize(&mut FiniteCheck::default())
+            .map_err(|e| e.to_string())
+    }
+
+    #[derive(Serialize)]
+    struct Reading {
+        sensor: String,
+        values: Vec<f64>,
+        average: Option<f32>,
+        by_hour: BTreeMap<u8, f64>,
+        kind: Kind,
+    }
+
+    #[derive(Serialize)]
+    enum Kind {
+        Plain,
+        Scaled { factor: f64 },
+        Pair(f64, f64),
+    }
+
+    fn reading() -> Reading {
+        Reading {
+            sensor: "t-1".into(),
+            values: vec![1.5, -0.0, 5e-324],
+            average: Some(1.0),
+            by_hour: BTreeMap::from([(3, 2.5)]),
+            kind: Kind::Plain,
+        }
+    }
+
+    #[test]
+    fn finite_values_pass() {
+        assert_eq!(check(&reading()), Ok(()));
+        assert_eq!(check(&(1u128 << 100, -7i128, 'x', "s", ())), Ok(()));
+    }
+
+    #[test]
+    fn non_finite_floats_are_refused_with_their_place() {
+        let mut r = reading();
+        r.values[2] = f64::NAN;
+        assert!(
+            check(&r).unwrap_err().starts_with("`.values[2]` is NaN"),
+            "{:?}",
+            check(&r)
+        );
+        let mut r = reading();
+        r.average = Some(f32::INFINITY);
+        assert!(check(&r).unwrap_err().starts_with("`.average` is inf"));
+        let mut r = reading();
+        r.by_hour.insert(4, f64::NEG_INFINITY);
+        assert!(check(&r).unwrap_err().starts_with("`.by_hour[..]` is -inf"));
+        let mut r = reading();
+        r.kind = Kind::Scaled { factor: f64::NAN };
+        assert!(
+            check(&r)
+                .unwrap_err()
+                .starts_with("`.kind.Scaled.factor` is NaN")
+        );
+        let mut r = reading();
+        r.kind = Kind::Pair(1.0, f64::NAN);
+        assert!(check(&r).unwrap_err().starts_with("`.kind.Pair[1]` is NaN"));
+        assert!(
+            check(&f64::NAN)
+                .unwrap_err()
+                .starts_with("the result is NaN")
+        );
+    }
+}
