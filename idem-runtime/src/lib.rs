@@ -51,17 +51,17 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, unreachable_pub, clippy::unwrap_used)]
 
+mod call;
 pub mod clock;
 mod codec;
-mod driver;
 mod error;
 mod key;
 mod outcome;
 pub mod registry;
 mod retry;
 pub mod store;
+mod telemetry;
 
-pub use driver::{Claim, LeaseStore, TxClaim, TxCommit, TxStore, metric};
 pub use error::{BoxError, Error, StoreError};
 pub use idem_grammar::{format_duration, parse_duration};
 /// Makes an async handler idempotent; see the crate docs and the README.
@@ -120,6 +120,7 @@ pub use idem_grammar::{format_duration, parse_duration};
 pub use idem_macros::idempotent;
 pub use key::{Key, KeyBuilder, KeyMissing, KeyPart, MAX_KEY_LEN, PartWriter};
 pub use outcome::Outcome;
+pub use store::contract::{Claim, LeaseStore, TxClaim, TxCommit, TxStore};
 pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -131,13 +132,16 @@ pub use store::redis::RedisStore;
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use store::sqlite::{SqliteStore, SqliteTx};
 pub use store::{Record, Status, Sweep, Sweeper};
+pub use telemetry::metric;
 
 /// What the generated code names. Not public API: it changes without notice.
 #[doc(hidden)]
 pub mod __private {
     #[cfg(feature = "redis")]
     pub use crate::RedisStore;
-    pub use crate::driver::{TxBegin, TxCall, key_missing, run_lease, tx_begin, tx_finish};
+    pub use crate::call::key_missing;
+    pub use crate::call::lease::run_lease;
+    pub use crate::call::tx::{TxBegin, TxCall, tx_begin, tx_finish};
     pub use crate::registry::{HandlerSpec, Mode};
     pub use crate::{Error, Key, KeyBuilder, MemoryStore, Outcome};
     #[cfg(feature = "postgres")]

@@ -16,10 +16,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock, millis};
-use crate::driver::{Claim, LeaseStore};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::registry::HandlerSpec;
+use crate::store::contract::{Claim, LeaseStore};
 use crate::store::{Record, Status, Sweep};
 
 /// An in-process store behind a mutex: lease mode only, records live as long

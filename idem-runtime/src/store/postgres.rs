@@ -23,10 +23,10 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 
 use crate::clock::{Clock, SystemClock, millis};
-use crate::driver::{TxClaim, TxCommit, TxStore};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::registry::{self, HandlerSpec};
+use crate::store::contract::{TxClaim, TxCommit, TxStore};
 use crate::store::sql::{Dialect, Standing, Statements, q, sql_store};
 use crate::store::validate_table_name;
 

@@ -19,10 +19,10 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Script, Value};
 
 use crate::clock::{Clock, SystemClock, millis};
-use crate::driver::{Claim, LeaseStore};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::registry::{self, HandlerSpec};
+use crate::store::contract::{Claim, LeaseStore};
 use crate::store::{Record, Status};
 
 /// The default prefix of every Redis key the store writes.

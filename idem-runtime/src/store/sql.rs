@@ -373,7 +373,7 @@ macro_rules! sql_store {
             }
         }
 
-        impl $crate::driver::LeaseStore for $store {
+        impl $crate::store::contract::LeaseStore for $store {
             fn store_name(&self) -> &'static str {
                 $name
             }
@@ -382,8 +382,8 @@ macro_rules! sql_store {
                 &self,
                 spec: &'static HandlerSpec,
                 key: &Key,
-            ) -> Result<$crate::driver::Claim, StoreError> {
-                use $crate::driver::Claim;
+            ) -> Result<$crate::store::contract::Claim, StoreError> {
+                use $crate::store::contract::Claim;
                 use $crate::store::sql::Standing;
                 for _ in 0..$crate::store::sql::CLAIM_RETRIES {
                     let now = self.clock.now_millis();

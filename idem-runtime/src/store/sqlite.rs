@@ -24,10 +24,10 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 use sqlx::{Sqlite, Transaction};
 
 use crate::clock::{Clock, SystemClock, millis};
-use crate::driver::{TxClaim, TxCommit, TxStore};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::registry::{self, HandlerSpec};
+use crate::store::contract::{TxClaim, TxCommit, TxStore};
 use crate::store::sql::{Dialect, Standing, Statements, q, sql_store};
 use crate::store::validate_table_name;
 
