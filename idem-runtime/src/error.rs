@@ -147,7 +147,10 @@ pub enum Error<E> {
         source: crate::registry::RegistryError,
     },
 
-    /// The store failed: connection, timeout, schema.
+    /// The store failed: connection, timeout, schema. In transaction mode
+    /// this is also what a call returns when the transaction's connection
+    /// failed while the body ran (the body's own error was only the symptom
+    /// of it): nothing was committed, and a redelivery is the cure.
     #[error("handler `{handler}`: store error{}: {source}", key.as_ref().map(|k| format!(" for key {k}")).unwrap_or_default())]
     Store {
         /// The handler's registered name.

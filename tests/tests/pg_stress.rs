@@ -69,6 +69,10 @@ async fn apply_effect(tx: &mut PgTx<'_>, msg: &Effect) -> Result<i64, sqlx::Erro
 struct Gate {
     parked: tokio::sync::Notify,
     release: tokio::sync::Notify,
+    /// Released, the body reads its row once more through its transaction
+    /// before returning (so a connection dropped while it was parked fails
+    /// the body's own statement, not the commit).
+    read_after_release: bool,
 }
 
 /// As `apply_effect`, parking on `gate` after the business write.
@@ -90,6 +94,13 @@ async fn apply_parked(tx: &mut PgTx<'_>, msg: &Effect, gate: &Gate) -> Result<i6
         .await?;
     gate.parked.notify_one();
     gate.release.notified().await;
+    if gate.read_after_release {
+        let sql = format!("SELECT applied FROM {} WHERE message_id = $1", msg.table);
+        return sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(msg.message_id)
+            .fetch_one(&mut **tx)
+            .await;
+    }
     Ok(applied)
 }
 
@@ -392,9 +403,18 @@ async fn sigkill_after_commit_before_ack_makes_redelivery_a_duplicate() {
     crash("after_commit", ClaimOrder::First).await;
 }
 
+/// The consumer's connection is terminated while the body is parked in its
+/// transaction: whether the failure then meets the commit or the body's own
+/// next statement (which returns the body's `Err(sqlx::Error)`), the call is a
+/// store error to retry, never the body's business error, and nothing stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_connection_gives_store_error_and_records_nothing() {
-    for order in [ClaimOrder::Last, ClaimOrder::First] {
+    for (order, read_after_release) in [
+        (ClaimOrder::Last, false),
+        (ClaimOrder::First, false),
+        (ClaimOrder::Last, true),
+        (ClaimOrder::First, true),
+    ] {
         let Setup {
             admin,
             dedup,
@@ -418,7 +438,10 @@ async fn dropped_connection_gives_store_error_and_records_nothing() {
             message_id: 7,
             park: Park::No,
         };
-        let gate = std::sync::Arc::new(Gate::default());
+        let gate = std::sync::Arc::new(Gate {
+            read_after_release,
+            ..Gate::default()
+        });
         let body_gate = gate.clone();
         let call = tokio::spawn(async move { apply_parked(&store, &msg, &body_gate).await });
         // The body has written through its transaction and is parked in it.
@@ -435,7 +458,7 @@ async fn dropped_connection_gives_store_error_and_records_nothing() {
         let r = call.await.expect("call task");
         assert!(
             matches!(r, Err(Error::Store { .. })),
-            "{order:?}: expected Error::Store, got {r:?}"
+            "{order:?}, failing in the body: {read_after_release}: expected Error::Store, got {r:?}"
         );
         assert!(
             applied(&admin, &table).await.is_empty(),

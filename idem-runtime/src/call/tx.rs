@@ -127,15 +127,26 @@ where
                     }),
                 }
             }
-            Err(error) => match rollback_quietly(store, call.tx, spec, key).await {
+            Err(error) => match store.rollback(call.tx, spec, key).await {
                 // The body failed because it was a duplicate's: the first
                 // delivery's recorded outcome is the answer.
-                Some(outcome) => decode(spec, key, &outcome),
-                None => Err(Error::Handler {
+                Ok(Some(outcome)) => decode(spec, key, &outcome),
+                Ok(None) => Err(Error::Handler {
                     handler: spec.name,
                     key: key.clone(),
                     error,
                 }),
+                // The transaction's connection is gone (the rollback could
+                // not even be sent), so the body's error is most likely that
+                // failure seen from inside: a store failure to retry, not a
+                // business error to dead-letter. The server rolled back.
+                Err(source) => {
+                    tracing::warn!(
+                        error = %source,
+                        "the transaction's connection failed while the body ran; reported as a store error instead of the body's"
+                    );
+                    Err(store_err(spec, key, source))
+                }
             },
         }
     }
