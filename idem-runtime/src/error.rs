@@ -35,6 +35,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 ///         Error::InProgress { .. } => "nack with delay: another consumer is on it",
 ///         Error::Store { .. } => "nack: the store is unreachable, retry later",
 ///         Error::Config { .. } => "stop the consumer: the build is wrong, retrying never helps",
+///         Error::NotRecorded { .. } => "ack and alert: the effect happened, a redelivery would repeat it",
 ///         _ => "dead-letter and alert",
 ///     }
 /// }
@@ -88,6 +89,24 @@ pub enum Error<E> {
         handler: &'static str,
         /// The derived key.
         key: Key,
+    },
+
+    /// Lease mode: the body succeeded, so its effect happened, but its
+    /// outcome could not be recorded: the store kept failing for as long as
+    /// the call's lease held (the runtime retried the completion until then).
+    /// A redelivery after the lease runs out would run the body again, so
+    /// ack the message (do not redeliver) and alert: the key has no record.
+    #[error(
+        "handler `{handler}`: the body took effect for key {key}, but its outcome could not be recorded while the lease held: {source}"
+    )]
+    NotRecorded {
+        /// The handler's registered name.
+        handler: &'static str,
+        /// The derived key.
+        key: Key,
+        /// The store's last failure.
+        #[source]
+        source: StoreError,
     },
 
     /// A key part was an `Option` holding `None`; no key could be derived and
@@ -177,6 +196,7 @@ impl<E> Error<E> {
             Error::Handler { handler, .. }
             | Error::InProgress { handler, .. }
             | Error::LeaseLost { handler, .. }
+            | Error::NotRecorded { handler, .. }
             | Error::KeyMissing { handler, .. }
             | Error::Unrecordable { handler, .. }
             | Error::Codec { handler, .. }
@@ -198,6 +218,7 @@ impl<E> Error<E> {
             Error::Handler { key, .. }
             | Error::InProgress { key, .. }
             | Error::LeaseLost { key, .. }
+            | Error::NotRecorded { key, .. }
             | Error::Unrecordable { key, .. }
             | Error::Codec { key, .. } => Some(key),
             Error::Store { key, .. } => key.as_ref(),
@@ -223,7 +244,8 @@ impl<E> Error<E> {
     }
 
     /// A short label of the variant, as used in metrics (`handler_error`,
-    /// `in_progress`, `lease_lost`, `key_missing`, `unrecordable`, `codec`,
+    /// `in_progress`, `lease_lost`, `not_recorded`, `key_missing`,
+    /// `unrecordable`, `codec`,
     /// `config`, `store`).
     ///
     /// # Examples
@@ -237,6 +259,7 @@ impl<E> Error<E> {
             Error::Handler { .. } => "handler_error",
             Error::InProgress { .. } => "in_progress",
             Error::LeaseLost { .. } => "lease_lost",
+            Error::NotRecorded { .. } => "not_recorded",
             Error::KeyMissing { .. } => "key_missing",
             Error::Unrecordable { .. } => "unrecordable",
             Error::Codec { .. } => "codec",

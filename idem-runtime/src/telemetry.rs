@@ -105,6 +105,7 @@ impl<E> std::fmt::Display for ErrorDisplay<'_, E> {
             Error::Codec { source, .. } => write!(f, "codec: {source}"),
             Error::Unrecordable { source, .. } => write!(f, "unrecordable: {source}"),
             Error::Config { source, .. } => write!(f, "config: {source}"),
+            Error::NotRecorded { source, .. } => write!(f, "not recorded: {source}"),
             other => f.write_str(other.kind()),
         }
     }

@@ -16,6 +16,7 @@ use common::{AppError, eventually};
 use idem_runtime::{Error, Outcome, RedisStore, idempotent};
 use idem_tests::{RedisServer, or_skip};
 use suite::{Fx, Job};
+use tokio::sync::Semaphore;
 
 /// One test per scenario, each on a fixture (key prefix) of its own.
 macro_rules! on_the_server {
@@ -255,4 +256,133 @@ async fn redis_restarted_mid_run_fails_calls_with_store_errors_then_recovers() {
         Outcome::Duplicate(1)
     );
     drop(server);
+}
+
+/// A body that waits at `gate` before it succeeds: the test kills Redis
+/// while it waits, so its effect happens while the store is away.
+#[idempotent(
+    key = "msg.id",
+    ttl = "1h",
+    store = "redis",
+    lease = "5s",
+    name = "redis_outage_5s"
+)]
+async fn held_5s(msg: &Job, gate: &tokio::sync::Semaphore, runs: &Runs) -> Result<u32, AppError> {
+    let _permit = gate.acquire().await.expect("gate");
+    *runs.0.lock().unwrap().entry(msg.id.clone()).or_default() += 1;
+    Ok(msg.value)
+}
+
+#[idempotent(
+    key = "msg.id",
+    ttl = "1h",
+    store = "redis",
+    lease = "1s",
+    name = "redis_outage_1s"
+)]
+async fn held_1s(msg: &Job, gate: &tokio::sync::Semaphore, runs: &Runs) -> Result<u32, AppError> {
+    let _permit = gate.acquire().await.expect("gate");
+    *runs.0.lock().unwrap().entry(msg.id.clone()).or_default() += 1;
+    Ok(msg.value)
+}
+
+/// The body succeeds while Redis is down; Redis is back 400 ms later, well
+/// within the 5 s lease. The completion is retried until it lands: the call
+/// is `Executed`, and the redelivery a `Duplicate` of it (not a second run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_that_meets_a_restarting_redis_is_retried_while_the_lease_holds() {
+    let mut server = or_skip!(RedisServer::start());
+    let store = RedisStore::connect(&server.url())
+        .await
+        .expect("connect to the throw-away server");
+    let (gate, runs) = (
+        Arc::new(tokio::sync::Semaphore::new(0)),
+        Arc::new(Runs::default()),
+    );
+    let msg = Job::new("outage-1", 7);
+    let call = {
+        let (store, gate, runs) = (store.clone(), Arc::clone(&gate), Arc::clone(&runs));
+        tokio::spawn(async move { held_5s(&store, &Job::new("outage-1", 7), &gate, &runs).await })
+    };
+    // The claim is in Redis; the body waits.
+    eventually(Duration::from_secs(5), "the claim", || async {
+        store
+            .record("redis_outage_5s", &msg.key())
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    server.kill();
+    gate.add_permits(1);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let server = tokio::task::spawn_blocking(move || {
+        server.restart();
+        server
+    })
+    .await
+    .unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .expect("the call ends")
+        .unwrap();
+    assert_eq!(r.unwrap(), Outcome::Executed(7));
+    assert_eq!(runs.of("outage-1"), 1);
+    assert_eq!(
+        held_5s(&store, &msg, &Semaphore::new(1), &runs)
+            .await
+            .unwrap(),
+        Outcome::Duplicate(7),
+        "the outcome was recorded after the restart"
+    );
+    assert_eq!(runs.of("outage-1"), 1);
+    drop(server);
+}
+
+/// The body succeeds while Redis is down and Redis stays down past the 1 s
+/// lease: the call says the effect happened without a record
+/// (`NotRecorded`), not a store error that would invite a redelivery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_the_store_never_takes_says_the_effect_happened() {
+    let mut server = or_skip!(RedisServer::start());
+    let store = RedisStore::connect(&server.url())
+        .await
+        .expect("connect to the throw-away server");
+    let (gate, runs) = (
+        Arc::new(tokio::sync::Semaphore::new(0)),
+        Arc::new(Runs::default()),
+    );
+    let msg = Job::new("outage-2", 9);
+    let call = {
+        let (store, gate, runs) = (store.clone(), Arc::clone(&gate), Arc::clone(&runs));
+        tokio::spawn(async move { held_1s(&store, &Job::new("outage-2", 9), &gate, &runs).await })
+    };
+    eventually(Duration::from_secs(5), "the claim", || async {
+        store
+            .record("redis_outage_1s", &msg.key())
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    server.kill();
+    let released = Instant::now();
+    gate.add_permits(1);
+    let r = tokio::time::timeout(Duration::from_secs(15), call)
+        .await
+        .expect("the call ends")
+        .unwrap();
+    let took = released.elapsed();
+    match &r {
+        Err(Error::NotRecorded {
+            handler: "redis_outage_1s",
+            key,
+            ..
+        }) => assert_eq!(*key, msg.key()),
+        other => panic!("expected NotRecorded, got {other:?}"),
+    }
+    let text = r.unwrap_err().to_string();
+    assert!(text.contains("took effect"), "{text}");
+    assert_eq!(runs.of("outage-2"), 1);
+    println!("NotRecorded after {took:?} (lease 1 s)");
 }

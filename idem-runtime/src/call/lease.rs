@@ -2,6 +2,7 @@
 //! then complete or release.
 
 use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -10,7 +11,7 @@ use tracing::Instrument;
 
 use super::{check_registry, store_err};
 use crate::codec::{decode, encode};
-use crate::error::Error;
+use crate::error::{Error, StoreError};
 use crate::key::Key;
 use crate::outcome::Outcome;
 use crate::registry::HandlerSpec;
@@ -70,8 +71,9 @@ where
     };
     claim_latency(spec, claim_start);
 
+    let heartbeat = Heartbeat::start(store, spec, key, &token, claim_start).await;
     let body_start = Instant::now();
-    let result = with_heartbeat(store, spec, key, &token, body).await;
+    let result = body.await;
     body_latency(spec, body_start);
     crate::retry::body_finished(spec, body_start.elapsed());
 
@@ -81,22 +83,57 @@ where
             // be encoded the claim is kept (not released) until its lease
             // runs out, rather than inviting an immediate second execution.
             let outcome = encode(spec, key, &value)?;
-            match store.complete(spec, key, &token, &outcome).await {
+            match complete_while_leased(store, spec, key, &token, &outcome, &heartbeat).await {
                 Ok(true) => Ok(Outcome::Executed(value)),
                 Ok(false) => Err(Error::LeaseLost {
                     handler: spec.name,
                     key: key.clone(),
                 }),
-                Err(e) => Err(store_err(spec, key, e)),
+                Err(source) => Err(Error::NotRecorded {
+                    handler: spec.name,
+                    key: key.clone(),
+                    source,
+                }),
             }
         }
         Err(error) => {
+            drop(heartbeat);
             release_quietly(store, spec, key, &token).await;
             Err(Error::Handler {
                 handler: spec.name,
                 key: key.clone(),
                 error,
             })
+        }
+    }
+}
+
+/// Records a successful body's outcome, retrying a failing store (with a
+/// growing pause, from 20 ms up to 500 ms) for as long as this call's lease
+/// holds: once it runs out, another consumer may take the key over and run
+/// the body again, so the caller must learn that the effect happened without
+/// a record. The heartbeat keeps extending the lease meanwhile.
+async fn complete_while_leased<S: LeaseStore>(
+    store: &S,
+    spec: &'static HandlerSpec,
+    key: &Key,
+    token: &str,
+    outcome: &str,
+    heartbeat: &Heartbeat,
+) -> Result<bool, StoreError> {
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match store.complete(spec, key, token, outcome).await {
+            Ok(completed) => return Ok(completed),
+            Err(e) if Instant::now() + pause < heartbeat.lease_ends(spec) => {
+                tracing::warn!(
+                    error = %e,
+                    "the body succeeded but its outcome could not be recorded; retrying while the lease holds"
+                );
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            Err(e) => return Err(e),
         }
     }
 }
@@ -113,48 +150,69 @@ async fn release_quietly<S: LeaseStore>(
     }
 }
 
-/// Awaits `body` while a task of its own extends the lease every third of it.
+/// A task of its own that extends the lease every third of it, from before
+/// the body starts until the outcome is recorded or the claim released; it
+/// stops when dropped (also when the call is).
 ///
-/// The heartbeat runs as a separate task so that a body that blocks its
-/// thread (a synchronous client, heavy computation) does not starve it on a
-/// multi-threaded runtime; it stops when the body finishes or the call is
-/// dropped.
-async fn with_heartbeat<S, T, E, F>(
-    store: &S,
-    spec: &'static HandlerSpec,
-    key: &Key,
-    token: &str,
-    body: F,
-) -> Result<T, E>
-where
-    S: LeaseStore + Clone + 'static,
-    F: Future<Output = Result<T, E>>,
-{
-    let period = (spec.lease / 3).max(Duration::from_millis(10));
-    let (store, key, token) = (store.clone(), key.clone(), token.to_owned());
-    let heartbeat = async move {
-        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            ticks.tick().await;
-            match store.extend(spec, &key, &token).await {
-                Ok(true) => {}
-                Ok(false) => {
-                    tracing::warn!(
-                        "lease lost while the body runs: another consumer took the key over"
-                    );
-                    return;
+/// It runs as a separate task so that a body that blocks its thread (a
+/// synchronous client, heavy computation) does not starve it on a
+/// multi-threaded runtime.
+struct Heartbeat {
+    _task: AbortOnDrop,
+    /// When the lease was last known to start: the claim, or the last
+    /// extension the store confirmed.
+    renewed: Arc<Mutex<Instant>>,
+}
+
+impl Heartbeat {
+    async fn start<S: LeaseStore + Clone + 'static>(
+        store: &S,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        token: &str,
+        claimed: Instant,
+    ) -> Heartbeat {
+        let period = (spec.lease / 3).max(Duration::from_millis(10));
+        let renewed = Arc::new(Mutex::new(claimed));
+        let (store, key, token) = (store.clone(), key.clone(), token.to_owned());
+        let last = Arc::clone(&renewed);
+        let beat = async move {
+            let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                let asked = Instant::now();
+                match store.extend(spec, &key, &token).await {
+                    Ok(true) => {
+                        *last.lock().unwrap_or_else(PoisonError::into_inner) = asked;
+                    }
+                    Ok(false) => {
+                        tracing::warn!(
+                            "lease lost while the body runs: another consumer took the key over"
+                        );
+                        return;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "could not extend the lease; will retry"),
                 }
-                Err(e) => tracing::warn!(error = %e, "could not extend the lease; will retry"),
             }
+        };
+        let task = AbortOnDrop(tokio::spawn(beat.instrument(tracing::Span::current())));
+        // A task spawned from a worker waits in that worker's own slot, which
+        // no other worker takes: let it start (arm its timer) before a body
+        // that may block this thread runs. Its timer then wakes it on a free
+        // worker.
+        tokio::task::yield_now().await;
+        Heartbeat {
+            _task: task,
+            renewed,
         }
-    };
-    let _heartbeat = AbortOnDrop(tokio::spawn(heartbeat.instrument(tracing::Span::current())));
-    // A task spawned from a worker waits in that worker's own slot, which no
-    // other worker takes: let it start (arm its timer) before a body that may
-    // block this thread runs. Its timer then wakes it on a free worker.
-    tokio::task::yield_now().await;
-    body.await
+    }
+
+    /// The earliest the lease may end: it started no earlier than the last
+    /// renewal was asked for.
+    fn lease_ends(&self, spec: &HandlerSpec) -> Instant {
+        *self.renewed.lock().unwrap_or_else(PoisonError::into_inner) + spec.lease
+    }
 }
 
 /// Aborts a task when dropped: the heartbeat ends with its call.
