@@ -131,44 +131,4 @@ pub use store::sqlite::{SqliteStore, SqliteTx};
 
 /// What the generated code names. Not public API: it changes without notice.
 #[doc(hidden)]
-pub mod __private {
-    #[cfg(feature = "redis")]
-    pub use crate::RedisStore;
-    pub use crate::driver::{TxBegin, TxCall, key_missing, run_lease, tx_begin, tx_finish};
-    pub use crate::registry::{HandlerSpec, Mode};
-    pub use crate::{Error, Key, KeyBuilder, MemoryStore, Outcome};
-    #[cfg(feature = "postgres")]
-    pub use crate::{PgStore, PgTx};
-    #[cfg(feature = "sqlite")]
-    pub use crate::{SqliteStore, SqliteTx};
-    pub use core::future::Future;
-    pub use core::result::Result;
-    pub use core::time::Duration;
-    pub use inventory;
-    pub use tracing::Instrument;
-
-    /// Implemented for what a handler may return as its `Ok` value.
-    #[diagnostic::on_unimplemented(
-        message = "the result of an idempotent handler must be storable: `{Self}` does not implement `serde::Serialize` and `serde::de::DeserializeOwned`",
-        label = "a duplicate gets this value back, decoded from the store",
-        note = "derive `serde::Serialize` and `serde::Deserialize` for it, or return a type that does"
-    )]
-    pub trait StorableOutcome: serde::Serialize + serde::de::DeserializeOwned {}
-    impl<T: serde::Serialize + serde::de::DeserializeOwned> StorableOutcome for T {}
-
-    /// Emitted with the return type's span so that a missing serde impl is
-    /// reported on the user's `T`.
-    pub const fn assert_storable<T: StorableOutcome>() {}
-
-    /// Lets `Result<T>` aliases (one type argument) name their parts.
-    pub trait HandlerResult {
-        /// The `Ok` type.
-        type Ok;
-        /// The `Err` type.
-        type Err;
-    }
-    impl<T, E> HandlerResult for core::result::Result<T, E> {
-        type Ok = T;
-        type Err = E;
-    }
-}
+pub mod __private;
