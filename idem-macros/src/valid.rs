@@ -59,7 +59,37 @@ impl Store {
         }
     }
 
-    fn enabled(self) -> bool {
+    /// The stores this build offers, as `"sqlite", "postgres" or "memory"`.
+    pub(crate) fn choices() -> String {
+        let names: Vec<String> = Self::ALL
+            .iter()
+            .filter(|(_, s)| s.enabled())
+            .map(|(n, _)| format!("\"{n}\""))
+            .collect();
+        or_list(&names)
+    }
+
+    /// The SQL stores this build offers, as `"sqlite" or "postgres"`.
+    fn sql_choices() -> Option<String> {
+        let names: Vec<String> = Self::ALL
+            .iter()
+            .filter(|(_, s)| s.enabled() && s.tx_alias().is_some())
+            .map(|(n, _)| format!("\"{n}\""))
+            .collect();
+        (!names.is_empty()).then(|| or_list(&names))
+    }
+
+    /// The lease-mode stores this build offers.
+    fn lease_choices() -> String {
+        let names: Vec<String> = Self::ALL
+            .iter()
+            .filter(|(_, s)| s.enabled() && s.tx_alias().is_none())
+            .map(|(n, _)| format!("\"{n}\""))
+            .collect();
+        or_list(&names)
+    }
+
+    pub(crate) fn enabled(self) -> bool {
         match self {
             Store::Sqlite => cfg!(feature = "sqlite"),
             Store::Postgres => cfg!(feature = "postgres"),
@@ -195,7 +225,13 @@ pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Option<Handler
 /// are, on the attribute (there is no token of theirs to point at).
 fn missing_arguments(cx: &mut Ctxt, args: &Args) {
     // (argument, what it says, an example)
-    const REQUIRED: &[(&str, &str, &str)] = &[
+    // Only the stores of this build are offered.
+    let stores = format!("where the records live: {}", Store::choices());
+    let store_example = match Store::ALL.iter().find(|(_, s)| s.enabled()) {
+        Some((n, _)) => format!("store = \"{n}\""),
+        None => "store = \"memory\"".to_owned(),
+    };
+    let required: [(&str, &str, &str); 3] = [
         (
             "key",
             "the message fields that identify a message",
@@ -206,13 +242,9 @@ fn missing_arguments(cx: &mut Ctxt, args: &Args) {
             "how long a completed message suppresses duplicates",
             "ttl = \"24h\"",
         ),
-        (
-            "store",
-            "where the records live: \"sqlite\", \"postgres\", \"mysql\", \"redis\" or \"memory\"",
-            "store = \"sqlite\"",
-        ),
+        ("store", &stores, &store_example),
     ];
-    let missing: Vec<_> = REQUIRED
+    let missing: Vec<_> = required
         .iter()
         .filter(|(label, _, _)| args.is_missing(label))
         .collect();
@@ -239,18 +271,64 @@ fn missing_arguments(cx: &mut Ctxt, args: &Args) {
 fn store(cx: &mut Ctxt, lit: &LitStr) -> Option<Store> {
     let value = lit.value();
     let Some((_, store)) = Store::ALL.iter().find(|(n, _)| *n == value) else {
-        cx.error_spanned_by(
-            lit,
-            format!(
-                "unknown store \"{value}\": use \"sqlite\", \"postgres\", \"mysql\", \"redis\" or \"memory\""
+        // A slip of case, spacing or spelling: `"Postgres"`, `"redis "`,
+        // `"sqllite"`. Compared with every store, so that a store whose
+        // feature is off is still recognized (and said to be off).
+        const OTHER_NAMES: &[(&str, &str)] = &[
+            ("pg", "postgres"),
+            ("postgresql", "postgres"),
+            ("psql", "postgres"),
+            ("sqlite3", "sqlite"),
+            ("mariadb", "mysql"),
+            ("mem", "memory"),
+            ("inmemory", "memory"),
+        ];
+        let written: String = value
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .collect::<String>()
+            .to_ascii_lowercase();
+        let names: Vec<&str> = Store::ALL.iter().map(|(n, _)| *n).collect();
+        let meant = names
+            .iter()
+            .find(|n| **n == written)
+            .copied()
+            .or_else(|| {
+                OTHER_NAMES
+                    .iter()
+                    .find(|(other, _)| *other == written)
+                    .map(|(_, n)| *n)
+            })
+            .or_else(|| crate::attr::similar(&written, &names));
+        let message = match meant.and_then(|n| Store::ALL.iter().find(|(m, _)| *m == n)) {
+            Some((n, s)) if s.enabled() => {
+                format!("unknown store \"{value}\": did you mean \"{n}\"?")
+            }
+            Some((n, Store::MySql)) => format!(
+                "unknown store \"{value}\": did you mean \"{n}\"? It is not available in this version of idem-runtime yet: use {}",
+                Store::choices()
             ),
-        );
+            Some((n, _)) => format!(
+                "unknown store \"{value}\": did you mean \"{n}\"? It needs the `{n}` feature of idem-runtime: idem-runtime = {{ version = \"...\", features = [\"{n}\"] }}"
+            ),
+            None => format!("unknown store \"{value}\": use {}", Store::choices()),
+        };
+        cx.error_spanned_by(lit, message);
         return None;
     };
     if *store == Store::MySql {
+        let advice = match Store::sql_choices() {
+            Some(sql) => format!(
+                "use {sql} for transaction mode, {} for lease mode",
+                Store::lease_choices()
+            ),
+            None => format!("use {}", Store::choices()),
+        };
         cx.error_spanned_by(
             lit,
-            "store \"mysql\" is not available in this version of idem-runtime yet: use \"postgres\" or \"sqlite\" for transaction mode, \"redis\" or \"memory\" for lease mode",
+            format!(
+                "store \"mysql\" is not available in this version of idem-runtime yet: {advice}"
+            ),
         );
         return None;
     }
@@ -265,6 +343,20 @@ fn store(cx: &mut Ctxt, lit: &LitStr) -> Option<Store> {
         return None;
     }
     Some(*store)
+}
+
+/// `a`, `a or b`, `a, b or c`.
+fn or_list(items: &[String]) -> String {
+    list(items, "or")
+}
+
+/// `a`, `a and b`, `a, b and c` (with `word` in place of `and`).
+fn list(items: &[String], word: &str) -> String {
+    match items {
+        [] => String::new(),
+        [only] => only.clone(),
+        [first @ .., last] => format!("{} {word} {last}", first.join(", ")),
+    }
 }
 
 fn duration(cx: &mut Ctxt, lit: &LitStr, what: &str) -> Option<Duration> {
@@ -444,13 +536,19 @@ fn params(cx: &mut Ctxt, func: &ItemFn, store: Option<Store>) -> SigParts {
                             s.name()
                         ),
                     ),
-                    None => cx.error_spanned_by(
-                        ty,
-                        format!(
-                            "store \"{}\" has no transactions: remove this parameter to run the handler in lease mode, or use a SQL store (\"sqlite\", \"postgres\", \"mysql\")",
-                            s.name()
-                        ),
-                    ),
+                    None => {
+                        let sql = match Store::sql_choices() {
+                            Some(sql) => format!("or use a SQL store ({sql})"),
+                            None => "or enable a SQL store (the `sqlite` or `postgres` feature of idem-runtime)".to_owned(),
+                        };
+                        cx.error_spanned_by(
+                            ty,
+                            format!(
+                                "store \"{}\" has no transactions: remove this parameter to run the handler in lease mode, {sql}",
+                                s.name()
+                            ),
+                        );
+                    }
                 },
                 None => {}
             }
