@@ -17,15 +17,20 @@ pub use inventory;
 pub use tracing::Instrument;
 
 /// Implemented for what a handler may return as its `Ok` value.
+///
+/// One trait for both serde bounds, and an impl rustc does not look into
+/// (`do_not_recommend`), so that a type missing either or both is one error
+/// on the user's `Ok` type, not one per missing trait.
 #[diagnostic::on_unimplemented(
-    message = "the result of an idempotent handler must be storable: `{Self}` does not implement `serde::Serialize` and `serde::de::DeserializeOwned`",
+    message = "the result of an idempotent handler must be storable: `{Self}` must implement both `serde::Serialize` and `serde::Deserialize`",
     label = "a duplicate gets this value back, decoded from the store",
-    note = "derive `serde::Serialize` and `serde::Deserialize` for it, or return a type that does"
+    note = "derive both `serde::Serialize` and `serde::Deserialize` for it, or return a type that does"
 )]
 pub trait StorableOutcome: serde::Serialize + serde::de::DeserializeOwned {}
+#[diagnostic::do_not_recommend]
 impl<T: serde::Serialize + serde::de::DeserializeOwned> StorableOutcome for T {}
 
-/// Emitted with the return type's span so that a missing serde impl is
+/// Emitted with the `Ok` type's span so that a missing serde impl is
 /// reported on the user's `T`.
 pub const fn assert_storable<T: StorableOutcome>() {}
 
