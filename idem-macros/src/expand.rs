@@ -167,8 +167,12 @@ fn derive_key(h: &Handler, p: &TokenStream, spec: &Ident) -> TokenStream {
     let parts = h.key.iter().map(|part| match part {
         KeyPart::Const(text) => quote!(#builder.constant(#text);),
         KeyPart::Path { root, fields, text } => {
+            // `KeyPartProbe` picks the float check for float-like parts and
+            // passes any other part on to `part`, which requires `KeyPart`.
+            let probe = respan(quote!(#p::KeyPartProbe), span);
             let access = quote_spanned!(span=> &(#root) #(.#fields)*);
-            let call = quote_spanned!(span=> #builder.part(#access));
+            let call =
+                quote_spanned!(span=> #builder.part((&#probe(#access)).idem_key_part().get()));
             quote! {
                 if #call.is_err() {
                     return #p::key_missing(&#spec, #text);
@@ -177,6 +181,7 @@ fn derive_key(h: &Handler, p: &TokenStream, spec: &Ident) -> TokenStream {
         }
     });
     quote! {{
+        use #p::{AnyProbe as _, FloatProbe as _};
         let mut #builder = #p::KeyBuilder::new();
         #(#parts)*
         #builder.finish()

@@ -5,7 +5,7 @@
 pub use crate::RedisStore;
 pub use crate::driver::{TxBegin, TxCall, key_missing, run_lease, tx_begin, tx_finish};
 pub use crate::registry::{HandlerSpec, Mode};
-pub use crate::{Error, Key, KeyBuilder, MemoryStore, Outcome};
+pub use crate::{Error, Key, KeyBuilder, KeyPart, MemoryStore, Outcome};
 #[cfg(feature = "postgres")]
 pub use crate::{PgStore, PgTx};
 #[cfg(feature = "sqlite")]
@@ -44,4 +44,83 @@ pub trait HandlerResult {
 impl<T, E> HandlerResult for core::result::Result<T, E> {
     type Ok = T;
     type Err = E;
+}
+
+// ---------------------------------------------------------------------------
+// Key parts
+//
+// `(&KeyPartProbe(&msg.field)).idem_key_part()` resolves to `FloatProbe` when
+// the field is float-like (the method takes the probe itself) and to
+// `AnyProbe` otherwise (it takes a reference to the probe, so method lookup
+// reaches it only after `FloatProbe` failed). A float thus gets the float
+// message; any other type without `KeyPart` gets `KeyPart`'s own message.
+
+/// Wraps a key part for the method lookup above.
+pub struct KeyPartProbe<'a, T: ?Sized>(pub &'a T);
+
+/// `f32`, `f64`, and `Option`s and references of them.
+pub trait FloatLike {}
+impl FloatLike for f32 {}
+impl FloatLike for f64 {}
+impl<T: FloatLike> FloatLike for Option<T> {}
+impl<T: FloatLike + ?Sized> FloatLike for &T {}
+
+/// Never implemented: required of a float-like key part so that its error
+/// says why floats are refused.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be part of an idempotency key: floats are refused",
+    label = "this key part is a `{Self}`",
+    note = "equal amounts can print differently (0.1 + 0.2 vs 0.3, -0.0 vs 0.0), so a redelivery could miss its record; key on integer minor units (cents) or a string instead"
+)]
+pub trait FloatKeyPart {}
+
+/// The lookup for float-like parts.
+pub trait FloatProbe<'a> {
+    /// The part's type.
+    type Part: ?Sized;
+    /// The part, behind a check that fails with the float message.
+    fn idem_key_part(&self) -> FloatPart<'a, Self::Part>;
+}
+impl<'a, T: FloatLike + ?Sized> FloatProbe<'a> for KeyPartProbe<'a, T> {
+    type Part = T;
+    fn idem_key_part(&self) -> FloatPart<'a, T> {
+        FloatPart(self.0)
+    }
+}
+
+/// A float-like key part; [`FloatPart::get`] requires [`FloatKeyPart`].
+pub struct FloatPart<'a, T: ?Sized>(#[allow(dead_code)] &'a T);
+impl<T: ?Sized> FloatPart<'_, T> {
+    /// Fails to compile, with the float message. Returns a `str` (never: it
+    /// cannot be called) so that `KeyBuilder::part` adds no error of its
+    /// own about the float.
+    pub fn get(self) -> &'static str
+    where
+        T: FloatKeyPart,
+    {
+        ""
+    }
+}
+
+/// The lookup for every other part.
+pub trait AnyProbe<'a> {
+    /// The part's type.
+    type Part: ?Sized;
+    /// The part, handed to `KeyBuilder::part`, which requires `KeyPart`.
+    fn idem_key_part(&self) -> AnyPart<'a, Self::Part>;
+}
+impl<'a, T: ?Sized> AnyProbe<'a> for &KeyPartProbe<'a, T> {
+    type Part = T;
+    fn idem_key_part(&self) -> AnyPart<'a, T> {
+        AnyPart(self.0)
+    }
+}
+
+/// Any other key part.
+pub struct AnyPart<'a, T: ?Sized>(&'a T);
+impl<'a, T: ?Sized> AnyPart<'a, T> {
+    /// The part.
+    pub fn get(self) -> &'a T {
+        self.0
+    }
 }
