@@ -594,6 +594,19 @@ fn key(cx: &mut Ctxt, lit: &LitStr, params: &[Param]) -> Option<Vec<KeyPart>> {
         .iter()
         .filter_map(|p| p.ident.as_ref().map(|i| i.to_string()))
         .collect();
+    // The parameters that some key part already starts with.
+    let used_roots: Vec<&str> = expr
+        .parts
+        .iter()
+        .filter_map(|p| match p {
+            Part::Path { segments, .. } => match segments.first() {
+                Some(Segment::Field(f)) if segments.len() > 1 => Some(f.as_str()),
+                _ => None,
+            },
+            Part::Const { .. } => None,
+        })
+        .filter(|f| names.iter().any(|n| n == f))
+        .collect();
     let mut out = Vec::new();
     let mut ok = true;
     for part in &expr.parts {
@@ -636,28 +649,15 @@ fn key(cx: &mut Ctxt, lit: &LitStr, params: &[Param]) -> Option<Vec<KeyPart>> {
                 match root {
                     Some(r) => (r.clone(), &segments[1..]),
                     None => {
-                        let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
-                        let misspelt = match segments.len() {
-                            1 => None,
-                            _ => crate::attr::similar(first, &name_refs),
-                        };
-                        let message = match misspelt {
-                            Some(name) => {
-                                let rest: Vec<String> =
-                                    segments[1..].iter().map(ToString::to_string).collect();
-                                format!(
-                                    "key part `{part_text}` starts with `{first}`, which is not a parameter: did you mean `{name}.{}`?",
-                                    rest.join(".")
-                                )
-                            }
-                            None => {
-                                let suggestions: Vec<String> =
-                                    names.iter().map(|n| format!("`{n}.{part_text}`")).collect();
-                                format!(
-                                    "key part `{part_text}` is ambiguous: with several message parameters a key path starts with the parameter's name, e.g. {}",
-                                    suggestions.join(" or ")
-                                )
-                            }
+                        let message = if segments.len() == 1 {
+                            let suggestions: Vec<String> =
+                                names.iter().map(|n| format!("`{n}.{part_text}`")).collect();
+                            format!(
+                                "key part `{part_text}` is ambiguous: with several message parameters a key path starts with the parameter's name, e.g. {}",
+                                suggestions.join(" or ")
+                            )
+                        } else {
+                            not_a_parameter(&part_text, segments, &names, &used_roots)
                         };
                         cx.error_spanned_by(lit, message);
                         ok = false;
@@ -674,6 +674,45 @@ fn key(cx: &mut Ctxt, lit: &LitStr, params: &[Param]) -> Option<Vec<KeyPart>> {
         });
     }
     ok.then_some(out)
+}
+
+/// The message for a key path whose first segment is no parameter: names
+/// the parameters, and suggests the path with the nearest parameter's name
+/// in place of the first segment (by edit distance; of equally near ones,
+/// one that no other key part starts with yet).
+fn not_a_parameter(
+    part_text: &str,
+    segments: &[Segment],
+    names: &[String],
+    used_roots: &[&str],
+) -> String {
+    let first = segments[0].to_string();
+    let rest: Vec<String> = segments[1..].iter().map(ToString::to_string).collect();
+    let rest = rest.join(".");
+    let quoted: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+    let nearest = names.iter().min_by_key(|n| {
+        (
+            crate::attr::distance(&first, n),
+            used_roots.contains(&n.as_str()),
+        )
+    });
+    let mut message = format!(
+        "key part `{part_text}` starts with `{first}`, but the handler has no parameter `{first}`: its parameters are {}",
+        list(&quoted, "and")
+    );
+    if let Some(n) = nearest {
+        message.push_str(&format!("; did you mean `{n}.{rest}`?"));
+        let slip = crate::attr::similar(&first, &[n.as_str()]).is_some()
+            || first.chars().next() == n.chars().next();
+        if !slip {
+            // Neither a misspelling nor an abbreviation of the name: `first`
+            // may be a field of a parameter.
+            message.push_str(&format!(
+                " (if `{first}` is a field, start with the parameter's name: `{n}.{part_text}`)"
+            ));
+        }
+    }
+    message
 }
 
 /// A field access whose tokens carry the key literal's span, so rustc's own
