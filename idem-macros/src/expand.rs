@@ -36,13 +36,18 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
     let key_ref = Ident::new("__idem_key_ref", mixed);
 
     let ret_ty = &h.ret_ty;
+    // A return type that names its parts only through `HandlerResult`
+    // (`AppResult<T>`, `Handled`) may be no `Result` at all. Every use of
+    // the trait spans exactly the written type (see `around`), so that
+    // rustc reports "not a `Result`" once, on that type.
+    let via_trait = h.ok_ty.is_none() || h.err_ty.is_none();
     let ok_ty = match &h.ok_ty {
         Some(t) => quote!(#t),
-        None => quote_spanned!(ret_ty.span()=> <#ret_ty as #p::HandlerResult>::Ok),
+        None => around(quote!(<), ret_ty, quote!(as #p::HandlerResult>::Ok)),
     };
     let err_ty = match &h.err_ty {
         Some(t) => quote!(#t),
-        None => quote_spanned!(ret_ty.span()=> <#ret_ty as #p::HandlerResult>::Err),
+        None => around(quote!(<), ret_ty, quote!(as #p::HandlerResult>::Err)),
     };
     let ok_span = h.ok_ty.as_ref().map_or(ret_ty.span(), Spanned::span);
     // The driver calls (and their `.await`s) bound the `Ok` type by serde's
@@ -84,8 +89,13 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
             let tx_begin = quote_spanned! {ok_span=>
                 #p_ok::tx_begin::<_, #ok_ty, #err_ty>(#store, &#spec, &#key).await
             };
+            let result_value = if via_trait {
+                into_result(ret_ty, &p, quote!(#result))
+            } else {
+                quote!(#result)
+            };
             let tx_finish = quote_spanned! {ok_span=>
-                #p_ok::tx_finish::<_, #ok_ty, #err_ty>(#store, &#spec, &#key, #call_state, #result).await
+                #p_ok::tx_finish::<_, #ok_ty, #err_ty>(#store, &#spec, &#key, #call_state, #result_value).await
             };
             quote! {
                 let mut #call_state = match #tx_begin {
@@ -114,17 +124,28 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
             let run_lease = quote_spanned! {ok_span=>
                 #p_ok::run_lease::<_, #ok_ty, #err_ty, _>(#store, &#spec, &#key, #body).await
             };
-            quote! {
-                #key_borrow
-                let #body = async move {
+            let body_future = quote! {
+                async move {
                     #bind_key
                     #fake_return
                     #(#block)*
-                };
+                }
+            };
+            let body_future = if via_trait {
+                let into_result = into_result(ret_ty, &p, quote!(#body_future.await));
+                quote!(async move { #into_result })
+            } else {
+                body_future
+            };
+            quote! {
+                #key_borrow
+                let #body = #body_future;
                 #run_lease
             }
         }
     };
+
+    let output = output(&p, &ok_ty, &err_ty, via_trait.then_some(ret_ty));
 
     let assert_storable = quote_spanned! {ok_span=>
         #p_ok::assert_storable::<#ok_ty>();
@@ -136,7 +157,7 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
             #receiver
             #store: &#p::#store_ty,
             #(#params),*
-        ) -> #p::Result<#p::Outcome<#ok_ty>, #p::Error<#err_ty>>
+        ) -> #output
         #where_clause
         {
             const #spec: #p::HandlerSpec = #p::HandlerSpec {
@@ -227,6 +248,60 @@ fn fake_return(ret_ty: &Type) -> TokenStream {
             return __idem_fake_return;
         }
     }
+}
+
+/// `before #ty after`, with `before` spanned on the first token of `ty` and
+/// `after` on its last. rustc spans a type or path from its first token to
+/// its last, so whatever it reports on the result points at exactly the
+/// written type (a stable proc macro cannot join spans itself).
+fn around(before: TokenStream, ty: &Type, after: TokenStream) -> TokenStream {
+    let (first, last) = ends(ty);
+    let before = respan(before, first);
+    let after = respan(after, last);
+    quote!(#before #ty #after)
+}
+
+/// `Result<Outcome<T>, Error<E>>`. Where `T` or `E` is named through
+/// `HandlerResult`, spanned from the written type's first token to its last,
+/// as the projections inside it are.
+fn output(
+    p: &TokenStream,
+    ok_ty: &TokenStream,
+    err_ty: &TokenStream,
+    via: Option<&Type>,
+) -> TokenStream {
+    match via {
+        Some(written) => {
+            let (first, last) = ends(written);
+            let open = respan(quote!(#p::Result<#p::Outcome<), first);
+            let middle = respan(quote!(>, #p::Error<), last);
+            let close = respan(quote!(>>), last);
+            quote!(#open #ok_ty #middle #err_ty #close)
+        }
+        None => quote!(#p::Result<#p::Outcome<#ok_ty>, #p::Error<#err_ty>>),
+    }
+}
+
+/// `<R as HandlerResult>::into_result(value)`, spanned as `around` does
+/// (the parentheses too, since they end the call expression).
+fn into_result(ret_ty: &Type, p: &TokenStream, value: TokenStream) -> TokenStream {
+    let (_, last) = ends(ret_ty);
+    let function = around(
+        quote!(<),
+        ret_ty,
+        quote!(as #p::HandlerResult>::into_result),
+    );
+    let mut args = proc_macro2::Group::new(proc_macro2::Delimiter::Parenthesis, value);
+    args.set_span(last);
+    quote!(#function #args)
+}
+
+/// The spans of the first and the last token of `ty`.
+fn ends(ty: &Type) -> (Span, Span) {
+    let mut tokens = quote!(#ty).into_iter();
+    let first = tokens.next().map_or_else(Span::call_site, |t| t.span());
+    let last = tokens.last().map_or(first, |t| t.span());
+    (first, last)
 }
 
 /// Gives every token of `tokens` the span `span` (generated tokens only:

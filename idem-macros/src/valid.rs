@@ -136,8 +136,9 @@ pub(crate) struct Handler {
     pub(crate) key_param: Option<syn::PatType>,
     pub(crate) receiver: Option<syn::Receiver>,
     pub(crate) params: Vec<Param>,
-    /// `Ok` and `Err` types of the handler's result; `None` for a
-    /// `Result<T>` alias, whose parts are named through the runtime.
+    /// `Ok` and `Err` types of the handler's result; `None` where the
+    /// signature does not name them (`AppResult<T>`, `io::Result<T>`'s `Err`),
+    /// and the runtime's `HandlerResult` does.
     pub(crate) ok_ty: Option<Type>,
     pub(crate) err_ty: Option<Type>,
     /// The written return type, for spans and the body's type check.
@@ -215,9 +216,9 @@ pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Option<Handler
         key_param: sig_parts.key_param,
         receiver: sig_parts.receiver,
         params: sig_parts.params,
-        ok_ty: result_types.as_ref()?.0.clone(),
-        err_ty: result_types.as_ref()?.1.clone(),
-        ret_ty: result_types?.2,
+        ok_ty: result_types.as_ref()?.ok.clone(),
+        err_ty: result_types.as_ref()?.err.clone(),
+        ret_ty: result_types?.written,
     })
 }
 
@@ -384,59 +385,77 @@ fn handler_name(cx: &mut Ctxt, lit: &LitStr) -> Option<String> {
     Some(value)
 }
 
-/// Splits `Result<T, E>` (or a one-argument `Result<T>` alias).
-#[allow(clippy::type_complexity)]
-fn return_types(
-    cx: &mut Ctxt,
-    output: &ReturnType,
-    ident: &Ident,
-) -> Option<(Option<Type>, Option<Type>, Type)> {
-    const ADVICE: &str = "an idempotent handler returns `Result<T, E>`: `Ok(T)` is recorded and handed to duplicates, `Err(E)` records nothing so a redelivery runs again";
+/// The handler's result: its `Ok` and `Err` types where the signature
+/// names them, and the written type.
+#[derive(Clone)]
+pub(crate) struct ResultTypes {
+    /// `None` where only the runtime's `HandlerResult` can name it.
+    pub(crate) ok: Option<Type>,
+    pub(crate) err: Option<Type>,
+    pub(crate) written: Type,
+}
+
+/// Splits the return type. `Result<T, E>` names both parts; `X::Result<T>`
+/// (`io::Result<T>`, `anyhow::Result<T>`, a `Result<T>` alias) names `Ok`.
+/// Any other path type (`AppResult<T>`, a zero-argument alias) is taken as a
+/// `Result` whose parts the runtime's `HandlerResult` names; that trait is
+/// implemented for `Result` only, so `Option<u64>` or `u64` is reported by
+/// rustc on the type itself. Only what is surely not a `Result` (a tuple, a
+/// reference, `impl Trait`, no return type) is refused here.
+fn return_types(cx: &mut Ctxt, output: &ReturnType, ident: &Ident) -> Option<ResultTypes> {
+    const ADVICE: &str = "an idempotent handler returns `Result<T, E>` (or an alias of it): `Ok(T)` is recorded and handed to duplicates, `Err(E)` records nothing so a redelivery runs again";
     let ty = match output {
         ReturnType::Default => {
             cx.error_spanned_by(ident, format!("`{ident}` returns nothing: {ADVICE}"));
             return None;
         }
-        ReturnType::Type(_, ty) => ty,
+        ReturnType::Type(_, ty) => &**ty,
     };
-    let segment = match &**ty {
-        Type::Path(p) if p.qself.is_none() => p.path.segments.last(),
-        _ => None,
-    };
-    let args = match segment {
-        Some(seg) if seg.ident == "Result" => match &seg.arguments {
-            PathArguments::AngleBracketed(a) => Some(
-                a.args
-                    .iter()
-                    .filter_map(|g| match g {
-                        GenericArgument::Type(t) => Some(t.clone()),
-                        _ => None,
-                    })
-                    .collect::<Vec<_>>(),
-            ),
-            _ => None,
-        },
-        _ => None,
-    };
-    match args.as_deref() {
-        Some([ok, err]) => Some((Some(ok.clone()), Some(err.clone()), (**ty).clone())),
-        // A `Result<T>` alias: the runtime's trait names its parts.
-        Some([_]) => Some((None, None, (**ty).clone())),
-        _ => {
-            let message = match segment {
-                Some(seg) if seg.ident == "Result" => {
-                    "this `Result` names no `Ok` type to record: write `Result<T, E>`, or a `Result<T>` alias".to_owned()
-                }
-                Some(seg) if seg.ident.to_string().ends_with("Result") => format!(
-                    "`{}` is not a `Result` by name: #[idempotent] recognizes `Result<T, E>` and `Result<T>` aliases by the name `Result`; write `Result<T, E>`, or name the alias `Result`",
-                    seg.ident
-                ),
-                _ => format!("this return type is not a `Result`: {ADVICE}"),
-            };
-            cx.error_spanned_by(ty, message);
-            None
+    let path = match ty {
+        Type::Path(p) => p,
+        Type::Group(g) => {
+            return return_types(
+                cx,
+                &ReturnType::Type(Default::default(), g.elem.clone()),
+                ident,
+            );
         }
+        _ => {
+            cx.error_spanned_by(ty, format!("this return type is not a `Result`: {ADVICE}"));
+            return None;
+        }
+    };
+    let mut types = ResultTypes {
+        ok: None,
+        err: None,
+        written: ty.clone(),
+    };
+    if path.qself.is_some() {
+        return Some(types);
     }
+    let Some(last) = path.path.segments.last() else {
+        return Some(types);
+    };
+    let args: Vec<&Type> = match &last.arguments {
+        PathArguments::AngleBracketed(a) => a
+            .args
+            .iter()
+            .filter_map(|g| match g {
+                GenericArgument::Type(t) => Some(t),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    match args.as_slice() {
+        [ok, err] if last.ident == "Result" => {
+            types.ok = Some((*ok).clone());
+            types.err = Some((*err).clone());
+        }
+        [ok] if last.ident == "Result" => types.ok = Some((*ok).clone()),
+        _ => {}
+    }
+    Some(types)
 }
 
 struct SigParts {

@@ -34,16 +34,29 @@ impl<T: serde::Serialize + serde::de::DeserializeOwned> StorableOutcome for T {}
 /// reported on the user's `T`.
 pub const fn assert_storable<T: StorableOutcome>() {}
 
-/// Lets `Result<T>` aliases (one type argument) name their parts.
+/// Names the parts of a return type that is not spelled `Result<T, E>`:
+/// `AppResult<T>`, `io::Result<T>`, `anyhow::Result<T>`, `type Handled =
+/// Result<u64, AppError>`. Implemented for `Result` only, so a return type
+/// that is not one is reported on that type.
+#[diagnostic::on_unimplemented(
+    message = "the return type of an idempotent handler must be a `Result`: `{Self}` is not one",
+    label = "not a `Result`",
+    note = "write `Result<T, E>` (or an alias of it): `Ok(T)` is recorded and handed to duplicates, `Err(E)` records nothing so a redelivery runs again"
+)]
 pub trait HandlerResult {
     /// The `Ok` type.
     type Ok;
     /// The `Err` type.
     type Err;
+    /// The value as a `Result`.
+    fn into_result(self) -> Result<Self::Ok, Self::Err>;
 }
 impl<T, E> HandlerResult for core::result::Result<T, E> {
     type Ok = T;
     type Err = E;
+    fn into_result(self) -> Self {
+        self
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -78,6 +78,10 @@ pub use idem_grammar::{format_duration, parse_duration};
 /// | `lease` | lease mode: how long a claim may stay in progress before another consumer may take it over (default `30s`) |
 /// | `crate` | the path of `idem_runtime` when it is renamed |
 ///
+/// The handler returns `Result<T, E>` or any alias of it (`io::Result<T>`,
+/// `AppResult<T>`, `type Handled = Result<u64, AppError>`); a return type
+/// that is not a `Result` is a compile error on that type.
+///
 /// # Examples
 ///
 /// Lease mode on the memory store, with its own name and lease, and a body that
