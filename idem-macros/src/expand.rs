@@ -77,7 +77,10 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
     let derive_key = derive_key(h, &p, &spec);
     // Only a body that reads its key borrows it.
     let key_borrow = h.key_param.as_ref().map(|_| quote!(let #key_ref = &#key;));
-    let bind_key = h.key_param.as_ref().map(|param| bind(param, &key_ref));
+    let bind_key = h
+        .key_param
+        .as_ref()
+        .map(|param| bind_key(param, &key_ref, &p));
     let fake_return = fake_return(ret_ty);
 
     let call = match &h.tx_param {
@@ -207,6 +210,20 @@ fn derive_key(h: &Handler, p: &TokenStream, spec: &Ident) -> TokenStream {
         #(#parts)*
         #builder.finish()
     }}
+}
+
+/// Binds the key parameter inside the body through the runtime's `IdemKey`,
+/// implemented for idem's `Key` only: a bare `&Key` taken for the key that
+/// names the user's own type is reported on that type, with advice.
+fn bind_key(param: &syn::PatType, value: &Ident, p: &TokenStream) -> TokenStream {
+    let pat = &param.pat;
+    let ty = &param.ty;
+    let elem = match &**ty {
+        Type::Reference(r) => &*r.elem,
+        other => other,
+    };
+    let from_key = quote_spanned!(elem.span()=> <#elem as #p::IdemKey>::from_key);
+    quote!(let #pat: #ty = #from_key(#value);)
 }
 
 /// Binds a removed parameter (the transaction, the key) inside the body, with

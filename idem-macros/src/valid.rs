@@ -188,7 +188,32 @@ pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Option<Handler
 
     let result_types = return_types(cx, &sig.output, &sig.ident);
 
-    let sig_parts = params(cx, func, store);
+    // The names the key's paths start with: a parameter the key reads from
+    // is a message, whatever its type is called.
+    let key_roots: Vec<String> = args
+        .key
+        .as_ref()
+        .and_then(|lit| idem_grammar::parse_key(&lit.value()).ok())
+        .map(|expr| {
+            expr.parts
+                .iter()
+                .filter_map(|p| match p {
+                    Part::Path { segments, .. } => match segments.first() {
+                        Some(Segment::Field(f)) => Some(f.clone()),
+                        _ => None,
+                    },
+                    Part::Const { .. } => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let sig_parts = params(
+        cx,
+        func,
+        store,
+        krate.as_ref().unwrap_or(&syn::parse_quote!(::idem_runtime)),
+        &key_roots,
+    );
 
     if let (Some(_), Some(lit)) = (&sig_parts.tx_param, &args.lease) {
         cx.error_spanned_by(
@@ -202,6 +227,7 @@ pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Option<Handler
         .as_ref()
         .and_then(|lit| key(cx, lit, &sig_parts.params));
 
+    let result = result_types?;
     Some(Handler {
         func: func.clone(),
         krate: krate?,
@@ -216,9 +242,9 @@ pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Option<Handler
         key_param: sig_parts.key_param,
         receiver: sig_parts.receiver,
         params: sig_parts.params,
-        ok_ty: result_types.as_ref()?.ok.clone(),
-        err_ty: result_types.as_ref()?.err.clone(),
-        ret_ty: result_types?.written,
+        ok_ty: result.ok,
+        err_ty: result.err,
+        ret_ty: result.written,
     })
 }
 
@@ -497,28 +523,76 @@ fn tx_kind(ty: &Type) -> Option<(Store, &Type)> {
     None
 }
 
-/// `&Key` or `&idem_runtime::Key`: the body reads its own derived key.
-fn is_key_param(ty: &Type) -> bool {
-    let Type::Reference(r) = ty else { return false };
-    if r.mutability.is_some() {
-        return false;
-    }
-    let Type::Path(p) = &*r.elem else {
-        return false;
-    };
-    p.path
-        .segments
-        .last()
-        .is_some_and(|s| s.ident == "Key" && s.arguments.is_empty())
+/// How a parameter's type names a `Key`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum KeyName {
+    /// `&idem_runtime::Key` or `&<crate>::Key`: surely idem's key.
+    Idem,
+    /// `&Key`: idem's key if imported, or the user's own type named `Key`.
+    Bare,
+    /// Anything else, including `&some::other::Key`.
+    No,
 }
 
-fn params(cx: &mut Ctxt, func: &ItemFn, store: Option<Store>) -> SigParts {
+/// Whether `ty` names idem's key type. The macro cannot resolve types, so
+/// the path decides: see [`params`] for how a bare `&Key` is read.
+fn key_name(ty: &Type, krate: &syn::Path) -> KeyName {
+    let Type::Reference(r) = ty else {
+        return KeyName::No;
+    };
+    let Type::Path(p) = &*r.elem else {
+        return KeyName::No;
+    };
+    if r.mutability.is_some() || p.qself.is_some() {
+        return KeyName::No;
+    }
+    let segments: Vec<String> = p
+        .path
+        .segments
+        .iter()
+        .map(|s| s.ident.to_string())
+        .collect();
+    let no_arguments = p.path.segments.iter().all(|s| s.arguments.is_empty());
+    if !no_arguments || segments.last().is_none_or(|l| l != "Key") {
+        return KeyName::No;
+    }
+    let prefix = &segments[..segments.len() - 1];
+    let krate: Vec<String> = krate.segments.iter().map(|s| s.ident.to_string()).collect();
+    match prefix {
+        [] if p.path.leading_colon.is_none() => KeyName::Bare,
+        [only] if only == "idem_runtime" => KeyName::Idem,
+        _ if prefix == krate.as_slice() => KeyName::Idem,
+        _ => KeyName::No,
+    }
+}
+
+/// Sorts the parameters: the receiver, the transaction, the key, and the
+/// rest (the message parameters, which stay in the rewritten signature).
+///
+/// `&idem_runtime::Key` (or `&<crate>::Key`) is always the key parameter. A
+/// bare `&Key` is the key parameter only when there is no such explicit one,
+/// another parameter can be the message, and no key path starts with its
+/// name; otherwise it is a message (an application's own type named `Key`).
+/// Any other path ending in `Key` (`&crate::Key`) is a message. A bare
+/// `&Key` taken for the key but
+/// naming the user's type is reported by rustc through the runtime's
+/// `IdemKey` check, on that type.
+fn params(
+    cx: &mut Ctxt,
+    func: &ItemFn,
+    store: Option<Store>,
+    krate: &syn::Path,
+    key_roots: &[String],
+) -> SigParts {
     let mut parts = SigParts {
         tx_param: None,
         key_param: None,
         receiver: None,
         params: Vec::new(),
     };
+    // The parameters that are neither the receiver nor the transaction,
+    // with how their type names `Key`.
+    let mut rest: Vec<(&syn::PatType, KeyName)> = Vec::new();
     let mut index = 0;
     for arg in &func.sig.inputs {
         let pt = match arg {
@@ -574,7 +648,26 @@ fn params(cx: &mut Ctxt, func: &ItemFn, store: Option<Store>) -> SigParts {
             parts.tx_param = Some(pt.clone());
             continue;
         }
-        if is_key_param(&pt.ty) {
+        let mut name = key_name(&pt.ty, krate);
+        let read_by_key = match &*pt.pat {
+            Pat::Ident(pi) => key_roots.iter().any(|r| pi.ident == r),
+            _ => false,
+        };
+        if name == KeyName::Bare && read_by_key {
+            name = KeyName::No;
+        }
+        rest.push((pt, name));
+    }
+    let explicit = rest.iter().any(|(_, k)| *k == KeyName::Idem);
+    let bare = rest.iter().filter(|(_, k)| *k == KeyName::Bare).count();
+    let bare_is_key = !explicit && bare > 0 && rest.len() > bare;
+    for (pt, name) in rest {
+        let is_key = match name {
+            KeyName::Idem => true,
+            KeyName::Bare => bare_is_key,
+            KeyName::No => false,
+        };
+        if is_key {
             if parts.key_param.is_some() {
                 cx.error_spanned_by(&pt.ty, "only one `&Key` parameter is allowed");
             }

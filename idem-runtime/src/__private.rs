@@ -60,6 +60,29 @@ impl<T, E> HandlerResult for core::result::Result<T, E> {
 }
 
 // ---------------------------------------------------------------------------
+// The key parameter
+
+/// Implemented for idem's [`Key`] only. A parameter written `&Key` beside
+/// the message is taken for the derived key; binding it through this trait
+/// reports a user's own type named `Key` on that type, with advice, instead
+/// of a type mismatch.
+#[diagnostic::on_unimplemented(
+    message = "this parameter is taken for the handler's derived key, but `{Self}` is not `idem_runtime::Key`",
+    label = "a `&Key` parameter beside the message is idem's key parameter",
+    note = "if `{Self}` is a message, write its type with a path (e.g. `&crate::Key`): a bare `&Key` beside another parameter is read as `&idem_runtime::Key`",
+    note = "to read the derived key, import `idem_runtime::Key` or write `&idem_runtime::Key`"
+)]
+pub trait IdemKey {
+    /// The derived key, as the parameter's type.
+    fn from_key(key: &Key) -> &Self;
+}
+impl IdemKey for Key {
+    fn from_key(key: &Key) -> &Self {
+        key
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Key parts
 //
 // `(&KeyPartProbe(&msg.field)).idem_key_part()` resolves to `FloatProbe` when

@@ -82,6 +82,24 @@ pub use idem_grammar::{format_duration, parse_duration};
 /// `AppResult<T>`, `type Handled = Result<u64, AppError>`); a return type
 /// that is not a `Result` is a compile error on that type.
 ///
+/// # The key parameter
+///
+/// A parameter `&Key` lets the body read its derived key. The macro sees
+/// paths, not types, so it decides which parameter that is by how it is
+/// written:
+///
+/// * `&idem_runtime::Key` (or `&<crate>::Key` with `crate = "..."`) is always
+///   the key parameter;
+/// * a bare `&Key` is the key parameter only when no parameter is written
+///   `&idem_runtime::Key`, another parameter can be the message, and no key
+///   path starts with its name; otherwise it is a message, so an
+///   application's own type named `Key` works as the only parameter;
+/// * `&some::path::Key` with any other path is a message.
+///
+/// A bare `&Key` taken for the key parameter that names the application's
+/// own type is a compile error on that type, saying to write it with a path
+/// (`&crate::Key`).
+///
 /// # Examples
 ///
 /// Lease mode on the memory store, with its own name and lease, and a body that
