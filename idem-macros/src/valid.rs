@@ -145,9 +145,29 @@ pub(crate) struct Handler {
     pub(crate) ret_ty: Type,
 }
 
-/// Checks everything; returns the model only when nothing was wrong enough
-/// to stop generation (errors are in `cx` either way).
-pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Option<Handler> {
+/// What is known of a handler the macro refuses: enough to emit a stub with
+/// the rewritten signature, so that its callers see no second error.
+pub(crate) struct Stub {
+    pub(crate) func: ItemFn,
+    pub(crate) krate: syn::Path,
+    /// The store, when it is known and built.
+    pub(crate) store: Option<Store>,
+    pub(crate) receiver: Option<syn::Receiver>,
+    /// The parameters that stay in the rewritten signature.
+    pub(crate) params: Vec<syn::PatType>,
+    /// `None` when the return type itself was refused.
+    pub(crate) result: Option<ResultTypes>,
+}
+
+/// The model when nothing was wrong enough to stop generation, and the stub
+/// to emit otherwise (errors are in `cx` either way).
+pub(crate) struct Checked {
+    pub(crate) handler: Option<Handler>,
+    pub(crate) stub: Stub,
+}
+
+/// Checks everything.
+pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Checked {
     let sig = &func.sig;
     if sig.asyncness.is_none() {
         cx.error_spanned_by(
@@ -227,25 +247,38 @@ pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Option<Handler
         .as_ref()
         .and_then(|lit| key(cx, lit, &sig_parts.params));
 
-    let result = result_types?;
-    Some(Handler {
+    let stub = Stub {
         func: func.clone(),
-        krate: krate?,
-        name: name?,
-        key_text: args.key.as_ref()?.value(),
-        key: key?,
-        key_span: args.key.as_ref()?.span(),
-        ttl: ttl?,
-        lease: lease?,
-        store: store?,
-        tx_param: sig_parts.tx_param,
-        key_param: sig_parts.key_param,
-        receiver: sig_parts.receiver,
-        params: sig_parts.params,
-        ok_ty: result.ok,
-        err_ty: result.err,
-        ret_ty: result.written,
-    })
+        krate: krate
+            .clone()
+            .unwrap_or_else(|| syn::parse_quote!(::idem_runtime)),
+        store,
+        receiver: sig_parts.receiver.clone(),
+        params: sig_parts.params.iter().map(|p| p.arg.clone()).collect(),
+        result: result_types.clone(),
+    };
+    let handler = (|| {
+        let result = result_types?;
+        Some(Handler {
+            func: func.clone(),
+            krate: krate?,
+            name: name?,
+            key_text: args.key.as_ref()?.value(),
+            key: key?,
+            key_span: args.key.as_ref()?.span(),
+            ttl: ttl?,
+            lease: lease?,
+            store: store?,
+            tx_param: sig_parts.tx_param,
+            key_param: sig_parts.key_param,
+            receiver: sig_parts.receiver,
+            params: sig_parts.params,
+            ok_ty: result.ok,
+            err_ty: result.err,
+            ret_ty: result.written,
+        })
+    })();
+    Checked { handler, stub }
 }
 
 /// Reports the required arguments that are absent, in one error when several
