@@ -184,7 +184,7 @@ fn same_letters(a: &str, b: &str) -> bool {
 }
 
 /// Levenshtein distance between two short ASCII-ish words.
-fn distance(a: &str, b: &str) -> usize {
+pub(crate) fn distance(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
     let mut row: Vec<usize> = (0..=b.len()).collect();
     for (i, ca) in a.chars().enumerate() {

@@ -11,7 +11,7 @@ use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Ident, Type};
 
-use crate::valid::{Handler, KeyPart};
+use crate::valid::{Handler, KeyPart, Stub};
 
 pub(crate) fn expand(h: &Handler) -> TokenStream {
     let rt = &h.krate;
@@ -36,13 +36,18 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
     let key_ref = Ident::new("__idem_key_ref", mixed);
 
     let ret_ty = &h.ret_ty;
+    // A return type that names its parts only through `HandlerResult`
+    // (`AppResult<T>`, `Handled`) may be no `Result` at all. Every use of
+    // the trait spans exactly the written type (see `around`), so that
+    // rustc reports "not a `Result`" once, on that type.
+    let via_trait = h.ok_ty.is_none() || h.err_ty.is_none();
     let ok_ty = match &h.ok_ty {
         Some(t) => quote!(#t),
-        None => quote_spanned!(ret_ty.span()=> <#ret_ty as #p::HandlerResult>::Ok),
+        None => around(quote!(<), ret_ty, quote!(as #p::HandlerResult>::Ok)),
     };
     let err_ty = match &h.err_ty {
         Some(t) => quote!(#t),
-        None => quote_spanned!(ret_ty.span()=> <#ret_ty as #p::HandlerResult>::Err),
+        None => around(quote!(<), ret_ty, quote!(as #p::HandlerResult>::Err)),
     };
     let ok_span = h.ok_ty.as_ref().map_or(ret_ty.span(), Spanned::span);
     // The driver calls (and their `.await`s) bound the `Ok` type by serde's
@@ -72,7 +77,10 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
     let derive_key = derive_key(h, &p, &spec);
     // Only a body that reads its key borrows it.
     let key_borrow = h.key_param.as_ref().map(|_| quote!(let #key_ref = &#key;));
-    let bind_key = h.key_param.as_ref().map(|param| bind(param, &key_ref));
+    let bind_key = h
+        .key_param
+        .as_ref()
+        .map(|param| bind_key(param, &key_ref, &p));
     let fake_return = fake_return(ret_ty);
 
     let call = match &h.tx_param {
@@ -84,8 +92,13 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
             let tx_begin = quote_spanned! {ok_span=>
                 #p_ok::tx_begin::<_, #ok_ty, #err_ty>(#store, &#spec, &#key).await
             };
+            let result_value = if via_trait {
+                into_result(ret_ty, &p, quote!(#result))
+            } else {
+                quote!(#result)
+            };
             let tx_finish = quote_spanned! {ok_span=>
-                #p_ok::tx_finish::<_, #ok_ty, #err_ty>(#store, &#spec, &#key, #call_state, #result).await
+                #p_ok::tx_finish::<_, #ok_ty, #err_ty>(#store, &#spec, &#key, #call_state, #result_value).await
             };
             quote! {
                 let mut #call_state = match #tx_begin {
@@ -114,17 +127,28 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
             let run_lease = quote_spanned! {ok_span=>
                 #p_ok::run_lease::<_, #ok_ty, #err_ty, _>(#store, &#spec, &#key, #body).await
             };
-            quote! {
-                #key_borrow
-                let #body = async move {
+            let body_future = quote! {
+                async move {
                     #bind_key
                     #fake_return
                     #(#block)*
-                };
+                }
+            };
+            let body_future = if via_trait {
+                let into_result = into_result(ret_ty, &p, quote!(#body_future.await));
+                quote!(async move { #into_result })
+            } else {
+                body_future
+            };
+            quote! {
+                #key_borrow
+                let #body = #body_future;
                 #run_lease
             }
         }
     };
+
+    let output = output(&p, &ok_ty, &err_ty, via_trait.then_some(ret_ty));
 
     let assert_storable = quote_spanned! {ok_span=>
         #p_ok::assert_storable::<#ok_ty>();
@@ -136,7 +160,7 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
             #receiver
             #store: &#p::#store_ty,
             #(#params),*
-        ) -> #p::Result<#p::Outcome<#ok_ty>, #p::Error<#err_ty>>
+        ) -> #output
         #where_clause
         {
             const #spec: #p::HandlerSpec = #p::HandlerSpec {
@@ -167,8 +191,12 @@ fn derive_key(h: &Handler, p: &TokenStream, spec: &Ident) -> TokenStream {
     let parts = h.key.iter().map(|part| match part {
         KeyPart::Const(text) => quote!(#builder.constant(#text);),
         KeyPart::Path { root, fields, text } => {
+            // `KeyPartProbe` picks the float check for float-like parts and
+            // passes any other part on to `part`, which requires `KeyPart`.
+            let probe = respan(quote!(#p::KeyPartProbe), span);
             let access = quote_spanned!(span=> &(#root) #(.#fields)*);
-            let call = quote_spanned!(span=> #builder.part(#access));
+            let call =
+                quote_spanned!(span=> #builder.part((&#probe(#access)).idem_key_part().get()));
             quote! {
                 if #call.is_err() {
                     return #p::key_missing(&#spec, #text);
@@ -177,10 +205,25 @@ fn derive_key(h: &Handler, p: &TokenStream, spec: &Ident) -> TokenStream {
         }
     });
     quote! {{
+        use #p::{AnyProbe as _, FloatProbe as _};
         let mut #builder = #p::KeyBuilder::new();
         #(#parts)*
         #builder.finish()
     }}
+}
+
+/// Binds the key parameter inside the body through the runtime's `IdemKey`,
+/// implemented for idem's `Key` only: a bare `&Key` taken for the key that
+/// names the user's own type is reported on that type, with advice.
+fn bind_key(param: &syn::PatType, value: &Ident, p: &TokenStream) -> TokenStream {
+    let pat = &param.pat;
+    let ty = &param.ty;
+    let elem = match &**ty {
+        Type::Reference(r) => &*r.elem,
+        other => other,
+    };
+    let from_key = quote_spanned!(elem.span()=> <#elem as #p::IdemKey>::from_key);
+    quote!(let #pat: #ty = #from_key(#value);)
 }
 
 /// Binds a removed parameter (the transaction, the key) inside the body, with
@@ -224,6 +267,60 @@ fn fake_return(ret_ty: &Type) -> TokenStream {
     }
 }
 
+/// `before #ty after`, with `before` spanned on the first token of `ty` and
+/// `after` on its last. rustc spans a type or path from its first token to
+/// its last, so whatever it reports on the result points at exactly the
+/// written type (a stable proc macro cannot join spans itself).
+fn around(before: TokenStream, ty: &Type, after: TokenStream) -> TokenStream {
+    let (first, last) = ends(ty);
+    let before = respan(before, first);
+    let after = respan(after, last);
+    quote!(#before #ty #after)
+}
+
+/// `Result<Outcome<T>, Error<E>>`. Where `T` or `E` is named through
+/// `HandlerResult`, spanned from the written type's first token to its last,
+/// as the projections inside it are.
+fn output(
+    p: &TokenStream,
+    ok_ty: &TokenStream,
+    err_ty: &TokenStream,
+    via: Option<&Type>,
+) -> TokenStream {
+    match via {
+        Some(written) => {
+            let (first, last) = ends(written);
+            let open = respan(quote!(#p::Result<#p::Outcome<), first);
+            let middle = respan(quote!(>, #p::Error<), last);
+            let close = respan(quote!(>>), last);
+            quote!(#open #ok_ty #middle #err_ty #close)
+        }
+        None => quote!(#p::Result<#p::Outcome<#ok_ty>, #p::Error<#err_ty>>),
+    }
+}
+
+/// `<R as HandlerResult>::into_result(value)`, spanned as `around` does
+/// (the parentheses too, since they end the call expression).
+fn into_result(ret_ty: &Type, p: &TokenStream, value: TokenStream) -> TokenStream {
+    let (_, last) = ends(ret_ty);
+    let function = around(
+        quote!(<),
+        ret_ty,
+        quote!(as #p::HandlerResult>::into_result),
+    );
+    let mut args = proc_macro2::Group::new(proc_macro2::Delimiter::Parenthesis, value);
+    args.set_span(last);
+    quote!(#function #args)
+}
+
+/// The spans of the first and the last token of `ty`.
+fn ends(ty: &Type) -> (Span, Span) {
+    let mut tokens = quote!(#ty).into_iter();
+    let first = tokens.next().map_or_else(Span::call_site, |t| t.span());
+    let last = tokens.last().map_or(first, |t| t.span());
+    (first, last)
+}
+
 /// Gives every token of `tokens` the span `span` (generated tokens only:
 /// never pass user tokens, whose own spans matter).
 fn respan(tokens: TokenStream, span: Span) -> TokenStream {
@@ -240,4 +337,149 @@ fn respan(tokens: TokenStream, span: Span) -> TokenStream {
             tt
         })
         .collect()
+}
+
+/// The function emitted beside the errors of a refused handler: the
+/// rewritten signature, so that callers written for it get no second, wrong
+/// error ("this function takes 1 argument but 2 were supplied"), and the
+/// user's body, type-checked but never run, so that its own mistakes are
+/// still reported and the imports it uses stay used.
+pub(crate) fn stub(s: &Stub) -> TokenStream {
+    let rt = &s.krate;
+    let p = quote!(#rt::__private);
+    let func = &s.func;
+    let attrs = &func.attrs;
+    let vis = &func.vis;
+    let sig = &func.sig;
+    let ident = &sig.ident;
+    let generics = &sig.generics;
+    let where_clause = &generics.where_clause;
+    let unsafety = &sig.unsafety;
+    let receiver = s.receiver.as_ref().map(|r| quote!(#r,));
+    let params = &s.params;
+    let block = &func.block.stmts;
+    let mixed = Span::mixed_site();
+    let store = Ident::new("store", mixed);
+
+    // Where the store is unknown (misspelt, missing, its feature off), any
+    // store must do: every `&SomeStore` coerces to `&dyn Any`.
+    let store_ty = match s.store {
+        Some(store) => {
+            let store_ty = format_ident!("{}", store.type_name());
+            quote!(#p::#store_ty)
+        }
+        None => quote!(dyn ::core::any::Any),
+    };
+
+    let via_trait = s
+        .result
+        .as_ref()
+        .filter(|r| r.ok.is_none() || r.err.is_none())
+        .map(|r| &r.written);
+    let (ok_ty, err_ty, fake_return) = match &s.result {
+        Some(r) => {
+            let written = &r.written;
+            let ok_ty = match &r.ok {
+                Some(t) => quote!(#t),
+                None => around(quote!(<), written, quote!(as #p::HandlerResult>::Ok)),
+            };
+            let err_ty = match &r.err {
+                Some(t) => quote!(#t),
+                None => around(quote!(<), written, quote!(as #p::HandlerResult>::Err)),
+            };
+            (ok_ty, err_ty, fake_return(written))
+        }
+        // The return type itself was refused (none, a tuple, a reference,
+        // `impl Trait`). Its callers cannot have been written for an `Ok`
+        // type the handler never named; the written type (or `()`) is the
+        // truest guess, and a generic `T` would only add "type annotations
+        // needed" at each call. `Infallible` as `E` lets `?` convert the
+        // error into `Box<dyn Error>` and `anyhow::Error` alike. A type with
+        // a lifetime or `impl Trait` cannot stand in the rewritten signature
+        // (elision is ambiguous there), so it becomes `()`.
+        None => {
+            let ok_ty = match &sig.output {
+                syn::ReturnType::Type(_, ty) if plain(ty) => quote!(#ty),
+                _ => quote!(()),
+            };
+            let fake_return = match &sig.output {
+                syn::ReturnType::Type(_, ty) if plain(ty) => fake_return(ty),
+                _ => TokenStream::new(),
+            };
+            (ok_ty, quote!(::core::convert::Infallible), fake_return)
+        }
+    };
+
+    // The removed parameters (the transaction, the key) are bound to a
+    // diverging value of their written type, so the body type-checks as
+    // written and everything after them is unreachable.
+    let removed = func.sig.inputs.iter().filter_map(|arg| match arg {
+        syn::FnArg::Typed(pt) if !s.params.iter().any(|kept| kept == pt) => {
+            let pat = &pt.pat;
+            let ty = &pt.ty;
+            Some(quote!(let #pat: #ty = loop {};))
+        }
+        _ => None,
+    });
+
+    let output = output(&p, &ok_ty, &err_ty, via_trait);
+
+    quote! {
+        #(#attrs)*
+        #[allow(
+            unknown_lints,
+            unreachable_code,
+            unused_variables,
+            unused_assignments,
+            unused_mut,
+            clippy::diverging_sub_expression,
+            clippy::empty_loop,
+            clippy::let_underscore_future,
+            clippy::let_unit_value,
+            clippy::needless_return,
+            clippy::unused_async
+        )]
+        #vis async #unsafety fn #ident #generics (
+            #receiver
+            #store: &#store_ty,
+            #(#params),*
+        ) -> #output
+        #where_clause
+        {
+            // Never runs: the macro refused this handler (see the errors
+            // reported with it).
+            let _ = async move {
+                #(#removed)*
+                #fake_return
+                #(#block)*
+            };
+            ::core::unreachable!("#[idempotent] refused this handler at compile time")
+        }
+    }
+}
+
+/// Whether a type can stand in the rewritten signature as it is: no
+/// references, lifetimes, `impl Trait` or `_`.
+fn plain(ty: &Type) -> bool {
+    struct Finder(bool);
+    impl<'ast> syn::visit::Visit<'ast> for Finder {
+        fn visit_type(&mut self, ty: &'ast Type) {
+            match ty {
+                Type::Reference(_)
+                | Type::ImplTrait(_)
+                | Type::Infer(_)
+                | Type::Macro(_)
+                | Type::Never(_)
+                | Type::Verbatim(_)
+                | Type::TraitObject(_) => self.0 = false,
+                _ => syn::visit::visit_type(self, ty),
+            }
+        }
+        fn visit_lifetime(&mut self, _: &'ast syn::Lifetime) {
+            self.0 = false;
+        }
+    }
+    let mut finder = Finder(true);
+    syn::visit::Visit::visit_type(&mut finder, ty);
+    finder.0
 }

@@ -5,13 +5,14 @@
 //! arguments, [`valid`] checks them against the function's signature and
 //! builds the [`valid::Handler`] model, [`expand`] generates the rewritten
 //! function. Every mistake found is collected and reported together; on error
-//! the user's function is still emitted, so the rest of the crate keeps
-//! compiling and the IDE keeps working.
+//! a stub with the rewritten signature is emitted beside the errors, holding
+//! the user's body (type-checked, never run), so that callers see no second
+//! error, the body's own mistakes are still reported and the IDE keeps
+//! working.
 
 #![warn(clippy::unwrap_used)]
 
 use proc_macro::TokenStream;
-use quote::ToTokens;
 
 mod attr;
 mod ctxt;
@@ -43,15 +44,16 @@ fn idempotent_impl(
     };
     let mut cx = ctxt::Ctxt::default();
     let args = attr::parse(&mut cx, args);
-    let handler = valid::check(&mut cx, &args, &func);
-    match (cx.finish(), handler) {
+    let checked = valid::check(&mut cx, &args, &func);
+    match (cx.finish(), checked.handler) {
         (Ok(()), Some(handler)) => expand::expand(&handler),
         (Err(errors), _) => {
             let mut out = errors;
-            out.extend(func.into_token_stream());
+            out.extend(expand::stub(&checked.stub));
             out
         }
-        (Ok(()), None) => func.into_token_stream(),
+        // Not reached: the model is missing only where an error was recorded.
+        (Ok(()), None) => expand::stub(&checked.stub),
     }
 }
 

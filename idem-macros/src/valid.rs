@@ -59,7 +59,37 @@ impl Store {
         }
     }
 
-    fn enabled(self) -> bool {
+    /// The stores this build offers, as `"sqlite", "postgres" or "memory"`.
+    pub(crate) fn choices() -> String {
+        let names: Vec<String> = Self::ALL
+            .iter()
+            .filter(|(_, s)| s.enabled())
+            .map(|(n, _)| format!("\"{n}\""))
+            .collect();
+        or_list(&names)
+    }
+
+    /// The SQL stores this build offers, as `"sqlite" or "postgres"`.
+    fn sql_choices() -> Option<String> {
+        let names: Vec<String> = Self::ALL
+            .iter()
+            .filter(|(_, s)| s.enabled() && s.tx_alias().is_some())
+            .map(|(n, _)| format!("\"{n}\""))
+            .collect();
+        (!names.is_empty()).then(|| or_list(&names))
+    }
+
+    /// The lease-mode stores this build offers.
+    fn lease_choices() -> String {
+        let names: Vec<String> = Self::ALL
+            .iter()
+            .filter(|(_, s)| s.enabled() && s.tx_alias().is_none())
+            .map(|(n, _)| format!("\"{n}\""))
+            .collect();
+        or_list(&names)
+    }
+
+    pub(crate) fn enabled(self) -> bool {
         match self {
             Store::Sqlite => cfg!(feature = "sqlite"),
             Store::Postgres => cfg!(feature = "postgres"),
@@ -106,17 +136,38 @@ pub(crate) struct Handler {
     pub(crate) key_param: Option<syn::PatType>,
     pub(crate) receiver: Option<syn::Receiver>,
     pub(crate) params: Vec<Param>,
-    /// `Ok` and `Err` types of the handler's result; `None` for a
-    /// `Result<T>` alias, whose parts are named through the runtime.
+    /// `Ok` and `Err` types of the handler's result; `None` where the
+    /// signature does not name them (`AppResult<T>`, `io::Result<T>`'s `Err`),
+    /// and the runtime's `HandlerResult` does.
     pub(crate) ok_ty: Option<Type>,
     pub(crate) err_ty: Option<Type>,
     /// The written return type, for spans and the body's type check.
     pub(crate) ret_ty: Type,
 }
 
-/// Checks everything; returns the model only when nothing was wrong enough
-/// to stop generation (errors are in `cx` either way).
-pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Option<Handler> {
+/// What is known of a handler the macro refuses: enough to emit a stub with
+/// the rewritten signature, so that its callers see no second error.
+pub(crate) struct Stub {
+    pub(crate) func: ItemFn,
+    pub(crate) krate: syn::Path,
+    /// The store, when it is known and built.
+    pub(crate) store: Option<Store>,
+    pub(crate) receiver: Option<syn::Receiver>,
+    /// The parameters that stay in the rewritten signature.
+    pub(crate) params: Vec<syn::PatType>,
+    /// `None` when the return type itself was refused.
+    pub(crate) result: Option<ResultTypes>,
+}
+
+/// The model when nothing was wrong enough to stop generation, and the stub
+/// to emit otherwise (errors are in `cx` either way).
+pub(crate) struct Checked {
+    pub(crate) handler: Option<Handler>,
+    pub(crate) stub: Stub,
+}
+
+/// Checks everything.
+pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Checked {
     let sig = &func.sig;
     if sig.asyncness.is_none() {
         cx.error_spanned_by(
@@ -157,7 +208,32 @@ pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Option<Handler
 
     let result_types = return_types(cx, &sig.output, &sig.ident);
 
-    let sig_parts = params(cx, func, store);
+    // The names the key's paths start with: a parameter the key reads from
+    // is a message, whatever its type is called.
+    let key_roots: Vec<String> = args
+        .key
+        .as_ref()
+        .and_then(|lit| idem_grammar::parse_key(&lit.value()).ok())
+        .map(|expr| {
+            expr.parts
+                .iter()
+                .filter_map(|p| match p {
+                    Part::Path { segments, .. } => match segments.first() {
+                        Some(Segment::Field(f)) => Some(f.clone()),
+                        _ => None,
+                    },
+                    Part::Const { .. } => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let sig_parts = params(
+        cx,
+        func,
+        store,
+        krate.as_ref().unwrap_or(&syn::parse_quote!(::idem_runtime)),
+        &key_roots,
+    );
 
     if let (Some(_), Some(lit)) = (&sig_parts.tx_param, &args.lease) {
         cx.error_spanned_by(
@@ -171,31 +247,51 @@ pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Option<Handler
         .as_ref()
         .and_then(|lit| key(cx, lit, &sig_parts.params));
 
-    Some(Handler {
+    let stub = Stub {
         func: func.clone(),
-        krate: krate?,
-        name: name?,
-        key_text: args.key.as_ref()?.value(),
-        key: key?,
-        key_span: args.key.as_ref()?.span(),
-        ttl: ttl?,
-        lease: lease?,
-        store: store?,
-        tx_param: sig_parts.tx_param,
-        key_param: sig_parts.key_param,
-        receiver: sig_parts.receiver,
-        params: sig_parts.params,
-        ok_ty: result_types.as_ref()?.0.clone(),
-        err_ty: result_types.as_ref()?.1.clone(),
-        ret_ty: result_types?.2,
-    })
+        krate: krate
+            .clone()
+            .unwrap_or_else(|| syn::parse_quote!(::idem_runtime)),
+        store,
+        receiver: sig_parts.receiver.clone(),
+        params: sig_parts.params.iter().map(|p| p.arg.clone()).collect(),
+        result: result_types.clone(),
+    };
+    let handler = (|| {
+        let result = result_types?;
+        Some(Handler {
+            func: func.clone(),
+            krate: krate?,
+            name: name?,
+            key_text: args.key.as_ref()?.value(),
+            key: key?,
+            key_span: args.key.as_ref()?.span(),
+            ttl: ttl?,
+            lease: lease?,
+            store: store?,
+            tx_param: sig_parts.tx_param,
+            key_param: sig_parts.key_param,
+            receiver: sig_parts.receiver,
+            params: sig_parts.params,
+            ok_ty: result.ok,
+            err_ty: result.err,
+            ret_ty: result.written,
+        })
+    })();
+    Checked { handler, stub }
 }
 
 /// Reports the required arguments that are absent, in one error when several
 /// are, on the attribute (there is no token of theirs to point at).
 fn missing_arguments(cx: &mut Ctxt, args: &Args) {
     // (argument, what it says, an example)
-    const REQUIRED: &[(&str, &str, &str)] = &[
+    // Only the stores of this build are offered.
+    let stores = format!("where the records live: {}", Store::choices());
+    let store_example = match Store::ALL.iter().find(|(_, s)| s.enabled()) {
+        Some((n, _)) => format!("store = \"{n}\""),
+        None => "store = \"memory\"".to_owned(),
+    };
+    let required: [(&str, &str, &str); 3] = [
         (
             "key",
             "the message fields that identify a message",
@@ -206,13 +302,9 @@ fn missing_arguments(cx: &mut Ctxt, args: &Args) {
             "how long a completed message suppresses duplicates",
             "ttl = \"24h\"",
         ),
-        (
-            "store",
-            "where the records live: \"sqlite\", \"postgres\", \"mysql\", \"redis\" or \"memory\"",
-            "store = \"sqlite\"",
-        ),
+        ("store", &stores, &store_example),
     ];
-    let missing: Vec<_> = REQUIRED
+    let missing: Vec<_> = required
         .iter()
         .filter(|(label, _, _)| args.is_missing(label))
         .collect();
@@ -239,18 +331,64 @@ fn missing_arguments(cx: &mut Ctxt, args: &Args) {
 fn store(cx: &mut Ctxt, lit: &LitStr) -> Option<Store> {
     let value = lit.value();
     let Some((_, store)) = Store::ALL.iter().find(|(n, _)| *n == value) else {
-        cx.error_spanned_by(
-            lit,
-            format!(
-                "unknown store \"{value}\": use \"sqlite\", \"postgres\", \"mysql\", \"redis\" or \"memory\""
+        // A slip of case, spacing or spelling: `"Postgres"`, `"redis "`,
+        // `"sqllite"`. Compared with every store, so that a store whose
+        // feature is off is still recognized (and said to be off).
+        const OTHER_NAMES: &[(&str, &str)] = &[
+            ("pg", "postgres"),
+            ("postgresql", "postgres"),
+            ("psql", "postgres"),
+            ("sqlite3", "sqlite"),
+            ("mariadb", "mysql"),
+            ("mem", "memory"),
+            ("inmemory", "memory"),
+        ];
+        let written: String = value
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .collect::<String>()
+            .to_ascii_lowercase();
+        let names: Vec<&str> = Store::ALL.iter().map(|(n, _)| *n).collect();
+        let meant = names
+            .iter()
+            .find(|n| **n == written)
+            .copied()
+            .or_else(|| {
+                OTHER_NAMES
+                    .iter()
+                    .find(|(other, _)| *other == written)
+                    .map(|(_, n)| *n)
+            })
+            .or_else(|| crate::attr::similar(&written, &names));
+        let message = match meant.and_then(|n| Store::ALL.iter().find(|(m, _)| *m == n)) {
+            Some((n, s)) if s.enabled() => {
+                format!("unknown store \"{value}\": did you mean \"{n}\"?")
+            }
+            Some((n, Store::MySql)) => format!(
+                "unknown store \"{value}\": did you mean \"{n}\"? It is not available in this version of idem-runtime yet: use {}",
+                Store::choices()
             ),
-        );
+            Some((n, _)) => format!(
+                "unknown store \"{value}\": did you mean \"{n}\"? It needs the `{n}` feature of idem-runtime: idem-runtime = {{ version = \"...\", features = [\"{n}\"] }}"
+            ),
+            None => format!("unknown store \"{value}\": use {}", Store::choices()),
+        };
+        cx.error_spanned_by(lit, message);
         return None;
     };
     if *store == Store::MySql {
+        let advice = match Store::sql_choices() {
+            Some(sql) => format!(
+                "use {sql} for transaction mode, {} for lease mode",
+                Store::lease_choices()
+            ),
+            None => format!("use {}", Store::choices()),
+        };
         cx.error_spanned_by(
             lit,
-            "store \"mysql\" is not available in this version of idem-runtime yet: use \"postgres\" or \"sqlite\" for transaction mode, \"redis\" or \"memory\" for lease mode",
+            format!(
+                "store \"mysql\" is not available in this version of idem-runtime yet: {advice}"
+            ),
         );
         return None;
     }
@@ -265,6 +403,20 @@ fn store(cx: &mut Ctxt, lit: &LitStr) -> Option<Store> {
         return None;
     }
     Some(*store)
+}
+
+/// `a`, `a or b`, `a, b or c`.
+fn or_list(items: &[String]) -> String {
+    list(items, "or")
+}
+
+/// `a`, `a and b`, `a, b and c` (with `word` in place of `and`).
+fn list(items: &[String], word: &str) -> String {
+    match items {
+        [] => String::new(),
+        [only] => only.clone(),
+        [first @ .., last] => format!("{} {word} {last}", first.join(", ")),
+    }
 }
 
 fn duration(cx: &mut Ctxt, lit: &LitStr, what: &str) -> Option<Duration> {
@@ -292,59 +444,77 @@ fn handler_name(cx: &mut Ctxt, lit: &LitStr) -> Option<String> {
     Some(value)
 }
 
-/// Splits `Result<T, E>` (or a one-argument `Result<T>` alias).
-#[allow(clippy::type_complexity)]
-fn return_types(
-    cx: &mut Ctxt,
-    output: &ReturnType,
-    ident: &Ident,
-) -> Option<(Option<Type>, Option<Type>, Type)> {
-    const ADVICE: &str = "an idempotent handler returns `Result<T, E>`: `Ok(T)` is recorded and handed to duplicates, `Err(E)` records nothing so a redelivery runs again";
+/// The handler's result: its `Ok` and `Err` types where the signature
+/// names them, and the written type.
+#[derive(Clone)]
+pub(crate) struct ResultTypes {
+    /// `None` where only the runtime's `HandlerResult` can name it.
+    pub(crate) ok: Option<Type>,
+    pub(crate) err: Option<Type>,
+    pub(crate) written: Type,
+}
+
+/// Splits the return type. `Result<T, E>` names both parts; `X::Result<T>`
+/// (`io::Result<T>`, `anyhow::Result<T>`, a `Result<T>` alias) names `Ok`.
+/// Any other path type (`AppResult<T>`, a zero-argument alias) is taken as a
+/// `Result` whose parts the runtime's `HandlerResult` names; that trait is
+/// implemented for `Result` only, so `Option<u64>` or `u64` is reported by
+/// rustc on the type itself. Only what is surely not a `Result` (a tuple, a
+/// reference, `impl Trait`, no return type) is refused here.
+fn return_types(cx: &mut Ctxt, output: &ReturnType, ident: &Ident) -> Option<ResultTypes> {
+    const ADVICE: &str = "an idempotent handler returns `Result<T, E>` (or an alias of it): `Ok(T)` is recorded and handed to duplicates, `Err(E)` records nothing so a redelivery runs again";
     let ty = match output {
         ReturnType::Default => {
             cx.error_spanned_by(ident, format!("`{ident}` returns nothing: {ADVICE}"));
             return None;
         }
-        ReturnType::Type(_, ty) => ty,
+        ReturnType::Type(_, ty) => &**ty,
     };
-    let segment = match &**ty {
-        Type::Path(p) if p.qself.is_none() => p.path.segments.last(),
-        _ => None,
-    };
-    let args = match segment {
-        Some(seg) if seg.ident == "Result" => match &seg.arguments {
-            PathArguments::AngleBracketed(a) => Some(
-                a.args
-                    .iter()
-                    .filter_map(|g| match g {
-                        GenericArgument::Type(t) => Some(t.clone()),
-                        _ => None,
-                    })
-                    .collect::<Vec<_>>(),
-            ),
-            _ => None,
-        },
-        _ => None,
-    };
-    match args.as_deref() {
-        Some([ok, err]) => Some((Some(ok.clone()), Some(err.clone()), (**ty).clone())),
-        // A `Result<T>` alias: the runtime's trait names its parts.
-        Some([_]) => Some((None, None, (**ty).clone())),
-        _ => {
-            let message = match segment {
-                Some(seg) if seg.ident == "Result" => {
-                    "this `Result` names no `Ok` type to record: write `Result<T, E>`, or a `Result<T>` alias".to_owned()
-                }
-                Some(seg) if seg.ident.to_string().ends_with("Result") => format!(
-                    "`{}` is not a `Result` by name: #[idempotent] recognizes `Result<T, E>` and `Result<T>` aliases by the name `Result`; write `Result<T, E>`, or name the alias `Result`",
-                    seg.ident
-                ),
-                _ => format!("this return type is not a `Result`: {ADVICE}"),
-            };
-            cx.error_spanned_by(ty, message);
-            None
+    let path = match ty {
+        Type::Path(p) => p,
+        Type::Group(g) => {
+            return return_types(
+                cx,
+                &ReturnType::Type(Default::default(), g.elem.clone()),
+                ident,
+            );
         }
+        _ => {
+            cx.error_spanned_by(ty, format!("this return type is not a `Result`: {ADVICE}"));
+            return None;
+        }
+    };
+    let mut types = ResultTypes {
+        ok: None,
+        err: None,
+        written: ty.clone(),
+    };
+    if path.qself.is_some() {
+        return Some(types);
     }
+    let Some(last) = path.path.segments.last() else {
+        return Some(types);
+    };
+    let args: Vec<&Type> = match &last.arguments {
+        PathArguments::AngleBracketed(a) => a
+            .args
+            .iter()
+            .filter_map(|g| match g {
+                GenericArgument::Type(t) => Some(t),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    match args.as_slice() {
+        [ok, err] if last.ident == "Result" => {
+            types.ok = Some((*ok).clone());
+            types.err = Some((*err).clone());
+        }
+        [ok] if last.ident == "Result" => types.ok = Some((*ok).clone()),
+        _ => {}
+    }
+    Some(types)
 }
 
 struct SigParts {
@@ -386,28 +556,76 @@ fn tx_kind(ty: &Type) -> Option<(Store, &Type)> {
     None
 }
 
-/// `&Key` or `&idem_runtime::Key`: the body reads its own derived key.
-fn is_key_param(ty: &Type) -> bool {
-    let Type::Reference(r) = ty else { return false };
-    if r.mutability.is_some() {
-        return false;
-    }
-    let Type::Path(p) = &*r.elem else {
-        return false;
-    };
-    p.path
-        .segments
-        .last()
-        .is_some_and(|s| s.ident == "Key" && s.arguments.is_empty())
+/// How a parameter's type names a `Key`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum KeyName {
+    /// `&idem_runtime::Key` or `&<crate>::Key`: surely idem's key.
+    Idem,
+    /// `&Key`: idem's key if imported, or the user's own type named `Key`.
+    Bare,
+    /// Anything else, including `&some::other::Key`.
+    No,
 }
 
-fn params(cx: &mut Ctxt, func: &ItemFn, store: Option<Store>) -> SigParts {
+/// Whether `ty` names idem's key type. The macro cannot resolve types, so
+/// the path decides: see [`params`] for how a bare `&Key` is read.
+fn key_name(ty: &Type, krate: &syn::Path) -> KeyName {
+    let Type::Reference(r) = ty else {
+        return KeyName::No;
+    };
+    let Type::Path(p) = &*r.elem else {
+        return KeyName::No;
+    };
+    if r.mutability.is_some() || p.qself.is_some() {
+        return KeyName::No;
+    }
+    let segments: Vec<String> = p
+        .path
+        .segments
+        .iter()
+        .map(|s| s.ident.to_string())
+        .collect();
+    let no_arguments = p.path.segments.iter().all(|s| s.arguments.is_empty());
+    if !no_arguments || segments.last().is_none_or(|l| l != "Key") {
+        return KeyName::No;
+    }
+    let prefix = &segments[..segments.len() - 1];
+    let krate: Vec<String> = krate.segments.iter().map(|s| s.ident.to_string()).collect();
+    match prefix {
+        [] if p.path.leading_colon.is_none() => KeyName::Bare,
+        [only] if only == "idem_runtime" => KeyName::Idem,
+        _ if prefix == krate.as_slice() => KeyName::Idem,
+        _ => KeyName::No,
+    }
+}
+
+/// Sorts the parameters: the receiver, the transaction, the key, and the
+/// rest (the message parameters, which stay in the rewritten signature).
+///
+/// `&idem_runtime::Key` (or `&<crate>::Key`) is always the key parameter. A
+/// bare `&Key` is the key parameter only when there is no such explicit one,
+/// another parameter can be the message, and no key path starts with its
+/// name; otherwise it is a message (an application's own type named `Key`).
+/// Any other path ending in `Key` (`&crate::Key`) is a message. A bare
+/// `&Key` taken for the key but
+/// naming the user's type is reported by rustc through the runtime's
+/// `IdemKey` check, on that type.
+fn params(
+    cx: &mut Ctxt,
+    func: &ItemFn,
+    store: Option<Store>,
+    krate: &syn::Path,
+    key_roots: &[String],
+) -> SigParts {
     let mut parts = SigParts {
         tx_param: None,
         key_param: None,
         receiver: None,
         params: Vec::new(),
     };
+    // The parameters that are neither the receiver nor the transaction,
+    // with how their type names `Key`.
+    let mut rest: Vec<(&syn::PatType, KeyName)> = Vec::new();
     let mut index = 0;
     for arg in &func.sig.inputs {
         let pt = match arg {
@@ -444,20 +662,45 @@ fn params(cx: &mut Ctxt, func: &ItemFn, store: Option<Store>) -> SigParts {
                             s.name()
                         ),
                     ),
-                    None => cx.error_spanned_by(
-                        ty,
-                        format!(
-                            "store \"{}\" has no transactions: remove this parameter to run the handler in lease mode, or use a SQL store (\"sqlite\", \"postgres\", \"mysql\")",
-                            s.name()
-                        ),
-                    ),
+                    None => {
+                        let sql = match Store::sql_choices() {
+                            Some(sql) => format!("or use a SQL store ({sql})"),
+                            None => "or enable a SQL store (the `sqlite` or `postgres` feature of idem-runtime)".to_owned(),
+                        };
+                        cx.error_spanned_by(
+                            ty,
+                            format!(
+                                "store \"{}\" has no transactions: remove this parameter to run the handler in lease mode, {sql}",
+                                s.name()
+                            ),
+                        );
+                    }
                 },
                 None => {}
             }
             parts.tx_param = Some(pt.clone());
             continue;
         }
-        if is_key_param(&pt.ty) {
+        let mut name = key_name(&pt.ty, krate);
+        let read_by_key = match &*pt.pat {
+            Pat::Ident(pi) => key_roots.iter().any(|r| pi.ident == r),
+            _ => false,
+        };
+        if name == KeyName::Bare && read_by_key {
+            name = KeyName::No;
+        }
+        rest.push((pt, name));
+    }
+    let explicit = rest.iter().any(|(_, k)| *k == KeyName::Idem);
+    let bare = rest.iter().filter(|(_, k)| *k == KeyName::Bare).count();
+    let bare_is_key = !explicit && bare > 0 && rest.len() > bare;
+    for (pt, name) in rest {
+        let is_key = match name {
+            KeyName::Idem => true,
+            KeyName::Bare => bare_is_key,
+            KeyName::No => false,
+        };
+        if is_key {
             if parts.key_param.is_some() {
                 cx.error_spanned_by(&pt.ty, "only one `&Key` parameter is allowed");
             }
@@ -495,6 +738,19 @@ fn key(cx: &mut Ctxt, lit: &LitStr, params: &[Param]) -> Option<Vec<KeyPart>> {
     let names: Vec<String> = params
         .iter()
         .filter_map(|p| p.ident.as_ref().map(|i| i.to_string()))
+        .collect();
+    // The parameters that some key part already starts with.
+    let used_roots: Vec<&str> = expr
+        .parts
+        .iter()
+        .filter_map(|p| match p {
+            Part::Path { segments, .. } => match segments.first() {
+                Some(Segment::Field(f)) if segments.len() > 1 => Some(f.as_str()),
+                _ => None,
+            },
+            Part::Const { .. } => None,
+        })
+        .filter(|f| names.iter().any(|n| n == f))
         .collect();
     let mut out = Vec::new();
     let mut ok = true;
@@ -538,28 +794,15 @@ fn key(cx: &mut Ctxt, lit: &LitStr, params: &[Param]) -> Option<Vec<KeyPart>> {
                 match root {
                     Some(r) => (r.clone(), &segments[1..]),
                     None => {
-                        let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
-                        let misspelt = match segments.len() {
-                            1 => None,
-                            _ => crate::attr::similar(first, &name_refs),
-                        };
-                        let message = match misspelt {
-                            Some(name) => {
-                                let rest: Vec<String> =
-                                    segments[1..].iter().map(ToString::to_string).collect();
-                                format!(
-                                    "key part `{part_text}` starts with `{first}`, which is not a parameter: did you mean `{name}.{}`?",
-                                    rest.join(".")
-                                )
-                            }
-                            None => {
-                                let suggestions: Vec<String> =
-                                    names.iter().map(|n| format!("`{n}.{part_text}`")).collect();
-                                format!(
-                                    "key part `{part_text}` is ambiguous: with several message parameters a key path starts with the parameter's name, e.g. {}",
-                                    suggestions.join(" or ")
-                                )
-                            }
+                        let message = if segments.len() == 1 {
+                            let suggestions: Vec<String> =
+                                names.iter().map(|n| format!("`{n}.{part_text}`")).collect();
+                            format!(
+                                "key part `{part_text}` is ambiguous: with several message parameters a key path starts with the parameter's name, e.g. {}",
+                                suggestions.join(" or ")
+                            )
+                        } else {
+                            not_a_parameter(&part_text, segments, &names, &used_roots)
                         };
                         cx.error_spanned_by(lit, message);
                         ok = false;
@@ -576,6 +819,45 @@ fn key(cx: &mut Ctxt, lit: &LitStr, params: &[Param]) -> Option<Vec<KeyPart>> {
         });
     }
     ok.then_some(out)
+}
+
+/// The message for a key path whose first segment is no parameter: names
+/// the parameters, and suggests the path with the nearest parameter's name
+/// in place of the first segment (by edit distance; of equally near ones,
+/// one that no other key part starts with yet).
+fn not_a_parameter(
+    part_text: &str,
+    segments: &[Segment],
+    names: &[String],
+    used_roots: &[&str],
+) -> String {
+    let first = segments[0].to_string();
+    let rest: Vec<String> = segments[1..].iter().map(ToString::to_string).collect();
+    let rest = rest.join(".");
+    let quoted: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+    let nearest = names.iter().min_by_key(|n| {
+        (
+            crate::attr::distance(&first, n),
+            used_roots.contains(&n.as_str()),
+        )
+    });
+    let mut message = format!(
+        "key part `{part_text}` starts with `{first}`, but the handler has no parameter `{first}`: its parameters are {}",
+        list(&quoted, "and")
+    );
+    if let Some(n) = nearest {
+        message.push_str(&format!("; did you mean `{n}.{rest}`?"));
+        let slip = crate::attr::similar(&first, &[n.as_str()]).is_some()
+            || first.chars().next() == n.chars().next();
+        if !slip {
+            // Neither a misspelling nor an abbreviation of the name: `first`
+            // may be a field of a parameter.
+            message.push_str(&format!(
+                " (if `{first}` is a field, start with the parameter's name: `{n}.{part_text}`)"
+            ));
+        }
+    }
+    message
 }
 
 /// A field access whose tokens carry the key literal's span, so rustc's own

@@ -440,8 +440,7 @@ impl fmt::Write for PartWriter<'_> {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be part of an idempotency key",
     label = "this key part is a `{Self}`",
-    note = "key parts are strings, integers, bool, char, uuid::Uuid, Options of these, and types that implement `idem_runtime::KeyPart`",
-    note = "floats are refused on purpose: equal amounts can print differently (0.1 + 0.2 vs 0.3, -0.0 vs 0.0), so a redelivery could miss its record; key on integer minor units (cents) or a string instead"
+    note = "key parts are strings, integers, bool, char, uuid::Uuid, Options of these, and types that implement `idem_runtime::KeyPart`"
 )]
 pub trait KeyPart {
     /// Writes this part's text, or reports that it is missing.

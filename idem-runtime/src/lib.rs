@@ -80,6 +80,28 @@ pub use idem_grammar::{format_duration, parse_duration};
 /// | `lease` | lease mode: how long a claim may stay in progress before another consumer may take it over (default `30s`) |
 /// | `crate` | the path of `idem_runtime` when it is renamed |
 ///
+/// The handler returns `Result<T, E>` or any alias of it (`io::Result<T>`,
+/// `AppResult<T>`, `type Handled = Result<u64, AppError>`); a return type
+/// that is not a `Result` is a compile error on that type.
+///
+/// # The key parameter
+///
+/// A parameter `&Key` lets the body read its derived key. The macro sees
+/// paths, not types, so it decides which parameter that is by how it is
+/// written:
+///
+/// * `&idem_runtime::Key` (or `&<crate>::Key` with `crate = "..."`) is always
+///   the key parameter;
+/// * a bare `&Key` is the key parameter only when no parameter is written
+///   `&idem_runtime::Key`, another parameter can be the message, and no key
+///   path starts with its name; otherwise it is a message, so an
+///   application's own type named `Key` works as the only parameter;
+/// * `&some::path::Key` with any other path is a message.
+///
+/// A bare `&Key` taken for the key parameter that names the application's
+/// own type is a compile error on that type, saying to write it with a path
+/// (`&crate::Key`).
+///
 /// # Examples
 ///
 /// Lease mode on the memory store, with its own name and lease, and a body that
@@ -136,46 +158,4 @@ pub use telemetry::metric;
 
 /// What the generated code names. Not public API: it changes without notice.
 #[doc(hidden)]
-pub mod __private {
-    #[cfg(feature = "redis")]
-    pub use crate::RedisStore;
-    pub use crate::call::key_missing;
-    pub use crate::call::lease::run_lease;
-    pub use crate::call::tx::{TxBegin, TxCall, tx_begin, tx_finish};
-    pub use crate::registry::{HandlerSpec, Mode};
-    pub use crate::{Error, Key, KeyBuilder, MemoryStore, Outcome};
-    #[cfg(feature = "postgres")]
-    pub use crate::{PgStore, PgTx};
-    #[cfg(feature = "sqlite")]
-    pub use crate::{SqliteStore, SqliteTx};
-    pub use core::future::Future;
-    pub use core::result::Result;
-    pub use core::time::Duration;
-    pub use inventory;
-    pub use tracing::Instrument;
-
-    /// Implemented for what a handler may return as its `Ok` value.
-    #[diagnostic::on_unimplemented(
-        message = "the result of an idempotent handler must be storable: `{Self}` does not implement `serde::Serialize` and `serde::de::DeserializeOwned`",
-        label = "a duplicate gets this value back, decoded from the store",
-        note = "derive `serde::Serialize` and `serde::Deserialize` for it, or return a type that does"
-    )]
-    pub trait StorableOutcome: serde::Serialize + serde::de::DeserializeOwned {}
-    impl<T: serde::Serialize + serde::de::DeserializeOwned> StorableOutcome for T {}
-
-    /// Emitted with the return type's span so that a missing serde impl is
-    /// reported on the user's `T`.
-    pub const fn assert_storable<T: StorableOutcome>() {}
-
-    /// Lets `Result<T>` aliases (one type argument) name their parts.
-    pub trait HandlerResult {
-        /// The `Ok` type.
-        type Ok;
-        /// The `Err` type.
-        type Err;
-    }
-    impl<T, E> HandlerResult for core::result::Result<T, E> {
-        type Ok = T;
-        type Err = E;
-    }
-}
+pub mod __private;

@@ -22,11 +22,26 @@ async fn deduct_stock(
     }
     ::idem_runtime::__private::assert_storable::<StockLeft>();
     let __idem_key: ::idem_runtime::__private::Key = {
+        use ::idem_runtime::__private::{AnyProbe as _, FloatProbe as _};
         let mut __idem_builder = ::idem_runtime::__private::KeyBuilder::new();
-        if __idem_builder.part(&(msg).order_id).is_err() {
+        if __idem_builder
+            .part(
+                (&::idem_runtime::__private::KeyPartProbe(&(msg).order_id))
+                    .idem_key_part()
+                    .get(),
+            )
+            .is_err()
+        {
             return ::idem_runtime::__private::key_missing(&__IDEM_SPEC, "order_id");
         }
-        if __idem_builder.part(&(msg).sku).is_err() {
+        if __idem_builder
+            .part(
+                (&::idem_runtime::__private::KeyPartProbe(&(msg).sku))
+                    .idem_key_part()
+                    .get(),
+            )
+            .is_err()
+        {
             return ::idem_runtime::__private::key_missing(&__IDEM_SPEC, "sku");
         }
         __idem_builder.finish()

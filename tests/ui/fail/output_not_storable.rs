@@ -25,4 +25,17 @@ async fn deduct_stock_tx(
     Ok(StockLeft { left: msg.order_id })
 }
 
+// half of what is needed: still one error
+#[derive(serde::Serialize)]
+struct Reserved {
+    order_id: u64,
+}
+
+#[idempotent(key = "order_id", ttl = "24h", store = "memory")]
+async fn reserve(msg: &OrderPlaced) -> Result<Reserved, std::io::Error> {
+    Ok(Reserved {
+        order_id: msg.order_id,
+    })
+}
+
 fn main() {}

@@ -1,3 +1,5 @@
+// An unknown store lists the stores of this build; a slip of case,
+// spacing or spelling gets the store it most likely means.
 use idem_runtime::idempotent;
 
 struct OrderPlaced {
@@ -6,6 +8,26 @@ struct OrderPlaced {
 
 #[idempotent(key = "order_id", ttl = "24h", store = "mongodb")]
 async fn deduct_stock(msg: &OrderPlaced) -> Result<u64, std::io::Error> {
+    Ok(msg.order_id)
+}
+
+#[idempotent(key = "order_id", ttl = "24h", store = "Postgres")]
+async fn reserve(msg: &OrderPlaced) -> Result<u64, std::io::Error> {
+    Ok(msg.order_id)
+}
+
+#[idempotent(key = "order_id", ttl = "24h", store = "sqllite")]
+async fn release(msg: &OrderPlaced) -> Result<u64, std::io::Error> {
+    Ok(msg.order_id)
+}
+
+#[idempotent(key = "order_id", ttl = "24h", store = "redis ")]
+async fn refund(msg: &OrderPlaced) -> Result<u64, std::io::Error> {
+    Ok(msg.order_id)
+}
+
+#[idempotent(key = "order_id", ttl = "24h", store = "postgresql")]
+async fn restock(msg: &OrderPlaced) -> Result<u64, std::io::Error> {
     Ok(msg.order_id)
 }
 
