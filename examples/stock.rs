@@ -106,7 +106,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     match deduct_stock(&store, &big).await {
         Err(Error::Handler { error, key, .. }) => {
             println!(
-                "order 8 pear: failed ({error}); key {key} not recorded, stock still {}",
+                "order 8 pear: failed ({error}); key {} not recorded, stock still {}",
+                key.shown(),
                 stock(&store, "pear").await?
             )
         }

@@ -7,9 +7,11 @@
 //! * **Readable or not written.** A value JSON cannot carry is refused
 //!   before anything is recorded ([`Error::Unrecordable`]): NaN and the
 //!   infinities (JSON would write `null`, which a duplicate reads as `None`
-//!   or cannot read at all), and any value whose encoding does not decode
-//!   into its type again (a `Deserialize` that refuses its own `Serialize`'s
-//!   output). So no duplicate ever meets a record it cannot read.
+//!   or cannot read at all); a `Some` whose content JSON writes as `null`
+//!   (`Some(())`, `Some(None)`, `Some(Value::Null)`, which would come back as
+//!   `None`); and any value whose encoding does not decode into its type
+//!   again (a `Deserialize` that refuses its own `Serialize`'s output). So no
+//!   duplicate ever meets a record it cannot read, or reads another value.
 
 use std::fmt::{self, Display};
 
@@ -95,6 +97,13 @@ impl FiniteCheck {
         if value.is_finite() {
             return Ok(());
         }
+        Err(self.refuse(&format!(
+            "{shown}, which JSON cannot carry (it would be recorded as null); return a finite number, or an Option or enum that says what it means"
+        )))
+    }
+
+    /// `what` is the problem at the current place.
+    fn refuse(&self, what: &str) -> NotFinite {
         let mut at = String::new();
         for step in &self.path {
             match step {
@@ -108,9 +117,7 @@ impl FiniteCheck {
         } else {
             format!("`{at}`")
         };
-        Err(NotFinite(format!(
-            "{at} is {shown}, which JSON cannot carry (it would be recorded as null); return a finite number, or an Option or enum that says what it means"
-        )))
+        NotFinite(format!("{at} is {what}"))
     }
 
     fn nested<T: Serialize + ?Sized>(&mut self, step: Step, value: &T) -> Result<(), NotFinite> {
@@ -169,6 +176,11 @@ impl ser::Serializer for &mut FiniteCheck {
         Ok(())
     }
     fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), NotFinite> {
+        if value.serialize(NullCheck).unwrap_or(false) {
+            return Err(self.refuse(
+                "a `Some` whose content JSON writes as null, so it would come back as `None`; return a value that says what it means",
+            ));
+        }
         value.serialize(self)
     }
     fn serialize_unit(self) -> Result<(), NotFinite> {
@@ -287,8 +299,8 @@ impl ser::SerializeMap for &mut FiniteCheck {
     type Ok = ();
     type Error = NotFinite;
     fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), NotFinite> {
-        // A float key is written as a string by JSON; a NaN one still reads
-        // back as a string "NaN" that no float parses: refuse it too.
+        // serde_json refuses non-finite float keys itself; checked here so
+        // the error says where.
         key.serialize(&mut **self)
     }
     fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), NotFinite> {
@@ -327,6 +339,135 @@ impl ser::SerializeStructVariant for &mut FiniteCheck {
     fn end(self) -> Result<(), NotFinite> {
         self.path.pop();
         Ok(())
+    }
+}
+
+/// Whether a value serializes as JSON `null` at its top level: unit, unit
+/// structs, `None`, and newtypes or `Some`s of those.
+struct NullCheck;
+
+/// Not null: anything else stops the check at once.
+#[derive(Debug)]
+struct NotNull;
+
+impl Display for NotNull {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("not null")
+    }
+}
+
+impl std::error::Error for NotNull {}
+
+impl ser::Error for NotNull {
+    fn custom<M: Display>(_: M) -> Self {
+        NotNull
+    }
+}
+
+/// Scalars and compounds that are never null.
+macro_rules! not_null {
+    ($($method:ident($($t:ty),*)),* $(,)?) => {$(
+        fn $method(self, $(_: $t),*) -> Result<bool, NotNull> {
+            Ok(false)
+        }
+    )*};
+}
+
+impl ser::Serializer for NullCheck {
+    type Ok = bool;
+    type Error = NotNull;
+    type SerializeSeq = ser::Impossible<bool, NotNull>;
+    type SerializeTuple = ser::Impossible<bool, NotNull>;
+    type SerializeTupleStruct = ser::Impossible<bool, NotNull>;
+    type SerializeTupleVariant = ser::Impossible<bool, NotNull>;
+    type SerializeMap = ser::Impossible<bool, NotNull>;
+    type SerializeStruct = ser::Impossible<bool, NotNull>;
+    type SerializeStructVariant = ser::Impossible<bool, NotNull>;
+
+    not_null!(
+        serialize_bool(bool),
+        serialize_i8(i8),
+        serialize_i16(i16),
+        serialize_i32(i32),
+        serialize_i64(i64),
+        serialize_i128(i128),
+        serialize_u8(u8),
+        serialize_u16(u16),
+        serialize_u32(u32),
+        serialize_u64(u64),
+        serialize_u128(u128),
+        serialize_f32(f32),
+        serialize_f64(f64),
+        serialize_char(char),
+        serialize_str(&str),
+        serialize_bytes(&[u8]),
+        serialize_unit_variant(&'static str, u32, &'static str),
+    );
+
+    fn serialize_none(self) -> Result<bool, NotNull> {
+        Ok(true)
+    }
+    fn serialize_unit(self) -> Result<bool, NotNull> {
+        Ok(true)
+    }
+    fn serialize_unit_struct(self, _: &'static str) -> Result<bool, NotNull> {
+        Ok(true)
+    }
+    fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<bool, NotNull> {
+        value.serialize(self)
+    }
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(
+        self,
+        _: &'static str,
+        value: &T,
+    ) -> Result<bool, NotNull> {
+        value.serialize(self)
+    }
+    fn serialize_newtype_variant<T: Serialize + ?Sized>(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: &T,
+    ) -> Result<bool, NotNull> {
+        Ok(false)
+    }
+    fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, NotNull> {
+        Err(NotNull)
+    }
+    fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, NotNull> {
+        Err(NotNull)
+    }
+    fn serialize_tuple_struct(
+        self,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeTupleStruct, NotNull> {
+        Err(NotNull)
+    }
+    fn serialize_tuple_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeTupleVariant, NotNull> {
+        Err(NotNull)
+    }
+    fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, NotNull> {
+        Err(NotNull)
+    }
+    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self::SerializeStruct, NotNull> {
+        Err(NotNull)
+    }
+    fn serialize_struct_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeStructVariant, NotNull> {
+        Err(NotNull)
     }
 }
 
@@ -403,5 +544,30 @@ mod tests {
                 .unwrap_err()
                 .starts_with("the result is NaN")
         );
+    }
+
+    #[test]
+    fn a_some_that_json_writes_as_null_is_refused() {
+        #[derive(Serialize)]
+        struct Marker;
+        #[derive(Serialize)]
+        struct Wrapper {
+            done: Option<()>,
+        }
+        assert!(
+            check(&Some(()))
+                .unwrap_err()
+                .starts_with("the result is a `Some`")
+        );
+        assert!(check(&Some(None::<u8>)).is_err());
+        assert!(check(&Some(Marker)).is_err());
+        assert!(check(&Some(serde_json::Value::Null)).is_err());
+        let refused = check(&Wrapper { done: Some(()) }).unwrap_err();
+        assert!(refused.starts_with("`.done` is a `Some`"), "{refused}");
+        // a Some of anything JSON writes as something else is fine
+        assert_eq!(check(&Some(0u8)), Ok(()));
+        assert_eq!(check(&Some(vec![()])), Ok(()));
+        assert_eq!(check(&Some(String::new())), Ok(()));
+        assert_eq!(check(&Wrapper { done: None }), Ok(()));
     }
 }

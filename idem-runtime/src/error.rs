@@ -27,13 +27,14 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// A consumer decides between ack, nack-with-delay and dead-lettering:
 ///
 /// ```
-/// use idem_runtime::Error;
+/// use idem_runtime::{Error, StoreError};
 ///
 /// fn decide<E: std::fmt::Display>(err: &Error<E>) -> &'static str {
 ///     match err {
 ///         Error::Handler { .. } => "nack: the body failed and left nothing behind, retry",
 ///         Error::InProgress { .. } => "nack with delay: another consumer is on it",
-///         Error::Store { .. } => "nack: the store is unreachable, retry later",
+///         Error::Store { source: StoreError::MissingTable { .. }, .. } => "stop: migrate the store",
+///         Error::Store { .. } => "nack: the store failed, retry later",
 ///         Error::Config { .. } => "stop the consumer: the build is wrong, retrying never helps",
 ///         Error::NotRecorded { .. } => "ack and alert: the effect happened, a redelivery would repeat it",
 ///         _ => "dead-letter and alert",
@@ -46,7 +47,7 @@ pub enum Error<E> {
     /// The body returned `Err`. Nothing was recorded: in transaction mode the
     /// claim rolled back with the body's writes, in lease mode the claim was
     /// released, so a redelivery runs the body again.
-    #[error("handler `{handler}` failed for key {key}: {error}")]
+    #[error("handler `{handler}` failed for key {}: {error}", .key.shown())]
     Handler {
         /// The handler's registered name.
         handler: &'static str,
@@ -61,19 +62,20 @@ pub enum Error<E> {
     /// lease, or a transaction holding the key past the lock timeout). Nack
     /// and redeliver after `retry_after`; the body did not run.
     #[error(
-        "handler `{handler}`: key {key} is being processed by another consumer; retry after {retry_after:?}"
-    )]
+        "handler `{handler}`: key {} is being processed by another consumer; retry after {retry_after:?}"
+    , .key.shown())]
     InProgress {
         /// The handler's registered name.
         handler: &'static str,
         /// The derived key.
         key: Key,
         /// When to redeliver. Lease mode: when the other delivery's result is
-        /// likely to be recorded, estimated from how long this handler's
-        /// bodies took in this process (or, before any finished, from how long
-        /// the other claim has been held), at least 10 ms and never past the
-        /// end of the other claim's lease, after which the key can be taken
-        /// over. Transaction mode: the lock timeout the claim waited.
+        /// likely to be recorded: what is left of this handler's typical body
+        /// time in this process, or, before any body finished or once the
+        /// other claim outlived that time, as long again as the claim has been
+        /// held; 10 ms at the least, unless less of the other claim's lease is
+        /// left, and never past its end (then the key can be taken over).
+        /// Transaction mode: the lock timeout the claim waited.
         retry_after: Duration,
     },
 
@@ -82,8 +84,8 @@ pub enum Error<E> {
     /// external effect may have happened twice; the record holds the other
     /// consumer's result.
     #[error(
-        "handler `{handler}`: lease on key {key} was lost to another consumer; this result was not recorded"
-    )]
+        "handler `{handler}`: lease on key {} was lost to another consumer; this result was not recorded"
+    , .key.shown())]
     LeaseLost {
         /// The handler's registered name.
         handler: &'static str,
@@ -97,8 +99,8 @@ pub enum Error<E> {
     /// A redelivery after the lease runs out would run the body again, so
     /// ack the message (do not redeliver) and alert: the key has no record.
     #[error(
-        "handler `{handler}`: the body took effect for key {key}, but its outcome could not be recorded while the lease held: {source}"
-    )]
+        "handler `{handler}`: the body took effect for key {}, but its outcome could not be recorded while the lease held: {source}"
+    , .key.shown())]
     NotRecorded {
         /// The handler's registered name.
         handler: &'static str,
@@ -125,11 +127,13 @@ pub enum Error<E> {
     /// float, which JSON can only write as `null`; a type whose `Deserialize`
     /// refuses what its `Serialize` wrote). Nothing was recorded, so no
     /// duplicate can ever meet an unreadable record. Transaction mode: the
-    /// body's writes were rolled back with the claim. Lease mode: the body's
-    /// effect happened, and the claim is kept until its lease runs out, so
-    /// no other delivery runs the body before then. Dead-letter the message:
-    /// a redelivery returns the same value.
-    #[error("handler `{handler}`: the result for key {key} cannot be recorded: {source}")]
+    /// body's writes were rolled back with the claim, and a redelivery runs
+    /// the body again and is refused again. Lease mode: the body's effect
+    /// happened, and the claim is kept until its lease runs out, so until
+    /// then other deliveries of the key get `InProgress`; after it, a
+    /// redelivery runs the body again (a second effect). Either way,
+    /// dead-letter the message rather than redeliver it.
+    #[error("handler `{handler}`: the result for key {} cannot be recorded: {source}", .key.shown())]
     Unrecordable {
         /// The handler's registered name.
         handler: &'static str,
@@ -142,7 +146,7 @@ pub enum Error<E> {
 
     /// A recorded outcome no longer decodes into the handler's return type
     /// (the type changed since it was recorded). The body did not run.
-    #[error("handler `{handler}`: the recorded outcome for key {key} does not decode: {source}")]
+    #[error("handler `{handler}`: the recorded outcome for key {} does not decode: {source}", .key.shown())]
     Codec {
         /// The handler's registered name.
         handler: &'static str,
@@ -170,7 +174,7 @@ pub enum Error<E> {
     /// this is also what a call returns when the transaction's connection
     /// failed while the body ran (the body's own error was only the symptom
     /// of it): nothing was committed, and a redelivery is the cure.
-    #[error("handler `{handler}`: store error{}: {source}", key.as_ref().map(|k| format!(" for key {k}")).unwrap_or_default())]
+    #[error("handler `{handler}`: store error{}: {source}", key.as_ref().map(|k| format!(" for key {}", k.shown())).unwrap_or_default())]
     Store {
         /// The handler's registered name.
         handler: &'static str,
@@ -318,7 +322,8 @@ pub enum StoreError {
         name: String,
     },
 
-    /// The dedup table is missing or has another shape; run `migrate()`.
+    /// The dedup table, or a record in it, has a shape this release does not
+    /// read (a missing table is [`StoreError::MissingTable`]).
     #[error("schema: {0}")]
     Schema(String),
 

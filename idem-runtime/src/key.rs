@@ -42,10 +42,11 @@ pub const MAX_KEY_LEN: usize = 128;
 ///
 /// # Examples
 ///
-/// It displays as its parts, the way the message holds them (`A-17 + 3`),
-/// which is what error messages and logs show; [`as_str`](Key::as_str) is the
-/// encoding the store keeps, which is what to pass on as an external
-/// idempotency key. Two keys are equal when their stored forms are.
+/// It displays as the encoding the store keeps ([`as_str`](Key::as_str)),
+/// which is unique per key and what to pass on as an external idempotency
+/// key; [`shown`](Key::shown) is the parts the way the message holds them
+/// (`A-17 + 3`), which is what error messages show. Two keys are equal when
+/// their stored forms are.
 ///
 /// ```
 /// use idem_runtime::{Key, KeyBuilder};
@@ -55,12 +56,13 @@ pub const MAX_KEY_LEN: usize = 128;
 /// b.part(&3u32).unwrap();
 /// let key: Key = b.finish();
 /// assert_eq!(key.as_str(), "4:A-17|1:3");
-/// assert_eq!(key.to_string(), "A-17 + 3");
+/// assert_eq!(key.to_string(), "4:A-17|1:3");
+/// assert_eq!(key.shown(), "A-17 + 3");
 /// ```
 #[derive(Clone)]
 pub struct Key {
     stored: String,
-    /// The parts for people: see [`Display`](#impl-Display-for-Key).
+    /// The parts for people: see [`Key::shown`].
     shown: String,
 }
 
@@ -106,6 +108,29 @@ impl Key {
         &self.stored
     }
 
+    /// The parts as the message holds them, joined by ` + `: `A-17 + apple`;
+    /// what error messages show.
+    ///
+    /// A part that is empty, or holds anything but letters, digits and
+    /// `- _ . : @ / #`, is quoted with Rust's escapes (`"a b" + 3`), so the
+    /// boundaries stay visible; a part longer than 40 characters is cut with
+    /// `…`. When a part was cut, or the key is stored as a digest (see
+    /// [`MAX_KEY_LEN`]), the shown form ends with the key's
+    /// [`digest`](Key::digest), the 16 hex digits tracing spans carry, so two
+    /// keys never show alike: `xxxx… + 3 [#3f0a9c…]`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::Key;
+    ///
+    /// let key = Key::from_parts(&[&"A-17", &"pear drop", &3u8]).unwrap();
+    /// assert_eq!(key.shown(), r#"A-17 + "pear drop" + 3"#);
+    /// ```
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+
     /// A short, stable fingerprint of the key (16 hex digits of its SHA-256),
     /// used in tracing spans so logs do not carry business data.
     ///
@@ -141,29 +166,17 @@ impl Key {
     }
 }
 
-/// The parts as the message holds them, joined by ` + `: `A-17 + apple`.
-///
-/// A part that is empty, or holds anything but letters, digits and
-/// `- _ . : @ / #`, is quoted with Rust's escapes (`"a b" + 3`), so the
-/// boundaries stay visible; a part longer than 40 characters is cut with
-/// `…`. A key stored as a digest (see [`MAX_KEY_LEN`]) shows the digest's
-/// first 16 hex digits after its parts: `"xxxx…" [#sha256:3f0a…]`.
+/// The stored encoding, as [`Key::as_str`].
 ///
 /// # Examples
 ///
 /// ```
-/// use idem_runtime::Key;
-///
-/// let key = Key::from_parts(&[&"A-17", &"pear drop", &3u8]).unwrap();
-/// assert_eq!(key.to_string(), r#"A-17 + "pear drop" + 3"#);
+/// let key = idem_runtime::Key::from_parts(&[&"A-17", &3u8]).unwrap();
+/// assert_eq!(format!("{key}"), "4:A-17|1:3");
 /// ```
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.shown)?;
-        if let Some(digest) = self.stored.strip_prefix("#sha256:") {
-            write!(f, " [#sha256:{}…]", &digest[..16])?;
-        }
-        Ok(())
+        f.write_str(&self.stored)
     }
 }
 
@@ -173,11 +186,11 @@ impl fmt::Debug for Key {
     }
 }
 
-/// Longest part shown in full by `Display`.
+/// Longest part shown in full by [`Key::shown`].
 const SHOWN_PART_LEN: usize = 40;
 
-/// Appends one part to a key's shown form.
-fn show_part(shown: &mut String, part: &str) {
+/// Appends one part to a key's shown form; `true` when it was cut.
+fn show_part(shown: &mut String, part: &str) -> bool {
     if !shown.is_empty() {
         shown.push_str(" + ");
     }
@@ -193,6 +206,7 @@ fn show_part(shown: &mut String, part: &str) {
         let quoted = format!("{cut:?}");
         let _ = write!(shown, "{}{ellipsis}\"", &quoted[..quoted.len() - 1]);
     }
+    !ellipsis.is_empty()
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -241,6 +255,8 @@ impl std::error::Error for KeyMissing {}
 pub struct KeyBuilder {
     encoded: String,
     shown: String,
+    /// Whether a part was cut in `shown`.
+    cut: bool,
     scratch: String,
     parts: usize,
 }
@@ -307,7 +323,7 @@ impl KeyBuilder {
         }
         let _ = write!(self.encoded, "{}:", self.scratch.len());
         self.encoded.push_str(&self.scratch);
-        show_part(&mut self.shown, &self.scratch);
+        self.cut |= show_part(&mut self.shown, &self.scratch);
         self.parts += 1;
     }
 
@@ -330,16 +346,26 @@ impl KeyBuilder {
         // A NUL byte is refused by Postgres text columns, so such keys are
         // stored as their digest too.
         if self.encoded.len() <= MAX_KEY_LEN && !self.encoded.contains('\0') {
-            return Key {
-                stored: self.encoded,
-                shown: self.shown,
-            };
+            return Key::with_shown(self.encoded, self.shown, self.cut);
         }
         let hash = Sha256::digest(self.encoded.as_bytes());
-        Key {
-            stored: format!("#sha256:{}", hex(&hash)),
-            shown: self.shown,
+        Key::with_shown(format!("#sha256:{}", hex(&hash)), self.shown, true)
+    }
+}
+
+impl Key {
+    /// A key whose shown form gets the digest when it is not the whole
+    /// story.
+    fn with_shown(stored: String, mut shown: String, partial: bool) -> Key {
+        let mut key = Key {
+            stored,
+            shown: String::new(),
+        };
+        if partial {
+            let _ = write!(shown, " [#{}]", key.digest());
         }
+        key.shown = shown;
+        key
     }
 }
 
@@ -592,23 +618,34 @@ mod tests {
     }
 
     #[test]
-    fn keys_display_as_their_parts() {
+    fn keys_are_shown_as_their_parts() {
         let key = Key::from_parts(&[&"p-1"]).unwrap();
-        assert_eq!(key.to_string(), "p-1");
+        assert_eq!(key.shown(), "p-1");
+        assert_eq!(key.to_string(), "3:p-1");
         let key = Key::from_parts(&[&"", &"a + b", &"tab\t", &7u8, &"日本"]).unwrap();
-        assert_eq!(key.to_string(), r#""" + "a + b" + "tab\t" + 7 + 日本"#);
+        assert_eq!(key.shown(), r#""" + "a + b" + "tab\t" + 7 + 日本"#);
         let long = Key::from_parts(&[&"x".repeat(200), &"y"]).unwrap();
-        let shown = long.to_string();
-        let digest = &long.as_str()["#sha256:".len()..][..16];
         assert_eq!(
-            shown,
-            format!("{}… + y [#sha256:{digest}…]", "x".repeat(SHOWN_PART_LEN))
+            long.shown(),
+            format!("{}… + y [#{}]", "x".repeat(SHOWN_PART_LEN), long.digest())
         );
         let quoted_long = Key::from_parts(&[&" ".repeat(50)]).unwrap();
         assert_eq!(
-            quoted_long.to_string(),
-            format!("\"{}…\"", " ".repeat(SHOWN_PART_LEN))
+            quoted_long.shown(),
+            format!(
+                "\"{}…\" [#{}]",
+                " ".repeat(SHOWN_PART_LEN),
+                quoted_long.digest()
+            )
         );
+    }
+
+    #[test]
+    fn keys_cut_for_showing_never_show_alike() {
+        let a = Key::from_parts(&[&format!("{}A", "x".repeat(40))]).unwrap();
+        let b = Key::from_parts(&[&format!("{}B", "x".repeat(40))]).unwrap();
+        assert!(a.as_str().len() < MAX_KEY_LEN, "stored plainly");
+        assert_ne!(a.shown(), b.shown());
     }
 
     #[test]

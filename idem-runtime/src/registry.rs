@@ -189,6 +189,8 @@ fn describe(clashes: &[Clash]) -> String {
         ),
     };
     out.push_str("; this cannot be retried away: fix the build");
+    // Suggestions must not meet a name in use, nor each other.
+    let mut taken: Vec<String> = handlers().map(|h| h.name.to_owned()).collect();
     for clash in clashes {
         out.push_str(&format!("\n  `{}`:", clash.name));
         for h in &clash.handlers {
@@ -199,16 +201,13 @@ fn describe(clashes: &[Clash]) -> String {
         }
         out.pop();
         // Whichever handler already has records keeps the name; the others
-        // get one made of their module and function, which is unique.
+        // get one made of their module and function.
         let renames: Vec<String> = clash.handlers[1..]
             .iter()
             .map(|h| {
-                format!(
-                    "name = \"{}\" on {}::{}",
-                    suggested_name(h),
-                    h.module,
-                    h.function
-                )
+                let name = suggested_name(h, &taken);
+                taken.push(name.clone());
+                format!("name = \"{name}\" at {}:{}", h.file, h.line)
             })
             .collect();
         out.push_str(&format!(
@@ -220,13 +219,19 @@ fn describe(clashes: &[Clash]) -> String {
     out
 }
 
-/// A name unique in the binary: the module path (without the crate's own
-/// name) and the function.
-fn suggested_name(h: &HandlerSpec) -> String {
-    match h.module.split_once("::") {
+/// A name no handler uses yet: the module path (without the crate's own
+/// name) and the function, numbered when that is taken too (methods of two
+/// types in one module).
+fn suggested_name(h: &HandlerSpec, taken: &[String]) -> String {
+    let base = match h.module.split_once("::") {
         Some((_, inner)) => format!("{inner}::{}", h.function),
         None => format!("{}::{}", h.module, h.function),
-    }
+    };
+    let free = |n: &String| !taken.contains(n);
+    std::iter::once(base.clone())
+        .chain((2..).map(|i| format!("{base}_{i}")))
+        .find(free)
+        .unwrap_or(base)
 }
 
 /// Checks that no two handlers in this binary share a name.

@@ -7,17 +7,19 @@
 //! a minute. The hint is when the other delivery's result is likely to be
 //! recorded instead:
 //!
-//! * once bodies of this handler have finished in this process, the typical
-//!   body time (a moving average) minus how long the other claim has been
-//!   held;
-//! * before that, as long again as the other claim has been held (its age,
-//!   read off the lease: `lease - remaining`; a heartbeat renews the lease,
-//!   so for long bodies this is the time since the last renewal);
+//! * while the other claim is younger than the typical body time of this
+//!   handler in this process (a moving average), what is left of that time;
+//! * otherwise (no body finished yet, or this one runs longer than usual) as
+//!   long again as the claim has been held, so that a slow or stuck claim is
+//!   asked about less and less often. Its age is read off the lease (`lease -
+//!   remaining`); a heartbeat renews the lease, so for long bodies this is the
+//!   time since the last renewal;
 //!
 //! and in both cases at least [`MIN_RETRY`] and at most the remaining lease.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
 use crate::registry::HandlerSpec;
@@ -25,21 +27,39 @@ use crate::registry::HandlerSpec;
 /// The shortest hint: a broker's redelivery costs more than this anyway.
 pub(crate) const MIN_RETRY: Duration = Duration::from_millis(10);
 
-/// Moving average of body times per handler name, in this process.
-fn typical_bodies() -> &'static Mutex<HashMap<&'static str, Duration>> {
-    static TYPICAL: OnceLock<Mutex<HashMap<&'static str, Duration>>> = OnceLock::new();
-    TYPICAL.get_or_init(Default::default)
+/// No body of the handler has finished in this process yet.
+const UNKNOWN: u64 = u64::MAX;
+
+/// The moving average of one handler's body times (microseconds), shared by
+/// every call of that handler: one slot per handler name, made on first use
+/// and kept for the process's life, so the hot path is a read lock and an
+/// atomic.
+fn typical_body(name: &'static str) -> &'static AtomicU64 {
+    static SLOTS: OnceLock<RwLock<HashMap<&'static str, &'static AtomicU64>>> = OnceLock::new();
+    let slots = SLOTS.get_or_init(Default::default);
+    if let Some(slot) = slots
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(name)
+    {
+        return slot;
+    }
+    slots
+        .write()
+        .unwrap_or_else(PoisonError::into_inner)
+        .entry(name)
+        .or_insert_with(|| Box::leak(Box::new(AtomicU64::new(UNKNOWN))))
 }
 
 /// Notes how long one body of `spec` took.
 pub(crate) fn body_finished(spec: &'static HandlerSpec, took: Duration) {
-    let mut typical = typical_bodies()
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    typical
-        .entry(spec.name)
-        .and_modify(|avg| *avg = (*avg * 3 + took) / 4)
-        .or_insert(took);
+    let took = u64::try_from(took.as_micros()).unwrap_or(UNKNOWN - 1);
+    let _ = typical_body(spec.name).fetch_update(Ordering::Relaxed, Ordering::Relaxed, |avg| {
+        Some(match avg {
+            UNKNOWN => took,
+            avg => avg / 4 * 3 + took / 4,
+        })
+    });
 }
 
 /// The redelivery hint for a key held by another claim with `lease_left`
@@ -47,14 +67,16 @@ pub(crate) fn body_finished(spec: &'static HandlerSpec, took: Duration) {
 pub(crate) fn lease_hint(spec: &'static HandlerSpec, lease_left: Duration) -> Duration {
     let lease_left = lease_left.min(spec.lease);
     let held_for = spec.lease - lease_left;
-    let typical = typical_bodies()
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .get(spec.name)
-        .copied();
-    let estimate = match typical {
-        Some(typical) => typical.saturating_sub(held_for),
-        None => held_for,
+    let estimate = match typical_body(spec.name).load(Ordering::Relaxed) {
+        UNKNOWN => held_for,
+        micros => {
+            let typical = Duration::from_micros(micros);
+            if held_for < typical {
+                typical - held_for
+            } else {
+                held_for
+            }
+        }
     };
     estimate.max(MIN_RETRY).min(lease_left)
 }
@@ -82,6 +104,7 @@ mod tests {
     static FRESH: HandlerSpec = spec("retry_fresh");
     static FAST: HandlerSpec = spec("retry_fast");
     static SLOW: HandlerSpec = spec("retry_slow");
+    static STUCK: HandlerSpec = spec("retry_stuck");
 
     #[test]
     fn before_any_body_finished_the_claims_age_is_the_estimate() {
@@ -105,6 +128,20 @@ mod tests {
             body_finished(&FAST, Duration::from_micros(50));
         }
         assert_eq!(lease_hint(&FAST, Duration::from_millis(29_997)), MIN_RETRY);
+    }
+
+    #[test]
+    fn a_claim_held_longer_than_usual_is_asked_about_less_and_less_often() {
+        for _ in 0..8 {
+            body_finished(&STUCK, Duration::from_millis(1));
+        }
+        for held in [1u64, 5, 9] {
+            assert_eq!(
+                lease_hint(&STUCK, Duration::from_secs(30 - held)),
+                Duration::from_secs(held),
+                "held {held} s"
+            );
+        }
     }
 
     #[test]

@@ -475,3 +475,54 @@ async fn none_key_part_is_key_missing_and_the_body_does_not_run() {
     assert!(send_sms(&store, &msg, &probe).await.unwrap().is_duplicate());
     assert_eq!(probe.runs(), 1);
 }
+
+/// A result whose `Serialize` writes what its `Deserialize` refuses.
+#[derive(Debug, PartialEq, serde::Deserialize)]
+struct Lopsided {
+    points: u32,
+}
+
+impl serde::Serialize for Lopsided {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str("points-v1")
+    }
+}
+
+#[idempotent(key = "msg.id", ttl = "1h", store = "memory", name = "mem_lopsided")]
+async fn grant_lopsided(msg: &Job, probe: &Probe) -> Result<Lopsided, AppError> {
+    probe.hit();
+    Ok(Lopsided { points: msg.value })
+}
+
+/// A value that would not read back is refused when recording, never
+/// written: the call is `Unrecordable` naming what serde said, the claim is
+/// kept without an outcome (the body's effect happened), and a duplicate
+/// meanwhile is `InProgress`, not a record it cannot read.
+#[tokio::test]
+async fn an_outcome_that_would_not_read_back_is_unrecordable_and_the_claim_is_kept() {
+    let store = MemoryStore::new();
+    let probe = Probe::new();
+    let msg = Job::new("j-12", 6);
+    let err = grant_lopsided(&store, &msg, &probe).await.unwrap_err();
+    match &err {
+        Error::Unrecordable {
+            handler: "mem_lopsided",
+            key,
+            source,
+        } => {
+            assert_eq!(*key, msg.key());
+            assert!(
+                source.to_string().contains("would not read back"),
+                "{source}"
+            );
+        }
+        other => panic!("expected Unrecordable, got {other:?}"),
+    }
+    let rec = store.record("mem_lopsided", &msg.key()).unwrap();
+    assert_eq!((rec.status, rec.outcome), (Status::InProgress, None));
+    assert!(matches!(
+        grant_lopsided(&store, &msg, &probe).await,
+        Err(Error::InProgress { .. })
+    ));
+    assert_eq!(probe.runs(), 1);
+}

@@ -57,6 +57,38 @@ mod sales {
     }
 }
 
+/// Three types in one module with a method of one name: their default names
+/// clash, and so would `<module>::<function>`; the suggestions are numbered.
+mod handlers {
+    use super::{Msg, Never};
+    use idem_runtime::idempotent;
+
+    pub(super) struct Orders;
+    pub(super) struct Refunds;
+    pub(super) struct Returns;
+
+    impl Orders {
+        #[idempotent(key = "id", ttl = "1h", store = "memory")]
+        pub(super) async fn handle(&self, msg: &Msg) -> Result<u64, Never> {
+            Ok(msg.id)
+        }
+    }
+
+    impl Refunds {
+        #[idempotent(key = "id", ttl = "1h", store = "memory")]
+        pub(super) async fn handle(&self, msg: &Msg) -> Result<u64, Never> {
+            Ok(msg.id)
+        }
+    }
+
+    impl Returns {
+        #[idempotent(key = "id", ttl = "1h", store = "memory")]
+        pub(super) async fn handle(&self, msg: &Msg) -> Result<u64, Never> {
+            Ok(msg.id)
+        }
+    }
+}
+
 /// A handler with a name of its own: refused too, because the check is for
 /// the whole binary.
 #[idempotent(key = "id", ttl = "1h", store = "sqlite", name = "innocent")]
@@ -84,9 +116,10 @@ fn check_reports_every_clash_with_every_handler_and_the_names_to_add() {
         panic!("unexpected {err:?}");
     };
     let names: Vec<&str> = clashes.iter().map(|c| c.name).collect();
-    assert_eq!(names, ["notify", "send"]);
+    assert_eq!(names, ["handle", "notify", "send"]);
     for Clash { name, handlers } in clashes {
-        assert_eq!(handlers.len(), 2, "{name}");
+        let expected = if *name == "handle" { 3 } else { 2 };
+        assert_eq!(handlers.len(), expected, "{name}");
         for h in handlers {
             assert_eq!(h.name, *name);
             assert_place(h, (*name == "notify").then_some("notify"));
@@ -106,8 +139,15 @@ fn check_reports_every_clash_with_every_handler_and_the_names_to_add() {
         );
     }
     // Same function name in two modules: the advice names the module.
+    // Three methods in one module: distinct suggestions.
+    assert!(text.contains("name = \"handlers::handle\" at"), "{text}");
+    assert!(text.contains("name = \"handlers::handle_2\" at"), "{text}");
+    let sales = &clashes[2].handlers[1];
     assert!(
-        text.contains("name = \"sales::send\" on registry_duplicate::sales::send"),
+        text.contains(&format!(
+            "name = \"sales::send\" at {}:{}",
+            sales.file, sales.line
+        )),
         "{text}"
     );
     assert!(
@@ -125,7 +165,7 @@ async fn opening_a_sqlite_store_fails() {
     assert!(
         matches!(
             &err,
-            StoreError::Registry(RegistryError::DuplicateNames { clashes }) if clashes.len() == 2
+            StoreError::Registry(RegistryError::DuplicateNames { clashes }) if clashes.len() == 3
         ),
         "{err:?}"
     );
@@ -150,6 +190,22 @@ async fn every_handler_call_is_a_config_error_and_no_body_runs() {
     assert_eq!(err.kind(), "config");
     assert!(marketing::send(&store, &Msg { id: 1 }).await.is_err());
     assert!(sales::send(&store, &Msg { id: 1 }).await.is_err());
+    for err in [
+        handlers::Orders
+            .handle(&store, &Msg { id: 1 })
+            .await
+            .unwrap_err(),
+        handlers::Refunds
+            .handle(&store, &Msg { id: 1 })
+            .await
+            .unwrap_err(),
+        handlers::Returns
+            .handle(&store, &Msg { id: 1 })
+            .await
+            .unwrap_err(),
+    ] {
+        assert_eq!(err.kind(), "config", "{err:?}");
+    }
     assert!(store.is_empty(), "a record was written despite the clash");
 
     // A store built from a pool skips the start-up check; the call still

@@ -2,10 +2,11 @@
 //! value serde can carry, on every store: a property test over arbitrary
 //! outcomes (floats of every class — NaN, the infinities, -0.0, subnormals —,
 //! unicode text with control characters, nested and integer-keyed maps,
-//! `u128`/`i128` extremes).
+//! `u128`/`i128` extremes, `Some(())`).
 //!
 //! The property: `Duplicate(v)` equals `Executed(v)` bit for bit; or, for a
-//! value JSON cannot carry (a NaN or infinite float), the call fails at
+//! value JSON cannot carry (a NaN or infinite float, a `Some` it would write
+//! as `null`), the call fails at
 //! record time with `Error::Unrecordable` naming handler and key, and what is
 //! left behind is never an unreadable record: transaction mode leaves no row
 //! (the redelivery runs again and is refused again), lease mode keeps the
@@ -27,7 +28,7 @@ use proptest::test_runner::{Config, TestRunner};
 use serde::{Deserialize, Serialize};
 
 /// Cases per store and mode.
-const CASES: u32 = 96;
+const CASES: u32 = 160;
 
 /// An outcome that exercises what JSON makes hard.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -45,6 +46,8 @@ struct Value {
     pair: (u64, i64),
     flag: bool,
     unit: (),
+    /// `Some(())` is written as `null` and would come back as `None`.
+    done: Option<()>,
 }
 
 impl Value {
@@ -68,11 +71,14 @@ impl Value {
             && self.small == o.small
             && self.pair == o.pair
             && self.flag == o.flag
+            && self.done == o.done
     }
 
-    /// Whether JSON can carry every float of it.
-    fn finite(&self) -> bool {
-        self.amount.is_finite()
+    /// Whether JSON can carry it: every float finite, and no `Some` that
+    /// JSON writes as `null`.
+    fn recordable(&self) -> bool {
+        self.done.is_none()
+            && self.amount.is_finite()
             && self.ratio.is_finite()
             && self.samples.iter().all(|f| f.is_finite())
             && self.maybe.is_none_or(f64::is_finite)
@@ -113,12 +119,13 @@ fn value() -> impl Strategy<Value = Value> {
         prop_oneof![Just(i128::MIN), Just(i128::MAX), any::<i128>()],
         (any::<u64>(), any::<i64>()),
         any::<bool>(),
+        prop_oneof![6 => Just(None), 1 => Just(Some(()))],
     );
     (floats, text, ints).prop_map(
         |(
             (amount, ratio, samples, maybe),
             (text, letters, nested, by_id),
-            (big, small, pair, flag),
+            (big, small, pair, flag, done),
         )| Value {
             amount,
             ratio,
@@ -133,6 +140,7 @@ fn value() -> impl Strategy<Value = Value> {
             pair,
             flag,
             unit: (),
+            done,
         },
     )
 }
@@ -230,7 +238,7 @@ where
         let first = call(delivery()).await;
         let second = call(delivery()).await;
         let stored = record(delivery().key()).await;
-        if value.finite() {
+        if value.recordable() {
             let executed = match first {
                 Ok(Outcome::Executed(v)) => v,
                 other => panic!("{store}: first delivery of {value:?}: {other:?}"),

@@ -3,7 +3,9 @@
 //!
 //! [`LeaseStore`] is what lease mode needs (every store of this crate
 //! implements it), [`TxStore`] what transaction mode needs (the SQL stores).
-//! Both are public and can be implemented outside this crate.
+//! Both are public (at the crate root) and can be implemented outside this
+//! crate, but `#[idempotent(store = "...")]` names only the built-in stores,
+//! so a store of your own is driven through these traits directly.
 
 use std::future::Future;
 use std::time::Duration;

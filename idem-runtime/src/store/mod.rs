@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use crate::error::StoreError;
 
-pub mod contract;
+pub(crate) mod contract;
 pub mod memory;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]

@@ -229,13 +229,18 @@ impl PgStore {
         )]);
         // One direct connection first: a pool retries a refused connection
         // until its acquire timeout (30 s) and then reports only the
-        // timeout, while this fails at once with the cause.
-        PgConnection::connect_with(&options)
-            .await
-            .map_err(backend)?
-            .close()
-            .await
-            .map_err(backend)?;
+        // timeout, while this fails at once with the cause. Only a failure
+        // to reach the server is final here; anything else (a server still
+        // starting up, 57P03) is left to the pool, which retries it.
+        let deadline = pool.get_acquire_timeout();
+        match tokio::time::timeout(deadline, PgConnection::connect_with(&options)).await {
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+            }
+            Ok(Err(e @ sqlx::Error::Io(_))) => return Err(backend(e)),
+            Ok(Err(_)) => {}
+            Err(_) => return Err(StoreError::Timeout(deadline)),
+        }
         let pool = pool.connect_with(options).await.map_err(backend)?;
         Ok(Self::from_pool(pool))
     }
@@ -367,9 +372,12 @@ impl PgStore {
     }
 
     fn err(&self, e: sqlx::Error) -> StoreError {
-        // undefined_table: every statement of the store names only its table.
+        // undefined_table, naming this store's table (`relation
+        // "idem_keys" does not exist`), not one a trigger named.
         if let sqlx::Error::Database(db) = &e {
-            if db.code().as_deref() == Some("42P01") {
+            let bare = self.sql.table.rsplit('.').next().unwrap_or_default();
+            let relation = db.message().split('"').nth(1).unwrap_or_default();
+            if db.code().as_deref() == Some("42P01") && relation.rsplit('.').next() == Some(bare) {
                 return StoreError::MissingTable {
                     table: self.sql.table.clone(),
                 };

@@ -237,7 +237,11 @@ impl SqliteStore {
     }
 
     /// Uses an existing pool, e.g. the application's own, so that business
-    /// tables and the dedup table share one database.
+    /// tables and the dedup table share one database. The store learns the
+    /// connections' busy timeout (for [`StoreError::Timeout`]) when
+    /// [`migrate`](Self::migrate) runs; until then it reports the 5 s
+    /// default. A wait for a free connection reports the pool's own acquire
+    /// timeout.
     ///
     /// # Examples
     ///
@@ -342,12 +346,22 @@ impl SqliteStore {
 
     fn err(&self, e: sqlx::Error) -> StoreError {
         if let sqlx::Error::Database(db) = &e {
-            // Every statement of the store names only its own table.
-            if db.message().starts_with("no such table") {
+            // `no such table: main.idem_keys`: this store's table, not one
+            // a trigger or the application named.
+            let bare = self.sql.table.rsplit('.').next().unwrap_or_default();
+            if db
+                .message()
+                .strip_prefix("no such table: ")
+                .is_some_and(|t| t.rsplit('.').next() == Some(bare))
+            {
                 return StoreError::MissingTable {
                     table: self.sql.table.clone(),
                 };
             }
+        }
+        // Every connection of the pool was busy for its acquire timeout.
+        if matches!(e, sqlx::Error::PoolTimedOut) {
+            return StoreError::Timeout(self.pool.options().get_acquire_timeout());
         }
         let busy = Duration::from_millis(self.busy_timeout_ms.load(Ordering::Relaxed));
         backend(e, busy)
@@ -382,9 +396,6 @@ fn backend(e: sqlx::Error, busy_timeout: Duration) -> StoreError {
                 return StoreError::Timeout(busy_timeout);
             }
         }
-    }
-    if matches!(e, sqlx::Error::PoolTimedOut) {
-        return StoreError::Timeout(busy_timeout);
     }
     StoreError::backend(e)
 }
