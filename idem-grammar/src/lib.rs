@@ -162,16 +162,16 @@ pub fn parse_duration(input: &str) -> Result<Duration, ParseError> {
                 unit_start..pos,
             ));
         };
-        if let Some(last) = last_unit {
-            if index <= last {
-                return Err(ParseError::new(
-                    format!(
-                        "`{unit}` comes after `{}`: write each unit once, largest first, as in \"1d12h\" or \"1h30m\"",
-                        UNITS[last].0
-                    ),
-                    unit_start..pos,
-                ));
-            }
+        if let Some(last) = last_unit
+            && index <= last
+        {
+            return Err(ParseError::new(
+                format!(
+                    "`{unit}` comes after `{}`: write each unit once, largest first, as in \"1d12h\" or \"1h30m\"",
+                    UNITS[last].0
+                ),
+                unit_start..pos,
+            ));
         }
         last_unit = Some(index);
         let amount: u64 = digits.parse().map_err(|_| too_long(start..pos))?;

@@ -538,18 +538,18 @@ fn tx_kind(ty: &Type) -> Option<(Store, &Type)> {
     if by_alias.is_some() {
         return by_alias.map(|s| (s, ty));
     }
-    if name == "Transaction" {
-        if let PathArguments::AngleBracketed(a) = &seg.arguments {
-            for g in &a.args {
-                if let GenericArgument::Type(Type::Path(db)) = g {
-                    let db = db.path.segments.last()?.ident.to_string();
-                    return match db.as_str() {
-                        "Sqlite" => Some((Store::Sqlite, ty)),
-                        "Postgres" => Some((Store::Postgres, ty)),
-                        "MySql" => Some((Store::MySql, ty)),
-                        _ => None,
-                    };
-                }
+    if name == "Transaction"
+        && let PathArguments::AngleBracketed(a) = &seg.arguments
+    {
+        for g in &a.args {
+            if let GenericArgument::Type(Type::Path(db)) = g {
+                let db = db.path.segments.last()?.ident.to_string();
+                return match db.as_str() {
+                    "Sqlite" => Some((Store::Sqlite, ty)),
+                    "Postgres" => Some((Store::Postgres, ty)),
+                    "MySql" => Some((Store::MySql, ty)),
+                    _ => None,
+                };
             }
         }
     }

@@ -54,6 +54,9 @@
 mod call;
 pub mod clock;
 mod codec;
+#[cfg(feature = "_consume")]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "rabbitmq", feature = "nats"))))]
+pub mod consume;
 mod error;
 mod key;
 mod outcome;

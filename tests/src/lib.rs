@@ -6,6 +6,8 @@
 //! (skips), unless `IDEM_REQUIRE_SERVICES=1`, in which case it panics: CI
 //! sets that, so a missing server fails the build instead of hiding tests.
 
+pub mod brokers;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 

@@ -391,10 +391,10 @@ sql_store!(
 fn backend(e: sqlx::Error, busy_timeout: Duration) -> StoreError {
     if let sqlx::Error::Database(db) = &e {
         // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with extended codes.
-        if let Some(code) = db.code().and_then(|c| c.parse::<i32>().ok()) {
-            if code & 0xff == 5 || code & 0xff == 6 {
-                return StoreError::Timeout(busy_timeout);
-            }
+        if let Some(code) = db.code().and_then(|c| c.parse::<i32>().ok())
+            && (code & 0xff == 5 || code & 0xff == 6)
+        {
+            return StoreError::Timeout(busy_timeout);
         }
     }
     StoreError::backend(e)

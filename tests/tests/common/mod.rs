@@ -126,6 +126,7 @@ macro_rules! business_tables {
 mod pg;
 mod sqlite;
 
+pub(crate) mod broker;
 pub(crate) mod lease;
 pub(crate) mod tx;
 

@@ -1,0 +1,514 @@
+//! Consumers on real brokers around any idempotent handler (features
+//! `rabbitmq` and `nats`): decode the payload, call the handler, and turn
+//! what it returned into the broker's ack, delayed retry or dead letter.
+//!
+//! A consumer is started in a few lines, with a closure that calls the
+//! rewritten function with its store: see [`rabbitmq`] and [`nats`].
+//!
+//! # What happens to a delivery
+//!
+//! [`Verdict::of`] decides, the same way on every broker:
+//!
+//! | the call returned | verdict |
+//! | --- | --- |
+//! | `Executed`, `Duplicate` | ack |
+//! | `InProgress { retry_after }` | retry after `retry_after`; not a failed attempt |
+//! | `Store` | retry after the backoff; not a failed attempt (the store, not the message, is at fault) |
+//! | `Handler` | retry after the backoff; a failed attempt: the one after the last allowed is dead-lettered with the last error |
+//! | `LeaseLost`, `NotRecorded` | ack (a redelivery would run the body again), and an error is logged to alert |
+//! | `KeyMissing`, `Unrecordable`, `Codec` | dead letter at once: no redelivery can change the outcome |
+//! | `Config` | stop the consumer and return the error: the build is wrong |
+//! | a payload that does not decode | dead letter at once, with serde's reason |
+//!
+//! Retries never hold a prefetch slot: the delivery is acked and handed back
+//! to the broker with a delay (RabbitMQ: a retry queue whose TTL expires it
+//! back into the work queue; JetStream: `Nak` with a delay).
+
+use std::fmt::Display;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures_util::stream::{Stream, StreamExt};
+use serde::de::DeserializeOwned;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use crate::BoxError;
+
+use crate::error::Error;
+use crate::outcome::Outcome;
+
+#[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+pub mod nats;
+#[cfg(feature = "rabbitmq")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
+pub mod rabbitmq;
+
+/// How a consumer retries: attempts, backoff and concurrency.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::consume::Policy;
+/// use std::time::Duration;
+///
+/// let policy = Policy { max_attempts: 3, ..Policy::default() };
+/// assert_eq!(policy.backoff(1), Duration::from_secs(1));
+/// assert_eq!(policy.backoff(2), Duration::from_secs(2));
+/// assert!(policy.backoff(30) <= policy.max_delay);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// How many times the body may fail (`Error::Handler`) before the message
+    /// is dead-lettered. Default 5.
+    pub max_attempts: u32,
+    /// The delay before the first retry; it doubles with each retry of the
+    /// same message. Default 1 s.
+    pub first_delay: Duration,
+    /// The longest delay. Default 5 minutes.
+    pub max_delay: Duration,
+    /// How many deliveries are processed at once. Default 8.
+    pub concurrency: usize,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            max_attempts: 5,
+            first_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(300),
+            concurrency: 8,
+        }
+    }
+}
+
+impl Policy {
+    /// The delay before retry number `retry` (1 for the first).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::consume::Policy;
+    /// use std::time::Duration;
+    ///
+    /// let p = Policy::default();
+    /// assert_eq!(p.backoff(3), Duration::from_secs(4));
+    /// ```
+    pub fn backoff(&self, retry: u32) -> Duration {
+        let doublings = retry.saturating_sub(1).min(30);
+        self.first_delay
+            .saturating_mul(1u32 << doublings)
+            .min(self.max_delay)
+    }
+}
+
+/// What a consumer does with one delivery.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::consume::{Policy, Verdict};
+/// use idem_runtime::Outcome;
+///
+/// let ok: Result<Outcome<u32>, idem_runtime::Error<String>> = Ok(Outcome::Duplicate(7));
+/// assert_eq!(Verdict::of(&ok, 0, &Policy::default()), Verdict::Ack { alert: None });
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Acknowledge: done, or nothing a redelivery could improve. `alert`
+    /// says why an operator should look (a lost lease, an effect without a
+    /// record).
+    Ack {
+        /// Why to alert, if anything went wrong that acking does not undo.
+        alert: Option<String>,
+    },
+    /// Hand the message back to the broker, to be delivered again after
+    /// `after`. `failed` says whether this counts as a failed attempt.
+    Retry {
+        /// The delay before the redelivery.
+        after: Duration,
+        /// Whether the body failed (counted against `max_attempts`).
+        failed: bool,
+        /// What happened, for the message's headers and the log.
+        reason: String,
+    },
+    /// Move the message aside, with the reason, and acknowledge it.
+    DeadLetter {
+        /// Why, for the dead letter's headers.
+        reason: String,
+        /// Whether the body failed this time (its last allowed attempt).
+        failed: bool,
+    },
+    /// Stop consuming: the binary is misconfigured. The message is left
+    /// unacknowledged, for the broker to deliver again once fixed.
+    Stop {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Verdict {
+    /// The verdict on a handler call's result, for a message whose body
+    /// already failed `failures` times, under `policy`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::consume::{Policy, Verdict};
+    /// use idem_runtime::{Error, Key, Outcome};
+    ///
+    /// let policy = Policy { max_attempts: 2, ..Policy::default() };
+    /// let key = Key::from_parts(&[&"o-1"]).unwrap();
+    /// let failed: Result<Outcome<()>, Error<&str>> =
+    ///     Err(Error::Handler { handler: "h", key, error: "out of stock" });
+    /// // the first failure is retried...
+    /// assert!(matches!(Verdict::of(&failed, 0, &policy), Verdict::Retry { failed: true, .. }));
+    /// // ...the second, the last allowed, is dead-lettered
+    /// assert!(matches!(Verdict::of(&failed, 1, &policy), Verdict::DeadLetter { .. }));
+    /// ```
+    pub fn of<T, E: Display>(
+        result: &Result<Outcome<T>, Error<E>>,
+        failures: u32,
+        policy: &Policy,
+    ) -> Verdict {
+        let err = match result {
+            Ok(_) => return Verdict::Ack { alert: None },
+            Err(e) => e,
+        };
+        match err {
+            Error::InProgress { retry_after, .. } => Verdict::Retry {
+                after: *retry_after,
+                failed: false,
+                reason: err.to_string(),
+            },
+            Error::Handler { error, .. } => {
+                let failures = failures.saturating_add(1);
+                if failures >= policy.max_attempts {
+                    Verdict::DeadLetter {
+                        reason: format!(
+                            "the body failed {failures} times; the last error: {error}"
+                        ),
+                        failed: true,
+                    }
+                } else {
+                    Verdict::Retry {
+                        after: policy.backoff(failures),
+                        failed: true,
+                        reason: format!("the body failed: {error}"),
+                    }
+                }
+            }
+            Error::LeaseLost { .. } | Error::NotRecorded { .. } => Verdict::Ack {
+                alert: Some(err.to_string()),
+            },
+            Error::KeyMissing { .. } | Error::Unrecordable { .. } | Error::Codec { .. } => {
+                Verdict::DeadLetter {
+                    reason: err.to_string(),
+                    failed: false,
+                }
+            }
+            Error::Config { .. } => Verdict::Stop {
+                reason: err.to_string(),
+            },
+            // Store failures, and any kind added later: the message is not
+            // at fault, so it is retried without counting.
+            _ => Verdict::Retry {
+                after: policy.backoff(failures.saturating_add(1)),
+                failed: false,
+                reason: err.to_string(),
+            },
+        }
+    }
+}
+
+/// What a consumer did while it ran.
+///
+/// # Examples
+///
+/// ```
+/// let report = idem_runtime::consume::Report::default();
+/// assert_eq!(report.acked + report.retried + report.dead_lettered, 0);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Report {
+    /// Deliveries acknowledged (executed, duplicate, or acked with an alert).
+    pub acked: u64,
+    /// Of those, duplicates.
+    pub duplicates: u64,
+    /// Deliveries handed back to the broker to be retried later.
+    pub retried: u64,
+    /// Deliveries moved to the dead letters.
+    pub dead_lettered: u64,
+    /// Deliveries acked with an alert (`LeaseLost`, `NotRecorded`).
+    pub alerts: u64,
+    /// Times the consumer reconnected to the broker.
+    pub reconnects: u64,
+}
+
+/// Why a consumer stopped other than by its shutdown signal.
+///
+/// # Examples
+///
+/// ```
+/// let e = idem_runtime::consume::ConsumeError::Stopped { reason: "two handlers share a name".into() };
+/// assert!(e.to_string().contains("two handlers"));
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConsumeError {
+    /// A handler call said the binary is misconfigured ([`Error::Config`]).
+    #[error("the consumer stopped: {reason}")]
+    Stopped {
+        /// The handler's error.
+        reason: String,
+    },
+    /// The broker refused the consumer's set-up (a queue or stream that
+    /// exists with other settings, missing permissions).
+    #[error("broker set-up failed: {0}")]
+    Setup(#[source] crate::BoxError),
+}
+
+/// Decodes a payload (JSON) into the handler's message type; the error says
+/// what the consumer dead-letters.
+pub(crate) fn decode_payload<M: DeserializeOwned>(payload: &[u8]) -> Result<M, String> {
+    serde_json::from_slice(payload).map_err(|e| {
+        format!(
+            "the payload does not decode as {}: {e}",
+            std::any::type_name::<M>()
+        )
+    })
+}
+
+/// Decodes `payload`, calls `handler` and decides what to do with the
+/// delivery; `duplicate` says whether it was a duplicate.
+pub(crate) async fn handle<M, T, E, F, Fut>(
+    handler: &F,
+    payload: &[u8],
+    failures: u32,
+    policy: &Policy,
+) -> (Verdict, bool)
+where
+    M: DeserializeOwned,
+    E: Display,
+    F: Fn(M) -> Fut,
+    Fut: Future<Output = Result<Outcome<T>, Error<E>>>,
+{
+    let msg = match decode_payload::<M>(payload) {
+        Ok(m) => m,
+        Err(reason) => {
+            return (
+                Verdict::DeadLetter {
+                    reason,
+                    failed: false,
+                },
+                false,
+            );
+        }
+    };
+    let result = handler(msg).await;
+    let duplicate = matches!(result, Ok(Outcome::Duplicate(_)));
+    (Verdict::of(&result, failures, policy), duplicate)
+}
+
+/// Retries `op` with a growing pause (100 ms doubling to 5 s) until it
+/// succeeds or `shutdown` resolves; for connecting to a broker or a store at
+/// start-up, when it may not be up yet.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use idem_runtime::consume::until_ok;
+///
+/// // e.g. `|| PgStore::connect(url)`; here a store that answers at the third try
+/// let mut tries = 0;
+/// let connect = || {
+///     tries += 1;
+///     let answer = if tries < 3 { Err("connection refused") } else { Ok(tries) };
+///     async move { answer }
+/// };
+/// assert_eq!(until_ok("the store", connect, std::future::pending()).await, Some(3));
+/// # }
+/// ```
+pub async fn until_ok<T, E, F, Fut>(
+    what: &str,
+    mut op: F,
+    shutdown: impl Future<Output = ()>,
+) -> Option<T>
+where
+    E: Display,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match op().await {
+            Ok(v) => return Some(v),
+            Err(e) => tracing::warn!(error = %e, "{what} is not reachable; retrying in {pause:?}"),
+        }
+        tokio::select! {
+            _ = &mut shutdown => return None,
+            _ = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// The shutdown future of a consumer, as a signal many places can wait on.
+#[derive(Clone)]
+pub(crate) struct Shutdown(tokio::sync::watch::Receiver<bool>);
+
+impl Shutdown {
+    /// Watches `signal` on a task of its own.
+    pub(crate) fn watch(signal: impl Future<Output = ()> + Send + 'static) -> Shutdown {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            tokio::select! {
+                () = signal => { let _ = tx.send(true); }
+                // Every receiver is gone: the consumer ended on its own.
+                () = tx.closed() => {}
+            }
+        });
+        Shutdown(rx)
+    }
+
+    /// Resolves once shutdown was asked for.
+    pub(crate) async fn requested(mut self) {
+        let _ = self.0.wait_for(|asked| *asked).await;
+    }
+
+    pub(crate) fn is_requested(&self) -> bool {
+        *self.0.borrow()
+    }
+}
+
+/// How one delivery ended with the broker.
+pub(crate) enum Settled {
+    Acked {
+        duplicate: bool,
+        alert: bool,
+    },
+    Retried,
+    DeadLettered,
+    /// The binary is misconfigured: the consumer stops.
+    Stop(String),
+    /// The broker could not be told (the connection is gone): the delivery
+    /// comes back by itself.
+    Unsettled,
+    /// Received but not started when shutdown came: handed back untouched.
+    GivenBack,
+}
+
+/// How a run of [`drive`] ended.
+pub(crate) enum Ended {
+    Shutdown,
+    Stopped(String),
+    Lost(BoxError),
+}
+
+pub(crate) fn lock(report: &Mutex<Report>) -> MutexGuard<'_, Report> {
+    report.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Adds one delivery's end to the report; `Some` when the consumer must stop.
+fn tally(report: &Mutex<Report>, done: Result<Settled, tokio::task::JoinError>) -> Option<String> {
+    let mut r = lock(report);
+    match done {
+        Ok(Settled::Acked { duplicate, alert }) => {
+            r.acked += 1;
+            r.duplicates += u64::from(duplicate);
+            r.alerts += u64::from(alert);
+        }
+        Ok(Settled::Retried) => r.retried += 1,
+        Ok(Settled::DeadLettered) => r.dead_lettered += 1,
+        Ok(Settled::Unsettled | Settled::GivenBack) => {}
+        Ok(Settled::Stop(reason)) => return Some(reason),
+        // A panicking handler: its delivery stays unsettled and comes back.
+        Err(e) => tracing::error!(error = %e, "a handler task failed"),
+    }
+    None
+}
+
+/// Takes deliveries from `deliveries` and settles each on a task of its own
+/// (at most `concurrency` at once), until shutdown, a stop or a failed
+/// stream; then runs `stop_taking`, lets the bodies in flight finish, hands
+/// the deliveries received but not started back with `give_back`, and says
+/// how it ended.
+pub(crate) async fn drive<D, Err, S, Fut, Back>(
+    deliveries: S,
+    concurrency: usize,
+    report: &Arc<Mutex<Report>>,
+    shutdown: Shutdown,
+    settle: impl Fn(D) -> Fut + Send + Sync + 'static,
+    give_back: impl Fn(D) -> Back + Send + Sync + 'static,
+    stop_taking: impl Future<Output = ()>,
+) -> Ended
+where
+    D: Send + 'static,
+    Err: Into<BoxError>,
+    S: Stream<Item = Result<D, Err>>,
+    Fut: Future<Output = Settled> + Send + 'static,
+    Back: Future<Output = ()> + Send + 'static,
+{
+    let (settle, give_back) = (Arc::new(settle), Arc::new(give_back));
+    let stopping = Arc::new(AtomicBool::new(false));
+    let permits = Arc::new(Semaphore::new(concurrency.max(1)));
+    let mut tasks: JoinSet<Settled> = JoinSet::new();
+    let mut stop = None;
+    let mut lost: Option<BoxError> = None;
+    let mut deliveries = Box::pin(deliveries);
+    let mut shutdown = std::pin::pin!(shutdown.requested());
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            next = deliveries.next() => match next {
+                Some(Ok(delivery)) => {
+                    let (permits, stopping) = (Arc::clone(&permits), Arc::clone(&stopping));
+                    let (settle, give_back) = (Arc::clone(&settle), Arc::clone(&give_back));
+                    tasks.spawn(async move {
+                        let _permit = permits.acquire_owned().await;
+                        if stopping.load(Ordering::SeqCst) {
+                            give_back(delivery).await;
+                            return Settled::GivenBack;
+                        }
+                        settle(delivery).await
+                    });
+                }
+                Some(Err(e)) => {
+                    lost = Some(e.into());
+                    break;
+                }
+                None => {
+                    lost = Some("the broker ended the stream of deliveries".into());
+                    break;
+                }
+            },
+            Some(done) = tasks.join_next() => {
+                if let Some(reason) = tally(report, done) {
+                    stop = Some(reason);
+                    break;
+                }
+            }
+        }
+    }
+    // Take nothing more; let what is in flight finish and settle.
+    stopping.store(true, Ordering::SeqCst);
+    drop(deliveries);
+    stop_taking.await;
+    while let Some(done) = tasks.join_next().await {
+        if let Some(reason) = tally(report, done) {
+            stop.get_or_insert(reason);
+        }
+    }
+    match (stop, lost) {
+        (Some(reason), _) => Ended::Stopped(reason),
+        (None, Some(e)) => Ended::Lost(e),
+        (None, None) => Ended::Shutdown,
+    }
+}

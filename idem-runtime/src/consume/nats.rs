@@ -1,0 +1,423 @@
+//! A NATS JetStream consumer around an idempotent handler (feature `nats`,
+//! through async-nats).
+//!
+//! # Topology
+//!
+//! For a stream `S` and a subject the consumer declares, if they do not
+//! exist:
+//!
+//! * the stream `S`, capturing the subject;
+//! * a durable pull consumer on it (`<S>_idem` unless named otherwise), with
+//!   explicit acks, no delivery limit (the consumer dead-letters instead, so
+//!   nothing is dropped silently) and the ack wait of [`Consumer::ack_wait`];
+//! * the stream `<S>_DEAD`, capturing the dead-letter subject `idem.dead.<S>`.
+//!
+//! A retry is a `Nak` with the delay, which JetStream applies natively; the
+//! message holds no prefetch slot meanwhile. A dead letter is published (and
+//! its publish acknowledged by the server) before the original is
+//! terminated (`Term`), with the headers `Idem-Reason`, `Idem-Deliveries`,
+//! `Idem-Stream` and `Idem-Subject`. While a body runs, the consumer tells
+//! the server it is still working (`Progress`) every third of the ack wait.
+//!
+//! # Attempts
+//!
+//! A `Nak` cannot carry a count, so attempts are deliveries: JetStream's
+//! `delivered` counter, which survives consumer restarts. A message whose
+//! body fails on its `max_attempts`-th delivery or later is dead-lettered;
+//! store outages and `InProgress` answers are retried whatever the count, but
+//! they do use up deliveries.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use idem_runtime::consume::nats::Consumer;
+//! use idem_runtime::{idempotent, MemoryStore};
+//!
+//! #[derive(serde::Deserialize)]
+//! struct PointsEarned { message_id: String, points: i64 }
+//!
+//! #[idempotent(key = "message_id", ttl = "7d", store = "memory")]
+//! async fn grant(msg: &PointsEarned) -> Result<i64, std::io::Error> {
+//!     Ok(msg.points)
+//! }
+//!
+//! let store = MemoryStore::new();
+//! let report = Consumer::new("nats://127.0.0.1:4222", "LOYALTY", "loyalty.points")
+//!     .run(
+//!         move |msg: PointsEarned| {
+//!             let store = store.clone();
+//!             async move { grant(&store, &msg).await }
+//!         },
+//!         async { tokio::signal::ctrl_c().await.ok(); },
+//!     )
+//!     .await?;
+//! println!("{report:?}");
+//! # Ok(()) }
+//! ```
+
+use std::fmt::Display;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{AckPolicy, pull};
+use async_nats::jetstream::{self, AckKind, Message};
+use serde::de::DeserializeOwned;
+
+use super::{
+    ConsumeError, Ended, Policy, Report, Settled, Shutdown, Verdict, drive, handle, lock, until_ok,
+};
+use crate::BoxError;
+use crate::error::Error;
+use crate::outcome::Outcome;
+
+/// A consumer of one JetStream subject; see the [module docs](self).
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::consume::nats::Consumer;
+///
+/// let c = Consumer::new("nats://127.0.0.1:4222", "ORDERS", "orders.placed");
+/// assert_eq!(c.durable_name(), "ORDERS_idem");
+/// assert_eq!(c.dead_letter_subject(), "idem.dead.ORDERS");
+/// assert_eq!(c.dead_letter_stream(), "ORDERS_DEAD");
+/// ```
+#[derive(Debug, Clone)]
+pub struct Consumer {
+    url: String,
+    stream: String,
+    subject: String,
+    durable: String,
+    policy: Policy,
+    prefetch: usize,
+    ack_wait: Duration,
+}
+
+impl Consumer {
+    /// A consumer of `subject` in stream `stream` on the server at `url`,
+    /// with the default [`Policy`], a prefetch of 32 and an ack wait of 30 s.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let c = idem_runtime::consume::nats::Consumer::new("nats://127.0.0.1:4222", "ORDERS", "orders.>");
+    /// # let _ = c;
+    /// ```
+    pub fn new(
+        url: impl Into<String>,
+        stream: impl Into<String>,
+        subject: impl Into<String>,
+    ) -> Self {
+        let stream = stream.into();
+        Consumer {
+            url: url.into(),
+            durable: format!("{stream}_idem"),
+            stream,
+            subject: subject.into(),
+            policy: Policy::default(),
+            prefetch: 32,
+            ack_wait: Duration::from_secs(30),
+        }
+    }
+
+    /// Retries, attempts and concurrency.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::consume::{Policy, nats::Consumer};
+    /// let c = Consumer::new("nats://127.0.0.1:4222", "ORDERS", "orders.placed")
+    ///     .policy(Policy { max_attempts: 10, ..Policy::default() });
+    /// # let _ = c;
+    /// ```
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// How many messages one pull asks for.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let c = idem_runtime::consume::nats::Consumer::new("nats://127.0.0.1:4222", "ORDERS", "orders.placed").prefetch(64);
+    /// # let _ = c;
+    /// ```
+    pub fn prefetch(mut self, prefetch: usize) -> Self {
+        self.prefetch = prefetch.max(1);
+        self
+    }
+
+    /// The durable consumer's name (default `<stream>_idem`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let c = idem_runtime::consume::nats::Consumer::new("nats://127.0.0.1:4222", "ORDERS", "orders.placed")
+    ///     .durable("stock");
+    /// assert_eq!(c.durable_name(), "stock");
+    /// ```
+    pub fn durable(mut self, name: impl Into<String>) -> Self {
+        self.durable = name.into();
+        self
+    }
+
+    /// How long the server waits for an ack before it redelivers (default
+    /// 30 s); bodies that run longer keep their message with `Progress`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let c = idem_runtime::consume::nats::Consumer::new("nats://127.0.0.1:4222", "ORDERS", "orders.placed")
+    ///     .ack_wait(Duration::from_secs(60));
+    /// # let _ = c;
+    /// ```
+    pub fn ack_wait(mut self, ack_wait: Duration) -> Self {
+        self.ack_wait = ack_wait.max(Duration::from_millis(100));
+        self
+    }
+
+    /// The durable consumer's name.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let c = idem_runtime::consume::nats::Consumer::new("nats://127.0.0.1:4222", "ORDERS", "orders.placed");
+    /// assert_eq!(c.durable_name(), "ORDERS_idem");
+    /// ```
+    pub fn durable_name(&self) -> &str {
+        &self.durable
+    }
+
+    /// Where dead letters are published: `idem.dead.<stream>`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let c = idem_runtime::consume::nats::Consumer::new("nats://127.0.0.1:4222", "ORDERS", "orders.placed");
+    /// assert_eq!(c.dead_letter_subject(), "idem.dead.ORDERS");
+    /// ```
+    pub fn dead_letter_subject(&self) -> String {
+        format!("idem.dead.{}", self.stream)
+    }
+
+    /// The stream that keeps the dead letters: `<stream>_DEAD`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let c = idem_runtime::consume::nats::Consumer::new("nats://127.0.0.1:4222", "ORDERS", "orders.placed");
+    /// assert_eq!(c.dead_letter_stream(), "ORDERS_DEAD");
+    /// ```
+    pub fn dead_letter_stream(&self) -> String {
+        format!("{}_DEAD", self.stream)
+    }
+
+    /// Consumes until `shutdown` resolves, then stops pulling, lets the
+    /// messages in flight finish and settles them, and returns what it did.
+    ///
+    /// The server is connected with a growing pause (100 ms to 5 s) until it
+    /// answers, at start-up and after the message stream fails; messages in
+    /// flight then are redelivered after their ack wait. Returns
+    /// [`ConsumeError::Stopped`] when a call reported the binary
+    /// misconfigured ([`Error::Config`]), and [`ConsumeError::Setup`] when the
+    /// server refused the streams or the consumer.
+    ///
+    /// # Examples
+    ///
+    /// See the [module docs](self).
+    pub async fn run<M, T, E, F, Fut>(
+        self,
+        handler: F,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<Report, ConsumeError>
+    where
+        M: DeserializeOwned + Send + 'static,
+        T: Send + 'static,
+        E: Display + Send + 'static,
+        F: Fn(M) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Outcome<T>, Error<E>>> + Send + 'static,
+    {
+        let handler = Arc::new(handler);
+        let report = Arc::new(Mutex::new(Report::default()));
+        let shutdown = Shutdown::watch(shutdown);
+        loop {
+            let url = self.url.clone();
+            let connect = || async_nats::connect(url.clone());
+            let Some(client) = until_ok("NATS", connect, shutdown.clone().requested()).await else {
+                break;
+            };
+            match self
+                .session(client, &handler, &report, shutdown.clone())
+                .await
+            {
+                Ok(Ended::Shutdown) => break,
+                Ok(Ended::Stopped(reason)) => return Err(ConsumeError::Stopped { reason }),
+                Ok(Ended::Lost(e)) => {
+                    tracing::warn!(error = %e, "the JetStream consumer failed; reconnecting");
+                    lock(&report).reconnects += 1;
+                }
+                Err(e) => return Err(ConsumeError::Setup(e)),
+            }
+            if shutdown.is_requested() {
+                break;
+            }
+        }
+        Ok(lock(&report).clone())
+    }
+
+    async fn session<M, T, E, F, Fut>(
+        &self,
+        client: async_nats::Client,
+        handler: &Arc<F>,
+        report: &Arc<Mutex<Report>>,
+        shutdown: Shutdown,
+    ) -> Result<Ended, BoxError>
+    where
+        M: DeserializeOwned + Send + 'static,
+        T: Send + 'static,
+        E: Display + Send + 'static,
+        F: Fn(M) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Outcome<T>, Error<E>>> + Send + 'static,
+    {
+        let js = jetstream::new(client.clone());
+        let stream = js
+            .get_or_create_stream(jetstream::stream::Config {
+                name: self.stream.clone(),
+                subjects: vec![self.subject.clone()],
+                ..Default::default()
+            })
+            .await?;
+        js.get_or_create_stream(jetstream::stream::Config {
+            name: self.dead_letter_stream(),
+            subjects: vec![self.dead_letter_subject()],
+            ..Default::default()
+        })
+        .await?;
+        let consumer: jetstream::consumer::Consumer<pull::Config> = stream
+            .get_or_create_consumer(
+                &self.durable,
+                pull::Config {
+                    durable_name: Some(self.durable.clone()),
+                    ack_policy: AckPolicy::Explicit,
+                    ack_wait: self.ack_wait,
+                    max_deliver: -1,
+                    filter_subject: self.subject.clone(),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        let messages = consumer
+            .stream()
+            .max_messages_per_batch(self.prefetch)
+            .messages()
+            .await?;
+        let settle = {
+            let (consumer, handler) = (self.clone(), Arc::clone(handler));
+            move |message: Message| {
+                let (consumer, handler, js) = (consumer.clone(), Arc::clone(&handler), js.clone());
+                async move { consumer.settle(&js, message, &*handler).await }
+            }
+        };
+        // Left unacknowledged: the server redelivers it after the ack wait.
+        // (A `Nak` would have it redelivered at once, to the pull requests
+        // this consumer still has open, where nobody reads any more.)
+        let give_back = |message: Message| async move { drop(message) };
+        let ended = drive(
+            messages,
+            self.policy.concurrency,
+            report,
+            shutdown,
+            settle,
+            give_back,
+            async {},
+        )
+        .await;
+        // Acks are sent without waiting for the server: see them out before
+        // the connection goes.
+        let _ = client.flush().await;
+        Ok(ended)
+    }
+
+    /// Runs one message through the handler and settles it with the server.
+    async fn settle<M, T, E, F, Fut>(
+        &self,
+        js: &jetstream::Context,
+        message: Message,
+        handler: &F,
+    ) -> Settled
+    where
+        M: DeserializeOwned,
+        E: Display,
+        F: Fn(M) -> Fut,
+        Fut: Future<Output = Result<Outcome<T>, Error<E>>>,
+    {
+        let delivered = message.info().map(|i| i.delivered).unwrap_or(1);
+        let failures = u32::try_from(delivered.saturating_sub(1)).unwrap_or(u32::MAX);
+        // Tell the server the body is still running, every third of the ack
+        // wait, so a long body does not get its message redelivered.
+        let (verdict, duplicate) = {
+            let beat = self.ack_wait / 3;
+            let work = handle(handler, &message.payload, failures, &self.policy);
+            let mut work = std::pin::pin!(work);
+            let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + beat, beat);
+            loop {
+                tokio::select! {
+                    done = &mut work => break done,
+                    _ = ticks.tick() => {
+                        let _ = message.ack_with(AckKind::Progress).await;
+                    }
+                }
+            }
+        };
+        let settled: Result<Settled, BoxError> = async {
+            Ok(match verdict {
+                Verdict::Ack { alert } => {
+                    if let Some(alert) = &alert {
+                        tracing::error!(stream = %self.stream, "acked, but look: {alert}");
+                    }
+                    message.double_ack().await?;
+                    Settled::Acked {
+                        duplicate,
+                        alert: alert.is_some(),
+                    }
+                }
+                Verdict::Retry { after, reason, .. } => {
+                    tracing::debug!(stream = %self.stream, ?after, %reason, "retrying later");
+                    message.ack_with(AckKind::Nak(Some(after))).await?;
+                    Settled::Retried
+                }
+                Verdict::DeadLetter { reason, .. } => {
+                    tracing::warn!(stream = %self.stream, %reason, "dead-lettered");
+                    let mut headers = message.headers.clone().unwrap_or_default();
+                    let reason: String = reason.chars().take(4_000).collect();
+                    headers.insert("Idem-Reason", reason.as_str());
+                    headers.insert("Idem-Deliveries", delivered.to_string().as_str());
+                    headers.insert("Idem-Stream", self.stream.as_str());
+                    headers.insert("Idem-Subject", message.subject.as_str());
+                    js.publish_with_headers(
+                        self.dead_letter_subject(),
+                        headers,
+                        message.payload.clone(),
+                    )
+                    .await?
+                    .await?;
+                    message.double_ack_with(AckKind::Term).await?;
+                    Settled::DeadLettered
+                }
+                Verdict::Stop { reason } => {
+                    let _ = message.ack_with(AckKind::Nak(None)).await;
+                    Settled::Stop(reason)
+                }
+            })
+        }
+        .await;
+        settled.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "could not settle a message; the server will redeliver it");
+            Settled::Unsettled
+        })
+    }
+}

@@ -1,0 +1,486 @@
+//! A RabbitMQ consumer around an idempotent handler (feature `rabbitmq`,
+//! through lapin).
+//!
+//! # Topology
+//!
+//! For a work queue `Q` the consumer declares (all durable):
+//!
+//! * `Q` itself, a classic durable queue, if it does not exist;
+//! * retry queues `Q.idem.retry.<delay>` for delays of 100 ms, 1 s, 5 s, 30 s
+//!   and 5 min: each has that TTL (`x-message-ttl`) and dead-letters expired
+//!   messages back into `Q` through the default exchange. A retry goes to the
+//!   shortest one at least as long as the delay asked for. One TTL per queue
+//!   means a message never waits behind a longer-lived one, which per-message
+//!   TTLs in one queue would cause;
+//! * `Q.idem.dead`, the dead letters.
+//!
+//! A retry or dead letter is published (with publisher confirms) before the
+//! original delivery is acknowledged; a crash in between leaves two copies,
+//! which is what idem's keys are for.
+//!
+//! # Headers
+//!
+//! `x-idem-failures` (failed body runs so far), `x-idem-retries` (times handed
+//! back), `x-idem-last-error`; dead letters add `x-idem-reason` and
+//! `x-idem-queue`. The failure count lives in the message, so it survives
+//! consumer restarts; a consumer killed while running a body is redelivered by
+//! RabbitMQ without a count (quorum queues' `delivery-limit` bounds that case).
+//!
+//! # Examples
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use idem_runtime::consume::{Policy, rabbitmq::Consumer};
+//! use idem_runtime::{idempotent, MemoryStore};
+//!
+//! #[derive(serde::Deserialize)]
+//! struct PointsEarned { message_id: String, points: i64 }
+//!
+//! #[idempotent(key = "message_id", ttl = "7d", store = "memory")]
+//! async fn grant(msg: &PointsEarned) -> Result<i64, std::io::Error> {
+//!     Ok(msg.points)
+//! }
+//!
+//! let store = MemoryStore::new();
+//! let report = Consumer::new("amqp://guest:guest@127.0.0.1:5672/%2f", "points")
+//!     .policy(Policy { max_attempts: 3, concurrency: 16, ..Policy::default() })
+//!     .prefetch(32)
+//!     .run(
+//!         move |msg: PointsEarned| {
+//!             let store = store.clone();
+//!             async move { grant(&store, &msg).await }
+//!         },
+//!         async { tokio::signal::ctrl_c().await.ok(); },
+//!     )
+//!     .await?;
+//! println!("{report:?}");
+//! # Ok(()) }
+//! ```
+
+use std::fmt::Display;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lapin::message::Delivery;
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
+    BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use serde::de::DeserializeOwned;
+
+use super::{
+    ConsumeError, Ended, Policy, Report, Settled, Shutdown, Verdict, drive, handle, lock, until_ok,
+};
+use crate::BoxError;
+use crate::error::Error;
+use crate::outcome::Outcome;
+
+/// The retry queues' delays.
+pub const RETRY_DELAYS: [Duration; 5] = [
+    Duration::from_millis(100),
+    Duration::from_secs(1),
+    Duration::from_secs(5),
+    Duration::from_secs(30),
+    Duration::from_secs(300),
+];
+
+/// A consumer of one RabbitMQ queue; see the [module docs](self).
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::consume::rabbitmq::Consumer;
+/// use std::time::Duration;
+///
+/// let c = Consumer::new("amqp://127.0.0.1:5672/%2f", "orders").prefetch(64);
+/// assert_eq!(c.dead_letter_queue(), "orders.idem.dead");
+/// assert_eq!(c.retry_queue(Duration::from_millis(10)), "orders.idem.retry.100ms");
+/// assert_eq!(c.retry_queue(Duration::from_secs(2)), "orders.idem.retry.5000ms");
+/// ```
+#[derive(Debug, Clone)]
+pub struct Consumer {
+    url: String,
+    queue: String,
+    policy: Policy,
+    prefetch: u16,
+}
+
+impl Consumer {
+    /// A consumer of `queue` on the broker at `url`
+    /// (`amqp://user:pass@host:5672/vhost`), with the default [`Policy`] and
+    /// a prefetch of 32.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let c = idem_runtime::consume::rabbitmq::Consumer::new("amqp://127.0.0.1:5672/%2f", "orders");
+    /// # let _ = c;
+    /// ```
+    pub fn new(url: impl Into<String>, queue: impl Into<String>) -> Self {
+        Consumer {
+            url: url.into(),
+            queue: queue.into(),
+            policy: Policy::default(),
+            prefetch: 32,
+        }
+    }
+
+    /// Retries, attempts and concurrency.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::consume::{Policy, rabbitmq::Consumer};
+    /// let c = Consumer::new("amqp://127.0.0.1:5672/%2f", "orders")
+    ///     .policy(Policy { max_attempts: 10, ..Policy::default() });
+    /// # let _ = c;
+    /// ```
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// How many unacknowledged deliveries the broker may send ahead
+    /// (`basic.qos`). At least the policy's concurrency is sensible.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let c = idem_runtime::consume::rabbitmq::Consumer::new("amqp://127.0.0.1:5672/%2f", "orders").prefetch(64);
+    /// # let _ = c;
+    /// ```
+    pub fn prefetch(mut self, prefetch: u16) -> Self {
+        self.prefetch = prefetch.max(1);
+        self
+    }
+
+    /// The queue dead letters go to: `<queue>.idem.dead`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let c = idem_runtime::consume::rabbitmq::Consumer::new("amqp://127.0.0.1:5672/%2f", "orders");
+    /// assert_eq!(c.dead_letter_queue(), "orders.idem.dead");
+    /// ```
+    pub fn dead_letter_queue(&self) -> String {
+        format!("{}.idem.dead", self.queue)
+    }
+
+    /// The retry queue a delay goes to: the shortest of [`RETRY_DELAYS`] at
+    /// least as long, or the longest.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let c = idem_runtime::consume::rabbitmq::Consumer::new("amqp://127.0.0.1:5672/%2f", "orders");
+    /// assert_eq!(c.retry_queue(Duration::from_secs(1)), "orders.idem.retry.1000ms");
+    /// assert_eq!(c.retry_queue(Duration::from_secs(3_600)), "orders.idem.retry.300000ms");
+    /// ```
+    pub fn retry_queue(&self, delay: Duration) -> String {
+        let tier = RETRY_DELAYS
+            .iter()
+            .find(|d| **d >= delay)
+            .unwrap_or(&RETRY_DELAYS[RETRY_DELAYS.len() - 1]);
+        format!("{}.idem.retry.{}ms", self.queue, tier.as_millis())
+    }
+
+    /// Consumes until `shutdown` resolves, then stops taking deliveries, lets
+    /// the ones in flight finish and settles them, and returns what it did.
+    ///
+    /// The broker is connected with a growing pause (100 ms to 5 s) until it
+    /// answers, at start-up and after a lost connection; deliveries in
+    /// flight when a connection is lost are redelivered by the broker.
+    /// Returns [`ConsumeError::Stopped`] when a call reported the binary
+    /// misconfigured ([`Error::Config`]), and [`ConsumeError::Setup`] when the
+    /// broker refused the topology.
+    ///
+    /// # Examples
+    ///
+    /// See the [module docs](self).
+    pub async fn run<M, T, E, F, Fut>(
+        self,
+        handler: F,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<Report, ConsumeError>
+    where
+        M: DeserializeOwned + Send + 'static,
+        T: Send + 'static,
+        E: Display + Send + 'static,
+        F: Fn(M) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Outcome<T>, Error<E>>> + Send + 'static,
+    {
+        let handler = Arc::new(handler);
+        let report = Arc::new(Mutex::new(Report::default()));
+        let shutdown = Shutdown::watch(shutdown);
+        loop {
+            let url = self.url.clone();
+            let connect = || Connection::connect(&url, ConnectionProperties::default());
+            let Some(conn) = until_ok("RabbitMQ", connect, shutdown.clone().requested()).await
+            else {
+                break;
+            };
+            match self
+                .session(&conn, &handler, &report, shutdown.clone())
+                .await
+            {
+                Ok(Ended::Shutdown) => {
+                    let _ = conn.close(200, "shutdown".into()).await;
+                    break;
+                }
+                Ok(Ended::Stopped(reason)) => {
+                    let _ = conn.close(200, "stopped".into()).await;
+                    return Err(ConsumeError::Stopped { reason });
+                }
+                Ok(Ended::Lost(e)) => {
+                    tracing::warn!(error = %e, "the connection to RabbitMQ was lost; reconnecting");
+                    lock(&report).reconnects += 1;
+                }
+                Err(e) => return Err(ConsumeError::Setup(Box::new(e))),
+            }
+            if shutdown.is_requested() {
+                break;
+            }
+        }
+        Ok(lock(&report).clone())
+    }
+
+    /// Declares the topology and consumes until shutdown, a stop or a lost
+    /// connection. `Err` is a set-up the broker refused.
+    async fn session<M, T, E, F, Fut>(
+        &self,
+        conn: &Connection,
+        handler: &Arc<F>,
+        report: &Arc<Mutex<Report>>,
+        shutdown: Shutdown,
+    ) -> Result<Ended, lapin::Error>
+    where
+        M: DeserializeOwned + Send + 'static,
+        T: Send + 'static,
+        E: Display + Send + 'static,
+        F: Fn(M) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Outcome<T>, Error<E>>> + Send + 'static,
+    {
+        let channel = conn.create_channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        channel
+            .basic_qos(self.prefetch, BasicQosOptions::default())
+            .await?;
+        self.declare(&channel).await?;
+        let tag = format!("idem-{}", uuid::Uuid::new_v4().simple());
+        let deliveries = channel
+            .basic_consume(
+                self.queue.as_str().into(),
+                tag.as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        let settle = {
+            let (consumer, handler, channel) = (self.clone(), Arc::clone(handler), channel.clone());
+            move |delivery: Delivery| {
+                let (consumer, handler, channel) =
+                    (consumer.clone(), Arc::clone(&handler), channel.clone());
+                async move { consumer.settle(&channel, delivery, &*handler).await }
+            }
+        };
+        let stop_taking = async {
+            let _ = channel
+                .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+                .await;
+        };
+        let give_back = |delivery: Delivery| async move {
+            let requeue = BasicNackOptions {
+                requeue: true,
+                ..BasicNackOptions::default()
+            };
+            let _ = delivery.acker.nack(requeue).await;
+        };
+        let ended = drive(
+            deliveries,
+            self.policy.concurrency,
+            report,
+            shutdown,
+            settle,
+            give_back,
+            stop_taking,
+        )
+        .await;
+        let _ = channel.close(200, "done".into()).await;
+        Ok(ended)
+    }
+
+    async fn declare(&self, channel: &Channel) -> Result<(), lapin::Error> {
+        let durable = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        channel
+            .queue_declare(self.queue.as_str().into(), durable, FieldTable::default())
+            .await?;
+        for delay in RETRY_DELAYS {
+            let mut args = FieldTable::default();
+            args.insert(
+                "x-message-ttl".into(),
+                AMQPValue::LongLongInt(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)),
+            );
+            args.insert(
+                "x-dead-letter-exchange".into(),
+                AMQPValue::LongString(LongString::from("")),
+            );
+            args.insert(
+                "x-dead-letter-routing-key".into(),
+                AMQPValue::LongString(LongString::from(self.queue.as_str())),
+            );
+            channel
+                .queue_declare(self.retry_queue(delay).as_str().into(), durable, args)
+                .await?;
+        }
+        channel
+            .queue_declare(
+                self.dead_letter_queue().as_str().into(),
+                durable,
+                FieldTable::default(),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Runs one delivery through the handler and settles it with the broker.
+    async fn settle<M, T, E, F, Fut>(
+        &self,
+        channel: &Channel,
+        delivery: Delivery,
+        handler: &F,
+    ) -> Settled
+    where
+        M: DeserializeOwned,
+        E: Display,
+        F: Fn(M) -> Fut,
+        Fut: Future<Output = Result<Outcome<T>, Error<E>>>,
+    {
+        let headers = delivery.properties.headers().clone().unwrap_or_default();
+        let failures = header_u32(&headers, "x-idem-failures");
+        let retries = header_u32(&headers, "x-idem-retries");
+        let (verdict, duplicate) = handle(handler, &delivery.data, failures, &self.policy).await;
+        let settled = match verdict {
+            Verdict::Ack { alert } => {
+                if let Some(alert) = &alert {
+                    tracing::error!(queue = %self.queue, "acked, but look: {alert}");
+                }
+                ack(&delivery).await.map(|()| Settled::Acked {
+                    duplicate,
+                    alert: alert.is_some(),
+                })
+            }
+            Verdict::Retry {
+                after,
+                failed,
+                reason,
+            } => {
+                let mut headers = headers;
+                let failures = failures + u32::from(failed);
+                set(&mut headers, "x-idem-failures", u64::from(failures));
+                set(&mut headers, "x-idem-retries", u64::from(retries + 1));
+                set_text(&mut headers, "x-idem-last-error", &reason);
+                tracing::debug!(queue = %self.queue, ?after, %reason, "retrying later");
+                let to = self.retry_queue(after);
+                self.hand_over(channel, &delivery, &to, headers)
+                    .await
+                    .map(|()| Settled::Retried)
+            }
+            Verdict::DeadLetter { reason, failed } => {
+                let mut headers = headers;
+                set_text(&mut headers, "x-idem-reason", &reason);
+                set_text(&mut headers, "x-idem-queue", &self.queue);
+                let failures = failures + u32::from(failed);
+                set(&mut headers, "x-idem-failures", u64::from(failures));
+                tracing::warn!(queue = %self.queue, %reason, "dead-lettered");
+                let to = self.dead_letter_queue();
+                self.hand_over(channel, &delivery, &to, headers)
+                    .await
+                    .map(|()| Settled::DeadLettered)
+            }
+            Verdict::Stop { reason } => {
+                let requeue = BasicNackOptions {
+                    requeue: true,
+                    ..BasicNackOptions::default()
+                };
+                let _ = delivery.acker.nack(requeue).await;
+                Ok(Settled::Stop(reason))
+            }
+        };
+        settled.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "could not settle a delivery; the broker will redeliver it");
+            Settled::Unsettled
+        })
+    }
+
+    /// Publishes the delivery to queue `to` with `headers`, waits for the
+    /// broker's confirm, then acknowledges the original.
+    async fn hand_over(
+        &self,
+        channel: &Channel,
+        delivery: &Delivery,
+        to: &str,
+        headers: FieldTable,
+    ) -> Result<(), BoxError> {
+        let properties: BasicProperties = delivery
+            .properties
+            .clone()
+            .with_headers(headers)
+            .with_delivery_mode(2);
+        let confirm = channel
+            .basic_publish(
+                ShortString::from(""),
+                to.into(),
+                BasicPublishOptions::default(),
+                &delivery.data,
+                properties,
+            )
+            .await?
+            .await?;
+        if !confirm.is_ack() {
+            return Err(format!("the broker did not take the message for {to}").into());
+        }
+        ack(delivery).await
+    }
+}
+
+async fn ack(delivery: &Delivery) -> Result<(), BoxError> {
+    delivery.ack(BasicAckOptions::default()).await?;
+    Ok(())
+}
+
+fn header_u32(headers: &FieldTable, name: &str) -> u32 {
+    let value = headers.inner().get(&ShortString::from(name));
+    let n: i128 = match value {
+        Some(AMQPValue::LongLongInt(n)) => (*n).into(),
+        Some(AMQPValue::LongInt(n)) => (*n).into(),
+        Some(AMQPValue::LongUInt(n)) => (*n).into(),
+        Some(AMQPValue::ShortInt(n)) => (*n).into(),
+        Some(AMQPValue::ShortUInt(n)) => (*n).into(),
+        Some(AMQPValue::ShortShortInt(n)) => (*n).into(),
+        Some(AMQPValue::ShortShortUInt(n)) => (*n).into(),
+        _ => 0,
+    };
+    u32::try_from(n.max(0)).unwrap_or(u32::MAX)
+}
+
+fn set(headers: &mut FieldTable, name: &str, value: u64) {
+    headers.insert(
+        name.into(),
+        AMQPValue::LongLongInt(i64::try_from(value).unwrap_or(i64::MAX)),
+    );
+}
+
+fn set_text(headers: &mut FieldTable, name: &str, value: &str) {
+    // Header values are bounded; a long error message is cut.
+    let value: String = value.chars().take(4_000).collect();
+    headers.insert(name.into(), AMQPValue::LongString(LongString::from(value)));
+}

@@ -1,0 +1,311 @@
+//! The consumer suite, written once over a [`Broker`] fixture and run on
+//! RabbitMQ (`rabbitmq.rs`) and NATS JetStream (`nats.rs`): what a consumer
+//! does with duplicates, undecodable payloads, failing bodies and a shutdown,
+//! read back from the broker itself.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem_runtime::consume::{ConsumeError, Policy, Report};
+use idem_runtime::{Error, MemoryStore, Outcome, idempotent};
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use super::{AppError, eventually};
+
+/// A message of the suite.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Points {
+    pub(crate) id: String,
+    pub(crate) points: u32,
+}
+
+impl Points {
+    pub(crate) fn payload(id: &str, points: u32) -> Vec<u8> {
+        serde_json::to_vec(&Points {
+            id: id.to_owned(),
+            points,
+        })
+        .expect("encode")
+    }
+}
+
+/// A message moved aside, as the broker keeps it.
+#[derive(Debug, Clone)]
+pub(crate) struct DeadLetter {
+    pub(crate) payload: Vec<u8>,
+    pub(crate) reason: String,
+    /// Failed attempts (RabbitMQ) or deliveries (JetStream) it had.
+    pub(crate) attempts: u64,
+}
+
+/// A consumer running on a task of its own, stopped by [`Running::stop`].
+pub(crate) struct Running {
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<Report, ConsumeError>>,
+}
+
+impl Running {
+    pub(crate) fn new(
+        stop: oneshot::Sender<()>,
+        task: JoinHandle<Result<Report, ConsumeError>>,
+    ) -> Self {
+        Running {
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// Asks for a graceful shutdown and waits for the consumer's report.
+    pub(crate) async fn stop(mut self) -> Report {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(30), &mut self.task)
+            .await
+            .expect("the consumer shut down within 30 s")
+            .expect("the consumer task")
+            .expect("the consumer ended without an error")
+    }
+}
+
+/// A shutdown signal for a consumer, and its trigger.
+pub(crate) fn shutdown() -> (
+    oneshot::Sender<()>,
+    impl Future<Output = ()> + Send + 'static,
+) {
+    let (tx, rx) = oneshot::channel::<()>();
+    (tx, async move {
+        let _ = rx.await;
+    })
+}
+
+/// One broker, with a queue or stream of the test's own.
+pub(crate) trait Broker: Sized {
+    /// A fixture on names of its own, or `None` when the broker is
+    /// unreachable (the test then skips, or fails under
+    /// `IDEM_REQUIRE_SERVICES=1`).
+    async fn open(name: &str) -> Option<Self>;
+    /// Publishes one message to the consumer's queue or subject.
+    async fn publish(&self, payload: &[u8]);
+    /// Starts a consumer with `policy` around `handler`.
+    fn start<F, Fut>(&self, policy: Policy, handler: F) -> Running
+    where
+        F: Fn(Points) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Outcome<u32>, Error<AppError>>> + Send + 'static;
+    /// What the dead letters hold now.
+    async fn dead_letters(&self) -> Vec<DeadLetter>;
+    /// How many messages wait in the work queue (not delivered, or handed
+    /// back and due again), once the consumer is stopped.
+    async fn waiting(&self) -> u64;
+}
+
+/// The effects the bodies had, by message id.
+#[derive(Default)]
+pub(crate) struct Effects(Mutex<HashMap<String, u32>>);
+
+impl Effects {
+    fn apply(&self, id: &str) {
+        *self.0.lock().unwrap().entry(id.to_owned()).or_default() += 1;
+    }
+
+    pub(crate) fn of(&self, id: &str) -> u32 {
+        self.0.lock().unwrap().get(id).copied().unwrap_or(0)
+    }
+
+    pub(crate) fn total(&self) -> u32 {
+        self.0.lock().unwrap().values().sum()
+    }
+}
+
+#[idempotent(key = "msg.id", ttl = "1h", store = "memory", name = "broker_grant")]
+async fn grant(msg: &Points, effects: &Effects) -> Result<u32, AppError> {
+    effects.apply(&msg.id);
+    Ok(msg.points)
+}
+
+#[idempotent(key = "msg.id", ttl = "1h", store = "memory", name = "broker_refuse")]
+async fn refuse(msg: &Points, tries: &AtomicUsize) -> Result<u32, AppError> {
+    tries.fetch_add(1, Ordering::SeqCst);
+    Err(AppError::Refused(format!("no points for {}", msg.id)))
+}
+
+#[idempotent(key = "msg.id", ttl = "1h", store = "memory", name = "broker_slow")]
+async fn slow(msg: &Points, effects: &Effects) -> Result<u32, AppError> {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    effects.apply(&msg.id);
+    Ok(msg.points)
+}
+
+/// 20 messages, each published three times: every one takes effect once,
+/// and the consumer acks all 60 deliveries, 40 of them as duplicates.
+pub(crate) async fn every_message_takes_effect_once<B: Broker>(b: &B) {
+    for copy in 0..3 {
+        for i in 0..20 {
+            b.publish(&Points::payload(&format!("p-{i}"), copy + 1))
+                .await;
+        }
+    }
+    let (store, effects) = (MemoryStore::new(), Arc::new(Effects::default()));
+    let running = {
+        let effects = Arc::clone(&effects);
+        b.start(Policy::default(), move |msg: Points| {
+            let (store, effects) = (store.clone(), Arc::clone(&effects));
+            async move { grant(&store, &msg, &effects).await }
+        })
+    };
+    eventually(Duration::from_secs(20), "20 effects", || async {
+        effects.total() == 20
+    })
+    .await;
+    // Let the remaining duplicates arrive and be acked.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let report = running.stop().await;
+    for i in 0..20 {
+        assert_eq!(effects.of(&format!("p-{i}")), 1, "p-{i}");
+    }
+    // Copies delivered while the first was running were `InProgress`, and
+    // handed back with a delay: they come back as duplicates.
+    assert_eq!(report.acked, 60, "{report:?}");
+    assert_eq!(report.duplicates, 40, "{report:?}");
+    assert_eq!(report.dead_lettered, 0, "{report:?}");
+    settles_to(b, 0).await;
+}
+
+/// A payload that is not a `Points` is dead-lettered at once with serde's
+/// reason, never retried; the good message beside it is processed.
+pub(crate) async fn an_undecodable_payload_is_dead_lettered_with_the_reason<B: Broker>(b: &B) {
+    b.publish(b"{\"id\": 7, \"points\": \"many\"}").await;
+    b.publish(&Points::payload("good", 1)).await;
+    let (store, effects) = (MemoryStore::new(), Arc::new(Effects::default()));
+    let running = {
+        let effects = Arc::clone(&effects);
+        b.start(Policy::default(), move |msg: Points| {
+            let (store, effects) = (store.clone(), Arc::clone(&effects));
+            async move { grant(&store, &msg, &effects).await }
+        })
+    };
+    eventually(Duration::from_secs(20), "a dead letter", || async {
+        !b.dead_letters().await.is_empty()
+    })
+    .await;
+    eventually(Duration::from_secs(20), "the good message", || async {
+        effects.of("good") == 1
+    })
+    .await;
+    let report = running.stop().await;
+    let dead = b.dead_letters().await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].payload, b"{\"id\": 7, \"points\": \"many\"}");
+    assert!(
+        dead[0].reason.contains("does not decode") && dead[0].reason.contains("Points"),
+        "{:?}",
+        dead[0].reason
+    );
+    assert_eq!((report.dead_lettered, report.retried), (1, 0), "{report:?}");
+}
+
+/// A body that always fails is retried after the policy's delays and
+/// dead-lettered once its attempts are spent, with the last error.
+pub(crate) async fn a_failing_body_is_retried_then_dead_lettered<B: Broker>(b: &B) {
+    b.publish(&Points::payload("bad", 1)).await;
+    let (store, tries) = (MemoryStore::new(), Arc::new(AtomicUsize::new(0)));
+    let policy = Policy {
+        max_attempts: 3,
+        first_delay: Duration::from_millis(100),
+        ..Policy::default()
+    };
+    let started = std::time::Instant::now();
+    let running = {
+        let tries = Arc::clone(&tries);
+        b.start(policy, move |msg: Points| {
+            let (store, tries) = (store.clone(), Arc::clone(&tries));
+            async move { refuse(&store, &msg, &tries).await }
+        })
+    };
+    eventually(Duration::from_secs(30), "a dead letter", || async {
+        !b.dead_letters().await.is_empty()
+    })
+    .await;
+    let took = started.elapsed();
+    let report = running.stop().await;
+    assert_eq!(tries.load(Ordering::SeqCst), 3, "three attempts");
+    let dead = b.dead_letters().await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].attempts, 3, "{dead:?}");
+    assert!(
+        dead[0].reason.contains("failed 3 times"),
+        "{:?}",
+        dead[0].reason
+    );
+    assert!(
+        dead[0].reason.contains("no points for bad"),
+        "{:?}",
+        dead[0].reason
+    );
+    assert_eq!((report.retried, report.dead_lettered), (2, 1), "{report:?}");
+    // Two delays of at least 100 ms and 200 ms were waited out.
+    assert!(took >= Duration::from_millis(300), "{took:?}");
+    settles_to(b, 0).await;
+}
+
+/// A shutdown while bodies run: the consumer takes nothing more, lets the
+/// bodies in flight finish and acks them; what it did not start stays in
+/// the queue for the next consumer.
+pub(crate) async fn shutdown_lets_bodies_in_flight_finish_and_acks_them<B: Broker>(b: &B) {
+    for i in 0..10 {
+        b.publish(&Points::payload(&format!("s-{i}"), 1)).await;
+    }
+    let (store, effects) = (MemoryStore::new(), Arc::new(Effects::default()));
+    let started = Arc::new(AtomicUsize::new(0));
+    let running = {
+        let (effects, started) = (Arc::clone(&effects), Arc::clone(&started));
+        let policy = Policy {
+            concurrency: 2,
+            ..Policy::default()
+        };
+        b.start(policy, move |msg: Points| {
+            let (store, effects, started) =
+                (store.clone(), Arc::clone(&effects), Arc::clone(&started));
+            async move {
+                started.fetch_add(1, Ordering::SeqCst);
+                slow(&store, &msg, &effects).await
+            }
+        })
+    };
+    eventually(Duration::from_secs(20), "two bodies running", || async {
+        started.load(Ordering::SeqCst) >= 2
+    })
+    .await;
+    let report = running.stop().await;
+    let done = effects.total();
+    assert_eq!(
+        u64::from(done),
+        report.acked,
+        "every body that ran was acked: {report:?}"
+    );
+    assert!(done >= 2, "the bodies in flight finished: {done}");
+    assert!(done < 10, "the consumer stopped taking: {done}");
+    settles_to(b, 10 - u64::from(done)).await;
+}
+
+/// Waits until the broker says `n` messages wait (acks are settled by the
+/// broker a moment after they are sent).
+async fn settles_to<B: Broker>(b: &B, n: u64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting = b.waiting().await;
+        if waiting == n {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{waiting} messages wait, not {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

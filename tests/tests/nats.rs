@@ -1,0 +1,124 @@
+//! The consumer suite (`common/broker.rs`) on NATS JetStream: each test on a
+//! stream and subject of its own (and the dead-letter stream the consumer
+//! declares for it), deleted afterwards.
+
+mod common;
+
+use std::future::Future;
+
+use async_nats::jetstream::{self, consumer::pull};
+use common::AppError;
+use common::broker::{self, Broker, DeadLetter, Points, Running};
+use idem_runtime::consume::Policy;
+use idem_runtime::consume::nats::Consumer;
+use idem_runtime::{Error, Outcome};
+use idem_tests::brokers::{DeleteStreams, nats_url};
+use idem_tests::{or_skip, unique_table};
+
+struct Nats {
+    consumer: Consumer,
+    stream: String,
+    subject: String,
+    js: jetstream::Context,
+    _cleanup: DeleteStreams,
+}
+
+impl Broker for Nats {
+    async fn open(name: &str) -> Option<Self> {
+        let js = idem_tests::brokers::jetstream().await?;
+        let stream = unique_table(name);
+        let subject = format!("idem.test.{stream}");
+        let consumer = Consumer::new(nats_url(), stream.clone(), subject.clone());
+        let cleanup = DeleteStreams::new(vec![stream.clone(), consumer.dead_letter_stream()]);
+        // The stream exists before anything is published to it.
+        js.get_or_create_stream(jetstream::stream::Config {
+            name: stream.clone(),
+            subjects: vec![subject.clone()],
+            ..Default::default()
+        })
+        .await
+        .expect("create the stream");
+        Some(Nats {
+            consumer,
+            stream,
+            subject,
+            js,
+            _cleanup: cleanup,
+        })
+    }
+
+    async fn publish(&self, payload: &[u8]) {
+        self.js
+            .publish(self.subject.clone(), payload.to_vec().into())
+            .await
+            .expect("publish")
+            .await
+            .expect("publish acknowledged");
+    }
+
+    fn start<F, Fut>(&self, policy: Policy, handler: F) -> Running
+    where
+        F: Fn(Points) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Outcome<u32>, Error<AppError>>> + Send + 'static,
+    {
+        let (stop, signal) = broker::shutdown();
+        let consumer = self.consumer.clone().policy(policy);
+        Running::new(stop, tokio::spawn(consumer.run(handler, signal)))
+    }
+
+    async fn dead_letters(&self) -> Vec<DeadLetter> {
+        let Ok(mut dead) = self.js.get_stream(self.consumer.dead_letter_stream()).await else {
+            return Vec::new();
+        };
+        let last = dead.info().await.expect("stream info").state.last_sequence;
+        let mut out = Vec::new();
+        for seq in 1..=last {
+            let Ok(m) = dead.get_raw_message(seq).await else {
+                continue;
+            };
+            let header = |name: &str| {
+                m.headers
+                    .get(name)
+                    .map(|v| v.as_str().to_owned())
+                    .unwrap_or_default()
+            };
+            out.push(DeadLetter {
+                payload: m.payload.to_vec(),
+                reason: header("Idem-Reason"),
+                attempts: header("Idem-Deliveries").parse().unwrap_or(0),
+            });
+        }
+        out
+    }
+
+    async fn waiting(&self) -> u64 {
+        let mut stream = self.js.get_stream(&self.stream).await.expect("the stream");
+        match stream
+            .get_consumer::<pull::Config>(self.consumer.durable_name())
+            .await
+        {
+            Ok(mut c) => {
+                let info = c.info().await.expect("consumer info");
+                info.num_pending + info.num_ack_pending as u64
+            }
+            Err(_) => stream.info().await.expect("stream info").state.messages,
+        }
+    }
+}
+
+macro_rules! on_nats {
+    ($($scenario:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $scenario() {
+            let b = or_skip!(Nats::open(concat!("nats_", stringify!($scenario))).await);
+            broker::$scenario(&b).await;
+        }
+    )*};
+}
+
+on_nats!(
+    every_message_takes_effect_once,
+    an_undecodable_payload_is_dead_lettered_with_the_reason,
+    a_failing_body_is_retried_then_dead_lettered,
+    shutdown_lets_bodies_in_flight_finish_and_acks_them,
+);

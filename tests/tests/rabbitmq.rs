@@ -1,0 +1,166 @@
+//! The consumer suite (`common/broker.rs`) on RabbitMQ: each test on a work
+//! queue of its own (and the retry and dead-letter queues the consumer
+//! declares for it), deleted afterwards.
+
+mod common;
+
+use std::future::Future;
+
+use common::AppError;
+use common::broker::{self, Broker, DeadLetter, Points, Running};
+use futures_util::StreamExt as _;
+use idem_runtime::consume::Policy;
+use idem_runtime::consume::rabbitmq::{Consumer, RETRY_DELAYS};
+use idem_runtime::{Error, Outcome};
+use idem_tests::brokers::{DeleteQueues, amqp_channel, amqp_url};
+use idem_tests::{or_skip, unique_table};
+use lapin::options::{BasicConsumeOptions, BasicPublishOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{BasicProperties, Channel, Connection};
+
+struct Rabbit {
+    consumer: Consumer,
+    queue: String,
+    channel: Channel,
+    conn: Connection,
+    _cleanup: DeleteQueues,
+}
+
+impl Broker for Rabbit {
+    async fn open(name: &str) -> Option<Self> {
+        let (conn, channel) = amqp_channel().await?;
+        let queue = unique_table(name);
+        let consumer = Consumer::new(amqp_url(), queue.clone());
+        let mut queues = vec![queue.clone(), consumer.dead_letter_queue()];
+        queues.extend(RETRY_DELAYS.iter().map(|d| consumer.retry_queue(*d)));
+        let cleanup = DeleteQueues::new(queues);
+        // The work queue exists before anything is published to it.
+        let durable = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        channel
+            .queue_declare(queue.as_str().into(), durable, FieldTable::default())
+            .await
+            .expect("declare the work queue");
+        Some(Rabbit {
+            consumer,
+            queue,
+            channel,
+            conn,
+            _cleanup: cleanup,
+        })
+    }
+
+    async fn publish(&self, payload: &[u8]) {
+        self.channel
+            .basic_publish(
+                ShortString::from(""),
+                self.queue.as_str().into(),
+                BasicPublishOptions::default(),
+                payload,
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .expect("publish")
+            .await
+            .expect("publish confirmed");
+    }
+
+    fn start<F, Fut>(&self, policy: Policy, handler: F) -> Running
+    where
+        F: Fn(Points) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Outcome<u32>, Error<AppError>>> + Send + 'static,
+    {
+        let (stop, signal) = broker::shutdown();
+        let consumer = self.consumer.clone().policy(policy);
+        Running::new(stop, tokio::spawn(consumer.run(handler, signal)))
+    }
+
+    async fn dead_letters(&self) -> Vec<DeadLetter> {
+        let dead = self.consumer.dead_letter_queue();
+        let count = self.depth(&dead).await;
+        if count == 0 {
+            return Vec::new();
+        }
+        // Read them without taking them: consume, and let the channel's
+        // close hand them back.
+        let channel = self.conn.create_channel().await.expect("a channel");
+        let mut stream = channel
+            .basic_consume(
+                dead.as_str().into(),
+                "inspect".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("consume the dead letters");
+        let mut out = Vec::new();
+        while (out.len() as u64) < count {
+            let d = stream
+                .next()
+                .await
+                .expect("a dead letter")
+                .expect("a delivery");
+            let headers = d.properties.headers().clone().unwrap_or_default();
+            let text = |name: &str| match headers.inner().get(&ShortString::from(name)) {
+                Some(AMQPValue::LongString(s)) => s.to_string(),
+                other => format!("{other:?}"),
+            };
+            let attempts = match headers.inner().get(&ShortString::from("x-idem-failures")) {
+                Some(AMQPValue::LongLongInt(n)) => *n as u64,
+                _ => 0,
+            };
+            out.push(DeadLetter {
+                payload: d.data.clone(),
+                reason: text("x-idem-reason"),
+                attempts,
+            });
+        }
+        let _ = channel.close(200, "inspected".into()).await;
+        out
+    }
+
+    async fn waiting(&self) -> u64 {
+        self.depth(&self.queue).await
+    }
+}
+
+impl Rabbit {
+    /// Ready messages in `queue` (a passive declare, on a channel of its
+    /// own: asking for a queue that does not exist yet closes the channel);
+    /// 0 when the consumer has not declared it yet.
+    async fn depth(&self, queue: &str) -> u64 {
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        let channel = self.conn.create_channel().await.expect("a channel");
+        let count = match channel
+            .queue_declare(queue.into(), passive, FieldTable::default())
+            .await
+        {
+            Ok(q) => u64::from(q.message_count()),
+            Err(_) => 0,
+        };
+        let _ = channel.close(200, "inspected".into()).await;
+        count
+    }
+}
+
+macro_rules! on_rabbitmq {
+    ($($scenario:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $scenario() {
+            let b = or_skip!(Rabbit::open(concat!("rmq_", stringify!($scenario))).await);
+            broker::$scenario(&b).await;
+        }
+    )*};
+}
+
+on_rabbitmq!(
+    every_message_takes_effect_once,
+    an_undecodable_payload_is_dead_lettered_with_the_reason,
+    a_failing_body_is_retried_then_dead_lettered,
+    shutdown_lets_bodies_in_flight_finish_and_acks_them,
+);
