@@ -245,7 +245,7 @@ pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Checked {
     let key = args
         .key
         .as_ref()
-        .and_then(|lit| key(cx, lit, &sig_parts.params));
+        .and_then(|lit| key(cx, lit, &sig_parts.params, sig_parts.receiver.is_some()));
 
     let stub = Stub {
         func: func.clone(),
@@ -472,10 +472,10 @@ fn return_types(cx: &mut Ctxt, output: &ReturnType, ident: &Ident) -> Option<Res
     };
     let path = match ty {
         Type::Path(p) => p,
-        Type::Group(g) => {
+        Type::Group(syn::TypeGroup { elem, .. }) | Type::Paren(syn::TypeParen { elem, .. }) => {
             return return_types(
                 cx,
-                &ReturnType::Type(Default::default(), g.elem.clone()),
+                &ReturnType::Type(Default::default(), elem.clone()),
                 ident,
             );
         }
@@ -506,13 +506,23 @@ fn return_types(cx: &mut Ctxt, output: &ReturnType, ident: &Ident) -> Option<Res
             .collect(),
         _ => Vec::new(),
     };
-    match args.as_slice() {
-        [ok, err] if last.ident == "Result" => {
-            types.ok = Some((*ok).clone());
-            types.err = Some((*err).clone());
-        }
-        [ok] if last.ident == "Result" => types.ok = Some((*ok).clone()),
-        _ => {}
+    // Only the standard `Result<T, E>` is read by position; any other path
+    // (`io::Result<T>`, `x::Result<T, C>`, `AppResult<T>`) may give its
+    // parameters other meanings, so its parts are named by `HandlerResult`.
+    let segments: Vec<String> = path
+        .path
+        .segments
+        .iter()
+        .map(|s| s.ident.to_string())
+        .collect();
+    let standard = match segments.as_slice() {
+        [r] => r == "Result",
+        [root, m, r] => (root == "std" || root == "core") && m == "result" && r == "Result",
+        _ => false,
+    };
+    if let ([ok, err], true) = (args.as_slice(), standard) {
+        types.ok = Some((*ok).clone());
+        types.err = Some((*err).clone());
     }
     Some(types)
 }
@@ -719,7 +729,7 @@ fn params(
     parts
 }
 
-fn key(cx: &mut Ctxt, lit: &LitStr, params: &[Param]) -> Option<Vec<KeyPart>> {
+fn key(cx: &mut Ctxt, lit: &LitStr, params: &[Param], method: bool) -> Option<Vec<KeyPart>> {
     let text = lit.value();
     let expr = match idem_grammar::parse_key(&text) {
         Ok(e) => e,
@@ -752,6 +762,13 @@ fn key(cx: &mut Ctxt, lit: &LitStr, params: &[Param]) -> Option<Vec<KeyPart>> {
         })
         .filter(|f| names.iter().any(|n| n == f))
         .collect();
+    // A method's key that reads the receiver (`self.tenant`) has two roots,
+    // so the message's paths may name theirs too (`msg.id`).
+    let reads_self = method
+        && expr.parts.iter().any(|p| {
+            matches!(p, Part::Path { segments, .. }
+                if segments.len() > 1 && matches!(&segments[0], Segment::Field(f) if f == "self"))
+        });
     let mut out = Vec::new();
     let mut ok = true;
     for part in &expr.parts {
@@ -762,7 +779,46 @@ fn key(cx: &mut Ctxt, lit: &LitStr, params: &[Param]) -> Option<Vec<KeyPart>> {
             }
             Part::Path { segments, .. } => (segments, part.to_string()),
         };
+        // `self`, `super`, `crate` and `Self` are never field names; `self`
+        // may start a path in a method.
+        let keyword = segments.iter().enumerate().find_map(|(i, s)| match s {
+            Segment::Field(f) if matches!(f.as_str(), "self" | "super" | "crate" | "Self") => {
+                Some((i, f.as_str()))
+            }
+            _ => None,
+        });
+        let from_self = match keyword {
+            None => false,
+            Some((0, "self")) if method && segments.len() > 1 => true,
+            Some((0, "self")) if method => {
+                cx.error_spanned_by(
+                    lit,
+                    format!("key part `{part_text}` is the receiver itself: name one of its fields, e.g. `self.tenant`"),
+                );
+                ok = false;
+                continue;
+            }
+            Some((0, "self")) => {
+                cx.error_spanned_by(
+                    lit,
+                    format!("key part `{part_text}` reads `self`, but this handler is not a method: start the path with a parameter's name"),
+                );
+                ok = false;
+                continue;
+            }
+            Some((_, word)) => {
+                cx.error_spanned_by(
+                    lit,
+                    format!(
+                        "key part `{part_text}`: `{word}` is a keyword and cannot be a field name"
+                    ),
+                );
+                ok = false;
+                continue;
+            }
+        };
         let (root, rest): (Ident, &[Segment]) = match params {
+            _ if from_self => (Ident::new("self", lit.span()), &segments[1..]),
             [] => {
                 cx.error_spanned_by(
                     lit,
@@ -772,6 +828,13 @@ fn key(cx: &mut Ctxt, lit: &LitStr, params: &[Param]) -> Option<Vec<KeyPart>> {
                 continue;
             }
             [only] => match &only.ident {
+                Some(ident)
+                    if reads_self
+                        && segments.len() > 1
+                        && matches!(&segments[0], Segment::Field(f) if ident == f) =>
+                {
+                    (ident.clone(), &segments[1..])
+                }
                 Some(ident) => (ident.clone(), &segments[..]),
                 None => {
                     cx.error_spanned_by(
@@ -861,7 +924,9 @@ fn not_a_parameter(
 }
 
 /// A field access whose tokens carry the key literal's span, so rustc's own
-/// "no field" diagnostics land on the attribute.
+/// "no field" diagnostics land on the attribute. Keywords that can be raw
+/// identifiers (`type`, `match`) become `r#type`; `self`, `super`, `crate`
+/// and `Self`, which cannot, were refused before.
 fn member(segment: &Segment, span: Span) -> syn::Member {
     match segment {
         Segment::Field(name) => {

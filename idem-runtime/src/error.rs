@@ -53,8 +53,12 @@ pub enum Error<E> {
         handler: &'static str,
         /// The derived key.
         key: Key,
-        /// The body's own error.
-        #[source]
+        /// The body's own error. It is part of this error's message, and
+        /// not its [`source`](std::error::Error::source): so `Error<E>` is a
+        /// `std::error::Error` for any `E: Display + Debug` (`anyhow::Error`,
+        /// `Box<dyn Error + Send + Sync>` included) and `?` converts it into
+        /// those; get the body's error back with
+        /// [`into_handler_error`](Error::into_handler_error).
         error: E,
     },
 

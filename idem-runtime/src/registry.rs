@@ -221,11 +221,11 @@ fn describe(clashes: &[Clash]) -> String {
 
 /// A name no handler uses yet: the module path (without the crate's own
 /// name) and the function, numbered when that is taken too (methods of two
-/// types in one module).
+/// types in one module, a function at the crate's root).
 fn suggested_name(h: &HandlerSpec, taken: &[String]) -> String {
     let base = match h.module.split_once("::") {
         Some((_, inner)) => format!("{inner}::{}", h.function),
-        None => format!("{}::{}", h.module, h.function),
+        None => h.function.to_owned(),
     };
     let free = |n: &String| !taken.contains(n);
     std::iter::once(base.clone())

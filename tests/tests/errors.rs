@@ -126,6 +126,20 @@ async fn sqlite_busy_reports_the_timeout_the_options_set() {
     }
     assert!(err.to_string().contains("250ms"), "{err}");
     assert!(waited < Duration::from_secs(3), "waited {waited:?}");
+
+    // A store made from the application's pool, never migrated by this
+    // process, learns the timeout too.
+    let pool = sqlx::SqlitePool::connect_with(options(Duration::from_millis(300)))
+        .await
+        .unwrap();
+    let shared = SqliteStore::from_pool(pool);
+    match sqlite_tx(&shared, &Order::new("o-2")).await.unwrap_err() {
+        Error::Store {
+            source: StoreError::Timeout(t),
+            ..
+        } => assert_eq!(t, Duration::from_millis(300)),
+        other => panic!("expected a busy timeout, got {other:?}"),
+    }
     lock.rollback().await.unwrap();
     assert!(
         sqlite_tx(&store, &Order::new("o-1"))

@@ -351,3 +351,46 @@ async fn handler_names_scope_keys_and_default_to_the_function_name() {
     assert_eq!(tx.ttl, std::time::Duration::from_secs(3_600));
     assert!(idem_runtime::registry::check().is_ok());
 }
+
+/// A service per tenant; the key reads the receiver's tenant.
+struct TenantService {
+    tenant: String,
+}
+
+#[derive(Debug)]
+struct TenantMsg {
+    id: u64,
+}
+
+impl TenantService {
+    #[idempotent(
+        key = "self.tenant + msg.id",
+        ttl = "1h",
+        store = "memory",
+        name = "keys_tenant"
+    )]
+    async fn handle(&self, msg: &TenantMsg, key: &Key) -> Result<String, AppError> {
+        Ok(key.shown().to_owned())
+    }
+}
+
+#[tokio::test]
+async fn a_method_s_key_reads_the_receiver() {
+    let store = MemoryStore::new();
+    let msg = TenantMsg { id: 7 };
+    let (acme, globex) = (
+        TenantService {
+            tenant: "acme".into(),
+        },
+        TenantService {
+            tenant: "globex".into(),
+        },
+    );
+    assert_eq!(
+        acme.handle(&store, &msg).await.unwrap(),
+        Outcome::Executed("acme + 7".to_owned())
+    );
+    // Another tenant's message with the same id is another key.
+    assert!(globex.handle(&store, &msg).await.unwrap().is_executed());
+    assert!(acme.handle(&store, &msg).await.unwrap().is_duplicate());
+}

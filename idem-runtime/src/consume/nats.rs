@@ -29,7 +29,7 @@
 //!
 //! # Examples
 //!
-//! ```no_run
+//! ```no_run,standalone_crate
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use idem_runtime::consume::nats::Consumer;
 //! use idem_runtime::{idempotent, MemoryStore};

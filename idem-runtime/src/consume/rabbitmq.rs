@@ -28,7 +28,7 @@
 //!
 //! # Examples
 //!
-//! ```no_run
+//! ```no_run,standalone_crate
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use idem_runtime::consume::{Policy, rabbitmq::Consumer};
 //! use idem_runtime::{idempotent, MemoryStore};

@@ -231,15 +231,16 @@ impl SqliteStore {
             .connect_with(options)
             .await
             .map_err(StoreError::backend)?;
-        let store = Self::from_pool(pool);
+        let store = Self::unread(pool);
         store.read_busy_timeout().await?;
         Ok(store)
     }
 
     /// Uses an existing pool, e.g. the application's own, so that business
-    /// tables and the dedup table share one database. The store learns the
-    /// connections' busy timeout (for [`StoreError::Timeout`]) when
-    /// [`migrate`](Self::migrate) runs; until then it reports the 5 s
+    /// tables and the dedup table share one database. The store asks a
+    /// connection for its busy timeout (for [`StoreError::Timeout`]) in the
+    /// background when made inside a tokio runtime, and again when
+    /// [`migrate`](Self::migrate) runs; until it knows, it reports the 5 s
     /// default. A wait for a free connection reports the pool's own acquire
     /// timeout.
     ///
@@ -263,6 +264,18 @@ impl SqliteStore {
     /// # Ok(()) }
     /// ```
     pub fn from_pool(pool: SqlitePool) -> Self {
+        let store = Self::unread(pool);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let reader = store.clone();
+            runtime.spawn(async move {
+                let _ = reader.read_busy_timeout().await;
+            });
+        }
+        store
+    }
+
+    /// The store, with the default busy timeout until it is read.
+    fn unread(pool: SqlitePool) -> Self {
         SqliteStore {
             pool,
             sql: Arc::new(Statements::new(DEFAULT_TABLE, Dialect::Sqlite)),
