@@ -1,0 +1,487 @@
+//! Chaos on real brokers: a producer publishes 4,000 messages, a fifth of
+//! them twice; three consumer processes (this test binary, re-run as
+//! `chaos_consumer`) apply them through a transaction-mode Postgres handler;
+//! one of them is killed with SIGKILL every 250 ms and started again, and
+//! the consumers' Postgres connections are terminated every half second. At the end the truth is read from the business table:
+//! every message applied exactly once (0 doubled, 0 lost), nothing dead-
+//! lettered, nothing left in the queues or unacknowledged. Bounded to about
+//! a minute per broker; the counts are printed.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use idem_runtime::consume::{Policy, nats, rabbitmq};
+use idem_runtime::{ClaimOrder, PgStore, PgTx, idempotent};
+use idem_tests::brokers::{DeleteQueues, DeleteStreams, amqp_url, nats_url};
+use idem_tests::{DropTables, or_skip, pg_pool, pg_url, unique_table};
+use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
+use lapin::types::{FieldTable, ShortString};
+use serde::{Deserialize, Serialize};
+use sqlx::AssertSqlSafe;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+/// Logical messages, and how many of them are published twice.
+const MESSAGES: i64 = 4_000;
+const TWICE_EVERY: i64 = 5;
+const CONSUMERS: usize = 3;
+/// How long the whole run may take before it fails.
+const DEADLINE: Duration = Duration::from_secs(90);
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Applied {
+    message_id: i64,
+    /// The business table (one per run).
+    table: String,
+}
+
+/// Adds one to the message's row: an effect applied twice shows as 2.
+#[idempotent(
+    key = "message_id",
+    ttl = "1h",
+    store = "postgres",
+    name = "chaos_apply"
+)]
+async fn apply(tx: &mut PgTx<'_>, msg: &Applied) -> Result<i64, sqlx::Error> {
+    let sql = format!(
+        "INSERT INTO {} (message_id, applied) VALUES ($1, 1)
+         ON CONFLICT (message_id) DO UPDATE SET applied = {0}.applied + 1 RETURNING applied",
+        msg.table
+    );
+    sqlx::query_scalar(AssertSqlSafe(sql))
+        .bind(msg.message_id)
+        .fetch_one(&mut **tx)
+        .await
+}
+
+/// The consumer process: runs until it is killed, or until SIGINT, which
+/// shuts it down gracefully.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run by the chaos tests as a child process"]
+async fn chaos_consumer() {
+    let Ok(broker) = std::env::var("IDEM_CHAOS_BROKER") else {
+        return;
+    };
+    let dedup = std::env::var("IDEM_CHAOS_DEDUP").expect("dedup table");
+    let name = std::env::var("IDEM_CHAOS_NAME").expect("queue or stream");
+    let options = PgConnectOptions::from_str(&pg_url())
+        .expect("DATABASE_URL")
+        .application_name("idem_chaos");
+    let connect = || {
+        PgPoolOptions::new()
+            .max_connections(8)
+            .connect_with(options.clone())
+    };
+    let pool = idem_runtime::consume::until_ok("postgres", connect, std::future::pending())
+        .await
+        .expect("a pool");
+    let store = PgStore::from_pool(pool)
+        .with_table(&dedup)
+        .expect("table")
+        .with_claim_order(ClaimOrder::Last);
+    let handler = move |msg: Applied| {
+        let store = store.clone();
+        async move { apply(&store, &msg).await }
+    };
+    let policy = Policy {
+        first_delay: Duration::from_millis(100),
+        max_delay: Duration::from_secs(1),
+        max_attempts: 1_000,
+        concurrency: 8,
+    };
+    println!("READY");
+    let forever = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let report = match broker.as_str() {
+        "rabbitmq" => {
+            rabbitmq::Consumer::new(amqp_url(), name)
+                .policy(policy)
+                .run(handler, forever)
+                .await
+        }
+        _ => {
+            nats::Consumer::new(nats_url(), name.clone(), format!("idem.chaos.{name}"))
+                .policy(policy)
+                .ack_wait(Duration::from_secs(2))
+                .run(handler, forever)
+                .await
+        }
+    };
+    println!("consumer done: {report:?}");
+}
+
+/// A consumer process of this binary.
+struct Consumer {
+    child: Child,
+}
+
+impl Consumer {
+    fn start(broker: &str, name: &str, dedup: &str) -> Consumer {
+        let exe = std::env::current_exe().expect("test binary");
+        let mut child = Command::new(exe)
+            .args([
+                "chaos_consumer",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("IDEM_CHAOS_BROKER", broker)
+            .env("IDEM_CHAOS_NAME", name)
+            .env("IDEM_CHAOS_DEDUP", dedup)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start a consumer");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        loop {
+            match lines.next() {
+                Some(Ok(line)) if line.contains("READY") => break,
+                Some(_) => {}
+                None => panic!("a consumer exited before it was ready"),
+            }
+        }
+        // Keep reading so the child never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Consumer { child }
+    }
+
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGINT: the consumer stops taking, settles what is in flight and
+    /// exits.
+    fn stop(mut self) {
+        let _ = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("a consumer did not shut down within 20 s of SIGINT");
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What the run did, printed at the end.
+#[derive(Debug, Default)]
+struct Counts {
+    published: i64,
+    published_twice: i64,
+    kills: u32,
+    connections_terminated: i64,
+    applied_rows: i64,
+    doubled: i64,
+    lost: i64,
+    dead_lettered: u64,
+    waiting_at_end: u64,
+}
+
+/// The broker side of a run: publishing, and what is left at the end.
+trait ChaosBroker {
+    const NAME: &'static str;
+    async fn publish(&self, payload: Vec<u8>);
+    /// Messages waiting or unacknowledged anywhere (work, retry queues).
+    async fn waiting(&self) -> u64;
+    async fn dead_letters(&self) -> u64;
+}
+
+struct Rabbit {
+    queue: String,
+    conn: lapin::Connection,
+    channel: lapin::Channel,
+    consumer: rabbitmq::Consumer,
+}
+
+impl ChaosBroker for Rabbit {
+    const NAME: &'static str = "rabbitmq";
+
+    async fn publish(&self, payload: Vec<u8>) {
+        self.channel
+            .basic_publish(
+                ShortString::from(""),
+                self.queue.as_str().into(),
+                BasicPublishOptions::default(),
+                &payload,
+                lapin::BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .expect("publish")
+            .await
+            .expect("confirmed");
+    }
+
+    async fn waiting(&self) -> u64 {
+        let mut queues = vec![self.queue.clone()];
+        queues.extend(
+            rabbitmq::RETRY_DELAYS
+                .iter()
+                .map(|d| self.consumer.retry_queue(*d)),
+        );
+        let mut n = 0;
+        for q in queues {
+            n += self.depth(&q).await;
+        }
+        n
+    }
+
+    async fn dead_letters(&self) -> u64 {
+        self.depth(&self.consumer.dead_letter_queue()).await
+    }
+}
+
+impl Rabbit {
+    /// Ready and unacknowledged messages of a queue (the management view
+    /// is not needed: a passive declare counts ready ones, and unacked ones
+    /// come back as ready once their consumer is gone).
+    async fn depth(&self, queue: &str) -> u64 {
+        let channel = self.conn.create_channel().await.expect("a channel");
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        let n = channel
+            .queue_declare(queue.into(), passive, FieldTable::default())
+            .await
+            .map(|q| u64::from(q.message_count()))
+            .unwrap_or(0);
+        let _ = channel.close(200, "counted".into()).await;
+        n
+    }
+}
+
+struct Nats {
+    stream: String,
+    js: async_nats::jetstream::Context,
+    consumer: nats::Consumer,
+}
+
+impl ChaosBroker for Nats {
+    const NAME: &'static str = "nats";
+
+    async fn publish(&self, payload: Vec<u8>) {
+        self.js
+            .publish(format!("idem.chaos.{}", self.stream), payload.into())
+            .await
+            .expect("publish")
+            .await
+            .expect("acknowledged");
+    }
+
+    async fn waiting(&self) -> u64 {
+        let Ok(mut stream) = self.js.get_stream(&self.stream).await else {
+            return 0;
+        };
+        match stream
+            .get_consumer::<async_nats::jetstream::consumer::pull::Config>(
+                self.consumer.durable_name(),
+            )
+            .await
+        {
+            Ok(mut c) => {
+                let info = c.info().await.expect("consumer info");
+                info.num_pending + info.num_ack_pending as u64
+            }
+            Err(_) => stream.info().await.expect("stream info").state.messages,
+        }
+    }
+
+    async fn dead_letters(&self) -> u64 {
+        match self.js.get_stream(self.consumer.dead_letter_stream()).await {
+            Ok(mut s) => s.info().await.map(|i| i.state.messages).unwrap_or(0),
+            Err(_) => 0,
+        }
+    }
+}
+
+async fn run<B: ChaosBroker>(b: &B, name: &str, admin: &sqlx::PgPool, dedup: &str, table: &str) {
+    let started = Instant::now();
+    let mut counts = Counts::default();
+    let mut consumers: Vec<Consumer> = (0..CONSUMERS)
+        .map(|_| Consumer::start(B::NAME, name, dedup))
+        .collect();
+
+    // The producer publishes while the chaos runs.
+    let producer = async {
+        for id in 0..MESSAGES {
+            let payload = serde_json::to_vec(&Applied {
+                message_id: id,
+                table: table.to_owned(),
+            })
+            .expect("encode");
+            b.publish(payload.clone()).await;
+            if id % TWICE_EVERY == 0 {
+                b.publish(payload).await;
+            }
+        }
+    };
+    let applied = || async {
+        sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!("SELECT COUNT(*) FROM {table}")))
+            .fetch_one(admin)
+            .await
+            .expect("count")
+    };
+    let chaos = async {
+        let mut tick = 0u32;
+        let mut next_kill = 0usize;
+        loop {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            tick += 1;
+            if applied().await >= MESSAGES && b.waiting().await == 0 {
+                break;
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "the run did not finish: {counts:?}"
+            );
+            // Kill one consumer with SIGKILL and start another, every tick
+            // (bounded, so a slow machine still finishes).
+            if tick < 80 {
+                let victim = consumers.remove(next_kill % consumers.len());
+                tokio::task::spawn_blocking(move || victim.kill())
+                    .await
+                    .expect("kill");
+                counts.kills += 1;
+                next_kill += 1;
+                let (broker, name, dedup) = (B::NAME, name.to_owned(), dedup.to_owned());
+                let fresh =
+                    tokio::task::spawn_blocking(move || Consumer::start(broker, &name, &dedup))
+                        .await
+                        .expect("restart");
+                consumers.push(fresh);
+            }
+            // Terminate the consumers' Postgres connections.
+            if tick % 2 == 1 && tick < 80 {
+                let n: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity
+                     WHERE application_name = 'idem_chaos' AND pid <> pg_backend_pid()",
+                )
+                .fetch_one(admin)
+                .await
+                .expect("terminate");
+                counts.connections_terminated += n;
+            }
+        }
+    };
+    tokio::join!(producer, chaos);
+    counts.published = MESSAGES + (MESSAGES + TWICE_EVERY - 1) / TWICE_EVERY;
+    counts.published_twice = (MESSAGES + TWICE_EVERY - 1) / TWICE_EVERY;
+
+    // Idle: every message applied and nothing waiting. Stop every consumer
+    // gracefully; anything left unacknowledged would then be waiting.
+    for c in consumers.drain(..) {
+        tokio::task::spawn_blocking(move || c.stop())
+            .await
+            .expect("stop");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    counts.waiting_at_end = b.waiting().await;
+    counts.dead_lettered = b.dead_letters().await;
+    let rows: Vec<(i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT message_id, applied FROM {table}"
+    )))
+    .fetch_all(admin)
+    .await
+    .expect("read the business table");
+    counts.applied_rows = rows.len() as i64;
+    counts.doubled = rows.iter().filter(|(_, n)| *n > 1).count() as i64;
+    counts.lost = MESSAGES - counts.applied_rows;
+    println!("{} chaos in {:?}: {counts:?}", B::NAME, started.elapsed());
+    assert_eq!(counts.doubled, 0, "{counts:?}");
+    assert_eq!(counts.lost, 0, "{counts:?}");
+    assert_eq!(counts.dead_lettered, 0, "{counts:?}");
+    assert_eq!(counts.waiting_at_end, 0, "{counts:?}");
+    assert!(counts.kills >= 5, "{counts:?}");
+    assert!(counts.connections_terminated > 0, "{counts:?}");
+}
+
+/// The business and dedup tables of one run.
+async fn tables(admin: &sqlx::PgPool) -> (String, String, DropTables) {
+    let (table, dedup) = (unique_table("chaos_effects"), unique_table("chaos_dedup"));
+    let guard = DropTables::new(&[&table, &dedup]);
+    sqlx::query(AssertSqlSafe(format!(
+        "CREATE TABLE {table} (message_id BIGINT PRIMARY KEY, applied BIGINT NOT NULL)"
+    )))
+    .execute(admin)
+    .await
+    .expect("business table");
+    let store = PgStore::from_pool(admin.clone())
+        .with_table(&dedup)
+        .expect("table");
+    store.migrate().await.expect("migrate");
+    (table, dedup, guard)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_on_rabbitmq_with_consumers_killed_and_connections_dropped() {
+    let admin = or_skip!(pg_pool(4).await);
+    let (conn, channel) = or_skip!(idem_tests::brokers::amqp_channel().await);
+    let (table, dedup, _tables) = tables(&admin).await;
+    let queue = unique_table("chaos");
+    let consumer = rabbitmq::Consumer::new(amqp_url(), queue.clone());
+    let mut queues = vec![queue.clone(), consumer.dead_letter_queue()];
+    queues.extend(
+        rabbitmq::RETRY_DELAYS
+            .iter()
+            .map(|d| consumer.retry_queue(*d)),
+    );
+    let _queues = DeleteQueues::new(queues);
+    channel
+        .confirm_select(Default::default())
+        .await
+        .expect("confirms");
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    channel
+        .queue_declare(queue.as_str().into(), durable, FieldTable::default())
+        .await
+        .expect("declare");
+    let b = Rabbit {
+        queue: queue.clone(),
+        conn,
+        channel,
+        consumer,
+    };
+    run(&b, &queue, &admin, &dedup, &table).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_on_jetstream_with_consumers_killed_and_connections_dropped() {
+    let admin = or_skip!(pg_pool(4).await);
+    let js = or_skip!(idem_tests::brokers::jetstream().await);
+    let (table, dedup, _tables) = tables(&admin).await;
+    let stream = unique_table("chaos");
+    let consumer = nats::Consumer::new(nats_url(), stream.clone(), format!("idem.chaos.{stream}"));
+    let _streams = DeleteStreams::new(vec![stream.clone(), consumer.dead_letter_stream()]);
+    js.get_or_create_stream(async_nats::jetstream::stream::Config {
+        name: stream.clone(),
+        subjects: vec![format!("idem.chaos.{stream}")],
+        ..Default::default()
+    })
+    .await
+    .expect("stream");
+    let b = Nats {
+        stream: stream.clone(),
+        js,
+        consumer,
+    };
+    run(&b, &stream, &admin, &dedup, &table).await;
+}
