@@ -329,6 +329,17 @@ impl RedisServer {
     /// Starts the server, or returns `None` (after [`unavailable`]) when
     /// `redis-server` is missing or will not start.
     pub fn start() -> Option<RedisServer> {
+        Self::start_with(&[])
+    }
+
+    /// As [`start`](Self::start), with an append-only file synced at every
+    /// write (`--appendonly yes --appendfsync always`): a restart forgets
+    /// nothing, as a dedup Redis is advised to run.
+    pub fn start_persistent() -> Option<RedisServer> {
+        Self::start_with(&["--appendonly", "yes", "--appendfsync", "always"])
+    }
+
+    fn start_with(extra: &[&str]) -> Option<RedisServer> {
         let dir = match ScratchDir::new("redis") {
             Ok(d) => d,
             Err(e) => return unavailable("redis-server", "a temporary directory", e),
@@ -341,7 +352,8 @@ impl RedisServer {
                 Ok(p) => p,
                 Err(e) => return unavailable("redis-server", "127.0.0.1", e),
             };
-            let args = vec!["--dir".to_owned(), dir.0.display().to_string()];
+            let mut args = vec!["--dir".to_owned(), dir.0.display().to_string()];
+            args.extend(extra.iter().map(|a| (*a).to_owned()));
             match Node::spawn(port, args, &log) {
                 Ok(node) => {
                     return Some(RedisServer {

@@ -57,6 +57,27 @@ async fn apply(tx: &mut PgTx<'_>, msg: &Applied) -> Result<i64, sqlx::Error> {
         .await
 }
 
+/// Lease mode: the same effect, written outside any idem transaction (as an
+/// SMS or an HTTP call would be), with the claim and the record in Redis.
+#[idempotent(
+    key = "msg.message_id",
+    ttl = "1h",
+    store = "redis",
+    lease = "5s",
+    name = "chaos_apply_lease"
+)]
+async fn apply_lease(msg: &Applied, pool: &sqlx::PgPool) -> Result<i64, sqlx::Error> {
+    let sql = format!(
+        "INSERT INTO {} (message_id, applied) VALUES ($1, 1)
+         ON CONFLICT (message_id) DO UPDATE SET applied = {0}.applied + 1 RETURNING applied",
+        msg.table
+    );
+    sqlx::query_scalar(AssertSqlSafe(sql))
+        .bind(msg.message_id)
+        .fetch_one(pool)
+        .await
+}
+
 /// The consumer process: runs until it is killed, or until SIGINT, which
 /// shuts it down gracefully.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -78,13 +99,28 @@ async fn chaos_consumer() {
     let pool = idem_runtime::consume::until_ok("postgres", connect, std::future::pending())
         .await
         .expect("a pool");
-    let store = PgStore::from_pool(pool)
+    let redis = match std::env::var("IDEM_CHAOS_REDIS") {
+        Ok(url) => Some(
+            idem_runtime::RedisStore::connect(&url)
+                .await
+                .expect("redis")
+                .with_prefix(&dedup)
+                .expect("prefix"),
+        ),
+        Err(_) => None,
+    };
+    let store = PgStore::from_pool(pool.clone())
         .with_table(&dedup)
         .expect("table")
         .with_claim_order(ClaimOrder::Last);
     let handler = move |msg: Applied| {
-        let store = store.clone();
-        async move { apply(&store, &msg).await }
+        let (store, redis, pool) = (store.clone(), redis.clone(), pool.clone());
+        async move {
+            match redis {
+                Some(redis) => apply_lease(&redis, &msg, &pool).await,
+                None => apply(&store, &msg).await,
+            }
+        }
     };
     let policy = Policy {
         first_delay: Duration::from_millis(100),
@@ -121,8 +157,14 @@ struct Consumer {
 
 impl Consumer {
     fn start(broker: &str, name: &str, dedup: &str) -> Consumer {
+        Self::start_with(broker, name, dedup, None)
+    }
+
+    /// A consumer whose handler runs in lease mode on the Redis at `redis`.
+    fn start_with(broker: &str, name: &str, dedup: &str, redis: Option<&str>) -> Consumer {
         let exe = std::env::current_exe().expect("test binary");
-        let mut child = Command::new(exe)
+        let mut command = Command::new(exe);
+        command
             .args([
                 "chaos_consumer",
                 "--exact",
@@ -132,7 +174,11 @@ impl Consumer {
             ])
             .env("IDEM_CHAOS_BROKER", broker)
             .env("IDEM_CHAOS_NAME", name)
-            .env("IDEM_CHAOS_DEDUP", dedup)
+            .env("IDEM_CHAOS_DEDUP", dedup);
+        if let Some(url) = redis {
+            command.env("IDEM_CHAOS_REDIS", url);
+        }
+        let mut child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -484,4 +530,153 @@ async fn exactly_once_on_jetstream_with_consumers_killed_and_connections_dropped
         consumer,
     };
     run(&b, &stream, &admin, &dedup, &table).await;
+}
+
+/// Lease mode under store outages: the consumers run the whole time, and
+/// their Redis (a server of the test's own, with an fsync'd append-only
+/// file, as the README advises) is killed with SIGKILL and restarted three
+/// times while the messages flow. Each outage is far shorter than the 5 s
+/// lease, so a body whose completion meets it keeps retrying until Redis is
+/// back: no effect is doubled. Doubled effects are counted and printed.
+async fn run_lease<B: ChaosBroker>(
+    b: &B,
+    name: &str,
+    admin: &sqlx::PgPool,
+    prefix: &str,
+    table: &str,
+) {
+    let started = Instant::now();
+    let mut server = or_skip!(idem_tests::RedisServer::start_persistent());
+    let redis = server.url();
+    let mut consumers: Vec<Consumer> = (0..CONSUMERS)
+        .map(|_| Consumer::start_with(B::NAME, name, prefix, Some(&redis)))
+        .collect();
+    let producer = async {
+        for id in 0..MESSAGES {
+            let payload = serde_json::to_vec(&Applied {
+                message_id: id,
+                table: table.to_owned(),
+            })
+            .expect("encode");
+            b.publish(payload.clone()).await;
+            if id % TWICE_EVERY == 0 {
+                b.publish(payload).await;
+            }
+        }
+    };
+    let applied = || async {
+        sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!("SELECT COUNT(*) FROM {table}")))
+            .fetch_one(admin)
+            .await
+            .expect("count")
+    };
+    let mut restarts = 0u32;
+    let chaos = async {
+        let mut tick = 0u32;
+        loop {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            tick += 1;
+            if restarts == 3 && applied().await >= MESSAGES && b.waiting().await == 0 {
+                break;
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "the lease-mode run did not finish"
+            );
+            if tick % 3 == 1 && restarts < 3 {
+                server.kill();
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                server = tokio::task::spawn_blocking(move || {
+                    server.restart();
+                    server
+                })
+                .await
+                .expect("restart redis");
+                restarts += 1;
+            }
+        }
+    };
+    tokio::join!(producer, chaos);
+    for c in consumers.drain(..) {
+        tokio::task::spawn_blocking(move || c.stop())
+            .await
+            .expect("stop");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let waiting = b.waiting().await;
+    let dead = b.dead_letters().await;
+    let rows: Vec<(i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT message_id, applied FROM {table}"
+    )))
+    .fetch_all(admin)
+    .await
+    .expect("read the business table");
+    let doubled = rows.iter().filter(|(_, n)| *n > 1).count();
+    let lost = MESSAGES - rows.len() as i64;
+    println!(
+        "{} lease-mode chaos in {:?}: published {}, redis restarts {restarts}, applied {}, doubled {doubled}, lost {lost}, dead-lettered {dead}, waiting {waiting}",
+        B::NAME,
+        started.elapsed(),
+        MESSAGES + (MESSAGES + TWICE_EVERY - 1) / TWICE_EVERY,
+        rows.len()
+    );
+    assert_eq!((doubled, lost, dead, waiting), (0, 0, 0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_mode_on_rabbitmq_with_redis_restarts_doubles_nothing() {
+    let admin = or_skip!(pg_pool(4).await);
+    let (conn, channel) = or_skip!(idem_tests::brokers::amqp_channel().await);
+    let (table, prefix, _tables) = tables(&admin).await;
+    let queue = unique_table("chaos_lease");
+    let consumer = rabbitmq::Consumer::new(amqp_url(), queue.clone());
+    let mut queues = vec![queue.clone(), consumer.dead_letter_queue()];
+    queues.extend(
+        rabbitmq::RETRY_DELAYS
+            .iter()
+            .map(|d| consumer.retry_queue(*d)),
+    );
+    let _queues = DeleteQueues::new(queues);
+    channel
+        .confirm_select(Default::default())
+        .await
+        .expect("confirms");
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    channel
+        .queue_declare(queue.as_str().into(), durable, FieldTable::default())
+        .await
+        .expect("declare");
+    let b = Rabbit {
+        queue: queue.clone(),
+        conn,
+        channel,
+        consumer,
+    };
+    run_lease(&b, &queue, &admin, &prefix, &table).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_mode_on_jetstream_with_redis_restarts_doubles_nothing() {
+    let admin = or_skip!(pg_pool(4).await);
+    let js = or_skip!(idem_tests::brokers::jetstream().await);
+    let (table, prefix, _tables) = tables(&admin).await;
+    let stream = unique_table("chaos_lease");
+    let consumer = nats::Consumer::new(nats_url(), stream.clone(), format!("idem.chaos.{stream}"));
+    let _streams = DeleteStreams::new(vec![stream.clone(), consumer.dead_letter_stream()]);
+    js.get_or_create_stream(async_nats::jetstream::stream::Config {
+        name: stream.clone(),
+        subjects: vec![format!("idem.chaos.{stream}")],
+        ..Default::default()
+    })
+    .await
+    .expect("stream");
+    let b = Nats {
+        stream: stream.clone(),
+        js,
+        consumer,
+    };
+    run_lease(&b, &stream, &admin, &prefix, &table).await;
 }
