@@ -116,10 +116,26 @@ async fn chaos_consumer() {
     let handler = move |msg: Applied| {
         let (store, redis, pool) = (store.clone(), redis.clone(), pool.clone());
         async move {
-            match redis {
-                Some(redis) => apply_lease(&redis, &msg, &pool).await,
+            let result = match &redis {
+                Some(redis) => apply_lease(redis, &msg, &pool).await,
                 None => apply(&store, &msg).await,
-            }
+            };
+            // What this delivery came to, for the run's counts (lost when
+            // the connection or the process dies first: the counts are a
+            // floor).
+            let kind = match &result {
+                Ok(o) if o.is_duplicate() => "duplicate",
+                Ok(_) => "executed",
+                Err(e) => e.kind(),
+            };
+            let _ = sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {}_seen (kind) VALUES ($1)",
+                msg.table
+            )))
+            .bind(kind)
+            .execute(&pool)
+            .await;
+            result
         }
     };
     let policy = Policy {
@@ -230,6 +246,9 @@ impl Drop for Consumer {
 struct Counts {
     published: i64,
     published_twice: i64,
+    /// Deliveries the consumers saw, by what they came to (a floor: a
+    /// delivery whose consumer died before it was counted is not).
+    seen: Seen,
     kills: u32,
     connections_terminated: i64,
     applied_rows: i64,
@@ -237,6 +256,37 @@ struct Counts {
     lost: i64,
     dead_lettered: u64,
     waiting_at_end: u64,
+}
+
+/// What the consumers' deliveries came to.
+#[derive(Debug, Default)]
+struct Seen {
+    delivered: i64,
+    executed: i64,
+    duplicates: i64,
+    /// Handed back to be retried: in progress elsewhere, or the store failed.
+    retried: i64,
+}
+
+impl Seen {
+    async fn read(admin: &sqlx::PgPool, table: &str) -> Seen {
+        let rows: Vec<(String, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT kind, COUNT(*) FROM {table}_seen GROUP BY kind"
+        )))
+        .fetch_all(admin)
+        .await
+        .expect("read the counts");
+        let mut seen = Seen::default();
+        for (kind, n) in rows {
+            seen.delivered += n;
+            match kind.as_str() {
+                "executed" => seen.executed += n,
+                "duplicate" => seen.duplicates += n,
+                _ => seen.retried += n,
+            }
+        }
+        seen
+    }
 }
 
 /// The broker side of a run: publishing, and what is left at the end.
@@ -446,6 +496,7 @@ async fn run<B: ChaosBroker>(b: &B, name: &str, admin: &sqlx::PgPool, dedup: &st
     .await
     .expect("read the business table");
     counts.applied_rows = rows.len() as i64;
+    counts.seen = Seen::read(admin, table).await;
     counts.doubled = rows.iter().filter(|(_, n)| *n > 1).count() as i64;
     counts.lost = MESSAGES - counts.applied_rows;
     println!("{} chaos in {:?}: {counts:?}", B::NAME, started.elapsed());
@@ -460,7 +511,14 @@ async fn run<B: ChaosBroker>(b: &B, name: &str, admin: &sqlx::PgPool, dedup: &st
 /// The business and dedup tables of one run.
 async fn tables(admin: &sqlx::PgPool) -> (String, String, DropTables) {
     let (table, dedup) = (unique_table("chaos_effects"), unique_table("chaos_dedup"));
-    let guard = DropTables::new(&[&table, &dedup]);
+    let seen = format!("{table}_seen");
+    let guard = DropTables::new(&[&table, &dedup, &seen]);
+    sqlx::query(AssertSqlSafe(format!(
+        "CREATE TABLE {seen} (kind TEXT NOT NULL)"
+    )))
+    .execute(admin)
+    .await
+    .expect("counts table");
     sqlx::query(AssertSqlSafe(format!(
         "CREATE TABLE {table} (message_id BIGINT PRIMARY KEY, applied BIGINT NOT NULL)"
     )))
@@ -613,8 +671,9 @@ async fn run_lease<B: ChaosBroker>(
     .expect("read the business table");
     let doubled = rows.iter().filter(|(_, n)| *n > 1).count();
     let lost = MESSAGES - rows.len() as i64;
+    let seen = Seen::read(admin, table).await;
     println!(
-        "{} lease-mode chaos in {:?}: published {}, redis restarts {restarts}, applied {}, doubled {doubled}, lost {lost}, dead-lettered {dead}, waiting {waiting}",
+        "{} lease-mode chaos in {:?}: published {}, redis restarts {restarts}, {seen:?}, applied {}, doubled {doubled}, lost {lost}, dead-lettered {dead}, waiting {waiting}",
         B::NAME,
         started.elapsed(),
         MESSAGES + (MESSAGES + TWICE_EVERY - 1) / TWICE_EVERY,
