@@ -164,3 +164,58 @@ on_rabbitmq!(
     a_failing_body_is_retried_then_dead_lettered,
     shutdown_lets_bodies_in_flight_finish_and_acks_them,
 );
+
+/// A work queue that exists as a quorum queue is used as it is (declaring
+/// it again as a classic queue would be refused by the broker).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_existing_quorum_queue_is_used_as_it_is() {
+    let (conn, channel) = or_skip!(amqp_channel().await);
+    let queue = unique_table("rmq_quorum");
+    let consumer = Consumer::new(amqp_url(), queue.clone());
+    let mut queues = vec![queue.clone(), consumer.dead_letter_queue()];
+    queues.extend(RETRY_DELAYS.iter().map(|d| consumer.retry_queue(*d)));
+    let _cleanup = DeleteQueues::new(queues);
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    channel
+        .queue_declare(queue.as_str().into(), durable, args)
+        .await
+        .expect("a quorum queue");
+    channel
+        .basic_publish(
+            ShortString::from(""),
+            queue.as_str().into(),
+            BasicPublishOptions::default(),
+            &Points::payload("q-1", 5),
+            BasicProperties::default().with_delivery_mode(2),
+        )
+        .await
+        .expect("publish");
+    let store = idem_runtime::MemoryStore::new();
+    let effects = std::sync::Arc::new(common::broker::Effects::default());
+    let handler = {
+        let effects = std::sync::Arc::clone(&effects);
+        move |msg: Points| {
+            let (store, effects) = (store.clone(), std::sync::Arc::clone(&effects));
+            async move { common::broker::grant(&store, &msg, &effects).await }
+        }
+    };
+    let (stop, signal) = broker::shutdown();
+    let running = Running::new(stop, tokio::spawn(consumer.run(handler, signal)));
+    common::eventually(
+        std::time::Duration::from_secs(20),
+        "the message from the quorum queue",
+        || async { effects.of("q-1") == 1 },
+    )
+    .await;
+    let report = running.stop().await;
+    assert_eq!(report.acked, 1, "{report:?}");
+    drop(conn);
+}

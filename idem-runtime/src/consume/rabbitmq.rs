@@ -5,7 +5,8 @@
 //!
 //! For a work queue `Q` the consumer declares (all durable):
 //!
-//! * `Q` itself, a classic durable queue, if it does not exist;
+//! * `Q` itself, a classic durable queue, if it does not exist (an existing
+//!   one, a quorum queue say, is used as it is);
 //! * retry queues `Q.idem.retry.<delay>` for delays of 100 ms, 1 s, 5 s, 30 s
 //!   and 5 min: each has that TTL (`x-message-ttl`) and dead-letters expired
 //!   messages back into `Q` through the default exchange. A retry goes to the
@@ -271,7 +272,7 @@ impl Consumer {
         channel
             .basic_qos(self.prefetch, BasicQosOptions::default())
             .await?;
-        self.declare(&channel).await?;
+        self.declare(conn, &channel).await?;
         let tag = format!("idem-{}", uuid::Uuid::new_v4().simple());
         let deliveries = channel
             .basic_consume(
@@ -315,14 +316,29 @@ impl Consumer {
         Ok(ended)
     }
 
-    async fn declare(&self, channel: &Channel) -> Result<(), lapin::Error> {
+    async fn declare(&self, conn: &Connection, channel: &Channel) -> Result<(), lapin::Error> {
         let durable = QueueDeclareOptions {
             durable: true,
             ..QueueDeclareOptions::default()
         };
-        channel
-            .queue_declare(self.queue.as_str().into(), durable, FieldTable::default())
-            .await?;
+        // A work queue that exists is used as it is (a quorum queue, one
+        // with arguments of its own): only a missing one is declared. The
+        // look-up runs on a channel of its own, which a missing queue closes.
+        let probe = conn.create_channel().await?;
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        let exists = probe
+            .queue_declare(self.queue.as_str().into(), passive, FieldTable::default())
+            .await
+            .is_ok();
+        let _ = probe.close(200, "looked".into()).await;
+        if !exists {
+            channel
+                .queue_declare(self.queue.as_str().into(), durable, FieldTable::default())
+                .await?;
+        }
         for delay in RETRY_DELAYS {
             let mut args = FieldTable::default();
             args.insert(

@@ -123,7 +123,7 @@ impl Effects {
 }
 
 #[idempotent(key = "msg.id", ttl = "1h", store = "memory", name = "broker_grant")]
-async fn grant(msg: &Points, effects: &Effects) -> Result<u32, AppError> {
+pub(crate) async fn grant(msg: &Points, effects: &Effects) -> Result<u32, AppError> {
     effects.apply(&msg.id);
     Ok(msg.points)
 }
