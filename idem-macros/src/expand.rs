@@ -50,13 +50,12 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
         None => around(quote!(<), ret_ty, quote!(as #p::HandlerResult>::Err)),
     };
     let ok_span = h.ok_ty.as_ref().map_or(ret_ty.span(), Spanned::span);
-    // The driver calls (and their `.await`s) bound the `Ok` type by serde's
-    // traits. They carry the `Ok` type's span, as `assert_storable` below
-    // does, so that a type serde cannot store is reported on the user's type,
-    // not on the whole attribute; rustc then folds their errors into the
-    // explained ones of `assert_storable` (incremental builds may still show
-    // serde's own "trait bound not satisfied" next to them, on the same type).
+    // Only `codec::<T>()` bounds the `Ok` type by serde's traits: the call
+    // paths take the codec it makes and need no bounds of their own, so a
+    // type serde cannot store is one error, on the user's type. The calls
+    // carry that span too, so any error of theirs lands there as well.
     let p_ok = respan(p.clone(), ok_span);
+    let codec = Ident::new("__idem_codec", mixed);
 
     let store_ty = format_ident!("{}", h.store.type_name());
     let receiver = h.receiver.as_ref().map(|r| quote!(#r,));
@@ -90,7 +89,7 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
             let result = Ident::new("__idem_result", mixed);
             let bind_tx = bind(tx_param, &tx);
             let tx_begin = quote_spanned! {ok_span=>
-                #p_ok::tx_begin::<_, #ok_ty, #err_ty>(#store, &#spec, &#key).await
+                #p_ok::tx_begin::<_, #ok_ty, #err_ty>(#store, &#spec, &#key, #codec).await
             };
             let result_value = if via_trait {
                 into_result(ret_ty, &p, quote!(#result))
@@ -98,7 +97,7 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
                 quote!(#result)
             };
             let tx_finish = quote_spanned! {ok_span=>
-                #p_ok::tx_finish::<_, #ok_ty, #err_ty>(#store, &#spec, &#key, #call_state, #result_value).await
+                #p_ok::tx_finish::<_, #ok_ty, #err_ty>(#store, &#spec, &#key, #codec, #call_state, #result_value).await
             };
             quote! {
                 let mut #call_state = match #tx_begin {
@@ -125,7 +124,7 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
         None => {
             let body = Ident::new("__idem_body", mixed);
             let run_lease = quote_spanned! {ok_span=>
-                #p_ok::run_lease::<_, #ok_ty, #err_ty, _>(#store, &#spec, &#key, #body).await
+                #p_ok::run_lease::<_, #ok_ty, #err_ty, _>(#store, &#spec, &#key, #codec, #body).await
             };
             let body_future = quote! {
                 async move {
@@ -150,8 +149,8 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
 
     let output = output(&p, &ok_ty, &err_ty, via_trait.then_some(ret_ty));
 
-    let assert_storable = quote_spanned! {ok_span=>
-        #p_ok::assert_storable::<#ok_ty>();
+    let make_codec = quote_spanned! {ok_span=>
+        let #codec = #p_ok::codec::<#ok_ty>();
     };
 
     quote! {
@@ -176,7 +175,7 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
                 line: ::core::line!(),
             };
             #p::inventory::submit! { #spec }
-            #assert_storable
+            #make_codec
             let #key: #p::Key = #derive_key;
             #call
         }

@@ -40,9 +40,15 @@ pub trait StorableOutcome: serde::Serialize + serde::de::DeserializeOwned {}
 #[diagnostic::do_not_recommend]
 impl<T: serde::Serialize + serde::de::DeserializeOwned> StorableOutcome for T {}
 
-/// Emitted with the `Ok` type's span so that a missing serde impl is
-/// reported on the user's `T`.
-pub const fn assert_storable<T: StorableOutcome>() {}
+pub use crate::codec::Codec;
+
+/// The codec of a handler's `Ok` type, made only where the type is
+/// storable: emitted with the `Ok` type's span, so a missing serde impl is
+/// one error on the user's `T`, and the call paths that take the codec need
+/// no serde bounds of their own.
+pub fn codec<T: StorableOutcome>() -> Codec<T> {
+    Codec::new()
+}
 
 /// Names the parts of a return type that is not spelled `Result<T, E>`:
 /// `AppResult<T>`, `io::Result<T>`, `anyhow::Result<T>`, `type Handled =

@@ -23,36 +23,73 @@ use crate::key::Key;
 use crate::outcome::Outcome;
 use crate::registry::HandlerSpec;
 
-/// Encodes a body's value for the record, or refuses it.
-pub(crate) fn encode<T: Serialize + DeserializeOwned, E>(
-    spec: &'static HandlerSpec,
-    key: &Key,
-    value: &T,
-) -> Result<String, Error<E>> {
-    let unrecordable = |source| Error::Unrecordable {
-        handler: spec.name,
-        key: key.clone(),
-        source,
-    };
+/// How a handler's `Ok` type is recorded and read back: made where the type
+/// is known to be storable (`__private::codec`), and handed to the call
+/// paths, which then need no serde bounds of their own.
+#[doc(hidden)]
+pub struct Codec<T> {
+    encode: fn(&T) -> Result<String, serde_json::Error>,
+    decode: fn(&str) -> Result<T, serde_json::Error>,
+}
+
+impl<T> Clone for Codec<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Codec<T> {}
+
+impl<T> std::fmt::Debug for Codec<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Codec")
+    }
+}
+
+impl<T: Serialize + DeserializeOwned> Codec<T> {
+    /// JSON, checked as the module says.
+    pub(crate) fn new() -> Self {
+        Codec {
+            encode: encode_checked::<T>,
+            decode: |s| serde_json::from_str(s),
+        }
+    }
+}
+
+/// Encodes `value`, or says why it cannot be recorded.
+fn encode_checked<T: Serialize + DeserializeOwned>(value: &T) -> Result<String, serde_json::Error> {
     value
         .serialize(&mut FiniteCheck::default())
-        .map_err(|e| unrecordable(ser::Error::custom(e)))?;
-    let encoded = serde_json::to_string(value).map_err(unrecordable)?;
+        .map_err(ser::Error::custom)?;
+    let encoded = serde_json::to_string(value)?;
     serde_json::from_str::<T>(&encoded).map_err(|e| {
-        unrecordable(ser::Error::custom(format_args!(
-            "it would not read back: {e}"
-        )))
+        <serde_json::Error as ser::Error>::custom(format_args!("it would not read back: {e}"))
     })?;
     Ok(encoded)
 }
 
-/// Decodes a recorded outcome for a duplicate.
-pub(crate) fn decode<T: DeserializeOwned, E>(
+/// Encodes a body's value for the record, or refuses it.
+pub(crate) fn encode<T, E>(
     spec: &'static HandlerSpec,
     key: &Key,
+    codec: Codec<T>,
+    value: &T,
+) -> Result<String, Error<E>> {
+    (codec.encode)(value).map_err(|source| Error::Unrecordable {
+        handler: spec.name,
+        key: key.clone(),
+        source,
+    })
+}
+
+/// Decodes a recorded outcome for a duplicate.
+pub(crate) fn decode<T, E>(
+    spec: &'static HandlerSpec,
+    key: &Key,
+    codec: Codec<T>,
     outcome: &str,
 ) -> Result<Outcome<T>, Error<E>> {
-    serde_json::from_str(outcome)
+    (codec.decode)(outcome)
         .map(Outcome::Duplicate)
         .map_err(|source| Error::Codec {
             handler: spec.name,

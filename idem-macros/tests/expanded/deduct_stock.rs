@@ -20,7 +20,7 @@ async fn deduct_stock(
     ::idem_runtime::__private::inventory::submit! {
         __IDEM_SPEC
     }
-    ::idem_runtime::__private::assert_storable::<StockLeft>();
+    let __idem_codec = ::idem_runtime::__private::codec::<StockLeft>();
     let __idem_key: ::idem_runtime::__private::Key = {
         use ::idem_runtime::__private::{AnyProbe as _, FloatProbe as _};
         let mut __idem_builder = ::idem_runtime::__private::KeyBuilder::new();
@@ -50,7 +50,7 @@ async fn deduct_stock(
         _,
         StockLeft,
         AppError,
-    >(store, &__IDEM_SPEC, &__idem_key)
+    >(store, &__IDEM_SPEC, &__idem_key, __idem_codec)
         .await
     {
         ::idem_runtime::__private::Result::Ok(
@@ -98,6 +98,6 @@ async fn deduct_stock(
         _,
         StockLeft,
         AppError,
-    >(store, &__IDEM_SPEC, &__idem_key, __idem_call, __idem_result)
+    >(store, &__IDEM_SPEC, &__idem_key, __idem_codec, __idem_call, __idem_result)
         .await
 }

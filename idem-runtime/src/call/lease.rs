@@ -5,12 +5,10 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
 use super::{check_registry, store_err};
-use crate::codec::{decode, encode};
+use crate::codec::{Codec, decode, encode};
 use crate::error::{Error, StoreError};
 use crate::key::Key;
 use crate::outcome::Outcome;
@@ -25,15 +23,15 @@ pub async fn run_lease<S, T, E, F>(
     store: &S,
     spec: &'static HandlerSpec,
     key: &Key,
+    codec: Codec<T>,
     body: F,
 ) -> Result<Outcome<T>, Error<E>>
 where
     S: LeaseStore + Clone + 'static,
-    T: Serialize + DeserializeOwned,
     F: Future<Output = Result<T, E>>,
 {
     let span = call_span(spec, key);
-    let r = lease_inner(store, spec, key, body.instrument(span.clone()))
+    let r = lease_inner(store, spec, key, codec, body.instrument(span.clone()))
         .instrument(span.clone())
         .await;
     let _enter = span.enter();
@@ -44,11 +42,11 @@ async fn lease_inner<S, T, E, F>(
     store: &S,
     spec: &'static HandlerSpec,
     key: &Key,
+    codec: Codec<T>,
     body: F,
 ) -> Result<Outcome<T>, Error<E>>
 where
     S: LeaseStore + Clone + 'static,
-    T: Serialize + DeserializeOwned,
     F: Future<Output = Result<T, E>>,
 {
     check_registry(spec)?;
@@ -57,7 +55,7 @@ where
         Ok(Claim::Acquired { token }) => token,
         Ok(Claim::Completed { outcome }) => {
             claim_latency(spec, claim_start);
-            return decode(spec, key, &outcome);
+            return decode(spec, key, codec, &outcome);
         }
         Ok(Claim::InProgress { lease_left }) => {
             claim_latency(spec, claim_start);
@@ -82,7 +80,7 @@ where
             // The body succeeded, so its effect happened: if the outcome cannot
             // be encoded the claim is kept (not released) until its lease
             // runs out, rather than inviting an immediate second execution.
-            let outcome = encode(spec, key, &value)?;
+            let outcome = encode(spec, key, codec, &value)?;
             match complete_while_leased(store, spec, key, &token, &outcome, &heartbeat).await {
                 Ok(true) => Ok(Outcome::Executed(value)),
                 Ok(false) => Err(Error::LeaseLost {

@@ -2,12 +2,10 @@
 
 use std::time::Instant;
 
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
 use super::{check_registry, store_err};
-use crate::codec::{decode, encode};
+use crate::codec::{Codec, decode, encode};
 use crate::error::Error;
 use crate::key::Key;
 use crate::outcome::Outcome;
@@ -50,10 +48,10 @@ pub async fn tx_begin<S, T, E>(
     store: &S,
     spec: &'static HandlerSpec,
     key: &Key,
+    codec: Codec<T>,
 ) -> Result<TxBegin<S::Tx, T>, Error<E>>
 where
     S: TxStore,
-    T: DeserializeOwned,
 {
     let span = call_span(spec, key);
     let r = async {
@@ -70,7 +68,7 @@ where
                 span: span.clone(),
                 body_start: Instant::now(),
             })),
-            TxClaim::Completed { outcome } => decode(spec, key, &outcome).map(TxBegin::Done),
+            TxClaim::Completed { outcome } => decode(spec, key, codec, &outcome).map(TxBegin::Done),
             TxClaim::InProgress { retry_after } => Err(Error::InProgress {
                 handler: spec.name,
                 key: key.clone(),
@@ -94,19 +92,19 @@ pub async fn tx_finish<S, T, E>(
     store: &S,
     spec: &'static HandlerSpec,
     key: &Key,
+    codec: Codec<T>,
     call: TxCall<S::Tx>,
     result: Result<T, E>,
 ) -> Result<Outcome<T>, Error<E>>
 where
     S: TxStore,
-    T: Serialize + DeserializeOwned,
 {
     body_latency(spec, call.body_start);
     let span = call.span;
     let r = async {
         match result {
             Ok(value) => {
-                let outcome = match encode(spec, key, &value) {
+                let outcome = match encode(spec, key, codec, &value) {
                     Ok(o) => o,
                     Err(e) => {
                         rollback_quietly(store, call.tx, spec, key).await;
@@ -119,7 +117,7 @@ where
                     .map_err(|e| store_err(spec, key, e))?
                 {
                     TxCommit::Committed => Ok(Outcome::Executed(value)),
-                    TxCommit::Duplicate { outcome } => decode(spec, key, &outcome),
+                    TxCommit::Duplicate { outcome } => decode(spec, key, codec, &outcome),
                     TxCommit::InProgress { retry_after } => Err(Error::InProgress {
                         handler: spec.name,
                         key: key.clone(),
@@ -130,7 +128,7 @@ where
             Err(error) => match store.rollback(call.tx, spec, key).await {
                 // The body failed because it was a duplicate's: the first
                 // delivery's recorded outcome is the answer.
-                Ok(Some(outcome)) => decode(spec, key, &outcome),
+                Ok(Some(outcome)) => decode(spec, key, codec, &outcome),
                 Ok(None) => Err(Error::Handler {
                     handler: spec.name,
                     key: key.clone(),

@@ -38,4 +38,21 @@ async fn reserve(msg: &OrderPlaced) -> Result<Reserved, std::io::Error> {
     })
 }
 
+
+// a type of the standard library that serde cannot store, in both modes
+#[idempotent(key = "order_id", ttl = "24h", store = "memory")]
+async fn stamp(msg: &OrderPlaced) -> Result<std::time::Instant, std::io::Error> {
+    let _ = msg;
+    Ok(std::time::Instant::now())
+}
+
+#[idempotent(key = "order_id", ttl = "24h", store = "sqlite")]
+async fn stamp_tx(
+    tx: &mut SqliteTx<'_>,
+    msg: &OrderPlaced,
+) -> Result<std::time::Instant, sqlx::Error> {
+    let _ = (tx, msg);
+    Ok(std::time::Instant::now())
+}
+
 fn main() {}
