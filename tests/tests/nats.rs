@@ -120,5 +120,77 @@ on_nats!(
     every_message_takes_effect_once,
     an_undecodable_payload_is_dead_lettered_with_the_reason,
     a_failing_body_is_retried_then_dead_lettered,
+    a_panicking_handler_is_retried_then_dead_lettered,
     shutdown_lets_bodies_in_flight_finish_and_acks_them,
 );
+
+/// Two subjects of one stream, each with its own consumer: each handler
+/// gets its own subject's messages, all of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_subjects_of_one_stream_get_their_own_consumers() {
+    let js = or_skip!(idem_tests::brokers::jetstream().await);
+    let stream = unique_table("nats_two_subjects");
+    let (a, b) = (
+        format!("idem.test.{stream}.a"),
+        format!("idem.test.{stream}.b"),
+    );
+    let (ca, cb) = (
+        Consumer::new(nats_url(), stream.clone(), a.clone()),
+        Consumer::new(nats_url(), stream.clone(), b.clone()),
+    );
+    assert_ne!(ca.durable_name(), cb.durable_name());
+    let _cleanup = DeleteStreams::new(vec![stream.clone(), ca.dead_letter_stream()]);
+    js.get_or_create_stream(jetstream::stream::Config {
+        name: stream.clone(),
+        subjects: vec![a.clone(), b.clone()],
+        ..Default::default()
+    })
+    .await
+    .expect("create the stream");
+    for i in 0..5 {
+        for subject in [&a, &b] {
+            js.publish(
+                subject.clone(),
+                common::broker::Points::payload(&format!("{subject}-{i}"), 1).into(),
+            )
+            .await
+            .expect("publish")
+            .await
+            .expect("acknowledged");
+        }
+    }
+    let mut runs = Vec::new();
+    let mut all = Vec::new();
+    for (consumer, subject) in [(ca, a.clone()), (cb, b.clone())] {
+        let effects = std::sync::Arc::new(common::broker::Effects::default());
+        let store = idem_runtime::MemoryStore::new();
+        let (stop, signal) = broker::shutdown();
+        let handler = {
+            let effects = std::sync::Arc::clone(&effects);
+            move |msg: Points| {
+                let (store, effects) = (store.clone(), std::sync::Arc::clone(&effects));
+                async move { common::broker::grant(&store, &msg, &effects).await }
+            }
+        };
+        runs.push(Running::new(
+            stop,
+            tokio::spawn(consumer.run(handler, signal)),
+        ));
+        all.push((subject, effects));
+    }
+    for (subject, effects) in &all {
+        common::eventually(
+            std::time::Duration::from_secs(20),
+            "five messages",
+            || async { effects.total() == 5 },
+        )
+        .await;
+        for i in 0..5 {
+            assert_eq!(effects.of(&format!("{subject}-{i}")), 1, "{subject}");
+        }
+    }
+    for r in runs {
+        let report = r.stop().await;
+        assert_eq!(report.acked, 5, "{report:?}");
+    }
+}

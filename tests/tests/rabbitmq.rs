@@ -122,7 +122,11 @@ impl Broker for Rabbit {
     }
 
     async fn waiting(&self) -> u64 {
-        self.depth(&self.queue).await
+        let mut n = self.depth(&self.queue).await;
+        for delay in RETRY_DELAYS {
+            n += self.depth(&self.consumer.retry_queue(delay)).await;
+        }
+        n
     }
 }
 
@@ -162,6 +166,7 @@ on_rabbitmq!(
     every_message_takes_effect_once,
     an_undecodable_payload_is_dead_lettered_with_the_reason,
     a_failing_body_is_retried_then_dead_lettered,
+    a_panicking_handler_is_retried_then_dead_lettered,
     shutdown_lets_bodies_in_flight_finish_and_acks_them,
 );
 

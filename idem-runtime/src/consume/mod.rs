@@ -26,12 +26,13 @@
 
 use std::fmt::Display;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use futures_util::future::FutureExt;
 use futures_util::stream::{Stream, StreamExt};
 use serde::de::DeserializeOwned;
+use std::panic::AssertUnwindSafe;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
@@ -151,6 +152,25 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// The body failed (returned `Err`, or panicked) for a message whose
+    /// body already failed `failures` times: retried, or dead-lettered once
+    /// its attempts are spent.
+    fn body_failed(error: &str, failures: u32, policy: &Policy) -> Verdict {
+        let failures = failures.saturating_add(1);
+        if failures >= policy.max_attempts {
+            Verdict::DeadLetter {
+                reason: format!("the body failed {failures} times; the last error: {error}"),
+                failed: true,
+            }
+        } else {
+            Verdict::Retry {
+                after: policy.backoff(failures),
+                failed: true,
+                reason: format!("the body failed: {error}"),
+            }
+        }
+    }
+
     /// The verdict on a handler call's result, for a message whose body
     /// already failed `failures` times, under `policy`.
     ///
@@ -185,21 +205,7 @@ impl Verdict {
                 reason: err.to_string(),
             },
             Error::Handler { error, .. } => {
-                let failures = failures.saturating_add(1);
-                if failures >= policy.max_attempts {
-                    Verdict::DeadLetter {
-                        reason: format!(
-                            "the body failed {failures} times; the last error: {error}"
-                        ),
-                        failed: true,
-                    }
-                } else {
-                    Verdict::Retry {
-                        after: policy.backoff(failures),
-                        failed: true,
-                        reason: format!("the body failed: {error}"),
-                    }
-                }
+                Verdict::body_failed(&error.to_string(), failures, policy)
             }
             Error::LeaseLost { .. } | Error::NotRecorded { .. } => Verdict::Ack {
                 alert: Some(err.to_string()),
@@ -309,9 +315,29 @@ where
             );
         }
     };
-    let result = handler(msg).await;
-    let duplicate = matches!(result, Ok(Outcome::Duplicate(_)));
-    (Verdict::of(&result, failures, policy), duplicate)
+    // A panicking handler is a failed attempt like any other, so its
+    // delivery is settled (retried, then dead-lettered) instead of held.
+    let call = std::panic::catch_unwind(AssertUnwindSafe(|| handler(msg)));
+    let result = match call {
+        Ok(call) => AssertUnwindSafe(call).catch_unwind().await,
+        Err(panic) => Err(panic),
+    };
+    match result {
+        Ok(result) => {
+            let duplicate = matches!(result, Ok(Outcome::Duplicate(_)));
+            (Verdict::of(&result, failures, policy), duplicate)
+        }
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".to_owned());
+            let reason = format!("the handler panicked: {what}");
+            tracing::error!(%reason, "a handler panicked");
+            (Verdict::body_failed(&reason, failures, policy), false)
+        }
+    }
 }
 
 /// Retries `op` with a growing pause (100 ms doubling to 5 s) until it
@@ -401,8 +427,6 @@ pub(crate) enum Settled {
     /// The broker could not be told (the connection is gone): the delivery
     /// comes back by itself.
     Unsettled,
-    /// Received but not started when shutdown came: handed back untouched.
-    GivenBack,
 }
 
 /// How a run of [`drive`] ended.
@@ -427,7 +451,7 @@ fn tally(report: &Mutex<Report>, done: Result<Settled, tokio::task::JoinError>) 
         }
         Ok(Settled::Retried) => r.retried += 1,
         Ok(Settled::DeadLettered) => r.dead_lettered += 1,
-        Ok(Settled::Unsettled | Settled::GivenBack) => {}
+        Ok(Settled::Unsettled) => {}
         Ok(Settled::Stop(reason)) => return Some(reason),
         // A panicking handler: its delivery stays unsettled and comes back.
         Err(e) => tracing::error!(error = %e, "a handler task failed"),
@@ -435,18 +459,17 @@ fn tally(report: &Mutex<Report>, done: Result<Settled, tokio::task::JoinError>) 
     None
 }
 
-/// Takes deliveries from `deliveries` and settles each on a task of its own
-/// (at most `concurrency` at once), until shutdown, a stop or a failed
-/// stream; then runs `stop_taking`, lets the bodies in flight finish, hands
-/// the deliveries received but not started back with `give_back`, and says
-/// how it ended.
-pub(crate) async fn drive<D, Err, S, Fut, Back>(
+/// Takes deliveries from `deliveries` and settles each on a task of its own,
+/// at most `concurrency` at once: a delivery is only taken once a slot is
+/// free, so nothing waits inside the consumer for one. It runs until
+/// shutdown, a stop or a failed stream; then runs `stop_taking`, lets the
+/// bodies in flight finish, and says how it ended.
+pub(crate) async fn drive<D, Err, S, Fut>(
     deliveries: S,
     concurrency: usize,
     report: &Arc<Mutex<Report>>,
     shutdown: Shutdown,
-    settle: impl Fn(D) -> Fut + Send + Sync + 'static,
-    give_back: impl Fn(D) -> Back + Send + Sync + 'static,
+    settle: impl Fn(D) -> Fut,
     stop_taking: impl Future<Output = ()>,
 ) -> Ended
 where
@@ -454,51 +477,60 @@ where
     Err: Into<BoxError>,
     S: Stream<Item = Result<D, Err>>,
     Fut: Future<Output = Settled> + Send + 'static,
-    Back: Future<Output = ()> + Send + 'static,
 {
-    let (settle, give_back) = (Arc::new(settle), Arc::new(give_back));
-    let stopping = Arc::new(AtomicBool::new(false));
     let permits = Arc::new(Semaphore::new(concurrency.max(1)));
     let mut tasks: JoinSet<Settled> = JoinSet::new();
     let mut stop = None;
     let mut lost: Option<BoxError> = None;
     let mut deliveries = Box::pin(deliveries);
     let mut shutdown = std::pin::pin!(shutdown.requested());
-    loop {
-        tokio::select! {
+    'taking: loop {
+        // A free slot first, then a delivery for it.
+        let permit = tokio::select! {
             () = &mut shutdown => break,
-            next = deliveries.next() => match next {
-                Some(Ok(delivery)) => {
-                    let (permits, stopping) = (Arc::clone(&permits), Arc::clone(&stopping));
-                    let (settle, give_back) = (Arc::clone(&settle), Arc::clone(&give_back));
-                    tasks.spawn(async move {
-                        let _permit = permits.acquire_owned().await;
-                        if stopping.load(Ordering::SeqCst) {
-                            give_back(delivery).await;
-                            return Settled::GivenBack;
-                        }
-                        settle(delivery).await
-                    });
-                }
-                Some(Err(e)) => {
-                    lost = Some(e.into());
-                    break;
-                }
-                None => {
-                    lost = Some("the broker ended the stream of deliveries".into());
-                    break;
-                }
-            },
             Some(done) = tasks.join_next() => {
                 if let Some(reason) = tally(report, done) {
                     stop = Some(reason);
+                    break;
+                }
+                continue;
+            }
+            permit = Arc::clone(&permits).acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+        };
+        loop {
+            tokio::select! {
+                () = &mut shutdown => break 'taking,
+                Some(done) = tasks.join_next() => {
+                    if let Some(reason) = tally(report, done) {
+                        stop = Some(reason);
+                        break 'taking;
+                    }
+                }
+                next = deliveries.next() => {
+                    match next {
+                        Some(Ok(delivery)) => {
+                            let work = settle(delivery);
+                            tasks.spawn(async move {
+                                let settled = work.await;
+                                drop(permit);
+                                settled
+                            });
+                        }
+                        Some(Err(e)) => lost = Some(e.into()),
+                        None => lost = Some("the broker ended the stream of deliveries".into()),
+                    }
+                    if lost.is_some() {
+                        break 'taking;
+                    }
                     break;
                 }
             }
         }
     }
     // Take nothing more; let what is in flight finish and settle.
-    stopping.store(true, Ordering::SeqCst);
     drop(deliveries);
     stop_taking.await;
     while let Some(done) = tasks.join_next().await {
@@ -510,5 +542,34 @@ where
         (Some(reason), _) => Ended::Stopped(reason),
         (None, Some(e)) => Ended::Lost(e),
         (None, None) => Ended::Shutdown,
+    }
+}
+
+/// The pause before a consumer reconnects after a lost session: growing
+/// (100 ms doubling to 5 s) while sessions keep failing quickly, so a broker
+/// that accepts connections but fails every session is not hammered; back
+/// to 100 ms after a session that lasted.
+pub(crate) struct Reconnect {
+    pause: Duration,
+}
+
+impl Reconnect {
+    pub(crate) fn new() -> Self {
+        Reconnect {
+            pause: Duration::from_millis(100),
+        }
+    }
+
+    /// Waits before the next session; `false` when shutdown came first.
+    pub(crate) async fn wait(&mut self, session_lasted: Duration, shutdown: &Shutdown) -> bool {
+        if session_lasted > Duration::from_secs(10) {
+            self.pause = Duration::from_millis(100);
+        }
+        let pause = self.pause;
+        self.pause = (self.pause * 2).min(Duration::from_secs(5));
+        tokio::select! {
+            () = shutdown.clone().requested() => false,
+            () = tokio::time::sleep(pause) => true,
+        }
     }
 }

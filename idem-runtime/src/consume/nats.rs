@@ -7,16 +7,22 @@
 //! exist:
 //!
 //! * the stream `S`, capturing the subject;
-//! * a durable pull consumer on it (`<S>_idem` unless named otherwise), with
-//!   explicit acks, no delivery limit (the consumer dead-letters instead, so
-//!   nothing is dropped silently) and the ack wait of [`Consumer::ack_wait`];
+//! * a durable pull consumer on it, one per stream and subject
+//!   (`<S>_<subject>_idem`, with `.`, `*` and `>` as `_`, unless named
+//!   otherwise), with explicit acks, no delivery limit (the consumer
+//!   dead-letters instead, so nothing is dropped silently), the ack wait of
+//!   [`Consumer::ack_wait`]. A durable that exists with other settings is refused
+//!   ([`ConsumeError::Setup`]) rather than used as it is;
 //! * the stream `<S>_DEAD`, capturing the dead-letter subject `idem.dead.<S>`.
 //!
 //! A retry is a `Nak` with the delay, which JetStream applies natively; the
-//! message holds no prefetch slot meanwhile. A dead letter is published (and
-//! its publish acknowledged by the server) before the original is
-//! terminated (`Term`), with the headers `Idem-Reason`, `Idem-Deliveries`,
-//! `Idem-Stream` and `Idem-Subject`. While a body runs, the consumer tells
+//! consumer holds no slot for it meanwhile (JetStream counts it against the
+//! durable's `max_ack_pending`, 1,000 by default, until it is redelivered).
+//! A dead letter is published (and its publish acknowledged by the server)
+//! before the original is terminated (`Term`), with the headers
+//! `Idem-Reason`, `Idem-Deliveries`, `Idem-Stream` and `Idem-Subject`; the
+//! producer's `Nats-*` headers are left out (they could make the dead-letter
+//! stream refuse the copy), `Nats-Msg-Id` kept as `Idem-Original-Msg-Id`. While a body runs, the consumer tells
 //! the server it is still working (`Progress`) every third of the ack wait.
 //!
 //! # Attempts
@@ -61,12 +67,14 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{AckPolicy, pull};
 use async_nats::jetstream::{self, AckKind, Message};
 use serde::de::DeserializeOwned;
 
 use super::{
-    ConsumeError, Ended, Policy, Report, Settled, Shutdown, Verdict, drive, handle, lock, until_ok,
+    ConsumeError, Ended, Policy, Reconnect, Report, Settled, Shutdown, Verdict, drive, handle,
+    lock, until_ok,
 };
 use crate::BoxError;
 use crate::error::Error;
@@ -80,7 +88,7 @@ use crate::outcome::Outcome;
 /// use idem_runtime::consume::nats::Consumer;
 ///
 /// let c = Consumer::new("nats://127.0.0.1:4222", "ORDERS", "orders.placed");
-/// assert_eq!(c.durable_name(), "ORDERS_idem");
+/// assert_eq!(c.durable_name(), "ORDERS_orders_placed_idem");
 /// assert_eq!(c.dead_letter_subject(), "idem.dead.ORDERS");
 /// assert_eq!(c.dead_letter_stream(), "ORDERS_DEAD");
 /// ```
@@ -110,12 +118,26 @@ impl Consumer {
         stream: impl Into<String>,
         subject: impl Into<String>,
     ) -> Self {
-        let stream = stream.into();
+        let stream: String = stream.into();
+        let subject: String = subject.into();
+        // One durable per stream and subject: two subjects of one stream
+        // must not share a consumer (and its filter).
+        let named: String = subject
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let durable = format!("{stream}_{named}_idem");
         Consumer {
+            durable,
             url: url.into(),
-            durable: format!("{stream}_idem"),
             stream,
-            subject: subject.into(),
+            subject,
             policy: Policy::default(),
             prefetch: 32,
             ack_wait: Duration::from_secs(30),
@@ -150,7 +172,7 @@ impl Consumer {
         self
     }
 
-    /// The durable consumer's name (default `<stream>_idem`).
+    /// The durable consumer's name (default `<stream>_<subject>_idem`).
     ///
     /// # Examples
     ///
@@ -186,7 +208,7 @@ impl Consumer {
     ///
     /// ```
     /// let c = idem_runtime::consume::nats::Consumer::new("nats://127.0.0.1:4222", "ORDERS", "orders.placed");
-    /// assert_eq!(c.durable_name(), "ORDERS_idem");
+    /// assert_eq!(c.durable_name(), "ORDERS_orders_placed_idem");
     /// ```
     pub fn durable_name(&self) -> &str {
         &self.durable
@@ -244,12 +266,14 @@ impl Consumer {
         let handler = Arc::new(handler);
         let report = Arc::new(Mutex::new(Report::default()));
         let shutdown = Shutdown::watch(shutdown);
+        let mut reconnect = Reconnect::new();
         loop {
             let url = self.url.clone();
             let connect = || async_nats::connect(url.clone());
             let Some(client) = until_ok("NATS", connect, shutdown.clone().requested()).await else {
                 break;
             };
+            let began = std::time::Instant::now();
             match self
                 .session(client, &handler, &report, shutdown.clone())
                 .await
@@ -259,6 +283,9 @@ impl Consumer {
                 Ok(Ended::Lost(e)) => {
                     tracing::warn!(error = %e, "the JetStream consumer failed; reconnecting");
                     lock(&report).reconnects += 1;
+                    if !reconnect.wait(began.elapsed(), &shutdown).await {
+                        break;
+                    }
                 }
                 Err(e) => return Err(ConsumeError::Setup(e)),
             }
@@ -310,6 +337,22 @@ impl Consumer {
                 },
             )
             .await?;
+        // A durable that already exists is returned as it is: it must be the
+        // one this consumer would make, or messages go astray (another
+        // subject) or are redelivered while their bodies run (another ack
+        // wait).
+        let found = &consumer.cached_info().config;
+        if found.filter_subject != self.subject
+            || found.ack_policy != AckPolicy::Explicit
+            || found.ack_wait != self.ack_wait
+            || found.max_deliver != -1
+        {
+            return Err(format!(
+                "the durable consumer {} exists with other settings (filter {:?}, ack wait {:?}, max deliver {}); delete it, or name another with `.durable(...)`",
+                self.durable, found.filter_subject, found.ack_wait, found.max_deliver
+            )
+            .into());
+        }
         let messages = consumer
             .stream()
             .max_messages_per_batch(self.prefetch)
@@ -322,17 +365,12 @@ impl Consumer {
                 async move { consumer.settle(&js, message, &*handler).await }
             }
         };
-        // Left unacknowledged: the server redelivers it after the ack wait.
-        // (A `Nak` would have it redelivered at once, to the pull requests
-        // this consumer still has open, where nobody reads any more.)
-        let give_back = |message: Message| async move { drop(message) };
         let ended = drive(
             messages,
             self.policy.concurrency,
             report,
             shutdown,
             settle,
-            give_back,
             async {},
         )
         .await;
@@ -392,7 +430,26 @@ impl Consumer {
                 }
                 Verdict::DeadLetter { reason, .. } => {
                     tracing::warn!(stream = %self.stream, %reason, "dead-lettered");
-                    let mut headers = message.headers.clone().unwrap_or_default();
+                    // The producer's `Nats-*` headers (expected sequence,
+                    // message id, rollup, TTL) would make the dead-letter
+                    // stream refuse or drop the copy: only the others pass.
+                    let mut headers = HeaderMap::new();
+                    if let Some(original) = &message.headers {
+                        for (name, values) in original.iter() {
+                            let name = name.to_string();
+                            if name.starts_with("Nats-") {
+                                if name == "Nats-Msg-Id" {
+                                    for v in values {
+                                        headers.insert("Idem-Original-Msg-Id", v.as_str());
+                                    }
+                                }
+                                continue;
+                            }
+                            for v in values {
+                                headers.append(name.as_str(), v.as_str());
+                            }
+                        }
+                    }
                     let reason: String = reason.chars().take(4_000).collect();
                     headers.insert("Idem-Reason", reason.as_str());
                     headers.insert("Idem-Deliveries", delivered.to_string().as_str());
@@ -415,9 +472,15 @@ impl Consumer {
             })
         }
         .await;
-        settled.unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "could not settle a message; the server will redeliver it");
-            Settled::Unsettled
-        })
+        match settled {
+            Ok(settled) => settled,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not settle a message; it is redelivered shortly");
+                let _ = message
+                    .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                    .await;
+                Settled::Unsettled
+            }
+        }
     }
 }

@@ -73,7 +73,8 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use serde::de::DeserializeOwned;
 
 use super::{
-    ConsumeError, Ended, Policy, Report, Settled, Shutdown, Verdict, drive, handle, lock, until_ok,
+    ConsumeError, Ended, Policy, Reconnect, Report, Settled, Shutdown, Verdict, drive, handle,
+    lock, until_ok,
 };
 use crate::BoxError;
 use crate::error::Error;
@@ -217,6 +218,7 @@ impl Consumer {
         let handler = Arc::new(handler);
         let report = Arc::new(Mutex::new(Report::default()));
         let shutdown = Shutdown::watch(shutdown);
+        let mut reconnect = Reconnect::new();
         loop {
             let url = self.url.clone();
             let connect = || Connection::connect(&url, ConnectionProperties::default());
@@ -224,6 +226,7 @@ impl Consumer {
             else {
                 break;
             };
+            let began = std::time::Instant::now();
             match self
                 .session(&conn, &handler, &report, shutdown.clone())
                 .await
@@ -239,6 +242,10 @@ impl Consumer {
                 Ok(Ended::Lost(e)) => {
                     tracing::warn!(error = %e, "the connection to RabbitMQ was lost; reconnecting");
                     lock(&report).reconnects += 1;
+                    let _ = conn.close(200, "reconnecting".into()).await;
+                    if !reconnect.wait(began.elapsed(), &shutdown).await {
+                        break;
+                    }
                 }
                 Err(e) => return Err(ConsumeError::Setup(Box::new(e))),
             }
@@ -295,20 +302,12 @@ impl Consumer {
                 .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
                 .await;
         };
-        let give_back = |delivery: Delivery| async move {
-            let requeue = BasicNackOptions {
-                requeue: true,
-                ..BasicNackOptions::default()
-            };
-            let _ = delivery.acker.nack(requeue).await;
-        };
         let ended = drive(
             deliveries,
             self.policy.concurrency,
             report,
             shutdown,
             settle,
-            give_back,
             stop_taking,
         )
         .await;
@@ -431,37 +430,90 @@ impl Consumer {
                 Ok(Settled::Stop(reason))
             }
         };
-        settled.unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "could not settle a delivery; the broker will redeliver it");
-            Settled::Unsettled
-        })
+        match settled {
+            Ok(settled) => settled,
+            Err(e) => {
+                // Handed back to the queue when the channel still works; when
+                // it does not, the broker requeues it as the channel goes.
+                tracing::warn!(error = %e, "could not settle a delivery; it goes back to the queue");
+                let requeue = BasicNackOptions {
+                    requeue: true,
+                    ..BasicNackOptions::default()
+                };
+                let _ = delivery.acker.nack(requeue).await;
+                Settled::Unsettled
+            }
+        }
     }
 
-    /// Publishes the delivery to queue `to` with `headers`, waits for the
-    /// broker's confirm, then acknowledges the original.
+    /// Publishes the delivery to queue `to` with `headers` (mandatory, so a
+    /// missing queue is an error, not a silent drop), waits for the broker's
+    /// confirm, then acknowledges the original.
+    ///
+    /// The copy keeps the message's identity (content type and encoding,
+    /// message and correlation id, timestamp, type, app id, priority, reply
+    /// to) but not what would misroute or drop it: `expiration`, and the
+    /// `CC`/`BCC` headers.
     async fn hand_over(
         &self,
         channel: &Channel,
         delivery: &Delivery,
         to: &str,
-        headers: FieldTable,
+        mut headers: FieldTable,
     ) -> Result<(), BoxError> {
-        let properties: BasicProperties = delivery
-            .properties
-            .clone()
+        let original = &delivery.properties;
+        let mut kept = FieldTable::default();
+        for (name, value) in headers.inner() {
+            if name.as_str() != "CC" && name.as_str() != "BCC" {
+                kept.insert(name.clone(), value.clone());
+            }
+        }
+        headers = kept;
+        let mut properties = BasicProperties::default()
             .with_headers(headers)
             .with_delivery_mode(2);
+        if let Some(v) = original.content_type() {
+            properties = properties.with_content_type(v.clone());
+        }
+        if let Some(v) = original.content_encoding() {
+            properties = properties.with_content_encoding(v.clone());
+        }
+        if let Some(v) = original.message_id() {
+            properties = properties.with_message_id(v.clone());
+        }
+        if let Some(v) = original.correlation_id() {
+            properties = properties.with_correlation_id(v.clone());
+        }
+        if let Some(v) = original.timestamp() {
+            properties = properties.with_timestamp(*v);
+        }
+        if let Some(v) = original.kind() {
+            properties = properties.with_type(v.clone());
+        }
+        if let Some(v) = original.priority() {
+            properties = properties.with_priority(*v);
+        }
+        if let Some(v) = original.reply_to() {
+            properties = properties.with_reply_to(v.clone());
+        }
+        if let Some(v) = original.app_id() {
+            properties = properties.with_app_id(v.clone());
+        }
+        let mandatory = BasicPublishOptions {
+            mandatory: true,
+            ..BasicPublishOptions::default()
+        };
         let confirm = channel
             .basic_publish(
                 ShortString::from(""),
                 to.into(),
-                BasicPublishOptions::default(),
+                mandatory,
                 &delivery.data,
                 properties,
             )
             .await?
             .await?;
-        if !confirm.is_ack() {
+        if !confirm.is_ack() || confirm.take_message().is_some() {
             return Err(format!("the broker did not take the message for {to}").into());
         }
         ack(delivery).await

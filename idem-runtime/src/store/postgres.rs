@@ -509,11 +509,18 @@ impl TxStore for PgStore {
         // Claiming last, a duplicate's body ran before the claim could turn
         // it away, and it may have failed for that very reason (the first
         // delivery took the stock). A live completed record is the answer.
+        // The rollback went through: the transaction's connection was fine.
+        // A failure to read the record now is no reason to call the body's
+        // failure a store failure; the body's error stands.
         let now = self.clock.now_millis();
-        Ok(self
-            .record(spec.name, key)
-            .await?
-            .filter(|r| r.status == crate::store::Status::Completed && r.expires_at_ms > now)
-            .and_then(|r| r.outcome))
+        match self.record(spec.name, key).await {
+            Ok(record) => Ok(record
+                .filter(|r| r.status == crate::store::Status::Completed && r.expires_at_ms > now)
+                .and_then(|r| r.outcome)),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not look the key up after the body failed; its own error stands");
+                Ok(None)
+            }
+        }
     }
 }

@@ -134,6 +134,20 @@ async fn refuse(msg: &Points, tries: &AtomicUsize) -> Result<u32, AppError> {
     Err(AppError::Refused(format!("no points for {}", msg.id)))
 }
 
+/// A panicking lease-mode body leaves its claim until the lease runs out:
+/// a short lease, so the retry can run the body again soon.
+#[idempotent(
+    key = "msg.id",
+    ttl = "1h",
+    store = "memory",
+    lease = "1s",
+    name = "broker_panic"
+)]
+async fn panics(msg: &Points, tries: &AtomicUsize) -> Result<u32, AppError> {
+    tries.fetch_add(1, Ordering::SeqCst);
+    panic!("the body of {} panicked", msg.id);
+}
+
 #[idempotent(key = "msg.id", ttl = "1h", store = "memory", name = "broker_slow")]
 async fn slow(msg: &Points, effects: &Effects) -> Result<u32, AppError> {
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -162,8 +176,9 @@ pub(crate) async fn every_message_takes_effect_once<B: Broker>(b: &B) {
         effects.total() == 20
     })
     .await;
-    // Let the remaining duplicates arrive and be acked.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Let the remaining copies (some handed back as `InProgress`) arrive
+    // and be acked as duplicates.
+    settles_to(b, 0).await;
     let report = running.stop().await;
     for i in 0..20 {
         assert_eq!(effects.of(&format!("p-{i}")), 1, "p-{i}");
@@ -250,6 +265,61 @@ pub(crate) async fn a_failing_body_is_retried_then_dead_lettered<B: Broker>(b: &
     assert_eq!((report.retried, report.dead_lettered), (2, 1), "{report:?}");
     // Two delays of at least 100 ms and 200 ms were waited out.
     assert!(took >= Duration::from_millis(300), "{took:?}");
+    settles_to(b, 0).await;
+}
+
+/// A handler that panics is a failed attempt like any other: retried, then
+/// dead-lettered with the panic's message, never left holding its delivery.
+pub(crate) async fn a_panicking_handler_is_retried_then_dead_lettered<B: Broker>(b: &B) {
+    b.publish(&Points::payload("boom", 1)).await;
+    b.publish(&Points::payload("fine", 1)).await;
+    let (store, tries) = (MemoryStore::new(), Arc::new(AtomicUsize::new(0)));
+    let (good_store, effects) = (MemoryStore::new(), Arc::new(Effects::default()));
+    let policy = Policy {
+        max_attempts: 2,
+        first_delay: Duration::from_millis(100),
+        concurrency: 1,
+        ..Policy::default()
+    };
+    let running = {
+        let (tries, effects) = (Arc::clone(&tries), Arc::clone(&effects));
+        b.start(policy, move |msg: Points| {
+            let (store, good_store, tries, effects) = (
+                store.clone(),
+                good_store.clone(),
+                Arc::clone(&tries),
+                Arc::clone(&effects),
+            );
+            async move {
+                if msg.id == "boom" {
+                    panics(&store, &msg, &tries).await
+                } else {
+                    grant(&good_store, &msg, &effects).await
+                }
+            }
+        })
+    };
+    eventually(Duration::from_secs(30), "a dead letter", || async {
+        !b.dead_letters().await.is_empty()
+    })
+    .await;
+    eventually(Duration::from_secs(20), "the good message", || async {
+        effects.of("fine") == 1
+    })
+    .await;
+    let report = running.stop().await;
+    assert_eq!(tries.load(Ordering::SeqCst), 2, "two attempts");
+    let dead = b.dead_letters().await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert!(
+        dead[0].reason.contains("panicked") && dead[0].reason.contains("the body of boom panicked"),
+        "{:?}",
+        dead[0].reason
+    );
+    // Retried once for the panic, and as `InProgress` while the panicked
+    // body's claim held its (1 s) lease.
+    assert!(report.retried >= 1, "{report:?}");
+    assert_eq!(report.dead_lettered, 1, "{report:?}");
     settles_to(b, 0).await;
 }
 
