@@ -194,3 +194,46 @@ async fn two_subjects_of_one_stream_get_their_own_consumers() {
         assert_eq!(report.acked, 5, "{report:?}");
     }
 }
+
+/// A durable that exists with other settings is refused at set-up, not used
+/// as it is (its ack wait would have the server redeliver running bodies).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_with_other_settings_is_refused() {
+    let js = or_skip!(idem_tests::brokers::jetstream().await);
+    let stream_name = unique_table("nats_refused");
+    let subject = format!("idem.test.{stream_name}");
+    let consumer = Consumer::new(nats_url(), stream_name.clone(), subject.clone());
+    let _cleanup = DeleteStreams::new(vec![stream_name.clone(), consumer.dead_letter_stream()]);
+    let stream = js
+        .get_or_create_stream(jetstream::stream::Config {
+            name: stream_name.clone(),
+            subjects: vec![subject.clone()],
+            ..Default::default()
+        })
+        .await
+        .expect("create the stream");
+    stream
+        .create_consumer(pull::Config {
+            durable_name: Some(consumer.durable_name().to_owned()),
+            ack_wait: std::time::Duration::from_secs(5),
+            filter_subject: subject,
+            ..Default::default()
+        })
+        .await
+        .expect("a durable with a 5 s ack wait");
+    let store = idem_runtime::MemoryStore::new();
+    let effects = std::sync::Arc::new(common::broker::Effects::default());
+    let run = consumer.run(
+        move |msg: Points| {
+            let (store, effects) = (store.clone(), std::sync::Arc::clone(&effects));
+            async move { common::broker::grant(&store, &msg, &effects).await }
+        },
+        std::future::pending(),
+    );
+    match tokio::time::timeout(std::time::Duration::from_secs(20), run).await {
+        Ok(Err(idem_runtime::consume::ConsumeError::Setup(e))) => {
+            assert!(e.to_string().contains("exists with other settings"), "{e}")
+        }
+        other => panic!("expected a set-up error, got {other:?}"),
+    }
+}

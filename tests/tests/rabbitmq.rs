@@ -224,3 +224,42 @@ async fn an_existing_quorum_queue_is_used_as_it_is() {
     assert_eq!(report.acked, 1, "{report:?}");
     drop(conn);
 }
+
+/// A set-up the broker refuses for good (here, the dead-letter queue exists
+/// with other arguments) ends `run` with `ConsumeError::Setup` instead of
+/// reconnecting forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_topology_is_a_setup_error() {
+    let (conn, channel) = or_skip!(amqp_channel().await);
+    let queue = unique_table("rmq_refused");
+    let consumer = Consumer::new(amqp_url(), queue.clone());
+    let mut queues = vec![queue.clone(), consumer.dead_letter_queue()];
+    queues.extend(RETRY_DELAYS.iter().map(|d| consumer.retry_queue(*d)));
+    let _cleanup = DeleteQueues::new(queues);
+    let mut args = FieldTable::default();
+    args.insert("x-max-length".into(), AMQPValue::LongLongInt(10));
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    channel
+        .queue_declare(consumer.dead_letter_queue().as_str().into(), durable, args)
+        .await
+        .expect("a dead-letter queue with other arguments");
+    let store = idem_runtime::MemoryStore::new();
+    let effects = std::sync::Arc::new(common::broker::Effects::default());
+    let run = consumer.run(
+        move |msg: Points| {
+            let (store, effects) = (store.clone(), std::sync::Arc::clone(&effects));
+            async move { common::broker::grant(&store, &msg, &effects).await }
+        },
+        std::future::pending(),
+    );
+    match tokio::time::timeout(std::time::Duration::from_secs(20), run).await {
+        Ok(Err(idem_runtime::consume::ConsumeError::Setup(e))) => {
+            assert!(e.to_string().contains("PRECONDITION_FAILED"), "{e}")
+        }
+        other => panic!("expected a set-up error, got {other:?}"),
+    }
+    drop(conn);
+}

@@ -310,33 +310,52 @@ impl Consumer {
         F: Fn(M) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Outcome<T>, Error<E>>> + Send + 'static,
     {
+        // A refusal (an invalid name, a conflicting stream or consumer) is
+        // final; a timeout or a JetStream still starting is a lost session.
+        macro_rules! step {
+            ($e:expr, $refused:ident) => {
+                match $e {
+                    Ok(v) => v,
+                    Err(e) if $refused(&e) => return Err(Box::new(e)),
+                    Err(e) => return Ok(Ended::Lost(Box::new(e))),
+                }
+            };
+        }
         let js = jetstream::new(client.clone());
-        let stream = js
-            .get_or_create_stream(jetstream::stream::Config {
+        let stream = step!(
+            js.get_or_create_stream(jetstream::stream::Config {
                 name: self.stream.clone(),
                 subjects: vec![self.subject.clone()],
                 ..Default::default()
             })
-            .await?;
-        js.get_or_create_stream(jetstream::stream::Config {
-            name: self.dead_letter_stream(),
-            subjects: vec![self.dead_letter_subject()],
-            ..Default::default()
-        })
-        .await?;
-        let consumer: jetstream::consumer::Consumer<pull::Config> = stream
-            .get_or_create_consumer(
-                &self.durable,
-                pull::Config {
-                    durable_name: Some(self.durable.clone()),
-                    ack_policy: AckPolicy::Explicit,
-                    ack_wait: self.ack_wait,
-                    max_deliver: -1,
-                    filter_subject: self.subject.clone(),
-                    ..Default::default()
-                },
-            )
-            .await?;
+            .await,
+            stream_refused
+        );
+        step!(
+            js.get_or_create_stream(jetstream::stream::Config {
+                name: self.dead_letter_stream(),
+                subjects: vec![self.dead_letter_subject()],
+                ..Default::default()
+            })
+            .await,
+            stream_refused
+        );
+        let consumer: jetstream::consumer::Consumer<pull::Config> = step!(
+            stream
+                .get_or_create_consumer(
+                    &self.durable,
+                    pull::Config {
+                        durable_name: Some(self.durable.clone()),
+                        ack_policy: AckPolicy::Explicit,
+                        ack_wait: self.ack_wait,
+                        max_deliver: -1,
+                        filter_subject: self.subject.clone(),
+                        ..Default::default()
+                    },
+                )
+                .await,
+            consumer_refused
+        );
         // A durable that already exists is returned as it is: it must be the
         // one this consumer would make, or messages go astray (another
         // subject) or are redelivered while their bodies run (another ack
@@ -353,11 +372,15 @@ impl Consumer {
             )
             .into());
         }
-        let messages = consumer
+        let messages = match consumer
             .stream()
             .max_messages_per_batch(self.prefetch)
             .messages()
-            .await?;
+            .await
+        {
+            Ok(m) => m,
+            Err(e) => return Ok(Ended::Lost(Box::new(e))),
+        };
         let settle = {
             let (consumer, handler) = (self.clone(), Arc::clone(handler));
             move |message: Message| {
@@ -482,5 +505,26 @@ impl Consumer {
                 Settled::Unsettled
             }
         }
+    }
+}
+
+/// Whether JetStream refused a stream for good: an invalid name or
+/// configuration, a conflict with another stream (API errors below 500).
+fn stream_refused(e: &jetstream::context::CreateStreamError) -> bool {
+    use jetstream::context::CreateStreamErrorKind as K;
+    match e.kind() {
+        K::EmptyStreamName | K::InvalidStreamName | K::DomainAndExternalSet => true,
+        K::JetStream(api) => api.code() < 500,
+        _ => false,
+    }
+}
+
+/// Whether JetStream refused a consumer for good (see [`stream_refused`]).
+fn consumer_refused(e: &jetstream::stream::ConsumerError) -> bool {
+    use jetstream::stream::ConsumerErrorKind as K;
+    match e.kind() {
+        K::InvalidConsumerType | K::InvalidName => true,
+        K::JetStream(api) => api.code() < 500,
+        _ => false,
     }
 }

@@ -227,7 +227,7 @@ impl Consumer {
                 break;
             };
             let began = std::time::Instant::now();
-            match self
+            let lost: BoxError = match self
                 .session(&conn, &handler, &report, shutdown.clone())
                 .await
             {
@@ -239,15 +239,17 @@ impl Consumer {
                     let _ = conn.close(200, "stopped".into()).await;
                     return Err(ConsumeError::Stopped { reason });
                 }
-                Ok(Ended::Lost(e)) => {
-                    tracing::warn!(error = %e, "the connection to RabbitMQ was lost; reconnecting");
-                    lock(&report).reconnects += 1;
-                    let _ = conn.close(200, "reconnecting".into()).await;
-                    if !reconnect.wait(began.elapsed(), &shutdown).await {
-                        break;
-                    }
-                }
-                Err(e) => return Err(ConsumeError::Setup(Box::new(e))),
+                Err(e) if refused(&e) => return Err(ConsumeError::Setup(Box::new(e))),
+                Ok(Ended::Lost(e)) => e,
+                // Anything else in the set-up (a connection lost while
+                // declaring, a timeout) is worth another session.
+                Err(e) => Box::new(e),
+            };
+            tracing::warn!(error = %lost, "the connection to RabbitMQ was lost; reconnecting");
+            lock(&report).reconnects += 1;
+            let _ = conn.close(200, "reconnecting".into()).await;
+            if !reconnect.wait(began.elapsed(), &shutdown).await {
+                break;
             }
             if shutdown.is_requested() {
                 break;
@@ -517,6 +519,25 @@ impl Consumer {
             return Err(format!("the broker did not take the message for {to}").into());
         }
         ack(delivery).await
+    }
+}
+
+/// Whether the broker refused the set-up for good (access refused, no such
+/// vhost or queue, a queue declared with other arguments, an exclusive one
+/// in use): a new session would meet the same answer.
+fn refused(e: &lapin::Error) -> bool {
+    use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+    match e.kind() {
+        lapin::ErrorKind::ProtocolError(amqp) => matches!(
+            amqp.kind(),
+            AMQPErrorKind::Soft(
+                AMQPSoftError::ACCESSREFUSED
+                    | AMQPSoftError::NOTFOUND
+                    | AMQPSoftError::RESOURCELOCKED
+                    | AMQPSoftError::PRECONDITIONFAILED
+            )
+        ),
+        _ => false,
     }
 }
 
