@@ -532,64 +532,6 @@ async fn tables(admin: &sqlx::PgPool) -> (String, String, DropTables) {
     (table, dedup, guard)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exactly_once_on_rabbitmq_with_consumers_killed_and_connections_dropped() {
-    let admin = or_skip!(pg_pool(4).await);
-    let (conn, channel) = or_skip!(idem_tests::brokers::amqp_channel().await);
-    let (table, dedup, _tables) = tables(&admin).await;
-    let queue = unique_table("chaos");
-    let consumer = rabbitmq::Consumer::new(amqp_url(), queue.clone());
-    let mut queues = vec![queue.clone(), consumer.dead_letter_queue()];
-    queues.extend(
-        rabbitmq::RETRY_DELAYS
-            .iter()
-            .map(|d| consumer.retry_queue(*d)),
-    );
-    let _queues = DeleteQueues::new(queues);
-    channel
-        .confirm_select(Default::default())
-        .await
-        .expect("confirms");
-    let durable = QueueDeclareOptions {
-        durable: true,
-        ..QueueDeclareOptions::default()
-    };
-    channel
-        .queue_declare(queue.as_str().into(), durable, FieldTable::default())
-        .await
-        .expect("declare");
-    let b = Rabbit {
-        queue: queue.clone(),
-        conn,
-        channel,
-        consumer,
-    };
-    run(&b, &queue, &admin, &dedup, &table).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exactly_once_on_jetstream_with_consumers_killed_and_connections_dropped() {
-    let admin = or_skip!(pg_pool(4).await);
-    let js = or_skip!(idem_tests::brokers::jetstream().await);
-    let (table, dedup, _tables) = tables(&admin).await;
-    let stream = unique_table("chaos");
-    let consumer = nats::Consumer::new(nats_url(), stream.clone(), format!("idem.chaos.{stream}"));
-    let _streams = DeleteStreams::new(vec![stream.clone(), consumer.dead_letter_stream()]);
-    js.get_or_create_stream(async_nats::jetstream::stream::Config {
-        name: stream.clone(),
-        subjects: vec![format!("idem.chaos.{stream}")],
-        ..Default::default()
-    })
-    .await
-    .expect("stream");
-    let b = Nats {
-        stream: stream.clone(),
-        js,
-        consumer,
-    };
-    run(&b, &stream, &admin, &dedup, &table).await;
-}
-
 /// Lease mode under store outages: the consumers run the whole time, and
 /// their Redis (a server of the test's own, with an fsync'd append-only
 /// file, as the README advises) is killed with SIGKILL and restarted three
@@ -682,12 +624,11 @@ async fn run_lease<B: ChaosBroker>(
     assert_eq!((doubled, lost, dead, waiting), (0, 0, 0, 0));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_mode_on_rabbitmq_with_redis_restarts_doubles_nothing() {
-    let admin = or_skip!(pg_pool(4).await);
-    let (conn, channel) = or_skip!(idem_tests::brokers::amqp_channel().await);
-    let (table, prefix, _tables) = tables(&admin).await;
-    let queue = unique_table("chaos_lease");
+/// A RabbitMQ work queue of the test's own (and the queues the consumer
+/// declares for it, deleted afterwards).
+async fn rabbit(prefix: &str) -> Option<(Rabbit, DeleteQueues)> {
+    let (conn, channel) = idem_tests::brokers::amqp_channel().await?;
+    let queue = unique_table(prefix);
     let consumer = rabbitmq::Consumer::new(amqp_url(), queue.clone());
     let mut queues = vec![queue.clone(), consumer.dead_letter_queue()];
     queues.extend(
@@ -695,7 +636,7 @@ async fn lease_mode_on_rabbitmq_with_redis_restarts_doubles_nothing() {
             .iter()
             .map(|d| consumer.retry_queue(*d)),
     );
-    let _queues = DeleteQueues::new(queues);
+    let guard = DeleteQueues::new(queues);
     channel
         .confirm_select(Default::default())
         .await
@@ -709,33 +650,67 @@ async fn lease_mode_on_rabbitmq_with_redis_restarts_doubles_nothing() {
         .await
         .expect("declare");
     let b = Rabbit {
-        queue: queue.clone(),
+        queue,
         conn,
         channel,
         consumer,
     };
-    run_lease(&b, &queue, &admin, &prefix, &table).await;
+    Some((b, guard))
+}
+
+/// A JetStream stream of the test's own (and the dead-letter stream,
+/// deleted afterwards).
+async fn jetstream(prefix: &str) -> Option<(Nats, DeleteStreams)> {
+    let js = idem_tests::brokers::jetstream().await?;
+    let stream = unique_table(prefix);
+    let subject = format!("idem.chaos.{stream}");
+    let consumer = nats::Consumer::new(nats_url(), stream.clone(), subject.clone());
+    let guard = DeleteStreams::new(vec![stream.clone(), consumer.dead_letter_stream()]);
+    js.get_or_create_stream(async_nats::jetstream::stream::Config {
+        name: stream.clone(),
+        subjects: vec![subject],
+        ..Default::default()
+    })
+    .await
+    .expect("stream");
+    Some((
+        Nats {
+            stream,
+            js,
+            consumer,
+        },
+        guard,
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_on_rabbitmq_with_consumers_killed_and_connections_dropped() {
+    let admin = or_skip!(pg_pool(4).await);
+    let (b, _queues) = or_skip!(rabbit("chaos").await);
+    let (table, dedup, _tables) = tables(&admin).await;
+    run(&b, &b.queue, &admin, &dedup, &table).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_on_jetstream_with_consumers_killed_and_connections_dropped() {
+    let admin = or_skip!(pg_pool(4).await);
+    let (b, _streams) = or_skip!(jetstream("chaos").await);
+    let (table, dedup, _tables) = tables(&admin).await;
+    run(&b, &b.stream, &admin, &dedup, &table).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_mode_on_rabbitmq_with_redis_restarts_doubles_nothing() {
+    let admin = or_skip!(pg_pool(4).await);
+    let (b, _queues) = or_skip!(rabbit("chaos_lease").await);
+    let (table, prefix, _tables) = tables(&admin).await;
+    run_lease(&b, &b.queue, &admin, &prefix, &table).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_mode_on_jetstream_with_redis_restarts_doubles_nothing() {
     let admin = or_skip!(pg_pool(4).await);
-    let js = or_skip!(idem_tests::brokers::jetstream().await);
+    let (b, _streams) = or_skip!(jetstream("chaos_lease").await);
     let (table, prefix, _tables) = tables(&admin).await;
-    let stream = unique_table("chaos_lease");
-    let consumer = nats::Consumer::new(nats_url(), stream.clone(), format!("idem.chaos.{stream}"));
-    let _streams = DeleteStreams::new(vec![stream.clone(), consumer.dead_letter_stream()]);
-    js.get_or_create_stream(async_nats::jetstream::stream::Config {
-        name: stream.clone(),
-        subjects: vec![format!("idem.chaos.{stream}")],
-        ..Default::default()
-    })
-    .await
-    .expect("stream");
-    let b = Nats {
-        stream: stream.clone(),
-        js,
-        consumer,
-    };
-    run_lease(&b, &stream, &admin, &prefix, &table).await;
+    run_lease(&b, &b.stream, &admin, &prefix, &table).await;
 }
