@@ -27,6 +27,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 /// Logical messages, and how many of them are published twice.
 const MESSAGES: i64 = 4_000;
 const TWICE_EVERY: i64 = 5;
+const PUBLISHED_TWICE: i64 = (MESSAGES + TWICE_EVERY - 1) / TWICE_EVERY;
 const CONSUMERS: usize = 3;
 /// How long the whole run may take before it fails.
 const DEADLINE: Duration = Duration::from_secs(90);
@@ -244,18 +245,94 @@ impl Drop for Consumer {
 /// What the run did, printed at the end.
 #[derive(Debug, Default)]
 struct Counts {
+    // Read by the summary the run prints.
+    #[allow(dead_code)]
     published: i64,
+    #[allow(dead_code)]
     published_twice: i64,
-    /// Deliveries the consumers saw, by what they came to (a floor: a
-    /// delivery whose consumer died before it was counted is not).
-    seen: Seen,
     kills: u32,
     connections_terminated: i64,
+    end: End,
+}
+
+/// What a run left, read once every consumer was stopped gracefully.
+#[derive(Debug, Default)]
+struct End {
+    /// Deliveries the consumers saw, by what they came to (a floor: a
+    /// delivery whose consumer died before it was counted is not). Read by
+    /// the summary the run prints.
+    #[allow(dead_code)]
+    seen: Seen,
+    #[allow(dead_code)]
     applied_rows: i64,
     doubled: i64,
     lost: i64,
     dead_lettered: u64,
     waiting_at_end: u64,
+}
+
+impl End {
+    /// Stops `consumers` (each settles what it has in flight), then reads
+    /// the business table, the counts and the broker.
+    async fn after<B: ChaosBroker>(
+        b: &B,
+        consumers: Vec<Consumer>,
+        admin: &sqlx::PgPool,
+        table: &str,
+    ) -> End {
+        for c in consumers {
+            tokio::task::spawn_blocking(move || c.stop())
+                .await
+                .expect("stop");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let rows: Vec<(i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT message_id, applied FROM {table}"
+        )))
+        .fetch_all(admin)
+        .await
+        .expect("read the business table");
+        End {
+            seen: Seen::read(admin, table).await,
+            applied_rows: rows.len() as i64,
+            doubled: rows.iter().filter(|(_, n)| *n > 1).count() as i64,
+            lost: MESSAGES - rows.len() as i64,
+            dead_lettered: b.dead_letters().await,
+            waiting_at_end: b.waiting().await,
+        }
+    }
+
+    /// Every message took effect once, nothing was dead-lettered, nothing
+    /// is left waiting.
+    fn assert_exactly_once(&self) {
+        assert_eq!(self.doubled, 0, "{self:?}");
+        assert_eq!(self.lost, 0, "{self:?}");
+        assert_eq!(self.dead_lettered, 0, "{self:?}");
+        assert_eq!(self.waiting_at_end, 0, "{self:?}");
+    }
+}
+
+/// Publishes every message, a fifth of them twice.
+async fn produce<B: ChaosBroker>(b: &B, table: &str) {
+    for id in 0..MESSAGES {
+        let payload = serde_json::to_vec(&Applied {
+            message_id: id,
+            table: table.to_owned(),
+        })
+        .expect("encode");
+        b.publish(payload.clone()).await;
+        if id % TWICE_EVERY == 0 {
+            b.publish(payload).await;
+        }
+    }
+}
+
+/// How many messages took effect so far.
+async fn applied(admin: &sqlx::PgPool, table: &str) -> i64 {
+    sqlx::query_scalar(AssertSqlSafe(format!("SELECT COUNT(*) FROM {table}")))
+        .fetch_one(admin)
+        .await
+        .expect("count")
 }
 
 /// What the consumers' deliveries came to.
@@ -408,38 +485,22 @@ impl ChaosBroker for Nats {
 
 async fn run<B: ChaosBroker>(b: &B, name: &str, admin: &sqlx::PgPool, dedup: &str, table: &str) {
     let started = Instant::now();
-    let mut counts = Counts::default();
+    let mut counts = Counts {
+        published: MESSAGES + PUBLISHED_TWICE,
+        published_twice: PUBLISHED_TWICE,
+        ..Counts::default()
+    };
     let mut consumers: Vec<Consumer> = (0..CONSUMERS)
         .map(|_| Consumer::start(B::NAME, name, dedup))
         .collect();
 
-    // The producer publishes while the chaos runs.
-    let producer = async {
-        for id in 0..MESSAGES {
-            let payload = serde_json::to_vec(&Applied {
-                message_id: id,
-                table: table.to_owned(),
-            })
-            .expect("encode");
-            b.publish(payload.clone()).await;
-            if id % TWICE_EVERY == 0 {
-                b.publish(payload).await;
-            }
-        }
-    };
-    let applied = || async {
-        sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!("SELECT COUNT(*) FROM {table}")))
-            .fetch_one(admin)
-            .await
-            .expect("count")
-    };
     let chaos = async {
         let mut tick = 0u32;
         let mut next_kill = 0usize;
         loop {
             tokio::time::sleep(Duration::from_millis(250)).await;
             tick += 1;
-            if applied().await >= MESSAGES && b.waiting().await == 0 {
+            if applied(admin, table).await >= MESSAGES && b.waiting().await == 0 {
                 break;
             }
             assert!(
@@ -475,35 +536,11 @@ async fn run<B: ChaosBroker>(b: &B, name: &str, admin: &sqlx::PgPool, dedup: &st
             }
         }
     };
-    tokio::join!(producer, chaos);
-    counts.published = MESSAGES + (MESSAGES + TWICE_EVERY - 1) / TWICE_EVERY;
-    counts.published_twice = (MESSAGES + TWICE_EVERY - 1) / TWICE_EVERY;
-
-    // Idle: every message applied and nothing waiting. Stop every consumer
-    // gracefully; anything left unacknowledged would then be waiting.
-    for c in consumers.drain(..) {
-        tokio::task::spawn_blocking(move || c.stop())
-            .await
-            .expect("stop");
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    counts.waiting_at_end = b.waiting().await;
-    counts.dead_lettered = b.dead_letters().await;
-    let rows: Vec<(i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
-        "SELECT message_id, applied FROM {table}"
-    )))
-    .fetch_all(admin)
-    .await
-    .expect("read the business table");
-    counts.applied_rows = rows.len() as i64;
-    counts.seen = Seen::read(admin, table).await;
-    counts.doubled = rows.iter().filter(|(_, n)| *n > 1).count() as i64;
-    counts.lost = MESSAGES - counts.applied_rows;
+    // The producer publishes while the chaos runs.
+    tokio::join!(produce(b, table), chaos);
+    counts.end = End::after(b, consumers, admin, table).await;
     println!("{} chaos in {:?}: {counts:?}", B::NAME, started.elapsed());
-    assert_eq!(counts.doubled, 0, "{counts:?}");
-    assert_eq!(counts.lost, 0, "{counts:?}");
-    assert_eq!(counts.dead_lettered, 0, "{counts:?}");
-    assert_eq!(counts.waiting_at_end, 0, "{counts:?}");
+    counts.end.assert_exactly_once();
     assert!(counts.kills >= 5, "{counts:?}");
     assert!(counts.connections_terminated > 0, "{counts:?}");
 }
@@ -548,35 +585,16 @@ async fn run_lease<B: ChaosBroker>(
     let started = Instant::now();
     let mut server = or_skip!(idem_tests::RedisServer::start_persistent());
     let redis = server.url();
-    let mut consumers: Vec<Consumer> = (0..CONSUMERS)
+    let consumers: Vec<Consumer> = (0..CONSUMERS)
         .map(|_| Consumer::start_with(B::NAME, name, prefix, Some(&redis)))
         .collect();
-    let producer = async {
-        for id in 0..MESSAGES {
-            let payload = serde_json::to_vec(&Applied {
-                message_id: id,
-                table: table.to_owned(),
-            })
-            .expect("encode");
-            b.publish(payload.clone()).await;
-            if id % TWICE_EVERY == 0 {
-                b.publish(payload).await;
-            }
-        }
-    };
-    let applied = || async {
-        sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!("SELECT COUNT(*) FROM {table}")))
-            .fetch_one(admin)
-            .await
-            .expect("count")
-    };
     let mut restarts = 0u32;
     let chaos = async {
         let mut tick = 0u32;
         loop {
             tokio::time::sleep(Duration::from_millis(250)).await;
             tick += 1;
-            if restarts == 3 && applied().await >= MESSAGES && b.waiting().await == 0 {
+            if restarts == 3 && applied(admin, table).await >= MESSAGES && b.waiting().await == 0 {
                 break;
             }
             assert!(
@@ -596,32 +614,15 @@ async fn run_lease<B: ChaosBroker>(
             }
         }
     };
-    tokio::join!(producer, chaos);
-    for c in consumers.drain(..) {
-        tokio::task::spawn_blocking(move || c.stop())
-            .await
-            .expect("stop");
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let waiting = b.waiting().await;
-    let dead = b.dead_letters().await;
-    let rows: Vec<(i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
-        "SELECT message_id, applied FROM {table}"
-    )))
-    .fetch_all(admin)
-    .await
-    .expect("read the business table");
-    let doubled = rows.iter().filter(|(_, n)| *n > 1).count();
-    let lost = MESSAGES - rows.len() as i64;
-    let seen = Seen::read(admin, table).await;
+    tokio::join!(produce(b, table), chaos);
+    let end = End::after(b, consumers, admin, table).await;
     println!(
-        "{} lease-mode chaos in {:?}: published {}, redis restarts {restarts}, {seen:?}, applied {}, doubled {doubled}, lost {lost}, dead-lettered {dead}, waiting {waiting}",
+        "{} lease-mode chaos in {:?}: published {}, redis restarts {restarts}, {end:?}",
         B::NAME,
         started.elapsed(),
-        MESSAGES + (MESSAGES + TWICE_EVERY - 1) / TWICE_EVERY,
-        rows.len()
+        MESSAGES + PUBLISHED_TWICE,
     );
-    assert_eq!((doubled, lost, dead, waiting), (0, 0, 0, 0));
+    end.assert_exactly_once();
 }
 
 /// A RabbitMQ work queue of the test's own (and the queues the consumer

@@ -260,6 +260,13 @@ async fn redis_restarted_mid_run_fails_calls_with_store_errors_then_recovers() {
 
 /// A body that waits at `gate` before it succeeds: the test kills Redis
 /// while it waits, so its effect happens while the store is away.
+async fn held(msg: &Job, gate: &tokio::sync::Semaphore, runs: &Runs) -> Result<u32, AppError> {
+    let _permit = gate.acquire().await.expect("gate");
+    *runs.0.lock().unwrap().entry(msg.id.clone()).or_default() += 1;
+    Ok(msg.value)
+}
+
+/// Under a 5 s lease.
 #[idempotent(
     key = "msg.id",
     ttl = "1h",
@@ -268,11 +275,10 @@ async fn redis_restarted_mid_run_fails_calls_with_store_errors_then_recovers() {
     name = "redis_outage_5s"
 )]
 async fn held_5s(msg: &Job, gate: &tokio::sync::Semaphore, runs: &Runs) -> Result<u32, AppError> {
-    let _permit = gate.acquire().await.expect("gate");
-    *runs.0.lock().unwrap().entry(msg.id.clone()).or_default() += 1;
-    Ok(msg.value)
+    held(msg, gate, runs).await
 }
 
+/// Under a 1 s lease.
 #[idempotent(
     key = "msg.id",
     ttl = "1h",
@@ -281,9 +287,7 @@ async fn held_5s(msg: &Job, gate: &tokio::sync::Semaphore, runs: &Runs) -> Resul
     name = "redis_outage_1s"
 )]
 async fn held_1s(msg: &Job, gate: &tokio::sync::Semaphore, runs: &Runs) -> Result<u32, AppError> {
-    let _permit = gate.acquire().await.expect("gate");
-    *runs.0.lock().unwrap().entry(msg.id.clone()).or_default() += 1;
-    Ok(msg.value)
+    held(msg, gate, runs).await
 }
 
 /// The body succeeds while Redis is down; Redis is back 400 ms later, well
