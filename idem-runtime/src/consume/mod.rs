@@ -573,3 +573,44 @@ impl Reconnect {
         }
     }
 }
+
+/// The life of a consumer: connects with `connect` (retried with a growing
+/// pause until the broker answers), runs a `session` on the connection, and
+/// after a lost session pauses ([`Reconnect`]) and starts again, until
+/// shutdown, a stop (`Error::Config`) or a refusal (a session's `Err`).
+pub(crate) async fn sessions<C, CFut, CErr, SFut>(
+    broker: &str,
+    shutdown: Shutdown,
+    report: &Arc<Mutex<Report>>,
+    mut connect: impl FnMut() -> CFut,
+    mut session: impl FnMut(C, Shutdown) -> SFut,
+) -> Result<Report, ConsumeError>
+where
+    CFut: Future<Output = Result<C, CErr>>,
+    CErr: Display,
+    SFut: Future<Output = Result<Ended, BoxError>>,
+{
+    let mut reconnect = Reconnect::new();
+    loop {
+        let Some(conn) = until_ok(broker, &mut connect, shutdown.clone().requested()).await else {
+            break;
+        };
+        let began = std::time::Instant::now();
+        match session(conn, shutdown.clone()).await {
+            Ok(Ended::Shutdown) => break,
+            Ok(Ended::Stopped(reason)) => return Err(ConsumeError::Stopped { reason }),
+            Ok(Ended::Lost(e)) => {
+                tracing::warn!(error = %e, "the consumer lost its session with {broker}; reconnecting");
+                lock(report).reconnects += 1;
+                if !reconnect.wait(began.elapsed(), &shutdown).await {
+                    break;
+                }
+            }
+            Err(e) => return Err(ConsumeError::Setup(e)),
+        }
+        if shutdown.is_requested() {
+            break;
+        }
+    }
+    Ok(lock(report).clone())
+}

@@ -73,8 +73,7 @@ use async_nats::jetstream::{self, AckKind, Message};
 use serde::de::DeserializeOwned;
 
 use super::{
-    ConsumeError, Ended, Policy, Reconnect, Report, Settled, Shutdown, Verdict, drive, handle,
-    lock, until_ok,
+    ConsumeError, Ended, Policy, Report, Settled, Shutdown, Verdict, drive, handle, sessions,
 };
 use crate::BoxError;
 use crate::error::Error;
@@ -265,35 +264,13 @@ impl Consumer {
     {
         let handler = Arc::new(handler);
         let report = Arc::new(Mutex::new(Report::default()));
-        let shutdown = Shutdown::watch(shutdown);
-        let mut reconnect = Reconnect::new();
-        loop {
-            let url = self.url.clone();
-            let connect = || async_nats::connect(url.clone());
-            let Some(client) = until_ok("NATS", connect, shutdown.clone().requested()).await else {
-                break;
-            };
-            let began = std::time::Instant::now();
-            match self
-                .session(client, &handler, &report, shutdown.clone())
-                .await
-            {
-                Ok(Ended::Shutdown) => break,
-                Ok(Ended::Stopped(reason)) => return Err(ConsumeError::Stopped { reason }),
-                Ok(Ended::Lost(e)) => {
-                    tracing::warn!(error = %e, "the JetStream consumer failed; reconnecting");
-                    lock(&report).reconnects += 1;
-                    if !reconnect.wait(began.elapsed(), &shutdown).await {
-                        break;
-                    }
-                }
-                Err(e) => return Err(ConsumeError::Setup(e)),
-            }
-            if shutdown.is_requested() {
-                break;
-            }
-        }
-        Ok(lock(&report).clone())
+        let url = self.url.clone();
+        let connect = || async_nats::connect(url.clone());
+        let session = |client: async_nats::Client, shutdown: Shutdown| {
+            let (this, handler, report) = (&self, &handler, &report);
+            async move { this.session(client, handler, report, shutdown).await }
+        };
+        sessions("NATS", Shutdown::watch(shutdown), &report, connect, session).await
     }
 
     async fn session<M, T, E, F, Fut>(

@@ -73,8 +73,7 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use serde::de::DeserializeOwned;
 
 use super::{
-    ConsumeError, Ended, Policy, Reconnect, Report, Settled, Shutdown, Verdict, drive, handle,
-    lock, until_ok,
+    ConsumeError, Ended, Policy, Report, Settled, Shutdown, Verdict, drive, handle, sessions,
 };
 use crate::BoxError;
 use crate::error::Error;
@@ -217,45 +216,30 @@ impl Consumer {
     {
         let handler = Arc::new(handler);
         let report = Arc::new(Mutex::new(Report::default()));
-        let shutdown = Shutdown::watch(shutdown);
-        let mut reconnect = Reconnect::new();
-        loop {
-            let url = self.url.clone();
-            let connect = || Connection::connect(&url, ConnectionProperties::default());
-            let Some(conn) = until_ok("RabbitMQ", connect, shutdown.clone().requested()).await
-            else {
-                break;
-            };
-            let began = std::time::Instant::now();
-            let lost: BoxError = match self
-                .session(&conn, &handler, &report, shutdown.clone())
-                .await
-            {
-                Ok(Ended::Shutdown) => {
-                    let _ = conn.close(200, "shutdown".into()).await;
-                    break;
-                }
-                Ok(Ended::Stopped(reason)) => {
-                    let _ = conn.close(200, "stopped".into()).await;
-                    return Err(ConsumeError::Stopped { reason });
-                }
-                Err(e) if refused(&e) => return Err(ConsumeError::Setup(Box::new(e))),
-                Ok(Ended::Lost(e)) => e,
-                // Anything else in the set-up (a connection lost while
-                // declaring, a timeout) is worth another session.
-                Err(e) => Box::new(e),
-            };
-            tracing::warn!(error = %lost, "the connection to RabbitMQ was lost; reconnecting");
-            lock(&report).reconnects += 1;
-            let _ = conn.close(200, "reconnecting".into()).await;
-            if !reconnect.wait(began.elapsed(), &shutdown).await {
-                break;
+        let url = self.url.clone();
+        let connect = || Connection::connect(&url, ConnectionProperties::default());
+        let session = |conn: Connection, shutdown: Shutdown| {
+            let (this, handler, report) = (&self, &handler, &report);
+            async move {
+                let ended = match this.session(&conn, handler, report, shutdown).await {
+                    Ok(ended) => Ok(ended),
+                    Err(e) if refused(&e) => Err(BoxError::from(Box::new(e))),
+                    // Anything else in the set-up (a connection lost while
+                    // declaring, a timeout) is worth another session.
+                    Err(e) => Ok(Ended::Lost(Box::new(e))),
+                };
+                let _ = conn.close(200, "done".into()).await;
+                ended
             }
-            if shutdown.is_requested() {
-                break;
-            }
-        }
-        Ok(lock(&report).clone())
+        };
+        sessions(
+            "RabbitMQ",
+            Shutdown::watch(shutdown),
+            &report,
+            connect,
+            session,
+        )
+        .await
     }
 
     /// Declares the topology and consumes until shutdown, a stop or a lost
