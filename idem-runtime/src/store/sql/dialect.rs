@@ -11,9 +11,9 @@ use super::exec::Exec;
 use super::statement::{NewRow, Placeholders};
 
 /// The SQL databases a [`SqlStore`](super::SqlStore) runs on: implemented
-/// for sqlx's [`Sqlite`](sqlx::Sqlite) and [`Postgres`](sqlx::Postgres), and
-/// not meant to be implemented elsewhere (the trait cannot be named outside
-/// this crate).
+/// for sqlx's [`Sqlite`](sqlx::Sqlite), [`Postgres`](sqlx::Postgres) and
+/// [`MySql`](sqlx::MySql), and not meant to be implemented elsewhere (the
+/// trait cannot be named outside this crate).
 pub trait Dialect: Exec {
     /// The store's name, as written in `store = "..."`.
     const STORE: &'static str;

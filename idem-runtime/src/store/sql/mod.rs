@@ -1,27 +1,29 @@
 //! The SQL stores: one store, [`SqlStore`], written once over a small
-//! [`Dialect`] trait that says what differs between SQLite and PostgreSQL.
+//! [`Dialect`] trait that says what differs between SQLite, PostgreSQL and
+//! MySQL/MariaDB.
 //!
-//! [`SqliteStore`](crate::SqliteStore) and [`PgStore`](crate::PgStore) are
-//! `SqlStore<Sqlite>` and `SqlStore<Postgres>`; the dialect parameter is
-//! sqlx's own database type.
+//! [`SqliteStore`](crate::SqliteStore), [`PgStore`](crate::PgStore) and
+//! [`MySqlStore`](crate::MySqlStore) are `SqlStore<Sqlite>`,
+//! `SqlStore<Postgres>` and `SqlStore<MySql>`; the dialect parameter is sqlx's
+//! own database type.
 //!
 //! * **Here, once:** the lease claim with its retries, what a lost claim
 //!   reports (`Standing`), the transaction-mode claim (first or last, see
 //!   [`ClaimOrder`]), record decoding, expiry (computed in
 //!   `SqlStore::stamped` only), error mapping, and the methods every SQL
 //!   store has (`record`, `count`, `sweep_expired`, `with_table`, ...).
-//! * **In the dialect** (`dialect.rs`, implemented in `store/sqlite.rs` and
-//!   `store/postgres.rs`): the statements that differ
+//! * **In the dialect** (`dialect.rs`, implemented in `store/sqlite.rs`,
+//!   `store/postgres.rs`, `store/mysql.rs`): the statements that differ
 //!   (create, claim, sweep), how a claim's transaction begins, how a lock
 //!   wait, a deadlock, a busy database and a missing table show in its
 //!   errors, and its affected-rows count.
 //! * **In each store's module:** what shares nothing: connecting, and
-//!   `migrate` (SQLite's file, Postgres's advisory lock).
+//!   `migrate` (SQLite's file, Postgres's advisory lock, MySQL's named lock).
 //!
 //! The execution is generic too, not repeated per dialect: the sqlx bounds it
 //! takes are stated once, on one blanket impl (`exec.rs`), and binding goes by
-//! name (`statement.rs`), so SQLite's `?1` and Postgres's `$1` take the same
-//! statements and values. Dialects hold no execution code at all,
+//! name (`statement.rs`), so MySQL's positional `?` and Postgres's `$1` take
+//! the same statements and values. Dialects hold no execution code at all,
 //! which kept each of them to its SQL and its error codes.
 
 use std::sync::Arc;
@@ -43,6 +45,8 @@ mod statement;
 
 pub use dialect::Dialect;
 pub(crate) use dialect::Fault;
+#[cfg(feature = "mysql")]
+pub(crate) use statement::COLUMNS;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) use statement::insert_or_take_over_expired;
 pub(crate) use statement::{NewRow, Placeholders};
@@ -61,8 +65,8 @@ const CLAIM_RETRIES: usize = 8;
 /// victim and rolled it back.
 const DEADLOCK_RETRIES: usize = 3;
 
-/// When a transaction-mode handler writes its dedup row (PostgreSQL; SQLite
-/// always claims first).
+/// When a transaction-mode handler writes its dedup row (PostgreSQL and
+/// MySQL; SQLite always claims first).
 ///
 /// Both orders keep the invariant: the row, the body's writes and the outcome
 /// commit together or not at all.
@@ -89,10 +93,10 @@ pub enum ClaimOrder {
     First,
 }
 
-/// A SQL store: the dedup table in a SQLite or PostgreSQL database, through
-/// sqlx. Use it by its names [`SqliteStore`](crate::SqliteStore) and
-/// [`PgStore`](crate::PgStore); each store's page says how it connects,
-/// migrates and waits.
+/// A SQL store: the dedup table in a SQLite, PostgreSQL or MySQL/MariaDB
+/// database, through sqlx. Use it by its names [`SqliteStore`](crate::SqliteStore),
+/// [`PgStore`](crate::PgStore) and [`MySqlStore`](crate::MySqlStore); each
+/// store's page says how it connects, migrates and waits.
 ///
 /// * **Transaction mode** (a handler whose first parameter is the store's
 ///   transaction): the dedup row, the body's writes and the outcome commit in
@@ -360,7 +364,7 @@ impl<D: Dialect> SqlStore<D> {
 
     /// Sets the lock timeout this store reports, for this store and the
     /// clones made from it from now on.
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub(crate) fn set_lock_timeout(mut self, timeout: Duration) -> Self {
         self.lock_timeout_ms = Arc::new(AtomicU64::new(millis_u64(timeout)));
         self
@@ -374,7 +378,7 @@ impl<D: Dialect> SqlStore<D> {
     }
 
     /// Sets when transaction-mode handlers write their dedup row.
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub(crate) fn set_claim_order(mut self, order: ClaimOrder) -> Self {
         self.order = order;
         self
@@ -451,7 +455,11 @@ impl<D: Dialect> SqlStore<D> {
                 Some(begin) => match self.pool.begin_with(begin).await {
                     Ok(mut tx) => match D::run(&mut tx, statement, values).await {
                         Ok(done) => tx.commit().await.map(|()| done),
-                        Err(e) => Err(e),
+                        Err(e) => {
+                            // Now, not when the connection is next used.
+                            let _ = tx.rollback().await;
+                            Err(e)
+                        }
                     },
                     Err(e) => Err(e),
                 },
@@ -517,7 +525,7 @@ impl<D: Dialect> SqlStore<D> {
 /// this fails at once with the cause. Only a failure to reach the server is
 /// final here; anything else (a server still starting up) is left to the
 /// pool, which retries it.
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) async fn reach<C: sqlx::Connection>(
     options: &C::Options,
     deadline: Duration,
