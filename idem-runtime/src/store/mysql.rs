@@ -114,8 +114,9 @@ const MIGRATE_LOCK_WAIT: Duration = Duration::from_secs(30);
 /// has to read the row back every time. Measured with `cargo run --release
 /// -p idem-examples --example bench_mysql_claim` (MariaDB 10.11 on loopback,
 /// 8 clients, 2 cores, medians of 5 interleaved rounds of 3 s): fresh keys
-/// 5,611 claims/s against 2,925 (**1.92** times the upsert's rate),
-/// duplicates 9,441 against 10,064 (0.94, within the rounds' spread).
+/// 8,926 claims/s against 4,349, **2.05** times the upsert's rate (1.92 in
+/// an earlier run); duplicates 8,889 against 8,315, 1.07 (0.94 earlier: the
+/// same, within the rounds' spread).
 ///
 /// `INSERT IGNORE` turns every error of the insert into a warning, not only
 /// the duplicate key; nothing else can fail there: the handler name (at most
