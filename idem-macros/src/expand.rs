@@ -7,11 +7,11 @@
 //! see or shadow it, and reaches the runtime through `<crate>::__private`.
 
 use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote, quote_spanned};
+use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Ident, Type};
 
-use crate::valid::{Handler, KeyPart, Stub};
+use crate::valid::{Handler, KeyTerm, StoreArg, StoreRef, Stub, mut_referent};
 
 pub(crate) fn expand(h: &Handler) -> TokenStream {
     let rt = &h.krate;
@@ -57,7 +57,6 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
     let p_ok = respan(p.clone(), ok_span);
     let codec = Ident::new("__idem_codec", mixed);
 
-    let store_ty = format_ident!("{}", h.store.type_name());
     let receiver = h.receiver.as_ref().map(|r| quote!(#r,));
     let params = h.params.iter().map(|p| &p.arg);
 
@@ -66,12 +65,18 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
     let key_text = &h.key_text;
     let ttl_ms = u64::try_from(h.ttl.as_millis()).unwrap_or(u64::MAX);
     let lease_ms = u64::try_from(h.lease.as_millis()).unwrap_or(u64::MAX);
-    let store_name = h.store.name();
+    let store_name = &h.store.text;
     let mode = if h.tx_param.is_some() {
         quote!(Transaction)
     } else {
         quote!(Lease)
     };
+    let (store_param, store_checks) = store_checks(
+        &h.store,
+        h.tx_param.as_ref(),
+        h.params.iter().map(|p| &p.arg),
+        &p,
+    );
 
     let derive_key = derive_key(h, &p, &spec);
     // Only a body that reads its key borrows it.
@@ -157,11 +162,12 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
         #(#attrs)*
         #vis async #unsafety fn #ident #generics (
             #receiver
-            #store: &#p::#store_ty,
+            #store: &#store_param,
             #(#params),*
         ) -> #output
         #where_clause
         {
+            #store_checks
             const #spec: #p::HandlerSpec = #p::HandlerSpec {
                 name: #name,
                 function: #function,
@@ -182,14 +188,107 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
     }
 }
 
+/// The rewritten function's store parameter type, and the checks the
+/// runtime makes of the store and the transaction: `&impl LeaseStore` in
+/// lease mode, `&impl TxStore<Tx = T>` in transaction mode, where `T` is the
+/// written transaction type with its lifetimes `'static` (what a store hands
+/// over). The checks are calls of the runtime's `__private::stores`
+/// functions, spanned on what they check, so that rustc reports an unknown
+/// store on its name, a transaction of another store on the transaction's
+/// type, and a transaction out of place on its type.
+fn store_checks<'a>(
+    store: &StoreArg,
+    tx_param: Option<&syn::PatType>,
+    params: impl Iterator<Item = &'a syn::PatType>,
+    p: &TokenStream,
+) -> (TokenStream, TokenStream) {
+    let stores = quote!(#p::stores);
+    let tx = tx_param.and_then(|param| mut_referent(&param.ty));
+    // Everything but the store's name is spanned on what is checked: in
+    // transaction mode the transaction's type (a transaction of another
+    // store is reported there), in lease mode the store's literal (a
+    // feature that is off is reported there). rustc reports an unknown name
+    // on the name itself.
+    let (param, mode, is_tx, span) = match tx {
+        Some(ty) => {
+            let owned = static_lifetimes(ty);
+            let span = ty.span();
+            let at_ty = respan(stores.clone(), span);
+            let mode = quote_spanned!(span=> #at_ty::TxMode<#owned>);
+            let is_tx = quote_spanned!(span=> #at_ty::transaction::<#owned>(););
+            (quote!(impl #p::TxStore<Tx = #owned>), mode, is_tx, span)
+        }
+        None => {
+            let span = match &store.store {
+                StoreRef::Name(name) => name.span(),
+                StoreRef::Type(path) => path.span(),
+            };
+            let mode = respan(quote!(#stores::LeaseMode), span);
+            (quote!(impl #p::LeaseStore), mode, TokenStream::new(), span)
+        }
+    };
+    let named = match &store.store {
+        // The name is imported alone, so that rustc reports an unknown one
+        // on the name; the call is spanned on what it checks.
+        StoreRef::Name(name) => {
+            let imported = respan(stores.clone(), name.span());
+            let store_fn = Ident::new("__idem_store", Span::mixed_site().located_at(name.span()));
+            let import = quote_spanned!(name.span()=> use #imported::#name as #store_fn;);
+            let store_fn = Ident::new("__idem_store", Span::mixed_site().located_at(span));
+            let call = quote_spanned!(span=> #store_fn::<#mode>(););
+            quote! {
+                #import
+                #call
+            }
+        }
+        StoreRef::Type(path) => quote_spanned!(span=> #stores::store_type::<#path, #mode>();),
+    };
+    // A `&mut T` after the first parameter is fine unless `T` is a store's
+    // transaction (then it was meant to come first).
+    let misplaced = params.filter_map(|param| {
+        let ty = mut_referent(&param.ty)?;
+        if matches!(ty, Type::ImplTrait(_)) {
+            return None;
+        }
+        let span = ty.span();
+        let probe = respan(quote!(#stores::TxProbe), span);
+        Some(quote_spanned! {span=>
+            {
+                use #stores::{MisplacedTx as _, NotTx as _};
+                (&#probe::<#ty>::new()).tx_after_first().check();
+            }
+        })
+    });
+    let checks = quote! {
+        #is_tx
+        #named
+        #(#misplaced)*
+    };
+    (param, checks)
+}
+
+/// `ty` with every lifetime but `'static` made `'static`: `Tx<'_>`
+/// becomes `Tx<'static>`, the transaction type a store hands over.
+fn static_lifetimes(ty: &Type) -> Type {
+    struct Static;
+    impl syn::visit_mut::VisitMut for Static {
+        fn visit_lifetime_mut(&mut self, l: &mut syn::Lifetime) {
+            *l = syn::Lifetime::new("'static", l.span());
+        }
+    }
+    let mut ty = ty.clone();
+    syn::visit_mut::VisitMut::visit_type_mut(&mut Static, &mut ty);
+    ty
+}
+
 /// The key derivation: one `part` call per field path, spanned on the key
 /// literal so a missing field or a float lands on the attribute.
 fn derive_key(h: &Handler, p: &TokenStream, spec: &Ident) -> TokenStream {
     let builder = Ident::new("__idem_builder", Span::mixed_site());
     let span = h.key_span;
     let parts = h.key.iter().map(|part| match part {
-        KeyPart::Const(text) => quote!(#builder.constant(#text);),
-        KeyPart::Path { root, fields, text } => {
+        KeyTerm::Const(text) => quote!(#builder.constant(#text);),
+        KeyTerm::Path { root, fields, text } => {
             // `KeyPartProbe` picks the float check for float-like parts and
             // passes any other part on to `part`, which requires `KeyPart`.
             let probe = respan(quote!(#p::KeyPartProbe), span);
@@ -360,15 +459,13 @@ pub(crate) fn stub(s: &Stub) -> TokenStream {
     let mixed = Span::mixed_site();
     let store = Ident::new("store", mixed);
 
-    // Where the store is unknown (misspelt, missing, its feature off), any
-    // store must do: every `&SomeStore` coerces to `&dyn Any`.
-    let store_ty = match s.store {
-        Some(store) => {
-            let store_ty = format_ident!("{}", store.type_name());
-            quote!(#p::#store_ty)
-        }
-        None => quote!(dyn ::core::any::Any),
-    };
+    // Whatever the store was meant to be, any store will do; the store's
+    // own mistakes are still reported.
+    let store_ty = quote!(impl ::core::any::Any);
+    let store_checks = s
+        .store
+        .as_ref()
+        .map(|store| store_checks(store, s.tx_param.as_ref(), s.params.iter(), &p).1);
 
     let via_trait = s
         .result
@@ -447,6 +544,7 @@ pub(crate) fn stub(s: &Stub) -> TokenStream {
         {
             // Never runs: the macro refused this handler (see the errors
             // reported with it).
+            #store_checks
             let _ = async move {
                 #(#removed)*
                 #fake_return

@@ -57,31 +57,33 @@ fn idempotent_impl(
     }
 }
 
-/// The expansion shown in the README, kept honest: this test regenerates it
-/// and fails when it differs (`IDEM_BLESS=1` rewrites the file).
-#[cfg(all(test, feature = "sqlite"))]
+/// The expansion shown in the README, kept honest: this test expands the
+/// handler in `tests/expanded/deduct_stock.input.rs`, compares the result with
+/// `tests/expanded/deduct_stock.rs` and fails when they differ (`IDEM_BLESS=1`
+/// rewrites the file).
+#[cfg(test)]
 mod snapshot {
     #[test]
     fn readme_expansion_is_current() {
-        let args = quote::quote!(key = "order_id + sku", ttl = "24h", store = "sqlite");
-        let item = quote::quote! {
-            async fn deduct_stock(tx: &mut SqliteTx<'_>, msg: &OrderPlaced) -> Result<StockLeft, AppError> {
-                let left = sqlx::query_scalar("UPDATE inventory SET stock = stock - ? WHERE sku = ? RETURNING stock")
-                    .bind(msg.qty).bind(&msg.sku).fetch_one(&mut **tx).await?;
-                Ok(StockLeft(left))
-            }
-        };
-        let out = super::idempotent_impl(args, item);
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/expanded");
+        let input = std::fs::read_to_string(format!("{dir}/deduct_stock.input.rs"))
+            .expect("read the input");
+        let mut item: syn::ItemFn = syn::parse_str(&input).expect("the input parses");
+        let attr = item.attrs.remove(0);
+        let args = attr
+            .meta
+            .require_list()
+            .expect("#[idempotent(...)]")
+            .tokens
+            .clone();
+        let out = super::idempotent_impl(args, quote::quote!(#item));
         let file: syn::File = syn::parse2(out).expect("the expansion parses");
         let pretty = prettyplease::unparse(&file);
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/expanded/deduct_stock.rs"
-        );
+        let path = format!("{dir}/deduct_stock.rs");
         if std::env::var("IDEM_BLESS").is_ok_and(|v| v == "1") {
-            std::fs::write(path, &pretty).expect("write snapshot");
+            std::fs::write(&path, &pretty).expect("write snapshot");
         }
-        let committed = std::fs::read_to_string(path).unwrap_or_default();
+        let committed = std::fs::read_to_string(&path).unwrap_or_default();
         assert_eq!(
             pretty, committed,
             "expansion changed; rerun with IDEM_BLESS=1 and update the README"

@@ -13,92 +13,24 @@ use crate::ctxt::Ctxt;
 /// Default lease of lease-mode handlers.
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Store {
-    Sqlite,
-    Postgres,
-    MySql,
-    Redis,
-    Memory,
+/// Where the records live, as `store = "..."` names it. The macro knows no
+/// store: a name is looked up by rustc among the runtime's
+/// `__private::stores` functions, whose bounds decide (and explain) what the
+/// store allows; a path names a store type of the application's own.
+#[derive(Clone)]
+pub(crate) enum StoreRef {
+    /// A built-in store's name, spanned on the literal.
+    Name(Ident),
+    /// The path of a store type, spanned on the literal.
+    Type(syn::Path),
 }
 
-impl Store {
-    const ALL: &'static [(&'static str, Store)] = &[
-        ("sqlite", Store::Sqlite),
-        ("postgres", Store::Postgres),
-        ("mysql", Store::MySql),
-        ("redis", Store::Redis),
-        ("memory", Store::Memory),
-    ];
-
-    pub(crate) fn name(self) -> &'static str {
-        Self::ALL
-            .iter()
-            .find(|(_, s)| *s == self)
-            .map_or("?", |(n, _)| n)
-    }
-
-    /// The runtime type the rewritten function takes.
-    pub(crate) fn type_name(self) -> &'static str {
-        match self {
-            Store::Sqlite => "SqliteStore",
-            Store::Postgres => "PgStore",
-            Store::MySql => "MySqlStore",
-            Store::Redis => "RedisStore",
-            Store::Memory => "MemoryStore",
-        }
-    }
-
-    /// The transaction alias of a SQL store.
-    fn tx_alias(self) -> Option<&'static str> {
-        match self {
-            Store::Sqlite => Some("SqliteTx"),
-            Store::Postgres => Some("PgTx"),
-            Store::MySql => Some("MySqlTx"),
-            Store::Redis | Store::Memory => None,
-        }
-    }
-
-    /// The stores this build offers, as `"sqlite", "postgres" or "memory"`.
-    pub(crate) fn choices() -> String {
-        let names: Vec<String> = Self::ALL
-            .iter()
-            .filter(|(_, s)| s.enabled())
-            .map(|(n, _)| format!("\"{n}\""))
-            .collect();
-        or_list(&names)
-    }
-
-    /// The SQL stores this build offers, as `"sqlite" or "postgres"`.
-    fn sql_choices() -> Option<String> {
-        let names: Vec<String> = Self::ALL
-            .iter()
-            .filter(|(_, s)| s.enabled() && s.tx_alias().is_some())
-            .map(|(n, _)| format!("\"{n}\""))
-            .collect();
-        (!names.is_empty()).then(|| or_list(&names))
-    }
-
-    /// The lease-mode stores this build offers.
-    fn lease_choices() -> String {
-        let names: Vec<String> = Self::ALL
-            .iter()
-            .filter(|(_, s)| s.enabled() && s.tx_alias().is_none())
-            .map(|(n, _)| format!("\"{n}\""))
-            .collect();
-        or_list(&names)
-    }
-
-    pub(crate) fn enabled(self) -> bool {
-        match self {
-            Store::Sqlite => cfg!(feature = "sqlite"),
-            Store::Postgres => cfg!(feature = "postgres"),
-            // Named by the design, not built yet: see `store()`.
-            Store::MySql => false,
-            Store::Redis => cfg!(feature = "redis"),
-            Store::Memory => true,
-        }
-    }
+/// The `store` argument.
+#[derive(Clone)]
+pub(crate) struct StoreArg {
+    pub(crate) store: StoreRef,
+    /// As written, for the handler's registry entry.
+    pub(crate) text: String,
 }
 
 /// A parameter that stays in the rewritten signature.
@@ -108,8 +40,8 @@ pub(crate) struct Param {
     pub(crate) ident: Option<Ident>,
 }
 
-/// One part of the key, ready to generate.
-pub(crate) enum KeyPart {
+/// One term of the key expression (`a + 'b' + c`), ready to generate.
+pub(crate) enum KeyTerm {
     /// `root.seg.seg`: `root` is a parameter, segments carry the literal's span.
     Path {
         root: Ident,
@@ -125,11 +57,11 @@ pub(crate) struct Handler {
     pub(crate) krate: syn::Path,
     pub(crate) name: String,
     pub(crate) key_text: String,
-    pub(crate) key: Vec<KeyPart>,
+    pub(crate) key: Vec<KeyTerm>,
     pub(crate) key_span: Span,
     pub(crate) ttl: Duration,
     pub(crate) lease: Duration,
-    pub(crate) store: Store,
+    pub(crate) store: StoreArg,
     /// The transaction parameter, in transaction mode.
     pub(crate) tx_param: Option<syn::PatType>,
     /// The `&Key` parameter, if the body reads its key.
@@ -150,8 +82,10 @@ pub(crate) struct Handler {
 pub(crate) struct Stub {
     pub(crate) func: ItemFn,
     pub(crate) krate: syn::Path,
-    /// The store, when it is known and built.
-    pub(crate) store: Option<Store>,
+    /// The store, when its argument could be read.
+    pub(crate) store: Option<StoreArg>,
+    /// The transaction parameter, in transaction mode.
+    pub(crate) tx_param: Option<syn::PatType>,
     pub(crate) receiver: Option<syn::Receiver>,
     /// The parameters that stay in the rewritten signature.
     pub(crate) params: Vec<syn::PatType>,
@@ -230,7 +164,6 @@ pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Checked {
     let sig_parts = params(
         cx,
         func,
-        store,
         krate.as_ref().unwrap_or(&syn::parse_quote!(::idem_runtime)),
         &key_roots,
     );
@@ -242,17 +175,30 @@ pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Checked {
         );
     }
 
+    // A key reads messages, which a handler takes by value or by shared
+    // reference; a `&mut` parameter is state of the body (or a transaction
+    // out of place, which the runtime reports).
+    let messages: Vec<Param> = sig_parts
+        .params
+        .iter()
+        .filter(|p| mut_referent(&p.arg.ty).is_none())
+        .map(|p| Param {
+            arg: p.arg.clone(),
+            ident: p.ident.clone(),
+        })
+        .collect();
     let key = args
         .key
         .as_ref()
-        .and_then(|lit| key(cx, lit, &sig_parts.params, sig_parts.receiver.is_some()));
+        .and_then(|lit| key(cx, lit, &messages, sig_parts.receiver.is_some()));
 
     let stub = Stub {
         func: func.clone(),
         krate: krate
             .clone()
             .unwrap_or_else(|| syn::parse_quote!(::idem_runtime)),
-        store,
+        store: store.clone(),
+        tx_param: sig_parts.tx_param.clone(),
         receiver: sig_parts.receiver.clone(),
         params: sig_parts.params.iter().map(|p| p.arg.clone()).collect(),
         result: result_types.clone(),
@@ -285,12 +231,6 @@ pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Checked {
 /// are, on the attribute (there is no token of theirs to point at).
 fn missing_arguments(cx: &mut Ctxt, args: &Args) {
     // (argument, what it says, an example)
-    // Only the stores of this build are offered.
-    let stores = format!("where the records live: {}", Store::choices());
-    let store_example = match Store::ALL.iter().find(|(_, s)| s.enabled()) {
-        Some((n, _)) => format!("store = \"{n}\""),
-        None => "store = \"memory\"".to_owned(),
-    };
     let required: [(&str, &str, &str); 3] = [
         (
             "key",
@@ -302,7 +242,11 @@ fn missing_arguments(cx: &mut Ctxt, args: &Args) {
             "how long a completed message suppresses duplicates",
             "ttl = \"24h\"",
         ),
-        ("store", &stores, &store_example),
+        (
+            "store",
+            "where the records live: the name of one of idem_runtime's stores, or the path of a store type of your own",
+            "store = \"sqlite\"",
+        ),
     ];
     let missing: Vec<_> = required
         .iter()
@@ -328,86 +272,70 @@ fn missing_arguments(cx: &mut Ctxt, args: &Args) {
     cx.error_at(Span::call_site(), message);
 }
 
-fn store(cx: &mut Ctxt, lit: &LitStr) -> Option<Store> {
+fn store(cx: &mut Ctxt, lit: &LitStr) -> Option<StoreArg> {
     let value = lit.value();
-    let Some((_, store)) = Store::ALL.iter().find(|(n, _)| *n == value) else {
-        // A slip of case, spacing or spelling: `"Postgres"`, `"redis "`,
-        // `"sqllite"`. Compared with every store, so that a store whose
-        // feature is off is still recognized (and said to be off).
-        const OTHER_NAMES: &[(&str, &str)] = &[
-            ("pg", "postgres"),
-            ("postgresql", "postgres"),
-            ("psql", "postgres"),
-            ("sqlite3", "sqlite"),
-            ("mariadb", "mysql"),
-            ("mem", "memory"),
-            ("inmemory", "memory"),
-        ];
-        let written: String = value
-            .chars()
-            .filter(char::is_ascii_alphanumeric)
-            .collect::<String>()
-            .to_ascii_lowercase();
-        let names: Vec<&str> = Store::ALL.iter().map(|(n, _)| *n).collect();
-        let meant = names
-            .iter()
-            .find(|n| **n == written)
-            .copied()
-            .or_else(|| {
-                OTHER_NAMES
-                    .iter()
-                    .find(|(other, _)| *other == written)
-                    .map(|(_, n)| *n)
-            })
-            .or_else(|| crate::attr::similar(&written, &names));
-        let message = match meant.and_then(|n| Store::ALL.iter().find(|(m, _)| *m == n)) {
-            Some((n, s)) if s.enabled() => {
-                format!("unknown store \"{value}\": did you mean \"{n}\"?")
-            }
-            Some((n, Store::MySql)) => format!(
-                "unknown store \"{value}\": did you mean \"{n}\"? It is not available in this version of idem-runtime yet: use {}",
-                Store::choices()
-            ),
-            Some((n, _)) => format!(
-                "unknown store \"{value}\": did you mean \"{n}\"? It needs the `{n}` feature of idem-runtime: idem-runtime = {{ version = \"...\", features = [\"{n}\"] }}"
-            ),
-            None => format!("unknown store \"{value}\": use {}", Store::choices()),
-        };
-        cx.error_spanned_by(lit, message);
-        return None;
-    };
-    if *store == Store::MySql {
-        let advice = match Store::sql_choices() {
-            Some(sql) => format!(
-                "use {sql} for transaction mode, {} for lease mode",
-                Store::lease_choices()
-            ),
-            None => format!("use {}", Store::choices()),
-        };
-        cx.error_spanned_by(
-            lit,
-            format!(
-                "store \"mysql\" is not available in this version of idem-runtime yet: {advice}"
-            ),
-        );
-        return None;
+    let text = value.clone();
+    if let Ok(mut name) = syn::parse_str::<Ident>(&value) {
+        name.set_span(lit.span());
+        return Some(StoreArg {
+            store: StoreRef::Name(name),
+            text,
+        });
     }
-    if !store.enabled() {
-        cx.error_spanned_by(
-            lit,
-            format!(
-                "store \"{n}\" needs the `{n}` feature of idem-runtime: idem-runtime = {{ version = \"...\", features = [\"{n}\"] }}",
-                n = store.name()
-            ),
-        );
-        return None;
+    if value.contains("::")
+        && let Ok(path) = syn::parse_str::<syn::Path>(&value)
+    {
+        let path = respanned(path, lit.span());
+        return Some(StoreArg {
+            store: StoreRef::Type(path),
+            text,
+        });
     }
-    Some(*store)
+    // A slip of case or spacing (`"redis "`, `"Sqlite 3"`): suggest the
+    // name it looks like; rustc then says whether that store exists.
+    let meant: String = value
+        .trim()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect::<String>()
+        .to_ascii_lowercase();
+    let suggestion = syn::parse_str::<Ident>(&meant)
+        .ok()
+        .map(|_| format!(": did you mean \"{meant}\"?"))
+        .unwrap_or_default();
+    cx.error_spanned_by(
+        lit,
+        format!(
+            "invalid store \"{value}\"{suggestion} A store is named by an identifier, e.g. store = \"sqlite\", or, for a store type of your own, by its path, e.g. store = \"crate::MyStore\""
+        ),
+    );
+    None
 }
 
-/// `a`, `a or b`, `a, b or c`.
-fn or_list(items: &[String]) -> String {
-    list(items, "or")
+/// `path` with every token spanned at `span`, so rustc's errors about it
+/// land on the literal it came from.
+fn respanned(path: syn::Path, span: Span) -> syn::Path {
+    struct Respan(Span);
+    impl syn::visit_mut::VisitMut for Respan {
+        fn visit_ident_mut(&mut self, i: &mut Ident) {
+            i.set_span(self.0);
+        }
+        fn visit_lifetime_mut(&mut self, l: &mut syn::Lifetime) {
+            l.apostrophe = self.0;
+            l.ident.set_span(self.0);
+        }
+    }
+    let mut path = path;
+    syn::visit_mut::VisitMut::visit_path_mut(&mut Respan(span), &mut path);
+    if let Some(c) = &mut path.leading_colon {
+        c.spans = [span, span];
+    }
+    for pair in path.segments.pairs_mut() {
+        if let syn::punctuated::Pair::Punctuated(_, sep) = pair {
+            sep.spans = [span, span];
+        }
+    }
+    path
 }
 
 /// `a`, `a and b`, `a, b and c` (with `word` in place of `and`).
@@ -534,36 +462,16 @@ struct SigParts {
     params: Vec<Param>,
 }
 
-/// What kind of transaction a parameter type names, if any.
-fn tx_kind(ty: &Type) -> Option<(Store, &Type)> {
-    let Type::Reference(r) = ty else { return None };
-    r.mutability?;
-    let Type::Path(p) = &*r.elem else { return None };
-    let seg = p.path.segments.last()?;
-    let name = seg.ident.to_string();
-    let by_alias = Store::ALL
-        .iter()
-        .find(|(_, s)| s.tx_alias() == Some(name.as_str()))
-        .map(|(_, s)| *s);
-    if by_alias.is_some() {
-        return by_alias.map(|s| (s, ty));
+/// The `T` of a `&mut T` parameter: in first position, the handler's
+/// transaction. Whether `T` is one is the runtime's to say (its
+/// `StoreTransaction` trait), on that type.
+pub(crate) fn mut_referent(ty: &Type) -> Option<&Type> {
+    match ty {
+        Type::Reference(r) if r.mutability.is_some() => Some(&r.elem),
+        Type::Paren(p) => mut_referent(&p.elem),
+        Type::Group(g) => mut_referent(&g.elem),
+        _ => None,
     }
-    if name == "Transaction"
-        && let PathArguments::AngleBracketed(a) = &seg.arguments
-    {
-        for g in &a.args {
-            if let GenericArgument::Type(Type::Path(db)) = g {
-                let db = db.path.segments.last()?.ident.to_string();
-                return match db.as_str() {
-                    "Sqlite" => Some((Store::Sqlite, ty)),
-                    "Postgres" => Some((Store::Postgres, ty)),
-                    "MySql" => Some((Store::MySql, ty)),
-                    _ => None,
-                };
-            }
-        }
-    }
-    None
 }
 
 /// How a parameter's type names a `Key`.
@@ -612,6 +520,10 @@ fn key_name(ty: &Type, krate: &syn::Path) -> KeyName {
 /// Sorts the parameters: the receiver, the transaction, the key, and the
 /// rest (the message parameters, which stay in the rewritten signature).
 ///
+/// The first parameter after `self`, when it is `&mut T`, is the
+/// transaction: the handler runs in transaction mode. The runtime checks that
+/// `T` is a store's transaction, and that no `&mut` parameter after it is one.
+///
 /// `&idem_runtime::Key` (or `&<crate>::Key`) is always the key parameter. A
 /// bare `&Key` is the key parameter only when there is no such explicit one,
 /// another parameter can be the message, and no key path starts with its
@@ -620,13 +532,7 @@ fn key_name(ty: &Type, krate: &syn::Path) -> KeyName {
 /// `&Key` taken for the key but
 /// naming the user's type is reported by rustc through the runtime's
 /// `IdemKey` check, on that type.
-fn params(
-    cx: &mut Ctxt,
-    func: &ItemFn,
-    store: Option<Store>,
-    krate: &syn::Path,
-    key_roots: &[String],
-) -> SigParts {
+fn params(cx: &mut Ctxt, func: &ItemFn, krate: &syn::Path, key_roots: &[String]) -> SigParts {
     let mut parts = SigParts {
         tx_param: None,
         key_param: None,
@@ -647,47 +553,7 @@ fn params(
         };
         let position = index;
         index += 1;
-        if let Some((kind, ty)) = tx_kind(&pt.ty) {
-            if parts.tx_param.is_some() {
-                cx.error_spanned_by(
-                    ty,
-                    "only one transaction parameter is allowed: the handler's writes all go through the one transaction that holds the claim",
-                );
-                continue;
-            }
-            if position != 0 {
-                cx.error_spanned_by(
-                    ty,
-                    "the transaction parameter must come first (after `self`): the rewritten function takes the store in its place",
-                );
-            }
-            match store {
-                Some(s) if s == kind => {}
-                Some(s) => match s.tx_alias() {
-                    Some(alias) => cx.error_spanned_by(
-                        ty,
-                        format!(
-                            "this is a {} transaction, but the handler uses store = \"{}\": write `&mut {alias}<'_>`",
-                            kind.name(),
-                            s.name()
-                        ),
-                    ),
-                    None => {
-                        let sql = match Store::sql_choices() {
-                            Some(sql) => format!("or use a SQL store ({sql})"),
-                            None => "or enable a SQL store (the `sqlite` or `postgres` feature of idem-runtime)".to_owned(),
-                        };
-                        cx.error_spanned_by(
-                            ty,
-                            format!(
-                                "store \"{}\" has no transactions: remove this parameter to run the handler in lease mode, {sql}",
-                                s.name()
-                            ),
-                        );
-                    }
-                },
-                None => {}
-            }
+        if position == 0 && mut_referent(&pt.ty).is_some() {
             parts.tx_param = Some(pt.clone());
             continue;
         }
@@ -729,7 +595,7 @@ fn params(
     parts
 }
 
-fn key(cx: &mut Ctxt, lit: &LitStr, params: &[Param], method: bool) -> Option<Vec<KeyPart>> {
+fn key(cx: &mut Ctxt, lit: &LitStr, params: &[Param], method: bool) -> Option<Vec<KeyTerm>> {
     let text = lit.value();
     let expr = match idem_grammar::parse_key(&text) {
         Ok(e) => e,
@@ -774,7 +640,7 @@ fn key(cx: &mut Ctxt, lit: &LitStr, params: &[Param], method: bool) -> Option<Ve
     for part in &expr.parts {
         let (segments, part_text) = match part {
             Part::Const { value, .. } => {
-                out.push(KeyPart::Const(value.clone()));
+                out.push(KeyTerm::Const(value.clone()));
                 continue;
             }
             Part::Path { segments, .. } => (segments, part.to_string()),
@@ -875,7 +741,7 @@ fn key(cx: &mut Ctxt, lit: &LitStr, params: &[Param], method: bool) -> Option<Ve
             }
         };
         let fields = rest.iter().map(|s| member(s, lit.span())).collect();
-        out.push(KeyPart::Path {
+        out.push(KeyTerm::Path {
             root,
             fields,
             text: part_text,

@@ -78,7 +78,7 @@ pub use idem_grammar::{format_duration, parse_duration};
 /// | --- | --- |
 /// | `key` | `part (+ part)*`: field paths of the message (`order_id`, `order.id`, `items.0`) or quoted constants (`'deduct'`) |
 /// | `ttl` | how long a completed record suppresses duplicates: `90s`, `30m`, `24h`, `7d`, `1h30m` |
-/// | `store` | `sqlite`, `postgres`, `redis` or `memory` (`mysql` is reserved) |
+/// | `store` | a built-in store's name (`sqlite`, `postgres`, `mysql`, `redis`, `memory`) or the path of a store type of your own (`"crate::Ledger"`) |
 /// | `name` | the handler's namespace in the store; defaults to the function's name |
 /// | `lease` | lease mode: how long a claim may stay in progress before another consumer may take it over (default `30s`) |
 /// | `crate` | the path of `idem_runtime` when it is renamed |
@@ -145,7 +145,7 @@ pub use idem_grammar::{format_duration, parse_duration};
 pub use idem_macros::idempotent;
 pub use key::{Key, KeyBuilder, KeyMissing, KeyPart, MAX_KEY_LEN, PartWriter};
 pub use outcome::Outcome;
-pub use store::contract::{Claim, LeaseStore, TxClaim, TxCommit, TxStore};
+pub use store::contract::{Claim, LeaseStore, StoreTransaction, TxClaim, TxCommit, TxStore};
 pub use store::memory::MemoryStore;
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]

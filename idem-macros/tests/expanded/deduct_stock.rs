@@ -1,10 +1,13 @@
 async fn deduct_stock(
-    store: &::idem_runtime::__private::SqliteStore,
+    store: &impl ::idem_runtime::__private::TxStore<Tx = SqliteTx<'static>>,
     msg: &OrderPlaced,
 ) -> ::idem_runtime::__private::Result<
     ::idem_runtime::__private::Outcome<StockLeft>,
     ::idem_runtime::__private::Error<AppError>,
 > {
+    ::idem_runtime::__private::stores::transaction::<SqliteTx<'static>>();
+    use ::idem_runtime::__private::stores::sqlite as __idem_store;
+    __idem_store::<::idem_runtime::__private::stores::TxMode<SqliteTx<'static>>>();
     const __IDEM_SPEC: ::idem_runtime::__private::HandlerSpec = ::idem_runtime::__private::HandlerSpec {
         name: "deduct_stock",
         function: "deduct_stock",

@@ -27,7 +27,7 @@ pub async fn run_lease<S, T, E, F>(
     body: F,
 ) -> Result<Outcome<T>, Error<E>>
 where
-    S: LeaseStore + Clone + 'static,
+    S: LeaseStore,
     F: Future<Output = Result<T, E>>,
 {
     let span = call_span(spec, key);
@@ -46,7 +46,7 @@ async fn lease_inner<S, T, E, F>(
     body: F,
 ) -> Result<Outcome<T>, Error<E>>
 where
-    S: LeaseStore + Clone + 'static,
+    S: LeaseStore,
     F: Future<Output = Result<T, E>>,
 {
     check_registry(spec)?;
@@ -163,7 +163,7 @@ struct Heartbeat {
 }
 
 impl Heartbeat {
-    async fn start<S: LeaseStore + Clone + 'static>(
+    async fn start<S: LeaseStore>(
         store: &S,
         spec: &'static HandlerSpec,
         key: &Key,

@@ -2,10 +2,17 @@
 //! completion and a commit must guarantee, in two traits.
 //!
 //! [`LeaseStore`] is what lease mode needs (every store of this crate
-//! implements it), [`TxStore`] what transaction mode needs (the SQL stores).
-//! Both are public (at the crate root) and can be implemented outside this
-//! crate, but `#[idempotent(store = "...")]` names only the built-in stores,
-//! so a store of your own is driven through these traits directly.
+//! implements it), [`TxStore`] what transaction mode needs (the SQL stores),
+//! and [`StoreTransaction`] marks the transaction a [`TxStore`] hands to a
+//! handler's body. All three are public (at the crate root) and can be
+//! implemented outside this crate.
+//!
+//! A rewritten handler takes its store generically: a lease-mode handler
+//! takes `&impl LeaseStore`, so any lease store runs it (a test can run a
+//! `store = "redis"` handler on [`MemoryStore`](crate::MemoryStore)); a
+//! transaction-mode handler takes `&impl TxStore<Tx = T>`, where `T` is the
+//! transaction type its first parameter names. A store of your own is named
+//! by its path: `store = "crate::MyStore"`.
 
 use std::future::Future;
 use std::time::Duration;
@@ -91,8 +98,10 @@ pub enum Claim {
 /// use idem_runtime::registry::HandlerSpec;
 /// use std::sync::atomic::{AtomicU64, Ordering};
 ///
-/// #[derive(Default)]
-/// struct Counted { inner: MemoryStore, claims: AtomicU64 }
+/// use std::sync::Arc;
+///
+/// #[derive(Clone, Default)]
+/// struct Counted { inner: MemoryStore, claims: Arc<AtomicU64> }
 ///
 /// impl LeaseStore for Counted {
 ///     fn store_name(&self) -> &'static str {
@@ -121,7 +130,10 @@ pub enum Claim {
 /// assert_eq!(store.claims.load(Ordering::Relaxed), 1);
 /// # Ok(()) }
 /// ```
-pub trait LeaseStore: Send + Sync {
+///
+/// Stores are handles: cloning one shares its connections and records (the
+/// call clones it into the task that keeps the lease alive).
+pub trait LeaseStore: Clone + Send + Sync + 'static {
     /// The store's name, as written in `store = "..."`.
     ///
     /// # Examples
@@ -405,7 +417,7 @@ pub trait TxStore: Send + Sync {
     ///     tx
     /// }
     /// ```
-    type Tx: Send;
+    type Tx: StoreTransaction + 'static;
 
     /// The store's name, as written in `store = "..."`.
     ///
@@ -536,3 +548,34 @@ pub trait TxStore: Send + Sync {
         key: &Key,
     ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send;
 }
+
+/// The transaction a [`TxStore`] hands to a transaction-mode body.
+///
+/// A handler is in transaction mode when its first parameter (after `self`)
+/// is `&mut T` with `T` implementing this trait; the store's
+/// [`TxStore::Tx`] must then be `T`. A `&mut T` first parameter whose `T`
+/// is not a transaction is a compile error saying so, and a transaction
+/// anywhere else is a compile error saying it must come first.
+///
+/// Implemented for every `sqlx::Transaction` (with a SQL store's feature).
+/// A store of your own implements it for its transaction type.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::StoreTransaction;
+///
+/// /// A transaction of an application's own store.
+/// struct LedgerTx { writes: Vec<String> }
+/// impl StoreTransaction for LedgerTx {}
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a store's transaction, but a `&mut` first parameter is taken for the handler's transaction",
+    label = "the first parameter of a transaction-mode handler is the store's transaction",
+    note = "if this is a message or state of the body, take it by shared reference (`&{Self}`) or put it after the message: a handler without a transaction runs in lease mode",
+    note = "a store's own transaction type implements `idem_runtime::StoreTransaction`"
+)]
+pub trait StoreTransaction: Send {}
+
+#[cfg(feature = "_sql")]
+impl<DB: sqlx::Database> StoreTransaction for sqlx::Transaction<'_, DB> {}

@@ -6,17 +6,13 @@
 //! `#[diagnostic::on_unimplemented]` message, required by code that the macro
 //! emits with the span of the offending type or key literal.
 
-#[cfg(feature = "redis")]
-pub use crate::RedisStore;
+pub mod stores;
+
 pub use crate::call::key_missing;
 pub use crate::call::lease::run_lease;
 pub use crate::call::tx::{TxBegin, TxCall, tx_begin, tx_finish};
 pub use crate::registry::{HandlerSpec, Mode};
-pub use crate::{Error, Key, KeyBuilder, KeyPart, MemoryStore, Outcome};
-#[cfg(feature = "postgres")]
-pub use crate::{PgStore, PgTx};
-#[cfg(feature = "sqlite")]
-pub use crate::{SqliteStore, SqliteTx};
+pub use crate::{Error, Key, KeyBuilder, KeyPart, LeaseStore, Outcome, TxStore};
 pub use core::future::Future;
 pub use core::result::Result;
 pub use core::time::Duration;

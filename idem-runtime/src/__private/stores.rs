@@ -1,0 +1,271 @@
+//! What `store = "..."` names, decided here rather than in the macro.
+//!
+//! The macro turns `store = "postgres"` into a call of the function of that
+//! name in this module, `postgres::<M>()`, where `M` is the handler's mode:
+//! [`LeaseMode`], or [`TxMode<T>`] with `T` the transaction type its first
+//! parameter names. Each function's bound is a trait of its own whose
+//! `on_unimplemented` message says what is wrong with this store for that
+//! mode: a transaction of another store, a store without transactions, a
+//! feature that is off. A name that is no function here is reported by rustc,
+//! with the nearest name as a suggestion. A store outside this crate is named
+//! by its path (`store = "crate::MyStore"`) and checked by [`store_type`].
+//!
+//! Adding a store to idem is adding its function here and its bound in
+//! [`bounds`] (and, when a feature gates the store, the bound's feature-off
+//! twin); the macro does not change.
+//!
+//! The rewritten handler itself takes any store of its mode (`&impl
+//! LeaseStore`, `&impl TxStore<Tx = T>`): the name fixes the transaction
+//! type and documents where the records live, it does not pin a type.
+
+#![allow(missing_docs)]
+
+use core::marker::PhantomData;
+
+use crate::store::contract::{LeaseStore, StoreTransaction, TxStore};
+
+/// The mode of a handler without a transaction parameter.
+pub struct LeaseMode;
+
+/// The mode of a handler whose first parameter is `&mut T`.
+pub struct TxMode<T: ?Sized>(PhantomData<T>);
+
+// ---------------------------------------------------------------------------
+// The names
+
+/// `store = "sqlite"`: [`SqliteStore`](crate::SqliteStore).
+pub fn sqlite<M: bounds::Sqlite>() {}
+/// `store = "postgres"`: [`PgStore`](crate::PgStore).
+pub fn postgres<M: bounds::Postgres>() {}
+/// `store = "redis"`: [`RedisStore`](crate::RedisStore).
+pub fn redis<M: bounds::Redis>() {}
+/// `store = "memory"`: [`MemoryStore`](crate::MemoryStore).
+pub fn memory<M: bounds::Memory>() {}
+/// `store = "pg"`: an error, the store is called "postgres".
+pub fn pg<M: bounds::Pg>() {}
+/// `store = "postgresql"`: an error, the store is called "postgres".
+pub fn postgresql<M: bounds::Postgresql>() {}
+/// `store = "psql"`: an error, the store is called "postgres".
+pub fn psql<M: bounds::Psql>() {}
+/// `store = "sqlite3"`: an error, the store is called "sqlite".
+pub fn sqlite3<M: bounds::Sqlite3>() {}
+/// `store = "mariadb"`: an error, the store is called "mysql".
+pub fn mariadb<M: bounds::Mariadb>() {}
+/// `store = "mem"`: an error, the store is called "memory".
+pub fn mem<M: bounds::Mem>() {}
+/// `store = "inmemory"`: an error, the store is called "memory".
+pub fn inmemory<M: bounds::Inmemory>() {}
+
+/// The bound of each name's function: its `on_unimplemented` message is
+/// what the user reads when the store does not fit the handler. In a module
+/// of their own, so that a name written with a capital (`store =
+/// "Postgres"`) finds no trait and rustc suggests the function's name.
+pub mod bounds {
+    // ---------------------------------------------------------------------------
+    // sqlite
+
+    #[cfg(feature = "sqlite")]
+    #[diagnostic::on_unimplemented(
+        message = "this is not a SQLite transaction, but the handler uses store = \"sqlite\": write `&mut SqliteTx<'_>`",
+        label = "the transaction of another store",
+        note = "`SqliteTx` is `idem_runtime::SqliteTx`, an alias of `sqlx::Transaction<'_, sqlx::Sqlite>`"
+    )]
+    pub trait Sqlite {}
+    #[cfg(feature = "sqlite")]
+    impl Sqlite for super::LeaseMode {}
+    #[cfg(feature = "sqlite")]
+    impl Sqlite for super::TxMode<crate::SqliteTx<'static>> {}
+
+    #[cfg(not(feature = "sqlite"))]
+    #[diagnostic::on_unimplemented(
+        message = "store \"sqlite\" needs the `sqlite` feature of idem-runtime: idem-runtime = {{ version = \"...\", features = [\"sqlite\"] }}",
+        label = "the `sqlite` feature of idem-runtime is off"
+    )]
+    pub trait Sqlite {}
+
+    // ---------------------------------------------------------------------------
+    // postgres
+
+    #[cfg(feature = "postgres")]
+    #[diagnostic::on_unimplemented(
+        message = "this is not a Postgres transaction, but the handler uses store = \"postgres\": write `&mut PgTx<'_>`",
+        label = "the transaction of another store",
+        note = "`PgTx` is `idem_runtime::PgTx`, an alias of `sqlx::Transaction<'_, sqlx::Postgres>`"
+    )]
+    pub trait Postgres {}
+    #[cfg(feature = "postgres")]
+    impl Postgres for super::LeaseMode {}
+    #[cfg(feature = "postgres")]
+    impl Postgres for super::TxMode<crate::PgTx<'static>> {}
+
+    #[cfg(not(feature = "postgres"))]
+    #[diagnostic::on_unimplemented(
+        message = "store \"postgres\" needs the `postgres` feature of idem-runtime: idem-runtime = {{ version = \"...\", features = [\"postgres\"] }}",
+        label = "the `postgres` feature of idem-runtime is off"
+    )]
+    pub trait Postgres {}
+
+    // ---------------------------------------------------------------------------
+    // redis
+
+    #[cfg(feature = "redis")]
+    #[diagnostic::on_unimplemented(
+        message = "store \"redis\" has no transactions: remove this parameter to run the handler in lease mode, or use a SQL store",
+        label = "a transaction parameter makes a transaction-mode handler",
+        note = "the SQL stores (\"sqlite\", \"postgres\", \"mysql\") run transaction mode; \"redis\" and \"memory\" run lease mode only"
+    )]
+    pub trait Redis {}
+    #[cfg(feature = "redis")]
+    impl Redis for super::LeaseMode {}
+
+    #[cfg(not(feature = "redis"))]
+    #[diagnostic::on_unimplemented(
+        message = "store \"redis\" needs the `redis` feature of idem-runtime: idem-runtime = {{ version = \"...\", features = [\"redis\"] }}",
+        label = "the `redis` feature of idem-runtime is off"
+    )]
+    pub trait Redis {}
+
+    // ---------------------------------------------------------------------------
+    // memory
+
+    #[diagnostic::on_unimplemented(
+        message = "store \"memory\" has no transactions: remove this parameter to run the handler in lease mode, or use a SQL store",
+        label = "a transaction parameter makes a transaction-mode handler",
+        note = "the SQL stores (\"sqlite\", \"postgres\", \"mysql\") run transaction mode; \"redis\" and \"memory\" run lease mode only"
+    )]
+    pub trait Memory {}
+    impl Memory for super::LeaseMode {}
+
+    // ---------------------------------------------------------------------------
+    // Other names of the stores: each is an error saying which name to write,
+    // so the registry and the docs know every store by one name.
+
+    #[diagnostic::on_unimplemented(
+        message = "unknown store \"pg\": did you mean \"postgres\"?",
+        label = "not a store's name"
+    )]
+    pub trait Pg {}
+
+    #[diagnostic::on_unimplemented(
+        message = "unknown store \"postgresql\": did you mean \"postgres\"?",
+        label = "not a store's name"
+    )]
+    pub trait Postgresql {}
+
+    #[diagnostic::on_unimplemented(
+        message = "unknown store \"psql\": did you mean \"postgres\"?",
+        label = "not a store's name"
+    )]
+    pub trait Psql {}
+
+    #[diagnostic::on_unimplemented(
+        message = "unknown store \"sqlite3\": did you mean \"sqlite\"?",
+        label = "not a store's name"
+    )]
+    pub trait Sqlite3 {}
+
+    #[diagnostic::on_unimplemented(
+        message = "unknown store \"mariadb\": did you mean \"mysql\"? It serves MariaDB too.",
+        label = "not a store's name"
+    )]
+    pub trait Mariadb {}
+
+    #[diagnostic::on_unimplemented(
+        message = "unknown store \"mem\": did you mean \"memory\"?",
+        label = "not a store's name"
+    )]
+    pub trait Mem {}
+
+    #[diagnostic::on_unimplemented(
+        message = "unknown store \"inmemory\": did you mean \"memory\"?",
+        label = "not a store's name"
+    )]
+    pub trait Inmemory {}
+}
+
+// ---------------------------------------------------------------------------
+// A store named by its path
+
+/// Implemented by a store that can run a handler of mode `M`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot run this handler: it is not a store of the handler's mode",
+    label = "named by `store = \"...\"`",
+    note = "a lease-mode handler needs a store implementing `idem_runtime::LeaseStore`; a transaction-mode handler one implementing `idem_runtime::TxStore` whose `Tx` is the type of its first parameter"
+)]
+pub trait StoreFor<M: ?Sized> {}
+impl<S: LeaseStore> StoreFor<LeaseMode> for S {}
+impl<S: TxStore<Tx = T>, T: StoreTransaction> StoreFor<TxMode<T>> for S {}
+
+/// `store = "path::to::Store"`: a store type of the application's own.
+pub fn store_type<S: StoreFor<M> + ?Sized, M: ?Sized>() {}
+
+// ---------------------------------------------------------------------------
+// Where the transaction parameter is
+
+/// The first parameter is `&mut T`: `T` must be a store's transaction.
+pub fn transaction<T: StoreTransaction + ?Sized>() {}
+
+/// Wraps the type of a `&mut T` parameter that is not the first, for the
+/// method lookup below: [`MisplacedTx`] when `T` is a store's transaction
+/// (an error), [`NotTx`] otherwise (nothing).
+pub struct TxProbe<T: ?Sized>(PhantomData<T>);
+
+impl<T: ?Sized> TxProbe<T> {
+    /// The probe.
+    pub fn new() -> Self {
+        TxProbe(PhantomData)
+    }
+}
+
+impl<T: ?Sized> Default for TxProbe<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Never implemented: required of a transaction found after the first
+/// parameter, so that its error says where it goes.
+#[diagnostic::on_unimplemented(
+    message = "a transaction parameter must come first (after `self`), and a handler has one: `{Self}` is a store's transaction",
+    label = "a transaction after the first parameter",
+    note = "the rewritten function takes the store in the transaction's place; a handler whose first parameter is not its transaction runs in lease mode"
+)]
+pub trait TxComesFirst {}
+
+/// The lookup for transaction types.
+pub trait MisplacedTx {
+    /// Fails to compile, with the message of [`TxComesFirst`].
+    fn tx_after_first(&self) -> Misplaced<Self>;
+}
+impl<T: StoreTransaction + ?Sized> MisplacedTx for TxProbe<T> {
+    fn tx_after_first(&self) -> Misplaced<Self> {
+        Misplaced(PhantomData)
+    }
+}
+
+/// A transaction type found after the first parameter.
+pub struct Misplaced<P: ?Sized>(PhantomData<P>);
+impl<T: ?Sized> Misplaced<TxProbe<T>> {
+    /// Requires [`TxComesFirst`], which nothing implements.
+    pub fn check(self)
+    where
+        T: TxComesFirst,
+    {
+    }
+}
+
+/// The lookup for every other type.
+pub trait NotTx {
+    /// Nothing to report.
+    fn tx_after_first(&self) -> Fine {
+        Fine
+    }
+}
+impl<T: ?Sized> NotTx for &TxProbe<T> {}
+
+/// A parameter that is not a transaction.
+pub struct Fine;
+impl Fine {
+    /// Nothing.
+    pub fn check(self) {}
+}
