@@ -1,5 +1,6 @@
 //! The MySQL/MariaDB store through its traits (`LeaseStore`, `TxStore`,
-//! `Sweep`), against the server of `MYSQL_URL`: lease claims, completion,
+//! `Sweep`) and `#[idempotent(store = "mysql")]`, against the server of
+//! `MYSQL_URL`: lease claims, completion,
 //! release, extension and takeover on a manual clock; transaction mode in
 //! both claim orders; a duplicate waiting on the row lock; deadlocks;
 //! byte-exact keys; concurrent migrations; table names; a missing table; the
@@ -12,7 +13,8 @@ use idem_runtime::clock::ManualClock;
 use idem_runtime::registry::{HandlerSpec, Mode};
 use idem_runtime::store::Status;
 use idem_runtime::{
-    Claim, ClaimOrder, Key, LeaseStore, MySqlStore, MySqlTx, StoreError, TxClaim, TxCommit, TxStore,
+    Claim, ClaimOrder, Key, LeaseStore, MySqlStore, MySqlTx, Outcome, StoreError, TxClaim,
+    TxCommit, TxStore, idempotent,
 };
 use idem_tests::{DropMySqlTables, mysql_pool, mysql_url, or_skip, unique_table};
 use sqlx::{AssertSqlSafe, MySqlPool};
@@ -546,6 +548,62 @@ async fn a_deadlock_victim_is_in_progress_and_leaves_nothing() {
         .unwrap()
         .expect("a record");
     assert_eq!(r.outcome.as_deref(), Some("1"));
+}
+
+// ---------------------------------------------------------------------------
+// The attribute
+
+#[derive(Debug)]
+struct Shipped {
+    order_id: i64,
+}
+
+#[idempotent(key = "msg.order_id", ttl = "1h", store = "mysql", name = "my_ship")]
+async fn ship(tx: &mut MySqlTx<'_>, msg: &Shipped, ledger: &str) -> Result<i64, sqlx::Error> {
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {ledger} (id, note) VALUES (?, 'shipped')"
+    )))
+    .bind(msg.order_id)
+    .execute(&mut **tx)
+    .await?;
+    Ok(msg.order_id)
+}
+
+#[idempotent(key = "order_id", ttl = "1h", store = "mysql", name = "my_points")]
+async fn points(msg: &Shipped) -> Result<i64, std::io::Error> {
+    Ok(msg.order_id * 10)
+}
+
+#[tokio::test]
+async fn the_attribute_runs_handlers_on_mysql() {
+    let my = or_skip!(My::open("attribute", 5).await);
+    let msg = Shipped { order_id: 17 };
+    // Transaction mode, claiming last: the duplicate's body fails on the
+    // ledger's key, and the recorded outcome is the answer.
+    assert_eq!(
+        ship(&my.store, &msg, &my.ledger).await.unwrap(),
+        Outcome::Executed(17)
+    );
+    assert_eq!(
+        ship(&my.store, &msg, &my.ledger).await.unwrap(),
+        Outcome::Duplicate(17)
+    );
+    let first = my.store.clone().with_claim_order(ClaimOrder::First);
+    assert_eq!(
+        ship(&first, &msg, &my.ledger).await.unwrap(),
+        Outcome::Duplicate(17)
+    );
+    assert_eq!(my.ledger().await, [(17, "shipped".to_owned())]);
+    // Lease mode.
+    assert_eq!(
+        points(&my.store, &msg).await.unwrap(),
+        Outcome::Executed(170)
+    );
+    assert_eq!(
+        points(&my.store, &msg).await.unwrap(),
+        Outcome::Duplicate(170)
+    );
+    assert_eq!(my.store.count().await.unwrap(), 2);
 }
 
 // ---------------------------------------------------------------------------

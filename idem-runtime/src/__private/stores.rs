@@ -37,6 +37,8 @@ pub struct TxMode<T: ?Sized>(PhantomData<T>);
 pub fn sqlite<M: bounds::Sqlite>() {}
 /// `store = "postgres"`: [`PgStore`](crate::PgStore).
 pub fn postgres<M: bounds::Postgres>() {}
+/// `store = "mysql"`: [`MySqlStore`](crate::MySqlStore), for MySQL and MariaDB.
+pub fn mysql<M: bounds::Mysql>() {}
 /// `store = "redis"`: [`RedisStore`](crate::RedisStore).
 pub fn redis<M: bounds::Redis>() {}
 /// `store = "memory"`: [`MemoryStore`](crate::MemoryStore).
@@ -104,6 +106,28 @@ pub mod bounds {
         label = "the `postgres` feature of idem-runtime is off"
     )]
     pub trait Postgres {}
+
+    // ---------------------------------------------------------------------------
+    // mysql
+
+    #[cfg(feature = "mysql")]
+    #[diagnostic::on_unimplemented(
+        message = "this is not a MySQL transaction, but the handler uses store = \"mysql\": write `&mut MySqlTx<'_>`",
+        label = "the transaction of another store",
+        note = "`MySqlTx` is `idem_runtime::MySqlTx`, an alias of `sqlx::Transaction<'_, sqlx::MySql>`"
+    )]
+    pub trait Mysql {}
+    #[cfg(feature = "mysql")]
+    impl Mysql for super::LeaseMode {}
+    #[cfg(feature = "mysql")]
+    impl Mysql for super::TxMode<crate::MySqlTx<'static>> {}
+
+    #[cfg(not(feature = "mysql"))]
+    #[diagnostic::on_unimplemented(
+        message = "store \"mysql\" needs the `mysql` feature of idem-runtime: idem-runtime = {{ version = \"...\", features = [\"mysql\"] }}",
+        label = "the `mysql` feature of idem-runtime is off"
+    )]
+    pub trait Mysql {}
 
     // ---------------------------------------------------------------------------
     // redis

@@ -158,28 +158,29 @@ const MIGRATE_LOCK_WAIT: Duration = Duration::from_secs(30);
 ///
 /// # Examples
 ///
-/// The calls a transaction-mode handler makes:
+/// ```no_run,standalone_crate
+/// use idem_runtime::{idempotent, MySqlStore, MySqlTx, Outcome};
 ///
-/// ```no_run
-/// # use idem_runtime::registry::{HandlerSpec, Mode};
-/// # use std::time::Duration;
-/// # static SPEC: HandlerSpec = HandlerSpec {
-/// #     name: "deduct_stock", function: "deduct_stock", key: "order_id",
-/// #     ttl: Duration::from_secs(86_400), lease: Duration::from_secs(30),
-/// #     store: "mysql", mode: Mode::Transaction, module: "shop", file: "src/shop.rs", line: 1,
-/// # };
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use idem_runtime::{Key, MySqlStore, TxClaim, TxCommit, TxStore};
+/// #[derive(serde::Deserialize)]
+/// struct OrderPlaced { order_id: i64, sku: String, qty: i64 }
 ///
+/// #[idempotent(key = "order_id + sku", ttl = "24h", store = "mysql")]
+/// async fn deduct_stock(tx: &mut MySqlTx<'_>, msg: &OrderPlaced) -> Result<u64, sqlx::Error> {
+///     let done = sqlx::query("UPDATE inventory SET stock = stock - ? WHERE sku = ?")
+///         .bind(msg.qty)
+///         .bind(&msg.sku)
+///         .execute(&mut **tx)
+///         .await?;
+///     Ok(done.rows_affected())
+/// }
+///
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// let store = MySqlStore::connect("mysql://root@127.0.0.1:3306/test").await?;
 /// store.migrate().await?;
-/// let key = Key::from_parts(&[&17u64])?;
-/// if let TxClaim::Fresh(mut tx) = store.begin_claim(&SPEC, &key).await? {
-///     sqlx::query("UPDATE inventory SET stock = stock - 1 WHERE sku = 'apple'")
-///         .execute(&mut *tx)
-///         .await?;
-///     assert_eq!(store.commit_outcome(tx, &SPEC, &key, "null").await?, TxCommit::Committed);
+/// let msg = OrderPlaced { order_id: 1, sku: "apple".into(), qty: 3 };
+/// match deduct_stock(&store, &msg).await? {
+///     Outcome::Executed(rows) => println!("deducted ({rows} row)"),
+///     Outcome::Duplicate(_) => println!("seen before"),
 /// }
 /// # Ok(()) }
 /// ```
