@@ -12,8 +12,8 @@ use super::statement::{NewRow, Placeholders};
 
 /// The SQL databases a [`SqlStore`](super::SqlStore) runs on: implemented
 /// for sqlx's [`Sqlite`](sqlx::Sqlite), [`Postgres`](sqlx::Postgres) and
-/// [`MySql`](sqlx::MySql), and not meant to be implemented elsewhere (the
-/// trait cannot be named outside this crate).
+/// [`MySql`](sqlx::MySql). It can be named as a bound, but not implemented
+/// outside this crate: its items use types this crate does not export.
 pub trait Dialect: Exec {
     /// The store's name, as written in `store = "..."`.
     const STORE: &'static str;
