@@ -107,6 +107,82 @@ impl Drop for DropTables {
 }
 
 // ---------------------------------------------------------------------------
+// MariaDB / MySQL
+// ---------------------------------------------------------------------------
+
+/// The MariaDB (or MySQL) URL: `MYSQL_URL`, or the loopback default.
+pub fn mysql_url() -> String {
+    std::env::var("MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+}
+
+/// A MariaDB pool whose sessions wait at most `lock_wait_secs` on a row lock
+/// (`innodb_lock_wait_timeout`), or `None` (after [`unavailable`]) when the
+/// server cannot be reached.
+pub async fn mysql_pool(max_connections: u32, lock_wait_secs: u32) -> Option<sqlx::MySqlPool> {
+    let url = mysql_url();
+    let connect = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                sqlx::query("SET SESSION innodb_lock_wait_timeout = ?")
+                    .bind(lock_wait_secs)
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            })
+        })
+        .connect(&url);
+    match tokio::time::timeout(Duration::from_secs(10), connect).await {
+        Ok(Ok(pool)) => Some(pool),
+        Ok(Err(e)) => unavailable("MariaDB", &url, e),
+        Err(_) => unavailable("MariaDB", &url, "connect timed out"),
+    }
+}
+
+/// Drops the named tables from the MariaDB database of [`mysql_url`] when
+/// dropped, so tests leave nothing behind even when they fail.
+pub struct DropMySqlTables {
+    tables: Vec<String>,
+}
+
+impl DropMySqlTables {
+    /// Drops `tables` at the end of the scope.
+    pub fn new(tables: &[&str]) -> Self {
+        DropMySqlTables {
+            tables: tables.iter().map(|t| (*t).to_owned()).collect(),
+        }
+    }
+}
+
+impl Drop for DropMySqlTables {
+    fn drop(&mut self) {
+        let sql = format!("DROP TABLE IF EXISTS {}", self.tables.join(", "));
+        // A fresh thread, runtime and connection, as for `DropTables`. A
+        // failed test may leave a transaction open on the table (its
+        // rollback waits for the test's runtime, which this blocks): give up
+        // on the table after 10 s rather than wait for ever.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            if let Ok(rt) = rt {
+                rt.block_on(async move {
+                    use sqlx::Connection as _;
+                    if let Ok(mut conn) = sqlx::MySqlConnection::connect(&mysql_url()).await {
+                        let sql = format!("SET SESSION lock_wait_timeout = 10; {sql}");
+                        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                            .execute(&mut conn)
+                            .await;
+                    }
+                });
+            }
+        })
+        .join();
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Redis
 // ---------------------------------------------------------------------------
 

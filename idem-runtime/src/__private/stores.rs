@@ -54,6 +54,8 @@ pub mod names {
     pub fn sqlite<M: bounds::Sqlite + ?Sized>() {}
     /// `store = "postgres"`: [`PgStore`](crate::PgStore).
     pub fn postgres<M: bounds::Postgres + ?Sized>() {}
+    /// `store = "mysql"`: [`MySqlStore`](crate::MySqlStore), for MySQL and MariaDB.
+    pub fn mysql<M: bounds::Mysql + ?Sized>() {}
     /// `store = "redis"`: [`RedisStore`](crate::RedisStore).
     pub fn redis<M: bounds::Redis + ?Sized>() {}
     /// `store = "memory"`: [`MemoryStore`](crate::MemoryStore).
@@ -120,6 +122,27 @@ pub mod bounds {
     pub trait Postgres {}
     #[cfg(not(feature = "postgres"))]
     impl<T: ?Sized> Postgres for TxMode<T> {}
+
+    #[cfg(feature = "mysql")]
+    #[diagnostic::on_unimplemented(
+        message = "this is not a MySQL transaction, but the handler uses store = \"mysql\": write `&mut MySqlTx<'_>`",
+        label = "the transaction of another store",
+        note = "`MySqlTx` is `idem_runtime::MySqlTx`, an alias of `sqlx::Transaction<'_, sqlx::MySql>`"
+    )]
+    pub trait Mysql {}
+    #[cfg(feature = "mysql")]
+    impl Mysql for LeaseMode {}
+    #[cfg(feature = "mysql")]
+    impl Mysql for TxMode<crate::MySqlTx<'static>> {}
+
+    #[cfg(not(feature = "mysql"))]
+    #[diagnostic::on_unimplemented(
+        message = "store \"mysql\" needs the `mysql` feature of idem-runtime: idem-runtime = {{ version = \"...\", features = [\"mysql\"] }}",
+        label = "the `mysql` feature of idem-runtime is off"
+    )]
+    pub trait Mysql {}
+    #[cfg(not(feature = "mysql"))]
+    impl<T: ?Sized> Mysql for TxMode<T> {}
 
     #[cfg(feature = "redis")]
     #[diagnostic::on_unimplemented(

@@ -15,20 +15,17 @@
 //! ```
 
 use std::str::FromStr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::Connection as _;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
-use sqlx::{Postgres, Transaction};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgQueryResult};
+use sqlx::{AssertSqlSafe, Postgres, Transaction};
 
-use crate::clock::{Clock, SystemClock, millis};
 use crate::error::StoreError;
-use crate::key::Key;
-use crate::registry::{self, HandlerSpec};
-use crate::store::contract::{TxClaim, TxCommit, TxStore};
-use crate::store::sql::{Dialect, Standing, Statements, q, sql_store};
-use crate::store::validate_table_name;
+use crate::registry;
+pub use crate::store::sql::ClaimOrder;
+use crate::store::sql::{
+    Dialect, Fault, NewRow, Placeholders, SqlStore, insert_or_take_over_expired, reach,
+};
 
 /// The transaction a transaction-mode Postgres handler receives:
 /// `tx: &mut PgTx<'_>`, used as `&mut **tx` with sqlx.
@@ -73,7 +70,7 @@ pub type PgTx<'c> = Transaction<'c, Postgres>;
 /// assert_eq!(DEFAULT_TABLE, "idem_keys");
 /// # Ok(()) }
 /// ```
-pub const DEFAULT_TABLE: &str = "idem_keys";
+pub const DEFAULT_TABLE: &str = crate::store::sql::DEFAULT_TABLE;
 
 /// How long a claim waits on another transaction holding the same key
 /// before the call returns [`Error::InProgress`](crate::Error::InProgress).
@@ -87,41 +84,13 @@ pub const DEFAULT_TABLE: &str = "idem_keys";
 /// assert_eq!(DEFAULT_LOCK_TIMEOUT, Duration::from_secs(5));
 /// ```
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// When a transaction-mode handler writes its dedup row.
-///
-/// Both orders keep the invariant: the row, the body's writes and the outcome
-/// commit together or not at all.
-///
-/// # Examples
-///
-/// ```
-/// use idem_runtime::ClaimOrder;
-/// assert_eq!(ClaimOrder::default(), ClaimOrder::Last);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ClaimOrder {
-    /// After the body, in one statement that carries the outcome: one extra
-    /// statement a fresh message. A duplicate's body runs and is rolled back
-    /// when the insert finds the row. The default: it is the faster one (see
-    /// the README's benchmark).
-    #[default]
-    Last,
-    /// Before the body, with the outcome written by an `UPDATE` before the
-    /// commit: two extra statements a fresh message, but a duplicate is turned
-    /// away before its body runs. Choose it when a duplicate body is expensive
-    /// or has effects a rollback does not undo (sequence values, `NOTIFY`
-    /// delivered at commit are fine; calls to other systems are not).
-    First,
-}
-
 /// The PostgreSQL store, through sqlx.
 ///
 /// * **Transaction mode** (a handler with `tx: &mut PgTx<'_>`): the dedup row
 ///   is written in the body's transaction; see [`ClaimOrder`] for when.
 /// * **Lease mode** (no transaction parameter): the claim is one `INSERT ...
-///   ON CONFLICT DO UPDATE ... WHERE expired RETURNING` carrying a fencing
-///   token; completion, release and lease extension compare the token.
+///   ON CONFLICT DO UPDATE ... WHERE expired` carrying a fencing token;
+///   completion, release and lease extension compare the token.
 ///
 /// Times are the consumer's clock in milliseconds since the epoch (keep
 /// consumers' clocks in sync with NTP, as leases assume anyway). Expired rows
@@ -161,24 +130,69 @@ pub enum ClaimOrder {
 /// }
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone)]
-pub struct PgStore {
-    pool: PgPool,
-    sql: Arc<Statements>,
-    clock: Arc<dyn Clock>,
-    lock_timeout: Duration,
-    order: ClaimOrder,
+pub type PgStore = SqlStore<Postgres>;
+
+impl Dialect for Postgres {
+    const STORE: &'static str = "postgres";
+    const PLACEHOLDERS: Placeholders = Placeholders::Dollar;
+    const KEY: &'static str = "key";
+    const MAX_HANDLER_LEN: usize = usize::MAX;
+    const BEGIN: Option<&'static str> = None;
+    const SWEEP_BEGIN: Option<&'static str> = None;
+
+    fn create(t: &str) -> String {
+        let bare = t.rsplit('.').next().unwrap_or(t);
+        format!(
+            "CREATE TABLE IF NOT EXISTS {t} (
+                handler TEXT NOT NULL,
+                key TEXT NOT NULL,
+                status TEXT NOT NULL,
+                token TEXT,
+                outcome TEXT,
+                attempts BIGINT NOT NULL,
+                created_at BIGINT NOT NULL,
+                updated_at BIGINT NOT NULL,
+                expires_at BIGINT NOT NULL,
+                PRIMARY KEY (handler, key)
+            );
+            CREATE INDEX IF NOT EXISTS {bare}_expires_at ON {t} (expires_at);"
+        )
+    }
+
+    fn take(row: NewRow) -> (String, Option<String>) {
+        (insert_or_take_over_expired(row), None)
+    }
+
+    fn sweep() -> String {
+        // Rows another transaction holds are skipped, not waited for.
+        "DELETE FROM {t} WHERE ctid = ANY (ARRAY(
+            SELECT ctid FROM {t} WHERE expires_at <= :now
+            ORDER BY expires_at LIMIT :batch FOR UPDATE SKIP LOCKED))"
+            .to_owned()
+    }
+
+    fn fault(db: &dyn sqlx::error::DatabaseError) -> Fault {
+        match db.code().as_deref() {
+            Some("55P03") => Fault::LockWait,
+            Some("40P01") => Fault::Deadlock,
+            // undefined_table: `relation "idem_keys" does not exist`
+            Some("42P01") => Fault::MissingTable(
+                db.message()
+                    .split('"')
+                    .nth(1)
+                    .unwrap_or_default()
+                    .to_owned(),
+            ),
+            _ => Fault::Other,
+        }
+    }
+
+    fn rows_affected(done: &PgQueryResult) -> u64 {
+        done.rows_affected()
+    }
 }
 
-fn is_lock_timeout(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
-}
-
-fn backend(e: sqlx::Error) -> StoreError {
-    StoreError::backend(e)
-}
-
-impl PgStore {
+impl SqlStore<Postgres> {
     /// Connects with a URL such as `postgres://user@host/db`, setting the
     /// session's `lock_timeout` to 5 s. Call [`migrate`](Self::migrate)
     /// before use.
@@ -195,7 +209,7 @@ impl PgStore {
     /// # Ok(()) }
     /// ```
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let options = PgConnectOptions::from_str(url).map_err(backend)?;
+        let options = PgConnectOptions::from_str(url).map_err(StoreError::backend)?;
         Self::connect_with(options, PgPoolOptions::new()).await
     }
 
@@ -227,21 +241,11 @@ impl PgStore {
             "lock_timeout",
             format!("{}ms", DEFAULT_LOCK_TIMEOUT.as_millis()),
         )]);
-        // One direct connection first: a pool retries a refused connection
-        // until its acquire timeout (30 s) and then reports only the
-        // timeout, while this fails at once with the cause. Only a failure
-        // to reach the server is final here; anything else (a server still
-        // starting up, 57P03) is left to the pool, which retries it.
-        let deadline = pool.get_acquire_timeout();
-        match tokio::time::timeout(deadline, PgConnection::connect_with(&options)).await {
-            Ok(Ok(conn)) => {
-                let _ = conn.close().await;
-            }
-            Ok(Err(e @ sqlx::Error::Io(_))) => return Err(backend(e)),
-            Ok(Err(_)) => {}
-            Err(_) => return Err(StoreError::Timeout(deadline)),
-        }
-        let pool = pool.connect_with(options).await.map_err(backend)?;
+        reach::<PgConnection>(&options, pool.get_acquire_timeout()).await?;
+        let pool = pool
+            .connect_with(options)
+            .await
+            .map_err(StoreError::backend)?;
         Ok(Self::from_pool(pool))
     }
 
@@ -268,35 +272,7 @@ impl PgStore {
     /// # Ok(()) }
     /// ```
     pub fn from_pool(pool: PgPool) -> Self {
-        PgStore {
-            pool,
-            sql: Arc::new(Statements::new(DEFAULT_TABLE, Dialect::Postgres)),
-            clock: Arc::new(SystemClock),
-            lock_timeout: DEFAULT_LOCK_TIMEOUT,
-            order: ClaimOrder::default(),
-        }
-    }
-
-    /// Uses `table` instead of `idem_keys`: a plain identifier, optionally
-    /// `schema.table`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://postgres@127.0.0.1/test")?;
-    /// use idem_runtime::PgStore;
-    ///
-    /// let store = PgStore::from_pool(pool).with_table("billing.idem_keys")?;
-    /// assert_eq!(store.table(), "billing.idem_keys");
-    /// assert!(store.clone().with_table("billing.idem-keys").is_err());
-    /// # Ok(()) }
-    /// ```
-    pub fn with_table(mut self, table: &str) -> Result<Self, StoreError> {
-        validate_table_name(table)?;
-        self.sql = Arc::new(Statements::new(table, Dialect::Postgres));
-        Ok(self)
+        SqlStore::new(pool, DEFAULT_LOCK_TIMEOUT, ClaimOrder::default())
     }
 
     /// The lock timeout reported as `retry_after` when a claim times out.
@@ -316,9 +292,8 @@ impl PgStore {
     /// let store = PgStore::from_pool(pool).with_lock_timeout(Duration::from_secs(2));
     /// # Ok(()) }
     /// ```
-    pub fn with_lock_timeout(mut self, timeout: Duration) -> Self {
-        self.lock_timeout = timeout;
-        self
+    pub fn with_lock_timeout(self, timeout: Duration) -> Self {
+        self.set_lock_timeout(timeout)
     }
 
     /// When transaction-mode handlers write their dedup row.
@@ -336,11 +311,9 @@ impl PgStore {
     /// let store = PgStore::from_pool(pool).with_claim_order(ClaimOrder::First);
     /// # Ok(()) }
     /// ```
-    pub fn with_claim_order(mut self, order: ClaimOrder) -> Self {
-        self.order = order;
-        self
+    pub fn with_claim_order(self, order: ClaimOrder) -> Self {
+        self.set_claim_order(order)
     }
-
     /// Creates the dedup table and its expiry index if they do not exist.
     /// Safe to call from several processes at once: the creation runs under
     /// a transaction-scoped advisory lock.
@@ -357,170 +330,16 @@ impl PgStore {
     /// # Ok(()) }
     /// ```
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
-        if let Some(lock) = &self.sql.lock_migration {
-            sqlx::query(q(lock))
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| self.err(e))?;
-        }
-        sqlx::raw_sql(q(&self.sql.create))
+        let mut tx = self.pool().begin().await.map_err(|e| self.err(e))?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+            .bind(format!("idem_migrate_{}", self.table()))
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?;
+        sqlx::raw_sql(AssertSqlSafe(self.create_sql().clone()))
             .execute(&mut *tx)
             .await
             .map_err(|e| self.err(e))?;
         tx.commit().await.map_err(|e| self.err(e))
-    }
-
-    fn err(&self, e: sqlx::Error) -> StoreError {
-        // undefined_table, naming this store's table (`relation
-        // "idem_keys" does not exist`), not one a trigger named.
-        if let sqlx::Error::Database(db) = &e {
-            let bare = self.sql.table.rsplit('.').next().unwrap_or_default();
-            let relation = db.message().split('"').nth(1).unwrap_or_default();
-            if db.code().as_deref() == Some("42P01") && relation.rsplit('.').next() == Some(bare) {
-                return StoreError::MissingTable {
-                    table: self.sql.table.clone(),
-                };
-            }
-        }
-        backend(e)
-    }
-
-    /// A claim that gave up waiting on another transaction holding the key.
-    fn lock_wait(&self, e: &sqlx::Error) -> Option<Duration> {
-        is_lock_timeout(e).then_some(self.lock_timeout)
-    }
-
-    fn in_progress(&self) -> TxClaim<PgTx<'static>> {
-        TxClaim::InProgress {
-            retry_after: self.lock_timeout,
-        }
-    }
-}
-
-sql_store!(
-    PgStore,
-    Postgres,
-    sqlx::postgres::PgRow,
-    "postgres",
-    // The generated methods' examples need a server: compiled, not run.
-    "```no_run\n\
-     # #[tokio::main(flavor = \"current_thread\")]\n\
-     # async fn main() -> Result<(), Box<dyn std::error::Error>> {\n\
-     # let store = idem_runtime::PgStore::connect(\"postgres://postgres@127.0.0.1/test\").await?;\n\
-     # store.migrate().await?;"
-);
-
-impl TxStore for PgStore {
-    type Tx = PgTx<'static>;
-
-    fn store_name(&self) -> &'static str {
-        "postgres"
-    }
-
-    async fn begin_claim(
-        &self,
-        spec: &'static HandlerSpec,
-        key: &Key,
-    ) -> Result<TxClaim<Self::Tx>, StoreError> {
-        let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
-        if self.order == ClaimOrder::Last {
-            return Ok(TxClaim::Fresh(tx));
-        }
-        let now = self.clock.now_millis();
-        let won = self
-            .try_claim(&mut *tx, spec, key, None, now, spec.ttl)
-            .await;
-        match won {
-            Ok(true) => return Ok(TxClaim::Fresh(tx)),
-            Ok(false) => {}
-            Err(e) if is_lock_timeout(&e) => return Ok(self.in_progress()),
-            Err(e) => return Err(self.err(e)),
-        }
-        let standing = self.standing(&mut *tx, spec, key, now).await?;
-        tx.rollback().await.map_err(|e| self.err(e))?;
-        match standing {
-            Some(Standing::Completed(outcome)) => Ok(TxClaim::Completed { outcome }),
-            Some(Standing::InProgress(retry_after)) => Ok(TxClaim::InProgress { retry_after }),
-            // Deleted between our conflict and our read: let the redelivery retry.
-            None => Ok(self.in_progress()),
-        }
-    }
-
-    async fn commit_outcome(
-        &self,
-        mut tx: Self::Tx,
-        spec: &'static HandlerSpec,
-        key: &Key,
-        outcome: &str,
-    ) -> Result<TxCommit, StoreError> {
-        let now = self.clock.now_millis();
-        let expires_at = now.saturating_add(millis(spec.ttl));
-        let sql = match self.order {
-            ClaimOrder::First => &self.sql.complete_tx,
-            ClaimOrder::Last => &self.sql.claim_with_outcome,
-        };
-        let r = sqlx::query(q(sql))
-            .bind(spec.name)
-            .bind(key.as_str())
-            .bind(outcome)
-            .bind(now)
-            .bind(expires_at)
-            .execute(&mut *tx)
-            .await;
-        match r {
-            Ok(r) if r.rows_affected() == 1 => {}
-            Ok(_) => {
-                // Claim-last found a live row: this delivery is a duplicate.
-                // Its body's writes roll back with the transaction.
-                let standing = self.standing(&mut *tx, spec, key, now).await?;
-                tx.rollback().await.map_err(|e| self.err(e))?;
-                return Ok(match standing {
-                    Some(Standing::Completed(outcome)) => TxCommit::Duplicate { outcome },
-                    Some(Standing::InProgress(retry_after)) => TxCommit::InProgress { retry_after },
-                    None => TxCommit::InProgress {
-                        retry_after: self.lock_timeout,
-                    },
-                });
-            }
-            Err(e) if is_lock_timeout(&e) => {
-                tx.rollback().await.map_err(|e| self.err(e))?;
-                return Ok(TxCommit::InProgress {
-                    retry_after: self.lock_timeout,
-                });
-            }
-            Err(e) => return Err(self.err(e)),
-        }
-        tx.commit().await.map_err(|e| self.err(e))?;
-        Ok(TxCommit::Committed)
-    }
-
-    async fn rollback(
-        &self,
-        tx: Self::Tx,
-        spec: &'static HandlerSpec,
-        key: &Key,
-    ) -> Result<Option<String>, StoreError> {
-        tx.rollback().await.map_err(|e| self.err(e))?;
-        if self.order == ClaimOrder::First {
-            // The claim came first: a failing body was never a duplicate's.
-            return Ok(None);
-        }
-        // Claiming last, a duplicate's body ran before the claim could turn
-        // it away, and it may have failed for that very reason (the first
-        // delivery took the stock). A live completed record is the answer.
-        // The rollback went through: the transaction's connection was fine.
-        // A failure to read the record now is no reason to call the body's
-        // failure a store failure; the body's error stands.
-        let now = self.clock.now_millis();
-        match self.record(spec.name, key).await {
-            Ok(record) => Ok(record
-                .filter(|r| r.status == crate::store::Status::Completed && r.expires_at_ms > now)
-                .and_then(|r| r.outcome)),
-            Err(e) => {
-                tracing::warn!(error = %e, "could not look the key up after the body failed; its own error stands");
-                Ok(None)
-            }
-        }
     }
 }

@@ -16,20 +16,18 @@
 
 use std::path::Path;
 use std::str::FromStr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
-use sqlx::{Sqlite, Transaction};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteQueryResult,
+};
+use sqlx::{AssertSqlSafe, Sqlite, Transaction};
 
-use crate::clock::{Clock, SystemClock, millis};
 use crate::error::StoreError;
-use crate::key::Key;
-use crate::registry::{self, HandlerSpec};
-use crate::store::contract::{TxClaim, TxCommit, TxStore};
-use crate::store::sql::{Dialect, Standing, Statements, q, sql_store};
-use crate::store::validate_table_name;
+use crate::registry;
+use crate::store::sql::{
+    ClaimOrder, Dialect, Fault, NewRow, Placeholders, SqlStore, insert_or_take_over_expired,
+};
 
 /// The transaction a transaction-mode SQLite handler receives:
 /// `tx: &mut SqliteTx<'_>`, used as `&mut **tx` with sqlx.
@@ -76,7 +74,7 @@ pub type SqliteTx<'c> = Transaction<'c, Sqlite>;
 /// assert_eq!(DEFAULT_TABLE, "idem_keys");
 /// # Ok(()) }
 /// ```
-pub const DEFAULT_TABLE: &str = "idem_keys";
+pub const DEFAULT_TABLE: &str = crate::store::sql::DEFAULT_TABLE;
 
 /// How long a writer waits for SQLite's write lock before giving up.
 ///
@@ -143,18 +141,74 @@ pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// assert_eq!(deduct_stock(&store, &msg).await?, Outcome::Duplicate(7));
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone)]
-pub struct SqliteStore {
-    pool: SqlitePool,
-    sql: Arc<Statements>,
-    clock: Arc<dyn Clock>,
-    /// The connections' busy timeout in milliseconds, as SQLite reports it
-    /// (`PRAGMA busy_timeout`), for [`StoreError::Timeout`]; read when the
-    /// store connects and again by `migrate`.
-    busy_timeout_ms: Arc<AtomicU64>,
+pub type SqliteStore = SqlStore<Sqlite>;
+
+impl Dialect for Sqlite {
+    const STORE: &'static str = "sqlite";
+    const PLACEHOLDERS: Placeholders = Placeholders::NumberedQuestion;
+    const KEY: &'static str = "key";
+    const MAX_HANDLER_LEN: usize = usize::MAX;
+    // IMMEDIATE takes the write lock now, so the claim cannot deadlock
+    // against another transaction upgrading from a read lock, and the row a
+    // claim found cannot change before it is read.
+    const BEGIN: Option<&'static str> = Some("BEGIN IMMEDIATE");
+    const SWEEP_BEGIN: Option<&'static str> = None;
+
+    fn create(t: &str) -> String {
+        // SQLite names the index's schema on the index, not the table.
+        let (schema, bare) = match t.split_once('.') {
+            Some((schema, bare)) => (format!("{schema}."), bare),
+            None => (String::new(), t),
+        };
+        format!(
+            "CREATE TABLE IF NOT EXISTS {t} (
+                handler TEXT NOT NULL,
+                key TEXT NOT NULL,
+                status TEXT NOT NULL,
+                token TEXT,
+                outcome TEXT,
+                attempts INTEGER NOT NULL,
+                created_at INTEGER NOT NULL,
+                updated_at INTEGER NOT NULL,
+                expires_at INTEGER NOT NULL,
+                PRIMARY KEY (handler, key)
+            ) WITHOUT ROWID;
+            CREATE INDEX IF NOT EXISTS {schema}{bare}_expires_at ON {bare} (expires_at);"
+        )
+    }
+
+    fn take(row: NewRow) -> (String, Option<String>) {
+        (insert_or_take_over_expired(row), None)
+    }
+
+    fn sweep() -> String {
+        "DELETE FROM {t} WHERE (handler, key) IN
+            (SELECT handler, key FROM {t} WHERE expires_at <= :now ORDER BY expires_at LIMIT :batch)"
+            .to_owned()
+    }
+
+    fn fault(db: &dyn sqlx::error::DatabaseError) -> Fault {
+        // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with extended codes. The
+        // lock is database-wide: a wait says nothing about the key, so it is
+        // a timeout, never `InProgress`.
+        if let Some(code) = db.code().and_then(|c| c.parse::<i32>().ok())
+            && (code & 0xff == 5 || code & 0xff == 6)
+        {
+            return Fault::Busy;
+        }
+        // `no such table: main.idem_keys`
+        match db.message().strip_prefix("no such table: ") {
+            Some(table) => Fault::MissingTable(table.to_owned()),
+            None => Fault::Other,
+        }
+    }
+
+    fn rows_affected(done: &SqliteQueryResult) -> u64 {
+        done.rows_affected()
+    }
 }
 
-impl SqliteStore {
+impl SqlStore<Sqlite> {
     /// Opens (creating if needed) the database file at `path`, in WAL mode
     /// with a 5 s busy timeout. Call [`migrate`](Self::migrate) before use.
     ///
@@ -231,7 +285,7 @@ impl SqliteStore {
             .connect_with(options)
             .await
             .map_err(StoreError::backend)?;
-        let store = Self::unread(pool);
+        let store = Self::from_pool_unread(pool);
         store.read_busy_timeout().await?;
         Ok(store)
     }
@@ -264,7 +318,7 @@ impl SqliteStore {
     /// # Ok(()) }
     /// ```
     pub fn from_pool(pool: SqlitePool) -> Self {
-        let store = Self::unread(pool);
+        let store = Self::from_pool_unread(pool);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let reader = store.clone();
             runtime.spawn(async move {
@@ -275,60 +329,19 @@ impl SqliteStore {
     }
 
     /// The store, with the default busy timeout until it is read.
-    fn unread(pool: SqlitePool) -> Self {
-        SqliteStore {
-            pool,
-            sql: Arc::new(Statements::new(DEFAULT_TABLE, Dialect::Sqlite)),
-            clock: Arc::new(SystemClock),
-            busy_timeout_ms: Arc::new(AtomicU64::new(millis_u64(DEFAULT_BUSY_TIMEOUT))),
-        }
+    fn from_pool_unread(pool: SqlitePool) -> Self {
+        SqlStore::new(pool, DEFAULT_BUSY_TIMEOUT, ClaimOrder::First)
     }
 
-    /// Asks SQLite for the connections' busy timeout.
+    /// Asks SQLite for the connections' busy timeout, which
+    /// [`StoreError::Timeout`] reports.
     async fn read_busy_timeout(&self) -> Result<(), StoreError> {
         let ms: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
-            .fetch_one(&self.pool)
+            .fetch_one(self.pool())
             .await
             .map_err(|e| self.err(e))?;
-        self.busy_timeout_ms
-            .store(u64::try_from(ms).unwrap_or(0), Ordering::Relaxed);
+        self.learn_lock_timeout(Duration::from_millis(u64::try_from(ms).unwrap_or(0)));
         Ok(())
-    }
-
-    /// Uses `table` instead of `idem_keys`. The name must be a plain SQL
-    /// identifier (see [`validate_table_name`](Self::validate_table_name)).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
-    /// let store = idem_runtime::SqliteStore::from_pool(pool).with_table("orders_dedup")?;
-    /// assert_eq!(store.table(), "orders_dedup");
-    /// assert!(idem_runtime::SqliteStore::from_pool(store.pool().clone()).with_table("x; --").is_err());
-    /// # Ok(()) }
-    /// ```
-    pub fn with_table(mut self, table: &str) -> Result<Self, StoreError> {
-        validate_table_name(table)?;
-        self.sql = Arc::new(Statements::new(table, Dialect::Sqlite));
-        Ok(self)
-    }
-
-    /// Checks a table name: ASCII letters, digits and `_`, optionally
-    /// `schema.table`, each part at most 63 bytes and not starting with a digit.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use idem_runtime::SqliteStore;
-    ///
-    /// assert!(SqliteStore::validate_table_name("orders_dedup").is_ok());
-    /// assert!(SqliteStore::validate_table_name("main.orders_dedup").is_ok());
-    /// assert!(SqliteStore::validate_table_name("orders-dedup").is_err());
-    /// assert!(SqliteStore::validate_table_name("1st").is_err());
-    /// ```
-    pub fn validate_table_name(table: &str) -> Result<(), StoreError> {
-        validate_table_name(table)
     }
 
     /// Creates the dedup table and its expiry index if they do not exist.
@@ -349,143 +362,11 @@ impl SqliteStore {
     /// # Ok(()) }
     /// ```
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        sqlx::raw_sql(q(&self.sql.create))
-            .execute(&self.pool)
+        sqlx::raw_sql(AssertSqlSafe(self.create_sql().clone()))
+            .execute(self.pool())
             .await
             .map_err(|e| self.err(e))?;
         // A store made from the application's pool learns its timeout here.
         self.read_busy_timeout().await
     }
-
-    fn err(&self, e: sqlx::Error) -> StoreError {
-        if let sqlx::Error::Database(db) = &e {
-            // `no such table: main.idem_keys`: this store's table, not one
-            // a trigger or the application named.
-            let bare = self.sql.table.rsplit('.').next().unwrap_or_default();
-            if db
-                .message()
-                .strip_prefix("no such table: ")
-                .is_some_and(|t| t.rsplit('.').next() == Some(bare))
-            {
-                return StoreError::MissingTable {
-                    table: self.sql.table.clone(),
-                };
-            }
-        }
-        // Every connection of the pool was busy for its acquire timeout.
-        if matches!(e, sqlx::Error::PoolTimedOut) {
-            return StoreError::Timeout(self.pool.options().get_acquire_timeout());
-        }
-        let busy = Duration::from_millis(self.busy_timeout_ms.load(Ordering::Relaxed));
-        backend(e, busy)
-    }
-
-    /// SQLite's lock is database-wide: a busy wait says nothing about the
-    /// key, so it is a timeout, never `InProgress`.
-    fn lock_wait(&self, _: &sqlx::Error) -> Option<Duration> {
-        None
-    }
-}
-
-sql_store!(
-    SqliteStore,
-    Sqlite,
-    sqlx::sqlite::SqliteRow,
-    "sqlite",
-    // The generated methods' examples run on a temporary database.
-    "```\n\
-     # #[tokio::main(flavor = \"current_thread\")]\n\
-     # async fn main() -> Result<(), Box<dyn std::error::Error>> {\n\
-     # let dir = tempfile::tempdir()?;\n\
-     # let store = idem_runtime::SqliteStore::open(dir.path().join(\"idem.db\")).await?;\n\
-     # store.migrate().await?;"
-);
-
-fn backend(e: sqlx::Error, busy_timeout: Duration) -> StoreError {
-    if let sqlx::Error::Database(db) = &e {
-        // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with extended codes.
-        if let Some(code) = db.code().and_then(|c| c.parse::<i32>().ok())
-            && (code & 0xff == 5 || code & 0xff == 6)
-        {
-            return StoreError::Timeout(busy_timeout);
-        }
-    }
-    StoreError::backend(e)
-}
-
-impl TxStore for SqliteStore {
-    type Tx = SqliteTx<'static>;
-
-    fn store_name(&self) -> &'static str {
-        "sqlite"
-    }
-
-    async fn begin_claim(
-        &self,
-        spec: &'static HandlerSpec,
-        key: &Key,
-    ) -> Result<TxClaim<Self::Tx>, StoreError> {
-        // IMMEDIATE takes the write lock now, so the claim cannot deadlock
-        // against another transaction upgrading from a read lock.
-        let mut tx = self
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(|e| self.err(e))?;
-        let now = self.clock.now_millis();
-        if self
-            .try_claim(&mut *tx, spec, key, None, now, spec.ttl)
-            .await
-            .map_err(|e| self.err(e))?
-        {
-            return Ok(TxClaim::Fresh(tx));
-        }
-        // We hold the write lock: the row cannot change before we read it.
-        let standing = self.standing(&mut *tx, spec, key, now).await?;
-        tx.rollback().await.map_err(|e| self.err(e))?;
-        match standing {
-            Some(Standing::Completed(outcome)) => Ok(TxClaim::Completed { outcome }),
-            Some(Standing::InProgress(retry_after)) => Ok(TxClaim::InProgress { retry_after }),
-            None => Err(StoreError::Schema(format!(
-                "claim on {} neither inserted nor found a row",
-                self.sql.table
-            ))),
-        }
-    }
-
-    async fn commit_outcome(
-        &self,
-        mut tx: Self::Tx,
-        spec: &'static HandlerSpec,
-        key: &Key,
-        outcome: &str,
-    ) -> Result<TxCommit, StoreError> {
-        let now = self.clock.now_millis();
-        sqlx::query(q(&self.sql.complete_tx))
-            .bind(spec.name)
-            .bind(key.as_str())
-            .bind(outcome)
-            .bind(now)
-            .bind(now.saturating_add(millis(spec.ttl)))
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| self.err(e))?;
-        tx.commit().await.map_err(|e| self.err(e))?;
-        Ok(TxCommit::Committed)
-    }
-
-    async fn rollback(
-        &self,
-        tx: Self::Tx,
-        _: &'static HandlerSpec,
-        _: &Key,
-    ) -> Result<Option<String>, StoreError> {
-        // The claim came first: a failing body was never a duplicate's.
-        tx.rollback().await.map_err(|e| self.err(e))?;
-        Ok(None)
-    }
-}
-
-fn millis_u64(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

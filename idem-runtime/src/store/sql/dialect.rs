@@ -1,0 +1,77 @@
+//! What differs between the SQL databases: the [`Dialect`] trait, which
+//! sqlx's database types implement in the store's modules
+//! ([`sqlx::Sqlite`] in `store/sqlite.rs`, and so on).
+//!
+//! A dialect says how its statements are written, how a claim's transaction
+//! begins, and what its errors mean. Everything else, the claim loop,
+//! transaction mode, record decoding, expiry, is written once in
+//! [`super::SqlStore`].
+
+use super::exec::Exec;
+use super::statement::{NewRow, Placeholders};
+
+/// The SQL databases a [`SqlStore`](super::SqlStore) runs on: implemented
+/// for sqlx's [`Sqlite`](sqlx::Sqlite), [`Postgres`](sqlx::Postgres) and
+/// [`MySql`](sqlx::MySql). It can be named as a bound, but not implemented
+/// outside this crate: its items use types this crate does not export.
+pub trait Dialect: Exec {
+    /// The store's name, as written in `store = "..."`.
+    const STORE: &'static str;
+
+    /// How statements write their parameters.
+    const PLACEHOLDERS: Placeholders;
+
+    /// The `key` column as statements name it.
+    const KEY: &'static str;
+
+    /// The longest handler name the table holds, in bytes.
+    const MAX_HANDLER_LEN: usize;
+
+    /// The statement that opens a transaction-mode call's transaction, when
+    /// not sqlx's plain `BEGIN`.
+    const BEGIN: Option<&'static str>;
+
+    /// The statement that opens a sweep's transaction, when a sweep needs
+    /// one; `None` runs it on its own.
+    const SWEEP_BEGIN: Option<&'static str>;
+
+    /// Creates the table `table` and its expiry index if they do not exist
+    /// (one or more statements, no parameters).
+    fn create(table: &str) -> String;
+
+    /// How a claim takes a key and writes `row`: the insert and, for a
+    /// database whose insert cannot take over an expired row by itself, the
+    /// takeover of an expired row.
+    /// Templates: `{t}` is the table, `{key}` the key column, `:name` a
+    /// parameter.
+    fn take(row: NewRow) -> (String, Option<String>);
+
+    /// Deletes at most `:batch` rows expired at `:now`, oldest first, without
+    /// waiting on rows that claims hold where the database allows (a
+    /// template, as for [`take`](Self::take)).
+    fn sweep() -> String;
+
+    /// What a database error means to the store.
+    fn fault(error: &dyn sqlx::error::DatabaseError) -> Fault;
+
+    /// How many rows a statement wrote (for an `UPDATE`, matched).
+    fn rows_affected(done: &Self::QueryResult) -> u64;
+}
+
+/// A database error, as the store acts on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// The statement gave up waiting on a row another transaction holds:
+    /// someone is working on the key right now (`InProgress`).
+    LockWait,
+    /// The transaction was chosen as a deadlock victim and rolled back by the
+    /// server: nothing of it remains, and running it again is safe.
+    Deadlock,
+    /// The statement gave up waiting on a lock of the whole database
+    /// (SQLite): a timeout, saying nothing about the key.
+    Busy,
+    /// A table is missing: the one named (as the database reports it).
+    MissingTable(String),
+    /// Anything else.
+    Other,
+}

@@ -1,0 +1,123 @@
+//! What the store needs of a sqlx driver, stated once.
+//!
+//! sqlx's drivers share their traits, so the store's execution could be
+//! generic over any `DB: Database`; but Rust does not carry the bounds that
+//! takes (the connection is an `Executor`, text and integers bind and
+//! decode) from one generic item to the next, so every generic impl would
+//! repeat them. Instead they are written once, on the blanket impl of
+//! [`Exec`] below, whose methods bind a [`Statement`]'s parameters, runs it and
+//! decodes what it returns; the store asks only for `D: Dialect`, which
+//! implies `Exec`.
+//!
+//! Every call takes a connection (`&mut *pool.acquire().await?`, or `&mut
+//! *tx`), so no bound on the pool's own executor is needed either.
+
+use std::future::Future;
+
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
+
+use super::statement::{Param, Statement, Values};
+use crate::store::{Record, Status};
+
+/// Binds, runs and decodes the store's statements on a database.
+pub trait Exec: Database {
+    /// `statement` with its parameters bound from `values`.
+    fn query<'q>(
+        statement: &'q Statement,
+        values: &Values<'_>,
+    ) -> sqlx::query::Query<'q, Self, Self::Arguments>;
+
+    /// Runs `statement` with `values`.
+    fn run<'a>(
+        conn: &'a mut Self::Connection,
+        statement: &'a Statement,
+        values: &'a Values<'a>,
+    ) -> impl Future<Output = Result<Self::QueryResult, sqlx::Error>> + Send + 'a;
+
+    /// The record `statement` (the store's `select`) finds for
+    /// `values.handler` and `values.key`.
+    fn fetch<'a>(
+        conn: &'a mut Self::Connection,
+        statement: &'a Statement,
+        values: &'a Values<'a>,
+    ) -> impl Future<Output = Result<Option<Record>, sqlx::Error>> + Send + 'a;
+
+    /// The one number `statement` returns.
+    fn number<'a>(
+        conn: &'a mut Self::Connection,
+        statement: &'a Statement,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send + 'a;
+}
+
+impl<DB> Exec for DB
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<&'q str>: Encode<'q, DB> + Type<DB>,
+    for<'q> i64: Encode<'q, DB>,
+    for<'r> i64: Decode<'r, DB> + Type<DB>,
+    for<'r> String: Decode<'r, DB> + Type<DB>,
+    usize: ColumnIndex<DB::Row>,
+{
+    fn query<'q>(
+        statement: &'q Statement,
+        values: &Values<'_>,
+    ) -> sqlx::query::Query<'q, DB, DB::Arguments> {
+        let mut query = sqlx::query(statement.sql());
+        for param in statement.params() {
+            query = match param {
+                Param::Handler => query.bind(values.handler),
+                Param::Key => query.bind(values.key),
+                Param::Token => query.bind(values.token),
+                Param::Outcome => query.bind(values.outcome),
+                Param::Now => query.bind(values.now),
+                Param::Until => query.bind(values.until),
+                Param::Batch => query.bind(values.batch),
+            };
+        }
+        query
+    }
+
+    fn run<'a>(
+        conn: &'a mut DB::Connection,
+        statement: &'a Statement,
+        values: &'a Values<'a>,
+    ) -> impl Future<Output = Result<DB::QueryResult, sqlx::Error>> + Send + 'a {
+        Self::query(statement, values).execute(conn)
+    }
+
+    async fn fetch<'a>(
+        conn: &'a mut DB::Connection,
+        statement: &'a Statement,
+        values: &'a Values<'a>,
+    ) -> Result<Option<Record>, sqlx::Error> {
+        let Some(row) = Self::query(statement, values).fetch_optional(conn).await? else {
+            return Ok(None);
+        };
+        let status: String = row.try_get(0)?;
+        let status = Status::parse(&status)
+            .ok_or_else(|| sqlx::Error::Decode(format!("unknown status {status:?}").into()))?;
+        Ok(Some(Record {
+            handler: values.handler.to_owned(),
+            key: values.key.to_owned(),
+            status,
+            outcome: row.try_get(1)?,
+            attempts: row.try_get(2)?,
+            created_at_ms: row.try_get(3)?,
+            updated_at_ms: row.try_get(4)?,
+            expires_at_ms: row.try_get(5)?,
+        }))
+    }
+
+    async fn number<'a>(
+        conn: &'a mut DB::Connection,
+        statement: &'a Statement,
+    ) -> Result<i64, sqlx::Error> {
+        let row = Self::query(statement, &Values::default())
+            .fetch_one(conn)
+            .await?;
+        row.try_get(0)
+    }
+}

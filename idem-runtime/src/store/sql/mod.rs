@@ -1,0 +1,755 @@
+//! The SQL stores: one store, [`SqlStore`], written once over a small
+//! [`Dialect`] trait that says what differs between SQLite, PostgreSQL and
+//! MySQL/MariaDB.
+//!
+//! [`SqliteStore`](crate::SqliteStore), [`PgStore`](crate::PgStore) and
+//! [`MySqlStore`](crate::MySqlStore) are `SqlStore<Sqlite>`,
+//! `SqlStore<Postgres>` and `SqlStore<MySql>`; the dialect parameter is sqlx's
+//! own database type.
+//!
+//! * **Here, once:** the lease claim with its retries, what a lost claim
+//!   reports (`Standing`), the transaction-mode claim (first or last, see
+//!   [`ClaimOrder`]), record decoding, expiry (computed in
+//!   `SqlStore::stamped` only), error mapping, and the methods every SQL
+//!   store has (`record`, `count`, `sweep_expired`, `with_table`, ...).
+//! * **In the dialect** (`dialect.rs`, implemented in `store/sqlite.rs`,
+//!   `store/postgres.rs`, `store/mysql.rs`): the statements that differ
+//!   (create, claim, sweep), how a claim's transaction begins, how a lock
+//!   wait, a deadlock, a busy database and a missing table show in its
+//!   errors, and its affected-rows count.
+//! * **In each store's module:** what shares nothing: connecting, and
+//!   `migrate` (SQLite's file, Postgres's advisory lock, MySQL's named lock).
+//!
+//! The execution is generic too, not repeated per dialect: the sqlx bounds it
+//! takes are stated once, on one blanket impl (`exec.rs`), and binding goes by
+//! name (`statement.rs`), so MySQL's positional `?` and Postgres's `$1` take
+//! the same statements and values. Dialects hold no execution code at all,
+//! which kept each of them to its SQL and its error codes.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sqlx::{Pool, Transaction};
+
+use crate::clock::{Clock, SystemClock, millis};
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::registry::HandlerSpec;
+use crate::store::contract::{Claim, LeaseStore, TxClaim, TxCommit, TxStore};
+use crate::store::{Record, Status, Sweep, validate_table_name};
+
+mod dialect;
+mod exec;
+mod statement;
+
+pub use dialect::Dialect;
+pub(crate) use dialect::Fault;
+#[cfg(feature = "mysql")]
+pub(crate) use statement::COLUMNS;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) use statement::insert_or_take_over_expired;
+pub(crate) use statement::{NewRow, Placeholders};
+use statement::{Statement, Statements, Take, Values};
+
+/// The dedup table every SQL store uses unless told otherwise.
+pub(crate) const DEFAULT_TABLE: &str = "idem_keys";
+
+/// How often a lease claim retries when the record it lost to vanished
+/// before it could be read (released or swept in between), or when the
+/// database chose it as a deadlock victim.
+const CLAIM_RETRIES: usize = 8;
+
+/// How often a statement that runs on its own (completion, release, lease
+/// extension, sweep) runs again after the database chose it as a deadlock
+/// victim and rolled it back.
+const DEADLOCK_RETRIES: usize = 3;
+
+/// When a transaction-mode handler writes its dedup row (PostgreSQL and
+/// MySQL; SQLite always claims first).
+///
+/// Both orders keep the invariant: the row, the body's writes and the outcome
+/// commit together or not at all.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::ClaimOrder;
+/// assert_eq!(ClaimOrder::default(), ClaimOrder::Last);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClaimOrder {
+    /// After the body, in one statement that carries the outcome: one extra
+    /// statement a fresh message. A duplicate's body runs and is rolled back
+    /// when the insert finds the row. The default: it is the faster one (see
+    /// the README's benchmark).
+    #[default]
+    Last,
+    /// Before the body, with the outcome written by an `UPDATE` before the
+    /// commit: two extra statements a fresh message, but a duplicate is turned
+    /// away before its body runs. Choose it when a duplicate body is expensive
+    /// or has effects a rollback does not undo (sequence values, `NOTIFY`
+    /// delivered at commit are fine; calls to other systems are not).
+    First,
+}
+
+/// A SQL store: the dedup table in a SQLite, PostgreSQL or MySQL/MariaDB
+/// database, through sqlx. Use it by its names [`SqliteStore`](crate::SqliteStore),
+/// [`PgStore`](crate::PgStore) and [`MySqlStore`](crate::MySqlStore); each
+/// store's page says how it connects, migrates and waits.
+///
+/// * **Transaction mode** (a handler whose first parameter is the store's
+///   transaction): the dedup row, the body's writes and the outcome commit in
+///   one transaction, or nothing does.
+/// * **Lease mode** (no transaction parameter): the claim takes an absent or
+///   expired key with a fencing token; completion, release and lease
+///   extension compare the token.
+///
+/// Expired records are reclaimed at claim time; [`sweep_expired`] and
+/// [`Sweeper`](crate::Sweeper) delete them in bounded batches.
+///
+/// [`sweep_expired`]: SqlStore::sweep_expired
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// use idem_runtime::store::sql::SqlStore;
+/// use idem_runtime::SqliteStore;
+///
+/// let store: SqlStore<sqlx::Sqlite> = SqliteStore::open(dir.path().join("idem.db")).await?;
+/// store.migrate().await?;
+/// assert_eq!(store.count().await?, 0);
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct SqlStore<D: Dialect> {
+    pool: Pool<D>,
+    sql: Arc<Statements>,
+    clock: Arc<dyn Clock>,
+    /// How long a statement waits on a lock before it gives up, in ms: what
+    /// the store was told, or, on SQLite, what the connections report.
+    lock_timeout_ms: Arc<AtomicU64>,
+    order: ClaimOrder,
+}
+
+impl<D: Dialect> Clone for SqlStore<D> {
+    fn clone(&self) -> Self {
+        SqlStore {
+            pool: self.pool.clone(),
+            sql: Arc::clone(&self.sql),
+            clock: Arc::clone(&self.clock),
+            lock_timeout_ms: Arc::clone(&self.lock_timeout_ms),
+            order: self.order,
+        }
+    }
+}
+
+/// What a claim statement found.
+enum Taken {
+    /// It took the key.
+    Key,
+    /// A live record stands: this one, or none when it vanished before it
+    /// could be read.
+    Lost(Option<Record>),
+}
+
+/// The record that stands when a claim did not take the key.
+enum Standing {
+    Completed(String),
+    InProgress(Duration),
+}
+
+impl Standing {
+    fn of(record: Record, now: i64) -> Self {
+        match record.status {
+            Status::Completed => Standing::Completed(record.outcome.unwrap_or_default()),
+            Status::InProgress => Standing::InProgress(Duration::from_millis(
+                u64::try_from(record.expires_at_ms - now).unwrap_or(0),
+            )),
+        }
+    }
+}
+
+impl<D: Dialect> SqlStore<D> {
+    /// A store on `pool` and the default table, on the system clock.
+    pub(crate) fn new(pool: Pool<D>, lock_timeout: Duration, order: ClaimOrder) -> Self {
+        SqlStore {
+            pool,
+            sql: Arc::new(Statements::new::<D>(DEFAULT_TABLE)),
+            clock: Arc::new(SystemClock),
+            lock_timeout_ms: Arc::new(AtomicU64::new(millis_u64(lock_timeout))),
+            order,
+        }
+    }
+
+    /// The sqlx pool, for the application's own queries.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
+    /// sqlx::query("CREATE TABLE IF NOT EXISTS shipments (order_id BIGINT PRIMARY KEY)")
+    ///     .execute(store.pool())
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn pool(&self) -> &Pool<D> {
+        &self.pool
+    }
+
+    /// The dedup table's name.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
+    /// assert_eq!(store.table(), "idem_keys");
+    /// # Ok(()) }
+    /// ```
+    pub fn table(&self) -> &str {
+        &self.sql.table
+    }
+
+    /// Uses `table` instead of `idem_keys`: a plain identifier, optionally
+    /// `schema.table` (see [`validate_table_name`](Self::validate_table_name)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// let store = idem_runtime::SqliteStore::from_pool(pool).with_table("orders_dedup")?;
+    /// assert_eq!(store.table(), "orders_dedup");
+    /// assert!(store.clone().with_table("x; --").is_err());
+    /// # Ok(()) }
+    /// ```
+    pub fn with_table(mut self, table: &str) -> Result<Self, StoreError> {
+        validate_table_name(table)?;
+        self.sql = Arc::new(Statements::new::<D>(table));
+        Ok(self)
+    }
+
+    /// Checks a table name: ASCII letters, digits and `_`, optionally
+    /// `schema.table`, each part at most 63 bytes and not starting with a digit.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::SqliteStore;
+    ///
+    /// assert!(SqliteStore::validate_table_name("orders_dedup").is_ok());
+    /// assert!(SqliteStore::validate_table_name("main.orders_dedup").is_ok());
+    /// assert!(SqliteStore::validate_table_name("orders-dedup").is_err());
+    /// assert!(SqliteStore::validate_table_name("1st").is_err());
+    /// ```
+    pub fn validate_table_name(table: &str) -> Result<(), StoreError> {
+        validate_table_name(table)
+    }
+
+    /// Reads time from `clock` instead of the system clock (for tests).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
+    /// # store.migrate().await?;
+    /// use idem_runtime::clock::ManualClock;
+    /// use std::time::Duration;
+    ///
+    /// let clock = ManualClock::starting_now();
+    /// let store = store.with_clock(clock.clone());
+    /// // a day later, by this store's clock: day-long records are expired
+    /// clock.advance(Duration::from_secs(86_400));
+    /// store.sweep_expired(1_000).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Deletes at most `batch` expired records, oldest first; returns how
+    /// many.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
+    /// # store.migrate().await?;
+    /// let deleted = store.sweep_expired(1_000).await?;
+    /// assert_eq!(deleted, 0); // nothing has expired yet
+    /// # Ok(()) }
+    /// ```
+    pub async fn sweep_expired(&self, batch: u32) -> Result<u64, StoreError> {
+        let values = Values {
+            now: self.clock.now_millis(),
+            batch: i64::from(batch),
+            ..Values::default()
+        };
+        self.write(&self.sql.sweep, &values, D::SWEEP_BEGIN).await
+    }
+
+    /// The record of `key` under handler `handler`, if any.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
+    /// # store.migrate().await?;
+    /// use idem_runtime::Key;
+    ///
+    /// let key = Key::from_parts(&[&1u64, &"apple"])?;
+    /// match store.record("deduct_stock", &key).await? {
+    ///     Some(r) => println!("{:?} at {}: {:?}", r.status, r.updated_at_ms, r.outcome),
+    ///     None => println!("not seen within its ttl"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn record(&self, handler: &str, key: &Key) -> Result<Option<Record>, StoreError> {
+        let values = self.stamped(handler, key, Duration::ZERO)?;
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        D::fetch(&mut conn, &self.sql.select, &values)
+            .await
+            .map_err(|e| self.err(e))
+    }
+
+    /// How many records the table holds, expired or not.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
+    /// # store.migrate().await?;
+    /// assert_eq!(store.count().await?, 0);
+    /// # Ok(()) }
+    /// ```
+    pub async fn count(&self) -> Result<i64, StoreError> {
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        D::number(&mut conn, &self.sql.count)
+            .await
+            .map_err(|e| self.err(e))
+    }
+
+    /// The statements that create the table and its index, for the store
+    /// modules' `migrate`.
+    pub(crate) fn create_sql(&self) -> &Arc<str> {
+        &self.sql.create
+    }
+
+    /// How long a statement waits on a lock before it gives up.
+    pub(crate) fn lock_timeout(&self) -> Duration {
+        Duration::from_millis(self.lock_timeout_ms.load(Ordering::Relaxed))
+    }
+
+    /// Sets the lock timeout this store reports, for this store and the
+    /// clones made from it from now on.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    pub(crate) fn set_lock_timeout(mut self, timeout: Duration) -> Self {
+        self.lock_timeout_ms = Arc::new(AtomicU64::new(millis_u64(timeout)));
+        self
+    }
+
+    /// Records the lock timeout the connections report (SQLite).
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn learn_lock_timeout(&self, timeout: Duration) {
+        self.lock_timeout_ms
+            .store(millis_u64(timeout), Ordering::Relaxed);
+    }
+
+    /// Sets when transaction-mode handlers write their dedup row.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    pub(crate) fn set_claim_order(mut self, order: ClaimOrder) -> Self {
+        self.order = order;
+        self
+    }
+
+    /// The values of a statement on `key` of `handler`, read at this store's
+    /// clock, with `until` the end of a lease or record that lasts `hold`
+    /// from now: the one place the store reads its clock for a record and
+    /// computes an expiry.
+    fn stamped<'a>(
+        &self,
+        handler: &'a str,
+        key: &'a Key,
+        hold: Duration,
+    ) -> Result<Values<'a>, StoreError> {
+        if handler.len() > D::MAX_HANDLER_LEN {
+            return Err(StoreError::Schema(format!(
+                "handler name {handler:?} is {} bytes long; the {} store's table holds at most {}",
+                handler.len(),
+                D::STORE,
+                D::MAX_HANDLER_LEN
+            )));
+        }
+        let now = self.clock.now_millis();
+        Ok(Values {
+            handler,
+            key: key.as_str(),
+            now,
+            until: now.saturating_add(millis(hold)),
+            ..Values::default()
+        })
+    }
+
+    /// Runs `take` on `conn`: inserts the claim row, or takes over an
+    /// expired one; otherwise reads the record that stands.
+    async fn take(
+        &self,
+        conn: &mut D::Connection,
+        take: &Take,
+        values: &Values<'_>,
+    ) -> Result<Taken, sqlx::Error> {
+        if D::rows_affected(&D::run(conn, &take.insert, values).await?) > 0 {
+            return Ok(Taken::Key);
+        }
+        let standing = D::fetch(conn, &self.sql.select, values).await?;
+        match (&take.take_over, standing) {
+            (Some(take_over), Some(expired)) if expired.expires_at_ms <= values.now => {
+                if D::rows_affected(&D::run(conn, take_over, values).await?) > 0 {
+                    return Ok(Taken::Key);
+                }
+                // Another claim took it over first: what stands now.
+                Ok(Taken::Lost(D::fetch(conn, &self.sql.select, values).await?))
+            }
+            (_, standing) => Ok(Taken::Lost(standing)),
+        }
+    }
+
+    /// Runs `statement` on its own (or in a transaction opened with `begin`)
+    /// and returns how many rows it wrote. A deadlock victim, which the
+    /// database rolled back whole, runs again.
+    async fn write(
+        &self,
+        statement: &Statement,
+        values: &Values<'_>,
+        begin: Option<&'static str>,
+    ) -> Result<u64, StoreError> {
+        let mut tries = 0;
+        loop {
+            let done = match begin {
+                None => match self.pool.acquire().await {
+                    Ok(mut conn) => D::run(&mut conn, statement, values).await,
+                    Err(e) => Err(e),
+                },
+                Some(begin) => match self.pool.begin_with(begin).await {
+                    Ok(mut tx) => match D::run(&mut tx, statement, values).await {
+                        Ok(done) => tx.commit().await.map(|()| done),
+                        Err(e) => {
+                            // Now, not when the connection is next used.
+                            let _ = tx.rollback().await;
+                            Err(e)
+                        }
+                    },
+                    Err(e) => Err(e),
+                },
+            };
+            match done {
+                Ok(done) => return Ok(D::rows_affected(&done)),
+                Err(e) if tries < DEADLOCK_RETRIES && fault::<D>(&e) == Fault::Deadlock => {
+                    tries += 1;
+                }
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+    }
+
+    /// Someone else holds the key: retry after the lock timeout.
+    fn busy(&self) -> TxClaim<Transaction<'static, D>> {
+        TxClaim::InProgress {
+            retry_after: self.lock_timeout(),
+        }
+    }
+
+    /// Opens a transaction-mode call's transaction.
+    async fn begin(&self) -> Result<Transaction<'static, D>, StoreError> {
+        match D::BEGIN {
+            Some(begin) => self.pool.begin_with(begin).await,
+            None => self.pool.begin().await,
+        }
+        .map_err(|e| self.err(e))
+    }
+
+    /// The store's error for a driver error.
+    pub(crate) fn err(&self, e: sqlx::Error) -> StoreError {
+        match fault::<D>(&e) {
+            // Only this store's table: not one a trigger or the
+            // application named.
+            Fault::MissingTable(named) if bare(&named) == bare(&self.sql.table) => {
+                return StoreError::MissingTable {
+                    table: self.sql.table.clone(),
+                };
+            }
+            Fault::Busy => return StoreError::Timeout(self.lock_timeout()),
+            _ => {}
+        }
+        match e {
+            // Every connection of the pool was busy for its acquire timeout.
+            sqlx::Error::PoolTimedOut => {
+                StoreError::Timeout(self.pool.options().get_acquire_timeout())
+            }
+            sqlx::Error::Decode(_)
+            | sqlx::Error::ColumnDecode { .. }
+            | sqlx::Error::ColumnNotFound(_)
+            | sqlx::Error::ColumnIndexOutOfBounds { .. } => {
+                StoreError::Schema(format!("unexpected dedup row: {e}"))
+            }
+            e => StoreError::backend(e),
+        }
+    }
+}
+
+/// Opens one connection with `options` directly, before a store builds its
+/// pool: a pool retries a refused connection until its acquire timeout
+/// (`deadline`, 30 s by default) and then reports only the timeout, while
+/// this fails at once with the cause. Only a failure to reach the server is
+/// final here; anything else (a server still starting up) is left to the
+/// pool, which retries it.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn reach<C: sqlx::Connection>(
+    options: &C::Options,
+    deadline: Duration,
+) -> Result<(), StoreError> {
+    match tokio::time::timeout(deadline, C::connect_with(options)).await {
+        Ok(Ok(conn)) => {
+            let _ = conn.close().await;
+            Ok(())
+        }
+        Ok(Err(e @ sqlx::Error::Io(_))) => Err(StoreError::backend(e)),
+        Ok(Err(_)) => Ok(()),
+        Err(_) => Err(StoreError::Timeout(deadline)),
+    }
+}
+
+/// What a driver error means to the store (see [`Fault`]).
+fn fault<D: Dialect>(e: &sqlx::Error) -> Fault {
+    match e {
+        sqlx::Error::Database(db) => D::fault(db.as_ref()),
+        _ => Fault::Other,
+    }
+}
+
+/// A table name without its schema.
+fn bare(table: &str) -> &str {
+    table.rsplit('.').next().unwrap_or_default()
+}
+
+fn millis_u64(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl<D: Dialect> LeaseStore for SqlStore<D> {
+    fn store_name(&self) -> &'static str {
+        D::STORE
+    }
+
+    async fn claim(&self, spec: &'static HandlerSpec, key: &Key) -> Result<Claim, StoreError> {
+        for _ in 0..CLAIM_RETRIES {
+            let token = uuid::Uuid::new_v4().simple().to_string();
+            let values = Values {
+                token: Some(&token),
+                ..self.stamped(spec.name, key, spec.lease)?
+            };
+            let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+            match self.take(&mut conn, &self.sql.claim, &values).await {
+                Ok(Taken::Key) => return Ok(Claim::Acquired { token }),
+                Ok(Taken::Lost(Some(record))) => {
+                    return Ok(match Standing::of(record, values.now) {
+                        Standing::Completed(outcome) => Claim::Completed { outcome },
+                        Standing::InProgress(lease_left) => Claim::InProgress { lease_left },
+                    });
+                }
+                Ok(Taken::Lost(None)) => {}
+                Err(e) => match fault::<D>(&e) {
+                    Fault::LockWait => {
+                        return Ok(Claim::InProgress {
+                            lease_left: self.lock_timeout(),
+                        });
+                    }
+                    Fault::Deadlock => {}
+                    _ => return Err(self.err(e)),
+                },
+            }
+        }
+        Err(StoreError::Backend(Box::from(
+            "the record kept changing while it was being claimed; retry the delivery",
+        )))
+    }
+
+    async fn complete(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        token: &str,
+        outcome: &str,
+    ) -> Result<bool, StoreError> {
+        let values = Values {
+            token: Some(token),
+            outcome: Some(outcome),
+            ..self.stamped(spec.name, key, spec.ttl)?
+        };
+        Ok(self.write(&self.sql.complete_lease, &values, None).await? == 1)
+    }
+
+    async fn release(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        token: &str,
+    ) -> Result<(), StoreError> {
+        let values = Values {
+            token: Some(token),
+            ..self.stamped(spec.name, key, Duration::ZERO)?
+        };
+        self.write(&self.sql.release, &values, None).await?;
+        Ok(())
+    }
+
+    async fn extend(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        token: &str,
+    ) -> Result<bool, StoreError> {
+        let values = Values {
+            token: Some(token),
+            ..self.stamped(spec.name, key, spec.lease)?
+        };
+        Ok(self.write(&self.sql.extend, &values, None).await? == 1)
+    }
+}
+
+impl<D: Dialect> TxStore for SqlStore<D> {
+    type Tx = Transaction<'static, D>;
+
+    fn store_name(&self) -> &'static str {
+        D::STORE
+    }
+
+    async fn begin_claim(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+    ) -> Result<TxClaim<Self::Tx>, StoreError> {
+        let mut tx = self.begin().await?;
+        if self.order == ClaimOrder::Last {
+            return Ok(TxClaim::Fresh(tx));
+        }
+        let values = self.stamped(spec.name, key, spec.ttl)?;
+        let standing = match self.take(&mut tx, &self.sql.claim, &values).await {
+            Ok(Taken::Key) => return Ok(TxClaim::Fresh(tx)),
+            Ok(Taken::Lost(standing)) => standing,
+            // Another transaction holds the key past the lock timeout, or
+            // this one was a deadlock victim: either way nothing of it
+            // remains (the dropped transaction rolls back).
+            Err(e) if matches!(fault::<D>(&e), Fault::LockWait | Fault::Deadlock) => {
+                return Ok(self.busy());
+            }
+            Err(e) => return Err(self.err(e)),
+        };
+        tx.rollback().await.map_err(|e| self.err(e))?;
+        Ok(match standing.map(|r| Standing::of(r, values.now)) {
+            Some(Standing::Completed(outcome)) => TxClaim::Completed { outcome },
+            Some(Standing::InProgress(retry_after)) => TxClaim::InProgress { retry_after },
+            // Deleted between our conflict and our read: let the redelivery retry.
+            None => self.busy(),
+        })
+    }
+
+    async fn commit_outcome(
+        &self,
+        mut tx: Self::Tx,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        outcome: &str,
+    ) -> Result<TxCommit, StoreError> {
+        let values = Values {
+            outcome: Some(outcome),
+            ..self.stamped(spec.name, key, spec.ttl)?
+        };
+        let taken = match self.order {
+            // The claim row is this transaction's: record the outcome in it.
+            ClaimOrder::First => D::run(&mut tx, &self.sql.complete_tx, &values)
+                .await
+                .map(|_| Taken::Key),
+            ClaimOrder::Last => {
+                self.take(&mut tx, &self.sql.claim_with_outcome, &values)
+                    .await
+            }
+        };
+        let standing = match taken {
+            Ok(Taken::Key) => {
+                tx.commit().await.map_err(|e| self.err(e))?;
+                return Ok(TxCommit::Committed);
+            }
+            // Claim-last found a live row: this delivery is a duplicate.
+            // Its body's writes roll back with the transaction.
+            Ok(Taken::Lost(standing)) => standing,
+            Err(e) if matches!(fault::<D>(&e), Fault::LockWait | Fault::Deadlock) => None,
+            Err(e) => return Err(self.err(e)),
+        };
+        tx.rollback().await.map_err(|e| self.err(e))?;
+        Ok(match standing.map(|r| Standing::of(r, values.now)) {
+            Some(Standing::Completed(outcome)) => TxCommit::Duplicate { outcome },
+            Some(Standing::InProgress(retry_after)) => TxCommit::InProgress { retry_after },
+            None => TxCommit::InProgress {
+                retry_after: self.lock_timeout(),
+            },
+        })
+    }
+
+    async fn rollback(
+        &self,
+        tx: Self::Tx,
+        spec: &'static HandlerSpec,
+        key: &Key,
+    ) -> Result<Option<String>, StoreError> {
+        tx.rollback().await.map_err(|e| self.err(e))?;
+        if self.order == ClaimOrder::First {
+            // The claim came first: a failing body was never a duplicate's.
+            return Ok(None);
+        }
+        // Claiming last, a duplicate's body ran before the claim could turn
+        // it away, and it may have failed for that very reason (the first
+        // delivery took the stock). A live completed record is the answer.
+        // The rollback went through: the transaction's connection was fine.
+        // A failure to read the record now is no reason to call the body's
+        // failure a store failure; the body's error stands.
+        let now = self.clock.now_millis();
+        match self.record(spec.name, key).await {
+            Ok(record) => Ok(record
+                .filter(|r| r.status == Status::Completed && r.expires_at_ms > now)
+                .and_then(|r| r.outcome)),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not look the key up after the body failed; its own error stands");
+                Ok(None)
+            }
+        }
+    }
+}
+
+impl<D: Dialect> Sweep for SqlStore<D> {
+    async fn sweep_expired(&self, batch: u32) -> Result<u64, StoreError> {
+        SqlStore::sweep_expired(self, batch).await
+    }
+}

@@ -1,0 +1,320 @@
+//! The store's SQL: statements written once with named parameters
+//! (`:handler`, `:now`, ...), rendered in each database's placeholder style,
+//! and the set of them a store runs, built once per table.
+//!
+//! Values are always bound parameters. The only text spliced into a
+//! statement is the table name, which
+//! [`validate_table_name`](crate::store::validate_table_name) restricted to
+//! letters, digits, `_` and one `.`.
+
+use std::sync::Arc;
+
+use sqlx::AssertSqlSafe;
+
+use super::dialect::Dialect;
+
+/// How a database writes the parameters of a prepared statement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placeholders {
+    /// `$1`, `$2`, ...: numbered, a parameter used twice is bound once
+    /// (PostgreSQL).
+    Dollar,
+    /// `?1`, `?2`, ...: as `Dollar` (SQLite).
+    NumberedQuestion,
+    /// `?`: every occurrence is bound anew, in order (MySQL).
+    Question,
+}
+
+/// A value a statement takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Param {
+    /// The handler's registered name (text).
+    Handler,
+    /// The encoded key (text).
+    Key,
+    /// The claim's fencing token (text or NULL).
+    Token,
+    /// The recorded outcome, JSON (text or NULL).
+    Outcome,
+    /// The store's clock, ms since the epoch.
+    Now,
+    /// When the lease or the record ends, ms since the epoch.
+    Until,
+    /// How many rows a sweep deletes at most.
+    Batch,
+}
+
+impl Param {
+    const ALL: [(&'static str, Param); 7] = [
+        ("handler", Param::Handler),
+        ("key", Param::Key),
+        ("token", Param::Token),
+        ("outcome", Param::Outcome),
+        ("now", Param::Now),
+        ("until", Param::Until),
+        ("batch", Param::Batch),
+    ];
+}
+
+/// The values a statement's parameters are bound from; each statement
+/// takes the ones it names.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Values<'a> {
+    /// [`Param::Handler`].
+    pub handler: &'a str,
+    /// [`Param::Key`].
+    pub key: &'a str,
+    /// [`Param::Token`].
+    pub token: Option<&'a str>,
+    /// [`Param::Outcome`].
+    pub outcome: Option<&'a str>,
+    /// [`Param::Now`].
+    pub now: i64,
+    /// [`Param::Until`].
+    pub until: i64,
+    /// [`Param::Batch`].
+    pub batch: i64,
+}
+
+/// One statement, rendered for its database, with the parameters to bind in
+/// order.
+#[derive(Debug)]
+pub struct Statement {
+    sql: Arc<str>,
+    params: Box<[Param]>,
+}
+
+impl Statement {
+    /// Renders `template`, whose parameters are written `:name` (see
+    /// [`Param`]). An unknown `:name` is a bug in this crate's SQL: it
+    /// panics, so every test that builds a store finds it.
+    pub(crate) fn new(style: Placeholders, template: &str) -> Statement {
+        let mut sql = String::with_capacity(template.len());
+        let mut params: Vec<Param> = Vec::new();
+        let mut rest = template;
+        while let Some(at) = rest.find(':') {
+            sql.push_str(&rest[..at]);
+            let after = &rest[at + 1..];
+            let len = after
+                .find(|c: char| !c.is_ascii_lowercase())
+                .unwrap_or(after.len());
+            let name = &after[..len];
+            let Some(&(_, param)) = Param::ALL.iter().find(|(n, _)| *n == name) else {
+                panic!("unknown statement parameter `:{name}` in {template}");
+            };
+            match style {
+                Placeholders::Question => {
+                    sql.push('?');
+                    params.push(param);
+                }
+                Placeholders::Dollar | Placeholders::NumberedQuestion => {
+                    let n = match params.iter().position(|p| *p == param) {
+                        Some(i) => i + 1,
+                        None => {
+                            params.push(param);
+                            params.len()
+                        }
+                    };
+                    sql.push(if style == Placeholders::Dollar {
+                        '$'
+                    } else {
+                        '?'
+                    });
+                    sql.push_str(&n.to_string());
+                }
+            }
+            rest = &after[len..];
+        }
+        sql.push_str(rest);
+        Statement {
+            sql: sql.into(),
+            params: params.into(),
+        }
+    }
+
+    /// The text for sqlx. Built only from this crate's SQL and a validated
+    /// identifier; every value is a bound parameter.
+    pub(crate) fn sql(&self) -> AssertSqlSafe<Arc<str>> {
+        AssertSqlSafe(Arc::clone(&self.sql))
+    }
+
+    /// The parameters to bind, in order.
+    pub(crate) fn params(&self) -> &[Param] {
+        &self.params
+    }
+}
+
+/// What a claim writes into the row it takes: as SQL fragments of the
+/// `status`, `token` and `outcome` columns.
+#[derive(Debug, Clone, Copy)]
+pub struct NewRow {
+    /// The `status` column.
+    pub status: &'static str,
+    /// The `token` column.
+    pub token: &'static str,
+    /// The `outcome` column.
+    pub outcome: &'static str,
+}
+
+/// A claim in progress, carrying its fencing token (lease mode, and
+/// transaction mode claiming first with a `NULL` token).
+pub(crate) const CLAIMED: NewRow = NewRow {
+    status: "'in_progress'",
+    token: ":token",
+    outcome: "NULL",
+};
+
+/// A claim written with its outcome (transaction mode claiming last).
+pub(crate) const COMPLETED: NewRow = NewRow {
+    status: "'completed'",
+    token: "NULL",
+    outcome: ":outcome",
+};
+
+/// The columns of the dedup table, in the order claims insert them.
+pub(crate) const COLUMNS: &str =
+    "handler, {key}, status, token, outcome, attempts, created_at, updated_at, expires_at";
+
+/// How a database takes a key: one statement that inserts the row or takes
+/// over an expired one, or an insert that leaves a standing row alone and a
+/// second statement that takes it over if it has expired.
+#[derive(Debug)]
+pub(crate) struct Take {
+    /// Inserts the row; affects no row when one stands (and, for a
+    /// one-statement dialect, has not expired).
+    pub(crate) insert: Statement,
+    /// Takes over the standing row if it has expired (`expires_at <=
+    /// :now`); `None` when `insert` does so itself.
+    pub(crate) take_over: Option<Statement>,
+}
+
+/// The SQL of one store, built once from a validated table name.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub(crate) table: String,
+    /// Creates the table and its expiry index (one or several statements,
+    /// no parameters).
+    pub(crate) create: Arc<str>,
+    /// Takes an absent or expired key as `in_progress` ([`CLAIMED`]).
+    pub(crate) claim: Take,
+    /// Takes an absent or expired key as `completed` ([`COMPLETED`]).
+    pub(crate) claim_with_outcome: Take,
+    /// The record of `:handler`, `:key`: the columns
+    /// [`super::exec::Exec::fetch`] reads, in its order.
+    pub(crate) select: Statement,
+    /// Records `:outcome` under the claim this transaction holds.
+    pub(crate) complete_tx: Statement,
+    /// As `complete_tx`, if `:token` still holds the claim.
+    pub(crate) complete_lease: Statement,
+    /// Deletes the claim `:token` holds.
+    pub(crate) release: Statement,
+    /// Moves the end of the lease `:token` holds to `:until`.
+    pub(crate) extend: Statement,
+    /// Deletes at most `:batch` rows expired at `:now`.
+    pub(crate) sweep: Statement,
+    /// Counts the rows.
+    pub(crate) count: Statement,
+}
+
+impl Statements {
+    /// The statements of dialect `D` on `table` (validated by the caller).
+    pub(crate) fn new<D: Dialect>(table: &str) -> Statements {
+        // `{key}` is the key column as `D` names it (`key` is reserved in
+        // MySQL); `{t}` the table.
+        let render = |template: &str| {
+            let text = template.replace("{key}", D::KEY).replace("{t}", table);
+            Statement::new(D::PLACEHOLDERS, &text)
+        };
+        let take = |row: NewRow| {
+            let (insert, take_over) = D::take(row);
+            Take {
+                insert: render(&insert),
+                take_over: take_over.as_deref().map(render),
+            }
+        };
+        let token_holds = "handler = :handler AND {key} = :key AND token = :token
+                           AND status = 'in_progress'";
+        Statements {
+            table: table.to_owned(),
+            create: D::create(table).into(),
+            claim: take(CLAIMED),
+            claim_with_outcome: take(COMPLETED),
+            select: render(
+                "SELECT status, outcome, attempts, created_at, updated_at, expires_at
+                 FROM {t} WHERE handler = :handler AND {key} = :key",
+            ),
+            complete_tx: render(
+                "UPDATE {t} SET status = 'completed', token = NULL, outcome = :outcome,
+                                updated_at = :now, expires_at = :until
+                 WHERE handler = :handler AND {key} = :key",
+            ),
+            complete_lease: render(&format!(
+                "UPDATE {{t}} SET status = 'completed', token = NULL, outcome = :outcome,
+                                  updated_at = :now, expires_at = :until
+                 WHERE {token_holds}"
+            )),
+            release: render(&format!("DELETE FROM {{t}} WHERE {token_holds}")),
+            extend: render(&format!(
+                "UPDATE {{t}} SET updated_at = :now, expires_at = :until WHERE {token_holds}"
+            )),
+            sweep: render(&D::sweep()),
+            count: render("SELECT COUNT(*) FROM {t}"),
+        }
+    }
+}
+
+/// The upsert SQLite and PostgreSQL share: inserts `row`, or takes over an
+/// expired row (a takeover of a claim in progress counts one more attempt);
+/// a live row is left alone and the statement affects nothing.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn insert_or_take_over_expired(row: NewRow) -> String {
+    let NewRow {
+        status,
+        token,
+        outcome,
+    } = row;
+    format!(
+        "INSERT INTO {{t}} AS cur ({COLUMNS})
+         VALUES (:handler, :key, {status}, {token}, {outcome}, 1, :now, :now, :until)
+         ON CONFLICT (handler, {{key}}) DO UPDATE SET
+            status = excluded.status, token = excluded.token, outcome = excluded.outcome,
+            attempts = CASE WHEN cur.status = 'in_progress' AND excluded.status = 'in_progress'
+                            THEN cur.attempts + 1 ELSE 1 END,
+            created_at = excluded.created_at, updated_at = excluded.updated_at,
+            expires_at = excluded.expires_at
+         WHERE cur.expires_at <= excluded.created_at"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Param, Placeholders, Statement};
+
+    #[test]
+    fn placeholders() {
+        let t = "UPDATE t SET a = :now, b = :now WHERE k = :key AND u = :until";
+        let pg = Statement::new(Placeholders::Dollar, t);
+        assert_eq!(
+            &*pg.sql,
+            "UPDATE t SET a = $1, b = $1 WHERE k = $2 AND u = $3"
+        );
+        assert_eq!(pg.params(), [Param::Now, Param::Key, Param::Until]);
+        let lite = Statement::new(Placeholders::NumberedQuestion, t);
+        assert_eq!(
+            &*lite.sql,
+            "UPDATE t SET a = ?1, b = ?1 WHERE k = ?2 AND u = ?3"
+        );
+        let my = Statement::new(Placeholders::Question, t);
+        assert_eq!(&*my.sql, "UPDATE t SET a = ?, b = ? WHERE k = ? AND u = ?");
+        assert_eq!(
+            my.params(),
+            [Param::Now, Param::Now, Param::Key, Param::Until]
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "unknown statement parameter `:nwo`")]
+    fn unknown_parameter() {
+        Statement::new(Placeholders::Dollar, "SELECT :nwo");
+    }
+}
