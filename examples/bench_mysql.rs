@@ -1,0 +1,287 @@
+//! What an idempotent MySQL/MariaDB handler costs against the same business
+//! transaction without idem, as ratios measured in one run, beside the cost
+//! of one extra prepared statement on the same server.
+//!
+//! ```text
+//! cargo run --release -p idem-examples --example bench_mysql
+//! MYSQL_URL=mysql://root@127.0.0.1:3306/test SECS=5 ROUNDS=5 TASKS=8 cargo run --release -p idem-examples --example bench_mysql
+//! ```
+//!
+//! The business transaction deducts one unit from one of 10,000 stock rows
+//! (`BEGIN; UPDATE ...; COMMIT`). Three variants run interleaved, round
+//! after round, each for `SECS` seconds with `TASKS` concurrent consumers on
+//! a pool of as many connections:
+//!
+//! * `bare`: the business transaction alone;
+//! * `bare + 1 statement`: the same with one more prepared `INSERT` of the
+//!   message id in the transaction, the least a dedup record can cost: the
+//!   ceiling idem is judged against;
+//! * `idem`: the same body in an `#[idempotent]` handler on [`MySqlStore`].
+//!
+//! Every message is fresh (a new message id). It prints each variant's median
+//! throughput and its ratio to `bare`, counts the statements a fresh message
+//! and a duplicate cost, and ends with the line `idem/bare: <ratio>`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use idem_examples::{env, median};
+use idem_runtime::{MySqlStore, MySqlTx, idempotent};
+use serde::Deserialize;
+use sqlx::MySqlPool;
+use sqlx::mysql::MySqlPoolOptions;
+
+#[derive(Debug, Deserialize)]
+struct Deduct {
+    message_id: i64,
+    sku: i64,
+}
+
+async fn deduct(conn: &mut sqlx::MySqlConnection, sku: i64) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE bench_my_inventory SET stock = stock - 1 WHERE sku = ?")
+        .bind(sku)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+#[idempotent(
+    key = "message_id",
+    ttl = "24h",
+    store = "mysql",
+    name = "bench_deduct"
+)]
+async fn deduct_idem(tx: &mut MySqlTx<'_>, msg: &Deduct) -> Result<i64, sqlx::Error> {
+    deduct(tx, msg.sku).await?;
+    Ok(msg.sku)
+}
+
+async fn deduct_bare(pool: &MySqlPool, msg: &Deduct) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    deduct(&mut tx, msg.sku).await?;
+    tx.commit().await
+}
+
+async fn deduct_extra(pool: &MySqlPool, msg: &Deduct) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    deduct(&mut tx, msg.sku).await?;
+    sqlx::query("INSERT INTO bench_my_extra (message_id) VALUES (?)")
+        .bind(msg.message_id)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Variant {
+    Bare,
+    Extra,
+    Idem,
+}
+
+impl Variant {
+    fn label(self) -> &'static str {
+        match self {
+            Variant::Bare => "bare",
+            Variant::Extra => "bare + 1 statement",
+            Variant::Idem => "idem",
+        }
+    }
+}
+
+/// Runs one variant for `secs` with `tasks` consumers; returns messages/s.
+async fn run(
+    variant: Variant,
+    pool: &MySqlPool,
+    store: &MySqlStore,
+    secs: f64,
+    tasks: usize,
+    next_id: &Arc<AtomicU64>,
+) -> f64 {
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let (pool, store, stop, done, next_id) = (
+            pool.clone(),
+            store.clone(),
+            stop.clone(),
+            done.clone(),
+            next_id.clone(),
+        );
+        handles.push(tokio::spawn(async move {
+            let mut sku = (t as i64 * 1237) % 10_000;
+            while !stop.load(Ordering::Relaxed) {
+                let msg = Deduct {
+                    message_id: next_id.fetch_add(1, Ordering::Relaxed) as i64,
+                    sku: sku + 1,
+                };
+                sku = (sku + 7919) % 10_000;
+                match variant {
+                    Variant::Bare => deduct_bare(&pool, &msg).await.map_err(|e| e.to_string()),
+                    Variant::Extra => deduct_extra(&pool, &msg).await.map_err(|e| e.to_string()),
+                    Variant::Idem => deduct_idem(&store, &msg)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string()),
+                }
+                .unwrap_or_else(|e| panic!("{}: {e}", variant.label()));
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let start = Instant::now();
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        h.await.expect("consumer task");
+    }
+    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Counts the statements sqlx sends (its `sqlx::query` log events).
+mod counting {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tracing::{Event, Metadata, Subscriber, span};
+
+    pub(crate) static STATEMENTS: AtomicU64 = AtomicU64::new(0);
+
+    pub(crate) struct Counter;
+
+    impl Subscriber for Counter {
+        fn enabled(&self, meta: &Metadata<'_>) -> bool {
+            meta.target() == "sqlx::query"
+        }
+        fn new_span(&self, _: &span::Attributes<'_>) -> span::Id {
+            span::Id::from_u64(1)
+        }
+        fn record(&self, _: &span::Id, _: &span::Record<'_>) {}
+        fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
+        fn event(&self, event: &Event<'_>) {
+            if event.metadata().target() == "sqlx::query" {
+                STATEMENTS.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        fn enter(&self, _: &span::Id) {}
+        fn exit(&self, _: &span::Id) {}
+    }
+}
+
+/// Statements of one call, as sqlx reports them, plus the `BEGIN` that sqlx
+/// sends outside its statement log.
+async fn statements_of<F: std::future::Future>(call: F) -> u64 {
+    let before = counting::STATEMENTS.load(Ordering::Relaxed);
+    call.await;
+    counting::STATEMENTS.load(Ordering::Relaxed) - before + 1
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let url =
+        std::env::var("MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+    let secs: f64 = env("SECS", 5.0);
+    let rounds: usize = env("ROUNDS", 5);
+    let tasks: usize = env("TASKS", 8);
+
+    let pool = MySqlPoolOptions::new()
+        .max_connections(tasks as u32)
+        .min_connections(tasks as u32)
+        // No liveness ping before each transaction: no variant pays it.
+        .test_before_acquire(false)
+        .connect(&url)
+        .await?;
+    for statement in [
+        "DROP TABLE IF EXISTS bench_my_inventory, bench_my_extra, bench_my_idem",
+        "CREATE TABLE bench_my_inventory (sku BIGINT PRIMARY KEY, stock BIGINT NOT NULL) ENGINE = InnoDB",
+        "CREATE TABLE bench_my_extra (message_id BIGINT PRIMARY KEY) ENGINE = InnoDB",
+        "INSERT INTO bench_my_inventory (sku, stock)
+         SELECT seq, 1000000000 FROM seq_1_to_10000",
+    ] {
+        sqlx::raw_sql(statement).execute(&pool).await?;
+    }
+    let store = MySqlStore::from_pool(pool.clone()).with_table("bench_my_idem")?;
+    store.migrate().await?;
+    let next_id = Arc::new(AtomicU64::new(1));
+
+    let variants = [Variant::Bare, Variant::Extra, Variant::Idem];
+    println!("{tasks} consumers, {rounds} rounds of {secs} s per variant, interleaved");
+    // Warm-up: connections, prepared statements, buffer pool.
+    for v in variants {
+        run(v, &pool, &store, 1.0, tasks, &next_id).await;
+    }
+    let mut tps: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+    for round in 1..=rounds {
+        // Rotate the order each round so drift does not favour one variant.
+        for i in 0..variants.len() {
+            let k = (i + round) % variants.len();
+            let t = run(variants[k], &pool, &store, secs, tasks, &next_id).await;
+            tps[k].push(t);
+        }
+    }
+    let bare = median(tps[0].clone());
+    println!(
+        "{:<20} {:>12} {:>8}   rounds",
+        "variant", "median msg/s", "/bare"
+    );
+    for (v, t) in variants.iter().zip(&tps) {
+        let m = median(t.clone());
+        let rounds: Vec<String> = t.iter().map(|x| format!("{x:.0}")).collect();
+        println!(
+            "{:<20} {:>12.0} {:>8.3}   {}",
+            v.label(),
+            m,
+            m / bare,
+            rounds.join(" ")
+        );
+    }
+
+    // Statements a message costs (BEGIN counted; see `statements_of`).
+    let _guard = tracing::subscriber::set_default(counting::Counter);
+    let fresh = |id| Deduct {
+        message_id: id,
+        sku: 1,
+    };
+    let id = next_id.fetch_add(10, Ordering::Relaxed) as i64;
+    let bare_n = statements_of(async {
+        deduct_bare(&pool, &fresh(id)).await.expect("bare");
+    })
+    .await;
+    let extra_n = statements_of(async {
+        deduct_extra(&pool, &fresh(id + 1)).await.expect("extra");
+    })
+    .await;
+    let id = next_id.fetch_add(1, Ordering::Relaxed) as i64;
+    let fresh_n = statements_of(async {
+        assert!(
+            deduct_idem(&store, &fresh(id))
+                .await
+                .expect("fresh")
+                .is_executed()
+        );
+    })
+    .await;
+    let dup_n = statements_of(async {
+        assert!(
+            deduct_idem(&store, &fresh(id))
+                .await
+                .expect("dup")
+                .is_duplicate()
+        );
+    })
+    .await;
+    drop(_guard);
+    println!(
+        "statements (= round trips) per message: bare {bare_n}; bare + 1 statement {extra_n}; idem fresh {fresh_n}, duplicate {dup_n}"
+    );
+    println!(
+        "one extra statement costs: {:.3} of bare",
+        median(tps[1].clone()) / bare
+    );
+    let ratio = median(tps[2].clone()) / bare;
+    println!("idem/bare: {ratio:.3}");
+    sqlx::raw_sql("DROP TABLE IF EXISTS bench_my_inventory, bench_my_extra, bench_my_idem")
+        .execute(&pool)
+        .await?;
+    Ok(())
+}
