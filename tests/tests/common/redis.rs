@@ -117,12 +117,6 @@ impl RedisFx {
             .await
     }
 
-    /// The record's TTL in ms (`PTTL`: -2 when it is gone).
-    pub(crate) async fn pttl(&self, handler: &str, key: &Key) -> i64 {
-        self.query(redis::cmd("PTTL").arg(self.rkey(handler, key)))
-            .await
-    }
-
     /// The external effect of a body: a counter per message id, in Redis
     /// under the test's prefix.
     fn effect_key(&self, id: &str) -> String {
