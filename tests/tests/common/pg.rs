@@ -110,7 +110,8 @@ async fn connect(options: PgConnectOptions) -> PgPool {
         .expect("PostgreSQL was reachable a moment ago")
 }
 
-sql_fixture!(
+business_tables!(PgDb, conn: sqlx::PgConnection);
+sql_suites!(
     PgDb,
     store: PgStore,
     conn: sqlx::PgConnection,

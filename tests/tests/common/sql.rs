@@ -1,20 +1,21 @@
-//! What the SQL fixtures share, written once by [`sql_fixture!`] for each
-//! (a type with `store`, `inventory`, `ledger`, `clock` and `kind` fields):
+//! What the SQL fixtures share (types with `store`, `inventory`, `ledger`,
+//! `clock` and `kind` fields), in two macros:
 //!
-//! * the business tables `inventory` and `ledger` next to the dedup table,
-//!   read and written with the same SQL on every SQL store (`$n`
-//!   placeholders, which SQLite accepts as well as PostgreSQL);
-//! * the lease suite's fixture: the body's effect is a `ledger` row written
-//!   through the pool, outside any idem transaction;
-//! * the transaction suite's fixture: the bodies write the business tables
-//!   through the handler's transaction.
+//! * [`business_tables!`]: the business tables `inventory` and `ledger` next
+//!   to the dedup table, read and written in the `$n` dialect SQLite and
+//!   PostgreSQL share, as inherent methods; a store of another dialect
+//!   writes these methods itself;
+//! * [`sql_suites!`]: the suites' fixtures over those methods, whatever the
+//!   dialect. In the lease suite the body's effect is a `ledger` row written
+//!   through the pool, outside any idem transaction; in the transaction
+//!   suite the bodies write both tables through the handler's transaction.
 //!
 //! The fixture type itself provides `open_with(kind, how)` and
-//! `second_store()`, and names `lease_kind`, the kind it runs the lease
-//! suite as (the claim order only concerns transaction mode).
+//! `second_store()`, and names the kind it runs the lease suite as (the
+//! claim order only concerns transaction mode).
 
-macro_rules! sql_fixture {
-    ($Db:ident, store: $Store:ty, conn: $Conn:ty, lease_kind: $lease_kind:expr $(,)?) => {
+macro_rules! business_tables {
+    ($Db:ident, conn: $Conn:ty $(,)?) => {
         impl $Db {
             /// Puts `stock` units of `sku` in the inventory.
             pub(crate) async fn stock_up(&self, sku: &str, stock: i64) {
@@ -119,8 +120,50 @@ macro_rules! sql_fixture {
                     .expect("read the token");
                 token.flatten()
             }
-        }
 
+            /// In a body: takes `qty` of `sku` from the inventory through the
+            /// transaction; returns what is left.
+            pub(crate) async fn take_stock(
+                &self,
+                conn: &mut $Conn,
+                sku: &str,
+                qty: i64,
+            ) -> Result<i64, sqlx::Error> {
+                let sql = format!(
+                    "UPDATE {} SET stock = stock - $1 WHERE sku = $2 RETURNING stock",
+                    self.inventory
+                );
+                sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                    .bind(qty)
+                    .bind(sku)
+                    .fetch_one(conn)
+                    .await
+            }
+
+            /// In a body: writes a ledger row through the transaction.
+            pub(crate) async fn add_ledger_in(
+                &self,
+                conn: &mut $Conn,
+                order_id: &str,
+                amount: i64,
+            ) -> Result<(), sqlx::Error> {
+                let sql = format!(
+                    "INSERT INTO {} (order_id, amount) VALUES ($1, $2)",
+                    self.ledger
+                );
+                sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .bind(order_id)
+                    .bind(amount)
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            }
+        }
+    };
+}
+
+macro_rules! sql_suites {
+    ($Db:ident, store: $Store:ty, conn: $Conn:ty, lease_kind: $lease_kind:expr $(,)?) => {
         impl crate::common::lease::Effects for $Db {
             fn apply<'a>(
                 &'a self,
@@ -251,15 +294,7 @@ macro_rules! sql_fixture {
                 sku: &str,
                 qty: i64,
             ) -> Result<i64, sqlx::Error> {
-                let sql = format!(
-                    "UPDATE {} SET stock = stock - $1 WHERE sku = $2 RETURNING stock",
-                    self.inventory
-                );
-                sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-                    .bind(qty)
-                    .bind(sku)
-                    .fetch_one(conn)
-                    .await
+                $Db::take_stock(self, conn, sku, qty).await
             }
 
             async fn add_ledger_in(
@@ -268,16 +303,7 @@ macro_rules! sql_fixture {
                 order_id: &str,
                 amount: i64,
             ) -> Result<(), sqlx::Error> {
-                let sql = format!(
-                    "INSERT INTO {} (order_id, amount) VALUES ($1, $2)",
-                    self.ledger
-                );
-                sqlx::query(sqlx::AssertSqlSafe(sql))
-                    .bind(order_id)
-                    .bind(amount)
-                    .execute(conn)
-                    .await
-                    .map(drop)
+                $Db::add_ledger_in(self, conn, order_id, amount).await
             }
         }
     };

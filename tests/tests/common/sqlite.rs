@@ -115,7 +115,8 @@ impl Db {
     }
 }
 
-sql_fixture!(
+business_tables!(Db, conn: sqlx::SqliteConnection);
+sql_suites!(
     Db,
     store: SqliteStore,
     conn: sqlx::SqliteConnection,
