@@ -204,67 +204,100 @@ fn store_checks<'a>(
 ) -> (TokenStream, TokenStream) {
     let stores = quote!(#p::stores);
     let tx = tx_param.and_then(|param| mut_referent(&param.ty));
-    // Everything but the store's name is spanned on what is checked: in
-    // transaction mode the transaction's type (a transaction of another
-    // store is reported there), in lease mode the store's literal (a
-    // feature that is off is reported there). rustc reports an unknown name
-    // on the name itself.
-    let (param, mode, is_tx, span) = match tx {
+    let named_at = store.span;
+    // The store's own check, spanned on its literal: an unknown name,
+    // another name of a store, a feature that is off; and, for a store type,
+    // whether it runs this mode. In transaction mode a second check,
+    // spanned on the transaction's type, says whether that type is a store's
+    // transaction and this store's.
+    let lease_mode = respan(quote!(#stores::LeaseMode), named_at);
+    let (param, tx_mode) = match tx {
         Some(ty) => {
             let owned = static_lifetimes(ty);
-            let span = ty.span();
-            let at_ty = respan(stores.clone(), span);
-            let mode = quote_spanned!(span=> #at_ty::TxMode<#owned>);
-            let is_tx = quote_spanned!(span=> #at_ty::transaction::<#owned>(););
-            (quote!(impl #p::TxStore<Tx = #owned>), mode, is_tx, span)
+            let at_ty = respan(stores.clone(), ty.span());
+            let mode = quote_spanned!(ty.span()=> <#owned as #at_ty::TxModeOf>::Mode);
+            (
+                quote!(impl #p::TxStore<Tx = #owned>),
+                Some((mode, ty.span())),
+            )
         }
-        None => {
-            let span = match &store.store {
-                StoreRef::Name(name) => name.span(),
-                StoreRef::Type(path) => path.span(),
-            };
-            let mode = respan(quote!(#stores::LeaseMode), span);
-            (quote!(impl #p::LeaseStore), mode, TokenStream::new(), span)
-        }
+        None => (quote!(impl #p::LeaseStore), None),
     };
-    let named = match &store.store {
-        // The name is imported alone, so that rustc reports an unknown one
-        // on the name; the call is spanned on what it checks.
+    let checks = match &store.store {
         StoreRef::Name(name) => {
-            let imported = respan(stores.clone(), name.span());
-            let store_fn = Ident::new("__idem_store", Span::mixed_site().located_at(name.span()));
-            let import = quote_spanned!(name.span()=> use #imported::#name as #store_fn;);
-            let store_fn = Ident::new("__idem_store", Span::mixed_site().located_at(span));
-            let call = quote_spanned!(span=> #store_fn::<#mode>(););
+            // Imported alone, so that rustc reports an unknown name on it.
+            let names = respan(quote!(#stores::names), named_at);
+            let store_fn = Ident::new("__idem_store", Span::mixed_site().located_at(named_at));
+            let import = quote_spanned!(named_at=> use #names::#name as #store_fn;);
+            let by_name = quote_spanned!(named_at=> #store_fn::<#lease_mode>(););
+            let by_tx = tx_mode.map(|(mode, span)| {
+                let store_fn = Ident::new("__idem_store", Span::mixed_site().located_at(span));
+                quote_spanned!(span=> #store_fn::<#mode>();)
+            });
             quote! {
                 #import
-                #call
+                #by_name
+                #by_tx
             }
         }
-        StoreRef::Type(path) => quote_spanned!(span=> #stores::store_type::<#path, #mode>();),
+        StoreRef::Type(path) => {
+            let path = respan(quote!(#path), named_at);
+            let check = respan(quote!(#stores::store_type), named_at);
+            match tx_mode {
+                Some((mode, span)) => {
+                    let mode = respan(mode, span);
+                    quote_spanned!(named_at=> #check::<#path, #mode>();)
+                }
+                None => quote_spanned!(named_at=> #check::<#path, #lease_mode>();),
+            }
+        }
     };
     // A `&mut T` after the first parameter is fine unless `T` is a store's
-    // transaction (then it was meant to come first).
+    // transaction (then it was meant to come first). A `T` the probe cannot
+    // name (one holding `impl Trait`) cannot be a transaction anyway.
     let misplaced = params.filter_map(|param| {
-        let ty = mut_referent(&param.ty)?;
-        if matches!(ty, Type::ImplTrait(_)) {
+        let ty = unparenthesized(mut_referent(&param.ty)?);
+        if holds_impl_trait(ty) {
             return None;
         }
         let span = ty.span();
         let probe = respan(quote!(#stores::TxProbe), span);
         Some(quote_spanned! {span=>
             {
+                #[allow(unused_imports)]
                 use #stores::{MisplacedTx as _, NotTx as _};
                 (&#probe::<#ty>::new()).tx_after_first().check();
             }
         })
     });
     let checks = quote! {
-        #is_tx
-        #named
+        #checks
         #(#misplaced)*
     };
     (param, checks)
+}
+
+/// `(T)` as `T`: a parenthesized type turbofished as it is would draw
+/// `unused_parens`.
+fn unparenthesized(ty: &Type) -> &Type {
+    match ty {
+        Type::Paren(p) => unparenthesized(&p.elem),
+        Type::Group(g) => unparenthesized(&g.elem),
+        other => other,
+    }
+}
+
+/// Whether `ty` holds `impl Trait` anywhere.
+fn holds_impl_trait(ty: &Type) -> bool {
+    struct Finder(bool);
+    impl<'ast> syn::visit::Visit<'ast> for Finder {
+        fn visit_type_impl_trait(&mut self, _: &'ast syn::TypeImplTrait) {
+            self.0 = true;
+        }
+    }
+    let mut finder = Finder(false);
+    syn::visit::Visit::visit_type(&mut finder, ty);
+    finder.0
 }
 
 /// `ty` with every lifetime but `'static` made `'static`: `Tx<'_>`

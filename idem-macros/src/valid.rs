@@ -31,6 +31,8 @@ pub(crate) struct StoreArg {
     pub(crate) store: StoreRef,
     /// As written, for the handler's registry entry.
     pub(crate) text: String,
+    /// The literal's span: where the store's own errors are reported.
+    pub(crate) span: Span,
 }
 
 /// A parameter that stays in the rewritten signature.
@@ -177,11 +179,16 @@ pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Checked {
 
     // A key reads messages, which a handler takes by value or by shared
     // reference; a `&mut` parameter is state of the body (or a transaction
-    // out of place, which the runtime reports).
+    // out of place, which the runtime reports), unless all its parameters
+    // are `&mut`.
+    let all_mut = sig_parts
+        .params
+        .iter()
+        .all(|p| mut_referent(&p.arg.ty).is_some());
     let messages: Vec<Param> = sig_parts
         .params
         .iter()
-        .filter(|p| mut_referent(&p.arg.ty).is_none())
+        .filter(|p| all_mut || mut_referent(&p.arg.ty).is_none())
         .map(|p| Param {
             arg: p.arg.clone(),
             ident: p.ident.clone(),
@@ -274,22 +281,34 @@ fn missing_arguments(cx: &mut Ctxt, args: &Args) {
 
 fn store(cx: &mut Ctxt, lit: &LitStr) -> Option<StoreArg> {
     let value = lit.value();
-    let text = value.clone();
-    if let Ok(mut name) = syn::parse_str::<Ident>(&value) {
-        name.set_span(lit.span());
-        return Some(StoreArg {
-            store: StoreRef::Name(name),
-            text,
-        });
+    let arg = |store| {
+        Some(StoreArg {
+            store,
+            text: value.clone(),
+            span: lit.span(),
+        })
+    };
+    let ident = syn::parse_str::<Ident>(&value)
+        .ok()
+        .filter(|i| *i == value && !value.starts_with("r#"));
+    if let Some(mut name) = ident {
+        if value.chars().all(|c| !c.is_ascii_uppercase()) {
+            name.set_span(lit.span());
+            return arg(StoreRef::Name(name));
+        }
+        cx.error_spanned_by(
+            lit,
+            format!(
+                "unknown store \"{value}\": built-in stores have lowercase names (did you mean \"{}\"?), and a store type of your own is named by its path, e.g. store = \"crate::{value}\"",
+                value.to_ascii_lowercase()
+            ),
+        );
+        return None;
     }
     if value.contains("::")
         && let Ok(path) = syn::parse_str::<syn::Path>(&value)
     {
-        let path = respanned(path, lit.span());
-        return Some(StoreArg {
-            store: StoreRef::Type(path),
-            text,
-        });
+        return arg(StoreRef::Type(path));
     }
     // A slip of case or spacing (`"redis "`, `"Sqlite 3"`): suggest the
     // name it looks like; rustc then says whether that store exists.
@@ -306,36 +325,10 @@ fn store(cx: &mut Ctxt, lit: &LitStr) -> Option<StoreArg> {
     cx.error_spanned_by(
         lit,
         format!(
-            "invalid store \"{value}\"{suggestion} A store is named by an identifier, e.g. store = \"sqlite\", or, for a store type of your own, by its path, e.g. store = \"crate::MyStore\""
+            "invalid store \"{value}\"{suggestion} A built-in store is named by a lowercase identifier, e.g. store = \"sqlite\", and a store type of your own by its path, e.g. store = \"crate::MyStore\""
         ),
     );
     None
-}
-
-/// `path` with every token spanned at `span`, so rustc's errors about it
-/// land on the literal it came from.
-fn respanned(path: syn::Path, span: Span) -> syn::Path {
-    struct Respan(Span);
-    impl syn::visit_mut::VisitMut for Respan {
-        fn visit_ident_mut(&mut self, i: &mut Ident) {
-            i.set_span(self.0);
-        }
-        fn visit_lifetime_mut(&mut self, l: &mut syn::Lifetime) {
-            l.apostrophe = self.0;
-            l.ident.set_span(self.0);
-        }
-    }
-    let mut path = path;
-    syn::visit_mut::VisitMut::visit_path_mut(&mut Respan(span), &mut path);
-    if let Some(c) = &mut path.leading_colon {
-        c.spans = [span, span];
-    }
-    for pair in path.segments.pairs_mut() {
-        if let syn::punctuated::Pair::Punctuated(_, sep) = pair {
-            sep.spans = [span, span];
-        }
-    }
-    path
 }
 
 /// `a`, `a and b`, `a, b and c` (with `word` in place of `and`).
@@ -553,7 +546,17 @@ fn params(cx: &mut Ctxt, func: &ItemFn, krate: &syn::Path, key_roots: &[String])
         };
         let position = index;
         index += 1;
-        if position == 0 && mut_referent(&pt.ty).is_some() {
+        // The first parameter is the transaction when it is `&mut` and a
+        // message follows: a handler whose only parameters are `&mut` takes
+        // its message that way.
+        let message_follows = func
+            .sig
+            .inputs
+            .iter()
+            .skip_while(|a| matches!(a, FnArg::Receiver(_)))
+            .skip(1)
+            .any(|a| matches!(a, FnArg::Typed(other) if mut_referent(&other.ty).is_none()));
+        if position == 0 && mut_referent(&pt.ty).is_some() && message_follows {
             parts.tx_param = Some(pt.clone());
             continue;
         }

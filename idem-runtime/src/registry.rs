@@ -90,7 +90,10 @@ pub struct HandlerSpec {
     /// Lease mode: how long a claim may stay in progress before another
     /// consumer may take it over. Unused in transaction mode.
     pub lease: Duration,
-    /// The store's name: `sqlite`, `postgres`, `mysql`, `redis` or `memory`.
+    /// The `store` argument as written: a built-in store's name (`sqlite`,
+    /// `postgres`, `mysql`, `redis`, `memory`) or a store type's path
+    /// (`crate::Ledger`). Where the handler's records live in production; a
+    /// lease-mode handler may be called with another store (in tests).
     pub store: &'static str,
     /// Transaction or lease mode.
     pub mode: Mode,

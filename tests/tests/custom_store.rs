@@ -281,4 +281,11 @@ async fn a_redis_handler_runs_on_the_memory_store() {
     let key = Key::from_parts(&[&21u64]).unwrap();
     let record = store.record("notify_redis", &key).expect("recorded");
     assert_eq!(record.outcome.as_deref(), Some("42"));
+
+    // A shared store is a store.
+    let shared = Arc::new(store);
+    assert_eq!(
+        notify_redis(&shared, &msg).await.unwrap(),
+        Outcome::Duplicate(42)
+    );
 }

@@ -5,9 +5,11 @@ async fn deduct_stock(
     ::idem_runtime::__private::Outcome<StockLeft>,
     ::idem_runtime::__private::Error<AppError>,
 > {
-    ::idem_runtime::__private::stores::transaction::<SqliteTx<'static>>();
-    use ::idem_runtime::__private::stores::sqlite as __idem_store;
-    __idem_store::<::idem_runtime::__private::stores::TxMode<SqliteTx<'static>>>();
+    use ::idem_runtime::__private::stores::names::sqlite as __idem_store;
+    __idem_store::<::idem_runtime::__private::stores::LeaseMode>();
+    __idem_store::<
+        <SqliteTx<'static> as ::idem_runtime::__private::stores::TxModeOf>::Mode,
+    >();
     const __IDEM_SPEC: ::idem_runtime::__private::HandlerSpec = ::idem_runtime::__private::HandlerSpec {
         name: "deduct_stock",
         function: "deduct_stock",

@@ -1,22 +1,25 @@
 //! What `store = "..."` names, decided here rather than in the macro.
 //!
-//! The macro turns `store = "postgres"` into a call of the function of that
-//! name in this module, `postgres::<M>()`, where `M` is the handler's mode:
-//! [`LeaseMode`], or [`TxMode<T>`] with `T` the transaction type its first
-//! parameter names. Each function's bound is a trait of its own whose
-//! `on_unimplemented` message says what is wrong with this store for that
-//! mode: a transaction of another store, a store without transactions, a
-//! feature that is off. A name that is no function here is reported by rustc,
-//! with the nearest name as a suggestion. A store outside this crate is named
-//! by its path (`store = "crate::MyStore"`) and checked by [`store_type`].
+//! The macro turns `store = "postgres"` into calls of the function of that
+//! name in [`names`]: `postgres::<LeaseMode>()`, spanned on the name, checks
+//! the name (an unknown one is rustc's "no `...` in `names`", with the
+//! nearest name suggested; another name of a store or a feature that is off
+//! fails the function's bound, whose `on_unimplemented` message says so); in
+//! transaction mode `postgres::<TxMode<T>>()`, spanned on the transaction's
+//! type `T`, checks that `T` is this store's transaction (a transaction of
+//! another store, or a store without transactions, fails there). Names that
+//! fail the first check pass the second, so each mistake is one error.
 //!
-//! Adding a store to idem is adding its function here and its bound in
-//! [`bounds`] (and, when a feature gates the store, the bound's feature-off
-//! twin); the macro does not change.
+//! A store outside this crate is named by its path (`store =
+//! "crate::MyStore"`) and checked by [`store_type`].
+//!
+//! Adding a store to idem is adding its function to [`names`] and its bound to
+//! [`bounds`] (with the bound's feature-off twin when a feature gates the
+//! store); the macro does not change.
 //!
 //! The rewritten handler itself takes any store of its mode (`&impl
-//! LeaseStore`, `&impl TxStore<Tx = T>`): the name fixes the transaction
-//! type and documents where the records live, it does not pin a type.
+//! LeaseStore`, `&impl TxStore<Tx = T>`): the name fixes the transaction type
+//! and says where the records live in production; it does not pin a type.
 
 #![allow(missing_docs)]
 
@@ -24,45 +27,57 @@ use core::marker::PhantomData;
 
 use crate::store::contract::{LeaseStore, StoreTransaction, TxStore};
 
-/// The mode of a handler without a transaction parameter.
+/// The name check, and the whole check of a lease-mode handler: every store
+/// runs lease mode.
 pub struct LeaseMode;
 
 /// The mode of a handler whose first parameter is `&mut T`.
 pub struct TxMode<T: ?Sized>(PhantomData<T>);
 
-// ---------------------------------------------------------------------------
-// The names
+/// `TxMode<T>` for a store's transaction `T`. Named through this projection,
+/// a `T` that is no transaction is one error (`StoreTransaction`'s), not a
+/// second one from the store's bound.
+pub trait TxModeOf {
+    /// `TxMode<Self>`.
+    type Mode: ?Sized;
+}
+impl<T: StoreTransaction + ?Sized> TxModeOf for T {
+    type Mode = TxMode<T>;
+}
 
-/// `store = "sqlite"`: [`SqliteStore`](crate::SqliteStore).
-pub fn sqlite<M: bounds::Sqlite>() {}
-/// `store = "postgres"`: [`PgStore`](crate::PgStore).
-pub fn postgres<M: bounds::Postgres>() {}
-/// `store = "redis"`: [`RedisStore`](crate::RedisStore).
-pub fn redis<M: bounds::Redis>() {}
-/// `store = "memory"`: [`MemoryStore`](crate::MemoryStore).
-pub fn memory<M: bounds::Memory>() {}
-/// `store = "pg"`: an error, the store is called "postgres".
-pub fn pg<M: bounds::Pg>() {}
-/// `store = "postgresql"`: an error, the store is called "postgres".
-pub fn postgresql<M: bounds::Postgresql>() {}
-/// `store = "psql"`: an error, the store is called "postgres".
-pub fn psql<M: bounds::Psql>() {}
-/// `store = "sqlite3"`: an error, the store is called "sqlite".
-pub fn sqlite3<M: bounds::Sqlite3>() {}
-/// `store = "mariadb"`: an error, the store is called "mysql".
-pub fn mariadb<M: bounds::Mariadb>() {}
-/// `store = "mem"`: an error, the store is called "memory".
-pub fn mem<M: bounds::Mem>() {}
-/// `store = "inmemory"`: an error, the store is called "memory".
-pub fn inmemory<M: bounds::Inmemory>() {}
+/// The store names: a function each, and nothing else, so that no other item
+/// of this module is taken for a store.
+pub mod names {
+    use super::bounds;
 
-/// The bound of each name's function: its `on_unimplemented` message is
-/// what the user reads when the store does not fit the handler. In a module
-/// of their own, so that a name written with a capital (`store =
-/// "Postgres"`) finds no trait and rustc suggests the function's name.
+    /// `store = "sqlite"`: [`SqliteStore`](crate::SqliteStore).
+    pub fn sqlite<M: bounds::Sqlite + ?Sized>() {}
+    /// `store = "postgres"`: [`PgStore`](crate::PgStore).
+    pub fn postgres<M: bounds::Postgres + ?Sized>() {}
+    /// `store = "redis"`: [`RedisStore`](crate::RedisStore).
+    pub fn redis<M: bounds::Redis + ?Sized>() {}
+    /// `store = "memory"`: [`MemoryStore`](crate::MemoryStore).
+    pub fn memory<M: bounds::Memory + ?Sized>() {}
+    /// `store = "pg"`: an error, the store is called "postgres".
+    pub fn pg<M: bounds::Pg + ?Sized>() {}
+    /// `store = "postgresql"`: an error, the store is called "postgres".
+    pub fn postgresql<M: bounds::Postgresql + ?Sized>() {}
+    /// `store = "psql"`: an error, the store is called "postgres".
+    pub fn psql<M: bounds::Psql + ?Sized>() {}
+    /// `store = "sqlite3"`: an error, the store is called "sqlite".
+    pub fn sqlite3<M: bounds::Sqlite3 + ?Sized>() {}
+    /// `store = "mariadb"`: an error, the store is called "mysql".
+    pub fn mariadb<M: bounds::Mariadb + ?Sized>() {}
+    /// `store = "mem"`: an error, the store is called "memory".
+    pub fn mem<M: bounds::Mem + ?Sized>() {}
+    /// `store = "inmemory"`: an error, the store is called "memory".
+    pub fn inmemory<M: bounds::Inmemory + ?Sized>() {}
+}
+
+/// The bound of each name's function: its `on_unimplemented` message is what
+/// the user reads when the store does not fit the handler.
 pub mod bounds {
-    // ---------------------------------------------------------------------------
-    // sqlite
+    use super::{LeaseMode, TxMode};
 
     #[cfg(feature = "sqlite")]
     #[diagnostic::on_unimplemented(
@@ -72,9 +87,9 @@ pub mod bounds {
     )]
     pub trait Sqlite {}
     #[cfg(feature = "sqlite")]
-    impl Sqlite for super::LeaseMode {}
+    impl Sqlite for LeaseMode {}
     #[cfg(feature = "sqlite")]
-    impl Sqlite for super::TxMode<crate::SqliteTx<'static>> {}
+    impl Sqlite for TxMode<crate::SqliteTx<'static>> {}
 
     #[cfg(not(feature = "sqlite"))]
     #[diagnostic::on_unimplemented(
@@ -82,9 +97,8 @@ pub mod bounds {
         label = "the `sqlite` feature of idem-runtime is off"
     )]
     pub trait Sqlite {}
-
-    // ---------------------------------------------------------------------------
-    // postgres
+    #[cfg(not(feature = "sqlite"))]
+    impl<T: ?Sized> Sqlite for TxMode<T> {}
 
     #[cfg(feature = "postgres")]
     #[diagnostic::on_unimplemented(
@@ -94,9 +108,9 @@ pub mod bounds {
     )]
     pub trait Postgres {}
     #[cfg(feature = "postgres")]
-    impl Postgres for super::LeaseMode {}
+    impl Postgres for LeaseMode {}
     #[cfg(feature = "postgres")]
-    impl Postgres for super::TxMode<crate::PgTx<'static>> {}
+    impl Postgres for TxMode<crate::PgTx<'static>> {}
 
     #[cfg(not(feature = "postgres"))]
     #[diagnostic::on_unimplemented(
@@ -104,9 +118,8 @@ pub mod bounds {
         label = "the `postgres` feature of idem-runtime is off"
     )]
     pub trait Postgres {}
-
-    // ---------------------------------------------------------------------------
-    // redis
+    #[cfg(not(feature = "postgres"))]
+    impl<T: ?Sized> Postgres for TxMode<T> {}
 
     #[cfg(feature = "redis")]
     #[diagnostic::on_unimplemented(
@@ -116,7 +129,7 @@ pub mod bounds {
     )]
     pub trait Redis {}
     #[cfg(feature = "redis")]
-    impl Redis for super::LeaseMode {}
+    impl Redis for LeaseMode {}
 
     #[cfg(not(feature = "redis"))]
     #[diagnostic::on_unimplemented(
@@ -124,9 +137,8 @@ pub mod bounds {
         label = "the `redis` feature of idem-runtime is off"
     )]
     pub trait Redis {}
-
-    // ---------------------------------------------------------------------------
-    // memory
+    #[cfg(not(feature = "redis"))]
+    impl<T: ?Sized> Redis for TxMode<T> {}
 
     #[diagnostic::on_unimplemented(
         message = "store \"memory\" has no transactions: remove this parameter to run the handler in lease mode, or use a SQL store",
@@ -134,53 +146,59 @@ pub mod bounds {
         note = "the SQL stores (\"sqlite\", \"postgres\", \"mysql\") run transaction mode; \"redis\" and \"memory\" run lease mode only"
     )]
     pub trait Memory {}
-    impl Memory for super::LeaseMode {}
+    impl Memory for LeaseMode {}
 
-    // ---------------------------------------------------------------------------
-    // Other names of the stores: each is an error saying which name to write,
-    // so the registry and the docs know every store by one name.
+    // Other names of the stores: each is an error saying which name to
+    // write, so the registry and the docs know every store by one name.
 
     #[diagnostic::on_unimplemented(
         message = "unknown store \"pg\": did you mean \"postgres\"?",
         label = "not a store's name"
     )]
     pub trait Pg {}
+    impl<T: ?Sized> Pg for TxMode<T> {}
 
     #[diagnostic::on_unimplemented(
         message = "unknown store \"postgresql\": did you mean \"postgres\"?",
         label = "not a store's name"
     )]
     pub trait Postgresql {}
+    impl<T: ?Sized> Postgresql for TxMode<T> {}
 
     #[diagnostic::on_unimplemented(
         message = "unknown store \"psql\": did you mean \"postgres\"?",
         label = "not a store's name"
     )]
     pub trait Psql {}
+    impl<T: ?Sized> Psql for TxMode<T> {}
 
     #[diagnostic::on_unimplemented(
         message = "unknown store \"sqlite3\": did you mean \"sqlite\"?",
         label = "not a store's name"
     )]
     pub trait Sqlite3 {}
+    impl<T: ?Sized> Sqlite3 for TxMode<T> {}
 
     #[diagnostic::on_unimplemented(
         message = "unknown store \"mariadb\": did you mean \"mysql\"? It serves MariaDB too.",
         label = "not a store's name"
     )]
     pub trait Mariadb {}
+    impl<T: ?Sized> Mariadb for TxMode<T> {}
 
     #[diagnostic::on_unimplemented(
         message = "unknown store \"mem\": did you mean \"memory\"?",
         label = "not a store's name"
     )]
     pub trait Mem {}
+    impl<T: ?Sized> Mem for TxMode<T> {}
 
     #[diagnostic::on_unimplemented(
         message = "unknown store \"inmemory\": did you mean \"memory\"?",
         label = "not a store's name"
     )]
     pub trait Inmemory {}
+    impl<T: ?Sized> Inmemory for TxMode<T> {}
 }
 
 // ---------------------------------------------------------------------------
@@ -194,16 +212,13 @@ pub mod bounds {
 )]
 pub trait StoreFor<M: ?Sized> {}
 impl<S: LeaseStore> StoreFor<LeaseMode> for S {}
-impl<S: TxStore<Tx = T>, T: StoreTransaction> StoreFor<TxMode<T>> for S {}
+impl<S: TxStore<Tx = T>, T: StoreTransaction + 'static> StoreFor<TxMode<T>> for S {}
 
 /// `store = "path::to::Store"`: a store type of the application's own.
 pub fn store_type<S: StoreFor<M> + ?Sized, M: ?Sized>() {}
 
 // ---------------------------------------------------------------------------
 // Where the transaction parameter is
-
-/// The first parameter is `&mut T`: `T` must be a store's transaction.
-pub fn transaction<T: StoreTransaction + ?Sized>() {}
 
 /// Wraps the type of a `&mut T` parameter that is not the first, for the
 /// method lookup below: [`MisplacedTx`] when `T` is a store's transaction

@@ -133,6 +133,11 @@ pub enum Claim {
 ///
 /// Stores are handles: cloning one shares its connections and records (the
 /// call clones it into the task that keeps the lease alive).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a lease store: a lease-mode handler runs on a store implementing `idem_runtime::LeaseStore`",
+    label = "not a lease store",
+    note = "pass a store (`&store`), e.g. a `SqliteStore`, `PgStore`, `RedisStore` or `MemoryStore`, or an `Arc` of one"
+)]
 pub trait LeaseStore: Clone + Send + Sync + 'static {
     /// The store's name, as written in `store = "..."`.
     ///
@@ -404,6 +409,11 @@ pub enum TxCommit {
 /// assert!(matches!(store.begin_claim(&SPEC, &key).await?, TxClaim::Completed { .. }));
 /// # Ok(()) }
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot run a transaction-mode handler: it does not implement `idem_runtime::TxStore`",
+    label = "not a store with transactions",
+    note = "pass a SQL store (`&store`) whose transaction is the handler's first parameter, e.g. a `SqliteStore` for `&mut SqliteTx<'_>`, or an `Arc` of one"
+)]
 pub trait TxStore: Send + Sync {
     /// The open transaction handed to the body.
     ///
@@ -579,3 +589,82 @@ pub trait StoreTransaction: Send {}
 
 #[cfg(feature = "_sql")]
 impl<DB: sqlx::Database> StoreTransaction for sqlx::Transaction<'_, DB> {}
+
+/// A shared store is a store: handlers take `&Arc<S>` as they take `&S`.
+impl<S: LeaseStore> LeaseStore for std::sync::Arc<S> {
+    fn store_name(&self) -> &'static str {
+        (**self).store_name()
+    }
+
+    fn claim(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
+        (**self).claim(spec, key)
+    }
+
+    fn complete(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        token: &str,
+        outcome: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        (**self).complete(spec, key, token, outcome)
+    }
+
+    fn release(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        token: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).release(spec, key, token)
+    }
+
+    fn extend(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        token: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        (**self).extend(spec, key, token)
+    }
+}
+
+/// A shared store is a store: handlers take `&Arc<S>` as they take `&S`.
+impl<S: TxStore> TxStore for std::sync::Arc<S> {
+    type Tx = S::Tx;
+
+    fn store_name(&self) -> &'static str {
+        (**self).store_name()
+    }
+
+    fn begin_claim(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+    ) -> impl Future<Output = Result<TxClaim<Self::Tx>, StoreError>> + Send {
+        (**self).begin_claim(spec, key)
+    }
+
+    fn commit_outcome(
+        &self,
+        tx: Self::Tx,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        outcome: &str,
+    ) -> impl Future<Output = Result<TxCommit, StoreError>> + Send {
+        (**self).commit_outcome(tx, spec, key, outcome)
+    }
+
+    fn rollback(
+        &self,
+        tx: Self::Tx,
+        spec: &'static HandlerSpec,
+        key: &Key,
+    ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send {
+        (**self).rollback(tx, spec, key)
+    }
+}
