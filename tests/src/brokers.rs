@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::unavailable;
+use crate::services::unavailable;
 
 /// The RabbitMQ URL: `AMQP_URL`, or the loopback default.
 pub fn amqp_url() -> String {

@@ -188,7 +188,7 @@ async fn long_keys_are_stored_as_a_fixed_size_digest_and_still_deduplicate() {
             .is_executed()
     );
     assert_eq!(probe.runs(), 2);
-    assert_eq!(db.records().await, 2);
+    assert_eq!(db.record_count().await, 2);
     let rec = db.store.record("keys_long", &key).await.unwrap().unwrap();
     assert_eq!(rec.status, Status::Completed);
 }

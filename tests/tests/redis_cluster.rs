@@ -1,24 +1,42 @@
 //! Lease mode on Redis Cluster: a cluster of three masters that this test
 //! starts on free loopback ports (and kills afterwards, also on failure)
-//! runs the behaviour suite of `common/redis.rs`, then shows where records
-//! live: each in the slot of its hash tag, different keys on different
-//! nodes.
+//! runs the lease suite (`common/lease.rs`), then shows where records live:
+//! each in the slot of its hash tag, different keys on different nodes.
 //!
 //! One `#[test]` on purpose: it owns the cluster, so no process outlives
 //! the run; the scenarios run one after the other, each under a key prefix
 //! of its own.
 
 mod common;
-#[path = "common/redis.rs"]
-mod suite;
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::Probe;
+use common::lease::{self, JOB, Job, job};
+use common::{Probe, RedisFx};
 use idem_runtime::Outcome;
 use idem_tests::RedisCluster;
-use suite::{Fx, JOB, Job, job};
+
+/// Runs each scenario on a fixture of its own on the cluster of `$urls`.
+macro_rules! in_sequence {
+    ($urls:ident; $($scenario:ident: $time:ident,)*) => {
+        $( run(&$urls, stringify!($scenario), lease::$scenario).await; )*
+    };
+}
+
+/// Runs `scenario` on a fresh fixture (key prefix) on the cluster.
+async fn run<Fut: Future<Output = ()>>(
+    urls: &[String],
+    name: &str,
+    scenario: impl FnOnce(Arc<RedisFx>) -> Fut,
+) {
+    let fx = Arc::new(RedisFx::cluster(urls, "rc").await);
+    let t = Instant::now();
+    scenario(fx).await;
+    eprintln!("cluster: {name} ok in {:?}", t.elapsed());
+}
 
 #[test]
 fn lease_suite_on_a_three_master_cluster() {
@@ -34,38 +52,21 @@ fn lease_suite_on_a_three_master_cluster() {
         .build()
         .expect("a runtime");
 
-    macro_rules! run {
-        ($($scenario:path),* $(,)?) => {
-            rt.block_on(async {
-                $(
-                    let fx = Fx::cluster(&urls, "rc").await;
-                    let t = Instant::now();
-                    $scenario(&fx).await;
-                    eprintln!("cluster: {} ok in {:?}", stringify!($scenario), t.elapsed());
-                )*
-            })
-        };
-    }
-    run!(
-        suite::first_delivery_executes_and_records_completed,
-        suite::duplicate_returns_recorded_outcome_without_running_the_body,
-        suite::body_error_releases_the_claim_and_the_retry_executes,
-        suite::concurrent_deliveries_of_one_message_execute_exactly_once,
-        suite::deliveries_while_the_body_runs_are_in_progress_then_duplicates,
-        suite::concurrent_distinct_messages_each_execute_exactly_once,
-        suite::storm_of_concurrent_duplicates_executes_each_message_once,
-        suite::in_progress_reports_what_is_left_of_the_lease,
-        suite::after_the_ttl_the_key_runs_again,
-        suite::none_key_part_is_key_missing_and_the_body_does_not_run,
-        suite::stored_outcome_that_no_longer_decodes_is_a_codec_error,
-        suite::body_reads_its_own_key,
-        suite::stalled_body_loses_its_lease_and_its_completion_is_lease_lost,
-        suite::stale_failure_after_a_takeover_does_not_release_the_new_claim,
-        suite::a_late_completion_nobody_overtook_is_recorded,
-        suite::heartbeat_keeps_a_long_body_s_lease_alive,
-        a_record_lives_in_the_slot_of_its_hash_tag,
-        records_of_different_keys_spread_over_the_nodes,
-    );
+    rt.block_on(async {
+        lease::scenarios!(in_sequence! { urls; });
+        run(
+            &urls,
+            "a_record_lives_in_the_slot_of_its_hash_tag",
+            a_record_lives_in_the_slot_of_its_hash_tag,
+        )
+        .await;
+        run(
+            &urls,
+            "records_of_different_keys_spread_over_the_nodes",
+            records_of_different_keys_spread_over_the_nodes,
+        )
+        .await;
+    });
     drop(rt);
     drop(cluster);
     eprintln!("cluster test done in {:?}", started.elapsed());
@@ -80,7 +81,8 @@ fn lease_suite_on_a_three_master_cluster() {
 /// `{<len>:<handler>|<key>}` alone, whatever the prefix; the node that
 /// serves that slot holds the record, and every other node redirects to it
 /// (`MOVED <slot> <owner>`).
-async fn a_record_lives_in_the_slot_of_its_hash_tag(fx: &Fx) {
+async fn a_record_lives_in_the_slot_of_its_hash_tag(fx: Arc<RedisFx>) {
+    let fx = &*fx;
     let probe = Probe::new();
     let msg = Job::new("slot-1", 1);
     assert_eq!(
@@ -139,7 +141,8 @@ async fn a_record_lives_in_the_slot_of_its_hash_tag(fx: &Fx) {
 /// Thirty messages' records, found by scanning each node on its own: each
 /// record is on exactly one node, the one serving its slot, and the records
 /// spread over more than one node (the hash tags differ by key).
-async fn records_of_different_keys_spread_over_the_nodes(fx: &Fx) {
+async fn records_of_different_keys_spread_over_the_nodes(fx: Arc<RedisFx>) {
+    let fx = &*fx;
     const MESSAGES: usize = 30;
     let probe = Probe::new();
     for m in 0..MESSAGES {

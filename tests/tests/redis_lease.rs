@@ -1,66 +1,38 @@
-//! Lease mode on Redis: the behaviour suite (`common/redis.rs`) against the
+//! Lease mode on Redis: the lease suite (`common/lease.rs`) against the
 //! server of `REDIS_URL` (default 127.0.0.1:6379), each test under a key
 //! prefix of its own that is deleted afterwards; and a restart of a
 //! throw-away `redis-server` in the middle of a run.
 
 mod common;
-#[path = "common/redis.rs"]
-mod suite;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{AppError, eventually};
+use common::lease::{self, Job};
+use common::{AppError, RedisFx, eventually};
 use idem_runtime::{Error, Outcome, RedisStore, idempotent};
 use idem_tests::{RedisServer, or_skip};
-use suite::{Fx, Job};
 use tokio::sync::Semaphore;
 
-/// One test per scenario, each on a fixture (key prefix) of its own.
-macro_rules! on_the_server {
-    ($($scenario:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $scenario() {
-                let fx = or_skip!(Fx::single("rl").await);
-                suite::$scenario(&fx).await;
-            }
-        )*
-    };
-}
-
-on_the_server!(
-    first_delivery_executes_and_records_completed,
-    duplicate_returns_recorded_outcome_without_running_the_body,
-    body_error_releases_the_claim_and_the_retry_executes,
-    concurrent_deliveries_of_one_message_execute_exactly_once,
-    deliveries_while_the_body_runs_are_in_progress_then_duplicates,
-    concurrent_distinct_messages_each_execute_exactly_once,
-    storm_of_concurrent_duplicates_executes_each_message_once,
-    in_progress_reports_what_is_left_of_the_lease,
-    after_the_ttl_the_key_runs_again,
-    none_key_part_is_key_missing_and_the_body_does_not_run,
-    stored_outcome_that_no_longer_decodes_is_a_codec_error,
-    body_reads_its_own_key,
-    stalled_body_loses_its_lease_and_its_completion_is_lease_lost,
-    stale_failure_after_a_takeover_does_not_release_the_new_claim,
-    a_late_completion_nobody_overtook_is_recorded,
-    heartbeat_keeps_a_long_body_s_lease_alive,
-);
+common::lease::suite!(RedisFx);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_prefix_guard_deletes_the_test_s_keys() {
     let prefix = idem_tests::unique_prefix("rl_guard");
     let guard = idem_tests::DeleteKeys::new(&idem_tests::redis_url(), &prefix);
     let store = or_skip!(idem_tests::redis_store(&prefix).await);
-    let fx = or_skip!(Fx::single("rl_guard_fx").await);
+    let fx = or_skip!(RedisFx::single("rl_guard_fx").await);
     let probe = common::Probe::new();
     // The handler's effect goes to `fx`'s prefix; its record to `store`'s.
-    let out = suite::job(&store, &Job::new("g-1", 1), &probe, &fx).await;
+    let msg = Job::new("g-1", 1);
+    let out = lease::job(&store, &msg, &probe, &fx).await;
     assert_eq!(out.unwrap(), Outcome::Executed(1));
-    assert_eq!(guard.keys().unwrap().len(), 1);
+    assert_eq!(
+        guard.keys().unwrap(),
+        [store.redis_key(lease::JOB, &msg.key())]
+    );
     drop(guard);
     let after = idem_tests::DeleteKeys::new(&idem_tests::redis_url(), &prefix);
     assert_eq!(after.keys().unwrap(), Vec::<String>::new());

@@ -46,7 +46,7 @@ async fn migrate_twice_is_fine_and_keeps_the_records() {
     db.store.migrate().await.unwrap();
     db.store.migrate().await.unwrap();
 
-    assert_eq!(db.records().await, 1);
+    assert_eq!(db.record_count().await, 1);
     assert_eq!(
         pay(&db.store, &msg, &probe).await.unwrap(),
         Outcome::Duplicate(250)

@@ -86,22 +86,22 @@ async fn sqlite_sweep_deletes_expired_rows_in_bounded_batches_and_keeps_live_one
     let db = Db::with_clock(&clock).await;
     let probe = Probe::new();
     fill_sqlite(&db, &clock, &probe).await;
-    assert_eq!(db.records().await, i64::from(EXPIRED + LIVE));
+    assert_eq!(db.record_count().await, i64::from(EXPIRED + LIVE));
 
     assert_eq!(db.store.sweep_expired(0).await.unwrap(), 0);
     let mut batches = Vec::new();
     loop {
-        let before = db.records().await;
+        let before = db.record_count().await;
         let n = db.store.sweep_expired(10).await.unwrap();
         assert!(n <= 10, "a batch of 10 deleted {n}");
-        assert_eq!(db.records().await, before - n as i64);
+        assert_eq!(db.record_count().await, before - n as i64);
         batches.push(n);
         if n == 0 {
             break;
         }
     }
     assert_eq!(batches, [10, 10, 5, 0]);
-    assert_eq!(db.records().await, i64::from(LIVE));
+    assert_eq!(db.record_count().await, i64::from(LIVE));
 
     // The live records still suppress duplicates; the swept keys run again.
     for id in EXPIRED..EXPIRED + LIVE {
@@ -165,7 +165,7 @@ async fn sqlite_sweeper_task_deletes_expired_rows_and_stops_when_dropped() {
     eventually(
         Duration::from_secs(5),
         "the sweeper deleted the expired rows",
-        || async { db.records().await == i64::from(LIVE) },
+        || async { db.record_count().await == i64::from(LIVE) },
     )
     .await;
     drop(sweeper);
@@ -175,7 +175,7 @@ async fn sqlite_sweeper_task_deletes_expired_rows_and_stops_when_dropped() {
     clock.advance(Duration::from_secs(3_600));
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert_eq!(
-        db.records().await,
+        db.record_count().await,
         i64::from(LIVE),
         "the dropped sweeper ran"
     );

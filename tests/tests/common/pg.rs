@@ -3,13 +3,13 @@
 
 use std::str::FromStr;
 
-use idem_runtime::ClaimOrder;
-use idem_runtime::PgStore;
+use idem_runtime::clock::ManualClock;
+use idem_runtime::{ClaimOrder, PgStore};
 use idem_tests::{DropTables, pg_pool, pg_url, unique_table};
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
-use super::{Fixture, Mode, Open};
+use super::tx::{Open, StoreKind};
 
 /// Connections a fixture's pool (and a second consumer's) may open.
 const POOL: u32 = 8;
@@ -22,7 +22,9 @@ pub(crate) struct PgDb {
     /// The business tables' (unique) names.
     pub(crate) inventory: String,
     pub(crate) ledger: String,
-    order: ClaimOrder,
+    /// The clock the store reads, when it is a manual one.
+    clock: Option<ManualClock>,
+    kind: StoreKind,
     /// Declared last: the tables go when everything else has.
     _tables: DropTables,
 }
@@ -30,9 +32,9 @@ pub(crate) struct PgDb {
 impl PgDb {
     /// The suites' constructor: `None` (after saying why) when the server is
     /// unreachable, which `IDEM_REQUIRE_SERVICES=1` turns into a failure.
-    pub(crate) async fn open(mode: Mode, how: Open) -> Option<PgDb> {
-        let Mode::Pg(order) = mode else {
-            panic!("a PostgreSQL fixture needs a PostgreSQL mode, not {mode:?}")
+    async fn open_with(kind: StoreKind, how: Open) -> Option<PgDb> {
+        let StoreKind::Pg(order) = kind else {
+            panic!("a PostgreSQL fixture needs a PostgreSQL kind, not {kind:?}")
         };
         let pool = pg_pool(POOL).await?;
         let dedup = unique_table("idem_dedup");
@@ -54,8 +56,12 @@ impl PgDb {
             .with_table(&dedup)
             .expect("valid table name")
             .with_claim_order(order);
+        let mut manual = None;
         match how {
-            Open::Clock(clock) => store = store.with_clock(clock),
+            Open::Clock(clock) => {
+                store = store.with_clock(clock.clone());
+                manual = Some(clock);
+            }
             Open::LockTimeout(timeout) => store = store.with_lock_timeout(timeout),
             Open::Plain | Open::AppPool => {}
         }
@@ -72,19 +78,27 @@ impl PgDb {
             store,
             inventory,
             ledger,
-            order,
+            clock: manual,
+            kind,
             _tables: tables,
         })
     }
 
     /// A second consumer: its own pool on the same dedup table, as another
     /// process would have.
-    pub(crate) async fn second_consumer(&self) -> PgStore {
+    async fn second_store(&self) -> PgStore {
         let options = PgConnectOptions::from_str(&pg_url()).expect("DATABASE_URL");
         PgStore::from_pool(connect(options).await)
             .with_table(self.store.table())
             .expect("valid table name")
-            .with_claim_order(self.order)
+            .with_claim_order(self.order())
+    }
+
+    fn order(&self) -> ClaimOrder {
+        match self.kind {
+            StoreKind::Pg(order) => order,
+            other => unreachable!("a PostgreSQL fixture opened as {other:?}"),
+        }
     }
 }
 
@@ -96,8 +110,17 @@ async fn connect(options: PgConnectOptions) -> PgPool {
         .expect("PostgreSQL was reachable a moment ago")
 }
 
-impl Fixture for PgDb {
-    type Store = PgStore;
-}
+business_tables!(PgDb, conn: sqlx::PgConnection);
+sql_suites!(
+    PgDb,
+    store: PgStore,
+    conn: sqlx::PgConnection,
+    // The claim order only concerns transaction mode.
+    lease_kind: StoreKind::Pg(ClaimOrder::Last),
+);
 
-business_tables!(PgDb);
+// One set for both claim orders: the order is the store's, not the handler's.
+crate::common::tx::handlers! {
+    PgDb, tx: PgTx, store: "postgres",
+    names: { deduct: "pg_deduct", unencodable: "pg_unencodable", refund: "pg_refund" },
+}

@@ -7,7 +7,7 @@ use idem_runtime::SqliteStore;
 use idem_runtime::clock::ManualClock;
 use tempfile::TempDir;
 
-use super::{Fixture, Mode, Open};
+use super::tx::{Open, StoreKind};
 
 /// A SQLite store in a fresh temporary directory; the directory lives as
 /// long as this value.
@@ -16,6 +16,9 @@ pub(crate) struct Db {
     /// The business tables (fixed names: the database file is the test's own).
     pub(crate) inventory: &'static str,
     pub(crate) ledger: &'static str,
+    /// The clock the store reads, when it is a manual one.
+    clock: Option<ManualClock>,
+    kind: StoreKind,
     file: PathBuf,
     _dir: TempDir,
 }
@@ -36,21 +39,22 @@ impl Db {
         let store = SqliteStore::open(dir.path().join("idem.db"))
             .await
             .expect("open sqlite store");
-        let store = match clock {
-            Some(c) => store.with_clock(c),
+        let store = match &clock {
+            Some(c) => store.with_clock(c.clone()),
             None => store,
         };
-        Db::with_store(store, dir).await
-    }
-
-    /// Migrates `store` (whose file is `idem.db` in `dir`) and adds the business
-    /// tables.
-    pub(crate) async fn with_store(store: SqliteStore, dir: TempDir) -> Db {
         let file = dir.path().join("idem.db");
-        Db::assemble(store, dir, file).await
+        Db::assemble(store, clock, dir, file).await
     }
 
-    async fn assemble(store: SqliteStore, dir: TempDir, file: PathBuf) -> Db {
+    /// Migrates `store` (whose file is `file` in `dir`) and adds the
+    /// business tables.
+    async fn assemble(
+        store: SqliteStore,
+        clock: Option<ManualClock>,
+        dir: TempDir,
+        file: PathBuf,
+    ) -> Db {
         store.migrate().await.expect("migrate");
         sqlx::raw_sql(
             "CREATE TABLE inventory (sku TEXT PRIMARY KEY, stock INTEGER NOT NULL);
@@ -64,28 +68,31 @@ impl Db {
             store,
             inventory: "inventory",
             ledger: "ledger",
+            clock,
+            kind: StoreKind::Sqlite,
             file,
             _dir: dir,
         }
     }
 
     /// The suites' constructor (always `Some`: SQLite needs no server).
-    pub(crate) async fn open(mode: Mode, how: Open) -> Option<Db> {
-        assert_eq!(mode, Mode::Sqlite, "a SQLite fixture");
+    async fn open_with(kind: StoreKind, how: Open) -> Option<Db> {
+        assert_eq!(kind, StoreKind::Sqlite, "a SQLite fixture");
         Some(match how {
             Open::Plain => Db::new().await,
             Open::Clock(clock) => Db::with_clock(&clock).await,
             Open::LockTimeout(timeout) => {
                 let dir = tempfile::tempdir().expect("temp dir");
+                let file = dir.path().join("idem.db");
                 let options = sqlx::sqlite::SqliteConnectOptions::new()
-                    .filename(dir.path().join("idem.db"))
+                    .filename(&file)
                     .create_if_missing(true)
                     .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
                     .busy_timeout(timeout);
                 let store = SqliteStore::connect_with(options)
                     .await
                     .expect("open sqlite store");
-                Db::with_store(store, dir).await
+                Db::assemble(store, None, dir, file).await
             }
             Open::AppPool => {
                 // The application's own pool: business tables and dedup
@@ -94,27 +101,29 @@ impl Db {
                 let file = dir.path().join("app.db");
                 let url = format!("sqlite://{}?mode=rwc", file.display());
                 let pool = sqlx::SqlitePool::connect(&url).await.expect("app pool");
-                Db::assemble(SqliteStore::from_pool(pool), dir, file).await
+                Db::assemble(SqliteStore::from_pool(pool), None, dir, file).await
             }
         })
     }
 
-    /// The database file, to open a second store on it (another consumer).
-    pub(crate) fn file(&self) -> PathBuf {
-        self.file.clone()
-    }
-
     /// A second consumer: its own pool on the same file, as another process
     /// would have.
-    pub(crate) async fn second_consumer(&self) -> SqliteStore {
-        SqliteStore::open(self.file())
+    async fn second_store(&self) -> SqliteStore {
+        SqliteStore::open(&self.file)
             .await
             .expect("open a second store")
     }
 }
 
-impl Fixture for Db {
-    type Store = SqliteStore;
-}
+business_tables!(Db, conn: sqlx::SqliteConnection);
+sql_suites!(
+    Db,
+    store: SqliteStore,
+    conn: sqlx::SqliteConnection,
+    lease_kind: StoreKind::Sqlite,
+);
 
-business_tables!(Db);
+crate::common::tx::handlers! {
+    Db, tx: SqliteTx, store: "sqlite",
+    names: { deduct: "sqlite_deduct", unencodable: "sqlite_unencodable", refund: "sqlite_refund" },
+}

@@ -1,0 +1,168 @@
+//! Names of a test's own on the shared servers (PostgreSQL tables, Redis key
+//! prefixes), so tests run in parallel, and guards that remove what a test
+//! created when it ends, also when it fails.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::services::{mysql_url, pg_url, redis_sync_conn};
+
+/// A unique, valid table name for one test, so tests run in parallel.
+pub fn unique_table(prefix: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let salt = uuid::Uuid::new_v4().simple().to_string();
+    format!("{prefix}_{}_{n}_{}", std::process::id(), &salt[..8])
+}
+
+/// Drops the named tables when dropped, so tests leave nothing behind even
+/// when they fail.
+pub struct DropTables {
+    tables: Vec<String>,
+}
+
+impl DropTables {
+    /// Drops `tables` from the PostgreSQL database at the end of the scope.
+    pub fn new(tables: &[&str]) -> Self {
+        DropTables {
+            tables: tables.iter().map(|t| (*t).to_owned()).collect(),
+        }
+    }
+}
+
+impl Drop for DropTables {
+    fn drop(&mut self) {
+        let sql = format!("DROP TABLE IF EXISTS {} CASCADE", self.tables.join(", "));
+        // A fresh thread, runtime and connection: the test's runtime may be
+        // shutting down, and its connections belong to it.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            if let Ok(rt) = rt {
+                rt.block_on(async move {
+                    use sqlx::Connection as _;
+                    if let Ok(mut conn) = sqlx::PgConnection::connect(&pg_url()).await {
+                        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                            .execute(&mut conn)
+                            .await;
+                    }
+                });
+            }
+        })
+        .join();
+    }
+}
+
+/// A unique Redis key prefix for one test (see [`unique_table`]), so tests
+/// sharing one server run in parallel; [`DeleteKeys`] removes its keys.
+pub fn unique_prefix(name: &str) -> String {
+    unique_table(name)
+}
+
+/// Deletes every key `prefix:*` from one Redis server when dropped, so a
+/// test leaves nothing behind even when it fails.
+#[derive(Debug)]
+pub struct DeleteKeys {
+    url: String,
+    pattern: String,
+}
+
+impl DeleteKeys {
+    /// Deletes the keys under `prefix` (as given to
+    /// [`RedisStore::with_prefix`](idem_runtime::RedisStore::with_prefix))
+    /// from the server at `url` at the end of the scope.
+    pub fn new(url: &str, prefix: &str) -> Self {
+        assert!(
+            prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_'),
+            "a prefix without glob characters: {prefix:?}"
+        );
+        DeleteKeys {
+            url: url.to_owned(),
+            pattern: format!("{prefix}:*"),
+        }
+    }
+
+    /// The keys that match the prefix now (`SCAN MATCH prefix:*`).
+    pub fn keys(&self) -> redis::RedisResult<Vec<String>> {
+        let mut conn = redis_sync_conn(&self.url)?;
+        scan(&mut conn, &self.pattern)
+    }
+}
+
+impl Drop for DeleteKeys {
+    fn drop(&mut self) {
+        // A synchronous connection of its own: the test's runtime may be
+        // shutting down. Failures are ignored (the server may be gone).
+        let Ok(mut conn) = redis_sync_conn(&self.url) else {
+            return;
+        };
+        if let Ok(keys) = scan(&mut conn, &self.pattern) {
+            for chunk in keys.chunks(500) {
+                let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(chunk).query(&mut conn);
+            }
+        }
+    }
+}
+
+fn scan(conn: &mut redis::Connection, pattern: &str) -> redis::RedisResult<Vec<String>> {
+    let mut keys = Vec::new();
+    let mut cursor = 0u64;
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query(conn)?;
+        keys.extend(batch);
+        if next == 0 {
+            return Ok(keys);
+        }
+        cursor = next;
+    }
+}
+
+/// Drops the named tables from the MariaDB database of [`mysql_url`] when
+/// dropped, so tests leave nothing behind even when they fail.
+pub struct DropMySqlTables {
+    tables: Vec<String>,
+}
+
+impl DropMySqlTables {
+    /// Drops `tables` at the end of the scope.
+    pub fn new(tables: &[&str]) -> Self {
+        DropMySqlTables {
+            tables: tables.iter().map(|t| (*t).to_owned()).collect(),
+        }
+    }
+}
+
+impl Drop for DropMySqlTables {
+    fn drop(&mut self) {
+        let sql = format!("DROP TABLE IF EXISTS {}", self.tables.join(", "));
+        // A fresh thread, runtime and connection, as for `DropTables`. A
+        // failed test may leave a transaction open on the table (its
+        // rollback waits for the test's runtime, which this blocks): give up
+        // on the table after 10 s rather than wait for ever.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            if let Ok(rt) = rt {
+                rt.block_on(async move {
+                    use sqlx::Connection as _;
+                    if let Ok(mut conn) = sqlx::MySqlConnection::connect(&mysql_url()).await {
+                        let sql = format!("SET SESSION lock_wait_timeout = 10; {sql}");
+                        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                            .execute(&mut conn)
+                            .await;
+                    }
+                });
+            }
+        })
+        .join();
+    }
+}

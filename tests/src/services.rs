@@ -1,0 +1,113 @@
+//! Reaching the servers the tests use, and what a test does when one is
+//! unreachable: it prints why and skips (returns early), unless
+//! `IDEM_REQUIRE_SERVICES=1`, which turns the skip into a failure. CI sets
+//! that, so a missing server fails the build instead of hiding tests.
+
+use std::time::Duration;
+
+/// `true` when `IDEM_REQUIRE_SERVICES=1`: unreachable servers fail tests.
+pub fn services_required() -> bool {
+    std::env::var("IDEM_REQUIRE_SERVICES").is_ok_and(|v| v == "1")
+}
+
+/// Reports an unreachable service: panics when services are required,
+/// otherwise prints a skip line. Returns `None` so callers can `?`-style skip.
+pub fn unavailable<T>(service: &str, url: &str, why: impl std::fmt::Display) -> Option<T> {
+    let msg = format!("{service} at {url} is unreachable ({why})");
+    if services_required() {
+        panic!("{msg}; IDEM_REQUIRE_SERVICES=1 makes this a failure");
+    }
+    eprintln!("SKIPPED: {msg}; set IDEM_REQUIRE_SERVICES=1 to fail instead");
+    None
+}
+
+/// Skips the calling test (returns from it) when the expression is `None`.
+#[macro_export]
+macro_rules! or_skip {
+    ($e:expr) => {
+        match $e {
+            Some(v) => v,
+            None => return,
+        }
+    };
+}
+
+/// The PostgreSQL URL: `DATABASE_URL`, or the loopback default.
+pub fn pg_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// A PostgreSQL pool, or `None` (after [`unavailable`]) when the server
+/// cannot be reached.
+pub async fn pg_pool(max_connections: u32) -> Option<sqlx::PgPool> {
+    let url = pg_url();
+    let connect = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(&url);
+    match tokio::time::timeout(Duration::from_secs(10), connect).await {
+        Ok(Ok(pool)) => Some(pool),
+        Ok(Err(e)) => unavailable("PostgreSQL", &url, e),
+        Err(_) => unavailable("PostgreSQL", &url, "connect timed out"),
+    }
+}
+
+/// The MariaDB (or MySQL) URL: `MYSQL_URL`, or the loopback default.
+pub fn mysql_url() -> String {
+    std::env::var("MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+}
+
+/// A MariaDB pool whose sessions wait at most `lock_wait_secs` on a row lock
+/// (`innodb_lock_wait_timeout`), or `None` (after [`unavailable`]) when the
+/// server cannot be reached.
+pub async fn mysql_pool(max_connections: u32, lock_wait_secs: u32) -> Option<sqlx::MySqlPool> {
+    let url = mysql_url();
+    let connect = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                sqlx::query("SET SESSION innodb_lock_wait_timeout = ?")
+                    .bind(lock_wait_secs)
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            })
+        })
+        .connect(&url);
+    match tokio::time::timeout(Duration::from_secs(10), connect).await {
+        Ok(Ok(pool)) => Some(pool),
+        Ok(Err(e)) => unavailable("MariaDB", &url, e),
+        Err(_) => unavailable("MariaDB", &url, "connect timed out"),
+    }
+}
+
+/// The Redis URL: `REDIS_URL`, or the loopback default.
+pub fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+/// A [`RedisStore`](idem_runtime::RedisStore) on the server of
+/// [`redis_url`] whose keys all start with `prefix:`, or `None` (after
+/// [`unavailable`]) when the server cannot be reached. Pair it with a
+/// [`DeleteKeys`](crate::DeleteKeys) guard for the same prefix.
+pub async fn redis_store(prefix: &str) -> Option<idem_runtime::RedisStore> {
+    let url = redis_url();
+    let connect = idem_runtime::RedisStore::connect(&url);
+    let store = match tokio::time::timeout(Duration::from_secs(10), connect).await {
+        Ok(Ok(store)) => store,
+        Ok(Err(e)) => return unavailable("Redis", &url, e),
+        Err(_) => return unavailable("Redis", &url, "connect timed out"),
+    };
+    Some(store.with_prefix(prefix).expect("a valid key prefix"))
+}
+
+/// A synchronous connection to the Redis at `url`, with short timeouts: for
+/// clean-up and health checks that must not depend on a test's runtime.
+pub(crate) fn redis_sync_conn(url: &str) -> redis::RedisResult<redis::Connection> {
+    let conn = redis::Client::open(url)?.get_connection_with_timeout(Duration::from_secs(2))?;
+    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+    conn.set_write_timeout(Some(Duration::from_secs(5)))?;
+    Ok(conn)
+}
