@@ -140,14 +140,32 @@ async fn run(
     done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
 }
 
-/// Counts the statements sqlx sends (its `sqlx::query` log events).
+/// Counts the statements sqlx sends (its `sqlx::query` log events) and
+/// keeps the first words of each.
 mod counting {
+    use std::sync::Mutex;
     use std::sync::atomic::{AtomicU64, Ordering};
+    use tracing::field::{Field, Visit};
     use tracing::{Event, Metadata, Subscriber, span};
 
     pub(crate) static STATEMENTS: AtomicU64 = AtomicU64::new(0);
+    pub(crate) static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
     pub(crate) struct Counter;
+
+    struct Summary(Option<String>);
+    impl Visit for Summary {
+        fn record_str(&mut self, field: &Field, value: &str) {
+            if field.name() == "summary" {
+                self.0 = Some(value.to_owned());
+            }
+        }
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "summary" {
+                self.0 = Some(format!("{value:?}").trim_matches('"').to_owned());
+            }
+        }
+    }
 
     impl Subscriber for Counter {
         fn enabled(&self, meta: &Metadata<'_>) -> bool {
@@ -161,6 +179,11 @@ mod counting {
         fn event(&self, event: &Event<'_>) {
             if event.metadata().target() == "sqlx::query" {
                 STATEMENTS.fetch_add(1, Ordering::Relaxed);
+                let mut summary = Summary(None);
+                event.record(&mut summary);
+                if let Ok(mut seen) = SEEN.lock() {
+                    seen.push(summary.0.unwrap_or_default());
+                }
             }
         }
         fn enter(&self, _: &span::Id) {}
@@ -168,12 +191,19 @@ mod counting {
     }
 }
 
-/// Statements of one call, as sqlx reports them, plus the `BEGIN` that sqlx
-/// sends outside its statement log.
-async fn statements_of<F: std::future::Future>(call: F) -> u64 {
+/// Statements of one call, as sqlx's statement log reports them (the MySQL
+/// driver logs `BEGIN` too), with their first words.
+async fn statements_of<F: std::future::Future>(call: F) -> (u64, String) {
     let before = counting::STATEMENTS.load(Ordering::Relaxed);
+    if let Ok(mut seen) = counting::SEEN.lock() {
+        seen.clear();
+    }
     call.await;
-    counting::STATEMENTS.load(Ordering::Relaxed) - before + 1
+    let seen = counting::SEEN
+        .lock()
+        .map(|s| s.join(", "))
+        .unwrap_or_default();
+    (counting::STATEMENTS.load(Ordering::Relaxed) - before, seen)
 }
 
 #[tokio::main]
@@ -271,9 +301,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     })
     .await;
     drop(_guard);
-    println!(
-        "statements (= round trips) per message: bare {bare_n}; bare + 1 statement {extra_n}; idem fresh {fresh_n}, duplicate {dup_n}"
-    );
+    println!("statements (= round trips) per message:");
+    for (what, (n, seen)) in [
+        ("bare", bare_n),
+        ("bare + 1 statement", extra_n),
+        ("idem, fresh", fresh_n),
+        ("idem, duplicate", dup_n),
+    ] {
+        println!("  {what}: {n} ({seen})");
+    }
     println!(
         "one extra statement costs: {:.3} of bare",
         median(tps[1].clone()) / bare

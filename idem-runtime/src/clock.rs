@@ -145,3 +145,10 @@ impl Clock for ManualClock {
 pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
+
+/// When something that lasts `hold` from `now` (epoch milliseconds) ends: a
+/// lease or a record's window. Every store with a clock of its own computes
+/// expiry here.
+pub(crate) fn expiry(now: i64, hold: Duration) -> i64 {
+    now.saturating_add(millis(hold))
+}

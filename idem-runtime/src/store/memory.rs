@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::clock::{Clock, SystemClock, millis};
+use crate::clock::{Clock, SystemClock, expiry};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::registry::HandlerSpec;
@@ -270,7 +270,7 @@ impl LeaseStore for MemoryStore {
                 attempts,
                 created_at: now,
                 updated_at: now,
-                expires_at: now.saturating_add(millis(spec.lease)),
+                expires_at: expiry(now, spec.lease),
             });
             Claim::Acquired { token }
         }))
@@ -292,7 +292,7 @@ impl LeaseStore for MemoryStore {
                 e.token = None;
                 e.outcome = Some(outcome.to_owned());
                 e.updated_at = now;
-                e.expires_at = now.saturating_add(millis(spec.ttl));
+                e.expires_at = expiry(now, spec.ttl);
             }
             true
         }))
@@ -324,7 +324,7 @@ impl LeaseStore for MemoryStore {
             }
             if let Some(e) = slot {
                 e.updated_at = now;
-                e.expires_at = now.saturating_add(millis(spec.lease));
+                e.expires_at = expiry(now, spec.lease);
             }
             true
         }))

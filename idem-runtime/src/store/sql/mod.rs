@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use sqlx::{Pool, Transaction};
 
-use crate::clock::{Clock, SystemClock, millis};
+use crate::clock::{Clock, SystemClock, expiry};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::registry::HandlerSpec;
@@ -407,7 +407,7 @@ impl<D: Dialect> SqlStore<D> {
             handler,
             key: key.as_str(),
             now,
-            until: now.saturating_add(millis(hold)),
+            until: expiry(now, hold),
             ..Values::default()
         })
     }
