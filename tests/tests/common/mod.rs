@@ -4,8 +4,10 @@
 //!   [`lease`] (lease mode, every lease store), [`tx`] (transaction mode,
 //!   every SQL store) and [`broker`] (the consumers);
 //! * the stores' fixtures, a store of the test's own each: [`Db`] (SQLite),
-//!   [`PgDb`] (PostgreSQL), [`MemoryFx`], [`RedisFx`]; what the SQL ones
-//!   share (business tables next to the dedup table) is in `sql.rs`;
+//!   [`PgDb`] (PostgreSQL), [`MySqlDb`] (MySQL/MariaDB), [`MemoryFx`],
+//!   [`RedisFx`]; what the SQL ones share (business tables next to the dedup
+//!   table, in the `$n` dialect; the suites' fixtures over them) is in
+//!   `sql.rs`, and `mysql.rs` writes its business tables in the `?` one;
 //! * what a test hands its handlers and does with their calls: [`Probe`]
 //!   (`probe.rs`), and [`together`], [`Tally`] and [`eventually`]
 //!   (`calls.rs`).
@@ -18,6 +20,7 @@ mod sql;
 
 mod calls;
 mod memory;
+mod mysql;
 mod pg;
 mod probe;
 mod redis;
@@ -32,6 +35,7 @@ pub(crate) mod tx;
 pub(crate) use {
     calls::{Tally, eventually, together},
     memory::MemoryFx,
+    mysql::MySqlDb,
     pg::PgDb,
     probe::Probe,
     redis::RedisFx,

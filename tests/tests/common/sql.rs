@@ -4,7 +4,7 @@
 //! * [`business_tables!`]: the business tables `inventory` and `ledger` next
 //!   to the dedup table, read and written in the `$n` dialect SQLite and
 //!   PostgreSQL share, as inherent methods; a store of another dialect
-//!   writes these methods itself;
+//!   writes these methods itself (MySQL's `?` in `mysql.rs`);
 //! * [`sql_suites!`]: the suites' fixtures over those methods, whatever the
 //!   dialect. In the lease suite the body's effect is a `ledger` row written
 //!   through the pool, outside any idem transaction; in the transaction
