@@ -235,6 +235,56 @@ async fn tx_claim_last_a_failed_duplicate_gets_the_recorded_outcome() {
     );
 }
 
+/// Claiming last, a body that reads anything takes InnoDB's snapshot
+/// (`REPEATABLE READ`); a delivery that commits the key after that must still
+/// be what the lost claim reads back, not the row as the snapshot saw it (an
+/// expired window's outcome, or no row at all).
+#[tokio::test]
+async fn claim_last_reads_back_the_row_that_beat_it_not_its_snapshot() {
+    let my = or_skip!(My::open("snapshot", 5).await);
+    let clock = ManualClock::new(T0);
+    let store = my.store.clone().with_clock(clock.clone());
+    let expired = key("expired");
+    let TxClaim::Fresh(tx) = store.begin_claim(&TX, &expired).await.unwrap() else {
+        panic!("a fresh key is claimed")
+    };
+    store
+        .commit_outcome(tx, &TX, &expired, "\"old\"")
+        .await
+        .unwrap();
+    clock.advance(TX.ttl + Duration::from_secs(1));
+
+    for k in [expired, key("fresh")] {
+        let TxClaim::Fresh(mut late) = store.begin_claim(&TX, &k).await.unwrap() else {
+            panic!("claiming last, the body runs first")
+        };
+        // The body reads: its transaction's snapshot is taken here.
+        let _: i64 =
+            sqlx::query_scalar(AssertSqlSafe(format!("SELECT COUNT(*) FROM {}", my.table)))
+                .fetch_one(&mut *late)
+                .await
+                .unwrap();
+        // Another delivery of the key commits meanwhile.
+        let TxClaim::Fresh(tx) = store.begin_claim(&TX, &k).await.unwrap() else {
+            panic!("claiming last, the body runs first")
+        };
+        assert_eq!(
+            store.commit_outcome(tx, &TX, &k, "\"new\"").await.unwrap(),
+            TxCommit::Committed
+        );
+        assert_eq!(
+            store
+                .commit_outcome(late, &TX, &k, "\"mine\"")
+                .await
+                .unwrap(),
+            TxCommit::Duplicate {
+                outcome: "\"new\"".to_owned()
+            },
+            "{k}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_concurrent_duplicate_waits_on_the_row_lock_then_is_in_progress() {
     let my = or_skip!(My::open("lock_wait", 1).await);

@@ -197,6 +197,7 @@ impl Dialect for MySql {
     // of a new key never waits on one.
     const SWEEP_BEGIN: Option<&'static str> =
         Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION");
+    const LATEST_READ: &'static str = " LOCK IN SHARE MODE";
 
     fn create(t: &str) -> String {
         // Index names are the table's own in MySQL: a fixed one fits any

@@ -139,6 +139,7 @@ impl Dialect for Postgres {
     const MAX_HANDLER_LEN: usize = usize::MAX;
     const BEGIN: Option<&'static str> = None;
     const SWEEP_BEGIN: Option<&'static str> = None;
+    const LATEST_READ: &'static str = "";
 
     fn create(t: &str) -> String {
         let bare = t.rsplit('.').next().unwrap_or(t);

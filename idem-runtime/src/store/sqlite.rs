@@ -153,6 +153,7 @@ impl Dialect for Sqlite {
     // claim found cannot change before it is read.
     const BEGIN: Option<&'static str> = Some("BEGIN IMMEDIATE");
     const SWEEP_BEGIN: Option<&'static str> = None;
+    const LATEST_READ: &'static str = "";
 
     fn create(t: &str) -> String {
         // SQLite names the index's schema on the index, not the table.

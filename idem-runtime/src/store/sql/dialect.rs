@@ -35,6 +35,14 @@ pub trait Dialect: Exec {
     /// one; `None` runs it on its own.
     const SWEEP_BEGIN: Option<&'static str>;
 
+    /// What a read of the record after a lost claim appends so that it sees
+    /// the latest committed row, not the transaction's snapshot: empty where
+    /// every statement reads the latest (PostgreSQL's `READ COMMITTED`,
+    /// SQLite's single writer); `LOCK IN SHARE MODE` on InnoDB, whose
+    /// `REPEATABLE READ` would otherwise answer from the snapshot of the
+    /// body's first read (claiming last), older than the row that beat it.
+    const LATEST_READ: &'static str;
+
     /// Creates the table `table` and its expiry index if they do not exist
     /// (one or more statements, no parameters).
     fn create(table: &str) -> String;

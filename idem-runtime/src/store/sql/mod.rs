@@ -423,14 +423,16 @@ impl<D: Dialect> SqlStore<D> {
         if D::rows_affected(&D::run(conn, &take.insert, values).await?) > 0 {
             return Ok(Taken::Key);
         }
-        let standing = D::fetch(conn, &self.sql.select, values).await?;
+        let standing = D::fetch(conn, &self.sql.select_latest, values).await?;
         match (&take.take_over, standing) {
             (Some(take_over), Some(expired)) if expired.expires_at_ms <= values.now => {
                 if D::rows_affected(&D::run(conn, take_over, values).await?) > 0 {
                     return Ok(Taken::Key);
                 }
                 // Another claim took it over first: what stands now.
-                Ok(Taken::Lost(D::fetch(conn, &self.sql.select, values).await?))
+                Ok(Taken::Lost(
+                    D::fetch(conn, &self.sql.select_latest, values).await?,
+                ))
             }
             (_, standing) => Ok(Taken::Lost(standing)),
         }

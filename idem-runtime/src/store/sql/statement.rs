@@ -202,6 +202,9 @@ pub(crate) struct Statements {
     /// The record of `:handler`, `:key`: the columns
     /// [`super::exec::Exec::fetch`] reads, in its order.
     pub(crate) select: Statement,
+    /// As `select`, reading the latest committed row inside a claim's
+    /// transaction ([`Dialect::LATEST_READ`]).
+    pub(crate) select_latest: Statement,
     /// Records `:outcome` under the claim this transaction holds.
     pub(crate) complete_tx: Statement,
     /// As `complete_tx`, if `:token` still holds the claim.
@@ -215,6 +218,10 @@ pub(crate) struct Statements {
     /// Counts the rows.
     pub(crate) count: Statement,
 }
+
+/// The record of `:handler`, `:key`.
+const SELECT: &str = "SELECT status, outcome, attempts, created_at, updated_at, expires_at
+                 FROM {t} WHERE handler = :handler AND {key} = :key";
 
 impl Statements {
     /// The statements of dialect `D` on `table` (validated by the caller).
@@ -239,10 +246,8 @@ impl Statements {
             create: D::create(table).into(),
             claim: take(CLAIMED),
             claim_with_outcome: take(COMPLETED),
-            select: render(
-                "SELECT status, outcome, attempts, created_at, updated_at, expires_at
-                 FROM {t} WHERE handler = :handler AND {key} = :key",
-            ),
+            select: render(SELECT),
+            select_latest: render(&format!("{SELECT}{}", D::LATEST_READ)),
             complete_tx: render(
                 "UPDATE {t} SET status = 'completed', token = NULL, outcome = :outcome,
                                 updated_at = :now, expires_at = :until
