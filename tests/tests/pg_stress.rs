@@ -1,153 +1,25 @@
 //! PostgreSQL under real contention, real crashes, dropped connections, lock
-//! timeouts and a steady stream with expiry. Every claim about effects is
-//! read back from the business table, not from idem's own counters.
+//! timeouts and a steady stream with expiry: the stress scenarios
+//! (`common/stress.rs`) on the server of `DATABASE_URL`, and what is
+//! PostgreSQL's own (the stream with sweeping, a duplicate whose body fails).
+//! Every claim about effects is read back from the business table, not from
+//! idem's own counters.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+mod common;
+
 use std::time::Duration;
 
-use idem_runtime::ClaimOrder;
+use common::stress::{self, Crash, Effect, Setup, StressFixture};
 use idem_runtime::clock::ManualClock;
-use idem_runtime::{Error, Outcome, PgStore, PgTx, idempotent};
+use idem_runtime::{ClaimOrder, Error, Key, Outcome, PgStore, PgTx, StoreError, idempotent};
 use idem_tests::{DropTables, or_skip, pg_pool, pg_url, unique_table};
 use serde::{Deserialize, Serialize};
-use sqlx::{AssertSqlSafe, PgPool};
+use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
+use sqlx::{AssertSqlSafe, Postgres, Transaction};
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Effect {
-    /// The business table the body writes (one per test).
-    table: String,
-    message_id: i64,
-    /// Crash tests: what the body does before returning.
-    #[serde(default)]
-    park: Park,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-enum Park {
-    #[default]
-    No,
-    /// Print READY and hang inside the body (the process is then killed).
-    InsideBody,
-}
-
-static BODY_RUNS: AtomicUsize = AtomicUsize::new(0);
-
-/// Adds one to the message's row: an effect applied twice shows as 2.
-#[idempotent(
-    key = "message_id",
-    ttl = "1h",
-    store = "postgres",
-    name = "pg_apply_effect"
-)]
-async fn apply_effect(tx: &mut PgTx<'_>, msg: &Effect) -> Result<i64, sqlx::Error> {
-    BODY_RUNS.fetch_add(1, Ordering::SeqCst);
-    let sql = format!(
-        "INSERT INTO {} (message_id, applied) VALUES ($1, 1)
-         ON CONFLICT (message_id) DO UPDATE SET applied = {0}.applied + 1 RETURNING applied",
-        msg.table
-    );
-    let applied: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
-        .bind(msg.message_id)
-        .fetch_one(&mut **tx)
-        .await?;
-    match msg.park {
-        Park::No => {}
-        Park::InsideBody => {
-            println!("READY");
-            tokio::time::sleep(Duration::from_secs(120)).await;
-        }
-    }
-    Ok(applied)
-}
-
-/// Where a body parks: it signals `parked` after its business write, then
-/// waits for `release`. One per call, so no wake-up leaks between tests.
-#[derive(Default)]
-struct Gate {
-    parked: tokio::sync::Notify,
-    release: tokio::sync::Notify,
-    /// Released, the body reads its row once more through its transaction
-    /// before returning (so a connection dropped while it was parked fails
-    /// the body's own statement, not the commit).
-    read_after_release: bool,
-}
-
-/// As `apply_effect`, parking on `gate` after the business write.
-#[idempotent(
-    key = "msg.message_id",
-    ttl = "1h",
-    store = "postgres",
-    name = "pg_apply_parked"
-)]
-async fn apply_parked(tx: &mut PgTx<'_>, msg: &Effect, gate: &Gate) -> Result<i64, sqlx::Error> {
-    let sql = format!(
-        "INSERT INTO {} (message_id, applied) VALUES ($1, 1)
-         ON CONFLICT (message_id) DO UPDATE SET applied = {0}.applied + 1 RETURNING applied",
-        msg.table
-    );
-    let applied: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
-        .bind(msg.message_id)
-        .fetch_one(&mut **tx)
-        .await?;
-    gate.parked.notify_one();
-    gate.release.notified().await;
-    if gate.read_after_release {
-        let sql = format!("SELECT applied FROM {} WHERE message_id = $1", msg.table);
-        return sqlx::query_scalar(AssertSqlSafe(sql))
-            .bind(msg.message_id)
-            .fetch_one(&mut **tx)
-            .await;
-    }
-    Ok(applied)
-}
-
-async fn business_table(pool: &PgPool) -> String {
-    let t = unique_table("pg_effects");
-    sqlx::query(AssertSqlSafe(format!(
-        "CREATE TABLE {t} (message_id BIGINT PRIMARY KEY, applied BIGINT NOT NULL)"
-    )))
-    .execute(pool)
-    .await
-    .expect("create business table");
-    t
-}
-
-async fn applied(pool: &PgPool, table: &str) -> Vec<(i64, i64)> {
-    sqlx::query_as(AssertSqlSafe(format!(
-        "SELECT message_id, applied FROM {table} ORDER BY message_id"
-    )))
-    .fetch_all(pool)
-    .await
-    .expect("read business table")
-}
-
-/// A test's tables: its business table and dedup table (dropped at the
-/// end, even on failure), an admin pool, and a migrated store on them.
-struct Setup {
+/// The admin pool of the server of `DATABASE_URL`.
+struct PgStress {
     admin: PgPool,
-    dedup: String,
-    table: String,
-    store: PgStore,
-    _cleanup: DropTables,
-}
-
-/// The usual start of a test, or `None` (skip) without a server.
-async fn setup(prefix: &str, order: ClaimOrder) -> Option<Setup> {
-    let admin = pg_pool(4).await?;
-    let dedup = unique_table(prefix);
-    let table = business_table(&admin).await;
-    let _cleanup = DropTables::new(&[&dedup, &table]);
-    let store = store_on(&admin, &dedup, order).await;
-    Some(Setup {
-        admin,
-        dedup,
-        table,
-        store,
-        _cleanup,
-    })
 }
 
 /// A store on `pool` over the dedup table `dedup`, claiming in `order`.
@@ -158,335 +30,57 @@ fn store_for(pool: PgPool, dedup: &str, order: ClaimOrder) -> PgStore {
         .with_claim_order(order)
 }
 
-async fn store_on(pool: &PgPool, dedup: &str, order: ClaimOrder) -> PgStore {
-    let store = store_for(pool.clone(), dedup, order);
-    store.migrate().await.expect("migrate");
-    store
-}
+impl StressFixture for PgStress {
+    type Store = PgStore;
+    type Conn = PgConnection;
+    /// `pg_backend_pid()`.
+    type ConnId = i32;
+    type Holder = Transaction<'static, Postgres>;
+    type Cleanup = DropTables;
 
-/// 16 consumers on separate connections deliver the same 1,000 messages, each
-/// 3 to 5 times, at the same moment.
-async fn contention(order: ClaimOrder) {
-    let Setup {
-        admin,
-        dedup,
-        table,
-        store: _,
-        _cleanup,
-    } = or_skip!(setup("pg_dedup", order).await);
+    const PREFIX: &'static str = "pg";
+    const LOCK_TIMEOUT: Duration = Duration::from_millis(300);
 
-    const MESSAGES: i64 = 1_000;
-    const CONSUMERS: usize = 16;
-    // Copies of message i go to different consumers at about the same place
-    // in their queues, so duplicates really meet.
-    let mut queues: Vec<Vec<i64>> = vec![Vec::new(); CONSUMERS];
-    let mut deliveries = 0;
-    for id in 0..MESSAGES {
-        let copies = 3 + (id % 3) as usize;
-        for c in 0..copies {
-            queues[(id as usize * 7 + c * 5) % CONSUMERS].push(id);
-            deliveries += 1;
-        }
+    async fn admin() -> Option<Self> {
+        Some(PgStress {
+            admin: pg_pool(8).await?,
+        })
     }
-    let barrier = Arc::new(tokio::sync::Barrier::new(CONSUMERS));
-    let mut tasks = Vec::new();
-    for queue in queues {
-        let barrier = barrier.clone();
-        let (dedup, table) = (dedup.clone(), table.clone());
-        tasks.push(tokio::spawn(async move {
-            // A consumer of its own: one connection.
-            let pool = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(1)
-                .connect(&pg_url())
-                .await
-                .expect("consumer connects");
-            let store = store_for(pool, &dedup, order);
-            barrier.wait().await;
-            let (mut executed, mut duplicate, mut in_progress) = (0usize, 0usize, 0usize);
-            for id in queue {
-                let msg = Effect {
-                    table: table.clone(),
-                    message_id: id,
-                    park: Park::No,
-                };
-                loop {
-                    match apply_effect(&store, &msg).await {
-                        Ok(Outcome::Executed(_)) => executed += 1,
-                        Ok(Outcome::Duplicate(_)) => duplicate += 1,
-                        Err(Error::InProgress { .. }) => {
-                            in_progress += 1;
-                            tokio::time::sleep(Duration::from_millis(5)).await;
-                            continue;
-                        }
-                        Err(e) => panic!("delivery of {id} failed: {e}"),
-                    }
-                    break;
-                }
-            }
-            (executed, duplicate, in_progress)
-        }));
+
+    fn drop_later(tables: &[&str]) -> DropTables {
+        DropTables::new(tables)
     }
-    let (mut executed, mut duplicate, mut in_progress) = (0, 0, 0);
-    for t in tasks {
-        let (e, d, p) = t.await.expect("consumer task");
-        executed += e;
-        duplicate += d;
-        in_progress += p;
+
+    fn store_on_admin(&self, dedup: &str, order: ClaimOrder) -> PgStore {
+        store_for(self.admin.clone(), dedup, order)
     }
-    eprintln!(
-        "{order:?}: {deliveries} deliveries by {CONSUMERS} consumers: {executed} executed, {duplicate} duplicate, {in_progress} in-progress retries"
-    );
-    assert_eq!(executed, MESSAGES as usize, "each message executes once");
-    assert_eq!(executed + duplicate, deliveries);
-    let rows = applied(&admin, &table).await;
-    assert_eq!(rows.len(), MESSAGES as usize, "every message took effect");
-    let twice: Vec<_> = rows.iter().filter(|(_, n)| *n != 1).collect();
-    assert!(
-        twice.is_empty(),
-        "effects applied more than once: {twice:?}"
-    );
-}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn contention_claim_last_applies_each_message_once() {
-    contention(ClaimOrder::Last).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn contention_claim_first_applies_each_message_once() {
-    contention(ClaimOrder::First).await;
-}
-
-/// The child side of the crash tests: run by the parent as a separate process
-/// of this test binary, killed with SIGKILL where it parks.
-#[tokio::test]
-#[ignore = "run as a child process by the crash tests"]
-async fn crash_child() {
-    let Ok(mode) = std::env::var("IDEM_CRASH_MODE") else {
-        return;
-    };
-    let dedup = std::env::var("IDEM_CRASH_DEDUP").expect("dedup table");
-    let table = std::env::var("IDEM_CRASH_TABLE").expect("business table");
-    let order = match std::env::var("IDEM_CRASH_ORDER").as_deref() {
-        Ok("first") => ClaimOrder::First,
-        _ => ClaimOrder::Last,
-    };
-    let store = PgStore::connect(&pg_url())
-        .await
-        .expect("child connects")
-        .with_table(&dedup)
-        .expect("table")
-        .with_claim_order(order);
-    let park = if mode == "inside_body" {
-        Park::InsideBody
-    } else {
-        Park::No
-    };
-    let msg = Effect {
-        table,
-        message_id: 1,
-        park,
-    };
-    let outcome = apply_effect(&store, &msg).await.expect("child delivery");
-    assert!(outcome.is_executed());
-    // Committed, but the consumer dies before it can ack.
-    println!("READY");
-    tokio::time::sleep(Duration::from_secs(120)).await;
-}
-
-/// Runs `crash_child` in a new process, waits until it prints READY (parked
-/// where `mode` says), and kills it with SIGKILL.
-fn run_and_kill(mode: &str, dedup: &str, table: &str, order: &str) {
-    let exe = std::env::current_exe().expect("test binary");
-    let mut child = Command::new(exe)
-        .args([
-            "crash_child",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("IDEM_CRASH_MODE", mode)
-        .env("IDEM_CRASH_DEDUP", dedup)
-        .env("IDEM_CRASH_TABLE", table)
-        .env("IDEM_CRASH_ORDER", order)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn child consumer");
-    let stdout = child.stdout.take().expect("child stdout");
-    let mut ready = false;
-    for line in BufReader::new(stdout).lines() {
-        let line = line.expect("read child output");
-        // libtest prints "test crash_child ... " without a newline first.
-        if line.trim_end().ends_with("READY") {
-            ready = true;
-            break;
-        }
+    async fn migrate(store: &PgStore) -> Result<(), StoreError> {
+        store.migrate().await
     }
-    assert!(ready, "child never reached its parking point");
-    child.kill().expect("SIGKILL the child");
-    let status = child.wait().expect("reap child");
-    assert!(!status.success(), "the child was killed, not finished");
-}
 
-async fn crash(mode: &str, order: ClaimOrder) {
-    let Setup {
-        admin,
-        dedup,
-        table,
-        store,
-        _cleanup,
-    } = or_skip!(setup("pg_crash_dedup", order).await);
-    let order_name = if order == ClaimOrder::First {
-        "first"
-    } else {
-        "last"
-    };
-
-    let (dedup2, table2, mode2) = (dedup.clone(), table.clone(), mode.to_owned());
-    tokio::task::spawn_blocking(move || run_and_kill(&mode2, &dedup2, &table2, order_name))
-        .await
-        .expect("crash run");
-
-    // The broker redelivers; the killed consumer's connection is gone, and
-    // Postgres rolled back whatever it had not committed.
-    let msg = Effect {
-        table: table.clone(),
-        message_id: 1,
-        park: Park::No,
-    };
-    let mut outcome = None;
-    for _ in 0..200 {
-        match apply_effect(&store, &msg).await {
-            Ok(o) => {
-                outcome = Some(o);
-                break;
-            }
-            // The server may not have noticed the dead connection yet.
-            Err(Error::InProgress { .. }) => tokio::time::sleep(Duration::from_millis(50)).await,
-            Err(e) => panic!("redelivery failed: {e}"),
-        }
-    }
-    let outcome = outcome.expect("redelivery completes");
-    match mode {
-        "inside_body" => assert!(outcome.is_executed(), "nothing committed, so it runs again"),
-        _ => assert!(
-            outcome.is_duplicate(),
-            "committed before the kill, so a duplicate"
-        ),
-    }
-    assert_eq!(outcome.into_inner(), 1);
-    // Once more for good measure.
-    assert!(
-        apply_effect(&store, &msg)
-            .await
-            .expect("again")
-            .is_duplicate()
-    );
-    assert_eq!(
-        applied(&admin, &table).await,
-        vec![(1, 1)],
-        "the effect stands exactly once"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigkill_inside_the_body_leaves_nothing_and_redelivery_runs_once() {
-    crash("inside_body", ClaimOrder::Last).await;
-    crash("inside_body", ClaimOrder::First).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigkill_after_commit_before_ack_makes_redelivery_a_duplicate() {
-    crash("after_commit", ClaimOrder::Last).await;
-    crash("after_commit", ClaimOrder::First).await;
-}
-
-/// The consumer's connection is terminated while the body is parked in its
-/// transaction: whether the failure then meets the commit or the body's own
-/// next statement (which returns the body's `Err(sqlx::Error)`), the call is a
-/// store error to retry, never the body's business error, and nothing stays.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropped_connection_gives_store_error_and_records_nothing() {
-    for (order, read_after_release) in [
-        (ClaimOrder::Last, false),
-        (ClaimOrder::First, false),
-        (ClaimOrder::Last, true),
-        (ClaimOrder::First, true),
-    ] {
-        let Setup {
-            admin,
-            dedup,
-            table,
-            store: _,
-            _cleanup,
-        } = or_skip!(setup("pg_drop_dedup", order).await);
-        // The consumer's own single-connection pool, so we know its backend.
-        let pool = sqlx::postgres::PgPoolOptions::new()
+    async fn consumer(dedup: &str, order: ClaimOrder) -> (PgStore, i32) {
+        let pool = PgPoolOptions::new()
             .max_connections(1)
             .connect(&pg_url())
             .await
-            .expect("connect");
+            .expect("consumer connects");
         let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
             .fetch_one(&pool)
             .await
             .expect("pid");
-        let store = store_for(pool, &dedup, order);
-        let msg = Effect {
-            table: table.clone(),
-            message_id: 7,
-            park: Park::No,
-        };
-        let gate = std::sync::Arc::new(Gate {
-            read_after_release,
-            ..Gate::default()
-        });
-        let body_gate = gate.clone();
-        let call = tokio::spawn(async move { apply_parked(&store, &msg, &body_gate).await });
-        // The body has written through its transaction and is parked in it.
-        tokio::time::timeout(Duration::from_secs(10), gate.parked.notified())
-            .await
-            .expect("the body parks in its transaction");
-        let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
-            .bind(pid)
-            .fetch_one(&admin)
-            .await
-            .expect("terminate");
-        assert!(killed);
-        gate.release.notify_one();
-        let r = call.await.expect("call task");
-        assert!(
-            matches!(r, Err(Error::Store { .. })),
-            "{order:?}, failing in the body: {read_after_release}: expected Error::Store, got {r:?}"
-        );
-        assert!(
-            applied(&admin, &table).await.is_empty(),
-            "no business effect"
-        );
-        let rows: i64 = sqlx::query_scalar(AssertSqlSafe(format!("SELECT COUNT(*) FROM {dedup}")))
-            .fetch_one(&admin)
-            .await
-            .expect("count");
-        assert_eq!(rows, 0, "no dedup record");
+        (store_for(pool, dedup, order), pid)
     }
-}
 
-/// Another transaction holds the key (an in-flight first delivery between its
-/// claim and its commit): the claim waits on the unique index, gives up at the
-/// lock timeout with `InProgress`, and leaves no effect; once the other
-/// transaction is gone the delivery runs.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_claim_waiting_past_the_lock_timeout_is_in_progress() {
-    for order in [ClaimOrder::Last, ClaimOrder::First] {
-        let Setup {
-            admin,
-            dedup,
-            table,
-            store: _,
-            _cleanup,
-        } = or_skip!(setup("pg_lock_dedup", order).await);
-        let pool = sqlx::postgres::PgPoolOptions::new()
+    async fn connect(dedup: &str, order: ClaimOrder) -> Result<PgStore, StoreError> {
+        Ok(PgStore::connect(&pg_url())
+            .await?
+            .with_table(dedup)?
+            .with_claim_order(order))
+    }
+
+    async fn lock_waiting(dedup: &str, order: ClaimOrder) -> Option<PgStore> {
+        let pool = PgPoolOptions::new()
             .max_connections(2)
             .after_connect(|conn, _| {
                 Box::pin(async move {
@@ -499,59 +93,160 @@ async fn a_claim_waiting_past_the_lock_timeout_is_in_progress() {
             .connect(&pg_url())
             .await
             .expect("connect");
-        let store = store_for(pool, &dedup, order).with_lock_timeout(Duration::from_millis(300));
+        Some(store_for(pool, dedup, order).with_lock_timeout(Self::LOCK_TIMEOUT))
+    }
 
-        // The other delivery's uncommitted claim row.
-        let key = idem_runtime::Key::from_parts(&[&3i64]).expect("key");
-        let mut holder = admin.begin().await.expect("begin");
+    async fn kill(&self, pid: i32) {
+        let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .fetch_one(&self.admin)
+            .await
+            .expect("terminate");
+        assert!(killed, "the backend was terminated");
+    }
+
+    fn refuses_table(&self, table: &str) -> bool {
+        PgStore::from_pool(self.admin.clone())
+            .with_table(table)
+            .is_err()
+    }
+
+    async fn business_table(&self) -> String {
+        let t = unique_table("pg_effects");
+        sqlx::query(AssertSqlSafe(format!(
+            "CREATE TABLE {t} (message_id BIGINT PRIMARY KEY, applied BIGINT NOT NULL)"
+        )))
+        .execute(&self.admin)
+        .await
+        .expect("create business table");
+        t
+    }
+
+    async fn applied(&self, table: &str) -> Vec<(i64, i64)> {
+        sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT message_id, applied FROM {table} ORDER BY message_id"
+        )))
+        .fetch_all(&self.admin)
+        .await
+        .expect("read business table")
+    }
+
+    async fn dedup_rows(&self, dedup: &str) -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(format!("SELECT COUNT(*) FROM {dedup}")))
+            .fetch_one(&self.admin)
+            .await
+            .expect("count")
+    }
+
+    async fn columns(&self, dedup: &str) -> Vec<String> {
+        sqlx::query_scalar(
+            "SELECT column_name::text FROM information_schema.columns
+             WHERE table_name = $1 ORDER BY ordinal_position",
+        )
+        .bind(dedup)
+        .fetch_all(&self.admin)
+        .await
+        .expect("columns")
+    }
+
+    async fn hold(&self, dedup: &str, handler: &str, key: &Key) -> Self::Holder {
+        let mut holder = self.admin.begin().await.expect("begin");
         sqlx::query(AssertSqlSafe(format!(
             "INSERT INTO {dedup} (handler, key, status, attempts, created_at, updated_at, expires_at)
-             VALUES ('pg_apply_effect', $1, 'in_progress', 1, 0, 0, 9223372036854775807)"
+             VALUES ($1, $2, 'in_progress', 1, 0, 0, 9223372036854775807)"
         )))
+        .bind(handler)
         .bind(key.as_str())
         .execute(&mut *holder)
         .await
         .expect("hold the key");
+        holder
+    }
 
-        let msg = first_msg(&table);
-        let started = std::time::Instant::now();
-        match apply_effect(&store, &msg).await {
-            Err(Error::InProgress {
-                retry_after,
-                key: k,
-                ..
-            }) => {
-                assert_eq!(retry_after, Duration::from_millis(300));
-                assert_eq!(k, key);
-            }
-            other => panic!("{order:?}: expected InProgress, got {other:?}"),
-        }
-        assert!(
-            started.elapsed() >= Duration::from_millis(250),
-            "it waited for the lock"
-        );
-        assert!(
-            applied(&admin, &table).await.is_empty(),
-            "{order:?}: no effect while in progress"
-        );
+    async fn release(holder: Self::Holder) {
+        holder.rollback().await.expect("roll back");
+    }
 
-        holder.rollback().await.expect("the other delivery fails");
-        assert!(
-            apply_effect(&store, &msg)
-                .await
-                .expect("runs")
-                .is_executed()
+    async fn bump(conn: &mut PgConnection, msg: &Effect) -> Result<i64, sqlx::Error> {
+        let sql = format!(
+            "INSERT INTO {} (message_id, applied) VALUES ($1, 1)
+             ON CONFLICT (message_id) DO UPDATE SET applied = {0}.applied + 1 RETURNING applied",
+            msg.table
         );
-        assert!(
-            apply_effect(&store, &msg)
-                .await
-                .expect("after")
-                .is_duplicate()
-        );
-        assert_eq!(applied(&admin, &table).await, vec![(3, 1)]);
+        sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(msg.message_id)
+            .fetch_one(conn)
+            .await
+    }
+
+    async fn read(conn: &mut PgConnection, msg: &Effect) -> Result<i64, sqlx::Error> {
+        let sql = format!("SELECT applied FROM {} WHERE message_id = $1", msg.table);
+        sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(msg.message_id)
+            .fetch_one(conn)
+            .await
     }
 }
 
+stress::handlers! {
+    PgStress, tx: PgTx, store: "postgres",
+    names: { effect: "pg_apply_effect", parked: "pg_apply_parked" },
+}
+
+// ---------------------------------------------------------------------------
+// The stress scenarios
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn contention_claim_last_applies_each_message_once() {
+    stress::contention::<PgStress>(ClaimOrder::Last).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn contention_claim_first_applies_each_message_once() {
+    stress::contention::<PgStress>(ClaimOrder::First).await;
+}
+
+/// The child side of the crash tests: run by the parent as a separate process
+/// of this test binary, killed with SIGKILL where it parks.
+#[tokio::test]
+#[ignore = "run as a child process by the crash tests"]
+async fn crash_child() {
+    stress::crash_child::<PgStress>().await;
+}
+
+/// Postgres rolls back whatever the killed consumer had not committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_inside_the_body_leaves_nothing_and_redelivery_runs_once() {
+    stress::crash::<PgStress>(Crash::InsideBody, ClaimOrder::Last).await;
+    stress::crash::<PgStress>(Crash::InsideBody, ClaimOrder::First).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_after_commit_before_ack_makes_redelivery_a_duplicate() {
+    stress::crash::<PgStress>(Crash::AfterCommit, ClaimOrder::Last).await;
+    stress::crash::<PgStress>(Crash::AfterCommit, ClaimOrder::First).await;
+}
+
+/// `pg_terminate_backend` on the consumer's connection while the body is
+/// parked in its transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_connection_gives_store_error_and_records_nothing() {
+    stress::killed_connection::<PgStress>().await;
+}
+
+/// The claim waits on the unique index, `lock_timeout` 300 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_waiting_past_the_lock_timeout_is_in_progress() {
+    stress::claim_waiting_past_the_lock_timeout::<PgStress>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migrate_from_many_processes_at_once() {
+    stress::migrate_from_many_connections_at_once::<PgStress>().await;
+}
+
+// ---------------------------------------------------------------------------
+// PostgreSQL's own
 /// A steady stream with a short ttl: expired rows are reclaimed at claim time
 /// and swept in bounded batches, so the table stays the size of the window.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -565,13 +260,14 @@ async fn steady_stream_keeps_the_table_the_size_of_the_window() {
         Ok(msg.id)
     }
 
-    let admin = or_skip!(pg_pool(4).await);
+    let fx = or_skip!(PgStress::admin().await);
     let dedup = unique_table("pg_stream_dedup");
     let _cleanup = DropTables::new(&[&dedup]);
     let clock = ManualClock::starting_now();
-    let store = store_on(&admin, &dedup, ClaimOrder::Last)
-        .await
+    let store = fx
+        .store_on_admin(&dedup, ClaimOrder::Last)
         .with_clock(clock.clone());
+    store.migrate().await.expect("migrate");
     // 100 messages a simulated second for 60 s; the window is 10 s, so the
     // live set is 1,000 rows. Sweep every simulated second in batches of 300.
     let mut counts = Vec::new();
@@ -622,63 +318,6 @@ async fn steady_stream_keeps_the_table_the_size_of_the_window() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn migrate_from_many_processes_at_once() {
-    let admin = or_skip!(pg_pool(8).await);
-    let dedup = unique_table("pg_migrate");
-    let _cleanup = DropTables::new(&[&dedup]);
-    let mut tasks = Vec::new();
-    for _ in 0..8 {
-        let dedup = dedup.clone();
-        tasks.push(tokio::spawn(async move {
-            let store = PgStore::connect(&pg_url()).await?.with_table(&dedup)?;
-            store.migrate().await
-        }));
-    }
-    for t in tasks {
-        t.await.expect("task").expect("concurrent migrate succeeds");
-    }
-    let columns: Vec<String> = sqlx::query_scalar(
-        "SELECT column_name::text FROM information_schema.columns WHERE table_name = $1 ORDER BY ordinal_position",
-    )
-    .bind(&dedup)
-    .fetch_all(&admin)
-    .await
-    .expect("columns");
-    assert_eq!(
-        columns,
-        [
-            "handler",
-            "key",
-            "status",
-            "token",
-            "outcome",
-            "attempts",
-            "created_at",
-            "updated_at",
-            "expires_at"
-        ]
-    );
-    assert!(
-        PgStore::from_pool(admin.clone())
-            .with_table("bad name")
-            .is_err()
-    );
-    assert!(
-        PgStore::from_pool(admin.clone())
-            .with_table("public.x; drop")
-            .is_err()
-    );
-}
-
-fn first_msg(table: &str) -> Effect {
-    Effect {
-        table: table.to_owned(),
-        message_id: 3,
-        park: Park::No,
-    }
-}
-
 /// Takes the whole stock of one row, or refuses when it is gone.
 #[idempotent(
     key = "message_id",
@@ -714,28 +353,24 @@ enum TakeError {
 async fn a_duplicate_whose_body_fails_gets_the_recorded_outcome() {
     for order in [ClaimOrder::Last, ClaimOrder::First] {
         let Setup {
-            admin,
+            fx,
             table,
             store,
             _cleanup,
             ..
-        } = or_skip!(setup("pg_takeall_dedup", order).await);
+        } = or_skip!(stress::setup::<PgStress>("takeall_dedup", order).await);
         sqlx::query(AssertSqlSafe(format!("INSERT INTO {table} VALUES (1, 5)")))
-            .execute(&admin)
+            .execute(&fx.admin)
             .await
             .expect("stock");
-        let msg = Effect {
-            table: table.clone(),
-            message_id: 42,
-            park: Park::No,
-        };
+        let msg = Effect::new(&table, 42);
         assert_eq!(
             take_all(&store, &msg).await.expect("first"),
-            idem_runtime::Outcome::Executed(42)
+            Outcome::Executed(42)
         );
         for _ in 0..3 {
             match take_all(&store, &msg).await {
-                Ok(idem_runtime::Outcome::Duplicate(42)) => {}
+                Ok(Outcome::Duplicate(42)) => {}
                 other => panic!("{order:?}: expected the recorded outcome, got {other:?}"),
             }
         }
@@ -751,6 +386,6 @@ async fn a_duplicate_whose_body_fails_gets_the_recorded_outcome() {
                 ..
             })
         ));
-        assert_eq!(applied(&admin, &table).await, vec![(1, 0)]);
+        assert_eq!(fx.applied(&table).await, vec![(1, 0)]);
     }
 }

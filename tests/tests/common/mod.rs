@@ -2,7 +2,9 @@
 //!
 //! * the suites, each written once and instantiated per store or broker:
 //!   [`lease`] (lease mode, every lease store), [`tx`] (transaction mode,
-//!   every SQL store) and [`broker`] (the consumers);
+//!   every SQL store), [`broker`] (the consumers) and [`stress`]
+//!   (contention, crashes, killed connections and lock waits on PostgreSQL
+//!   and MySQL, each fixture in its own test file);
 //! * the stores' fixtures, a store of the test's own each: [`Db`] (SQLite),
 //!   [`PgDb`] (PostgreSQL), [`MySqlDb`] (MySQL/MariaDB), [`MemoryFx`],
 //!   [`RedisFx`]; what the SQL ones share (business tables next to the dedup
@@ -28,6 +30,7 @@ mod sqlite;
 
 pub(crate) mod broker;
 pub(crate) mod lease;
+pub(crate) mod stress;
 pub(crate) mod tx;
 
 // Each test binary uses some of these.
