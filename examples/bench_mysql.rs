@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use idem_examples::{env, median};
+use idem_examples::{env, median, statement_log};
 use idem_runtime::{MySqlStore, MySqlTx, idempotent};
 use serde::Deserialize;
 use sqlx::MySqlPool;
@@ -140,70 +140,10 @@ async fn run(
     done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
 }
 
-/// Counts the statements sqlx sends (its `sqlx::query` log events) and
-/// keeps the first words of each.
-mod counting {
-    use std::sync::Mutex;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use tracing::field::{Field, Visit};
-    use tracing::{Event, Metadata, Subscriber, span};
-
-    pub(crate) static STATEMENTS: AtomicU64 = AtomicU64::new(0);
-    pub(crate) static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-    pub(crate) struct Counter;
-
-    struct Summary(Option<String>);
-    impl Visit for Summary {
-        fn record_str(&mut self, field: &Field, value: &str) {
-            if field.name() == "summary" {
-                self.0 = Some(value.to_owned());
-            }
-        }
-        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-            if field.name() == "summary" {
-                self.0 = Some(format!("{value:?}").trim_matches('"').to_owned());
-            }
-        }
-    }
-
-    impl Subscriber for Counter {
-        fn enabled(&self, meta: &Metadata<'_>) -> bool {
-            meta.target() == "sqlx::query"
-        }
-        fn new_span(&self, _: &span::Attributes<'_>) -> span::Id {
-            span::Id::from_u64(1)
-        }
-        fn record(&self, _: &span::Id, _: &span::Record<'_>) {}
-        fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
-        fn event(&self, event: &Event<'_>) {
-            if event.metadata().target() == "sqlx::query" {
-                STATEMENTS.fetch_add(1, Ordering::Relaxed);
-                let mut summary = Summary(None);
-                event.record(&mut summary);
-                if let Ok(mut seen) = SEEN.lock() {
-                    seen.push(summary.0.unwrap_or_default());
-                }
-            }
-        }
-        fn enter(&self, _: &span::Id) {}
-        fn exit(&self, _: &span::Id) {}
-    }
-}
-
-/// Statements of one call, as sqlx's statement log reports them (the MySQL
-/// driver logs `BEGIN` too), with their first words.
-async fn statements_of<F: std::future::Future>(call: F) -> (u64, String) {
-    let before = counting::STATEMENTS.load(Ordering::Relaxed);
-    if let Ok(mut seen) = counting::SEEN.lock() {
-        seen.clear();
-    }
-    call.await;
-    let seen = counting::SEEN
-        .lock()
-        .map(|s| s.join(", "))
-        .unwrap_or_default();
-    (counting::STATEMENTS.load(Ordering::Relaxed) - before, seen)
+/// The statements one call sends: their number, and their first words.
+async fn statements_of<F: std::future::Future>(call: F) -> (usize, String) {
+    let seen = statement_log::with_begin(statement_log::statements_of(call).await);
+    (seen.len(), seen.join(", "))
 }
 
 #[tokio::main]
@@ -267,7 +207,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     // Statements a message costs (BEGIN counted; see `statements_of`).
-    let _guard = tracing::subscriber::set_default(counting::Counter);
+    let _guard = tracing::subscriber::set_default(statement_log::StatementLog);
     let fresh = |id| Deduct {
         message_id: id,
         sku: 1,

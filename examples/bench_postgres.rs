@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use idem_examples::{env, median};
+use idem_examples::{env, median, statement_log};
 use idem_runtime::ClaimOrder;
 use idem_runtime::{PgStore, PgTx, idempotent};
 use serde::Deserialize;
@@ -130,40 +130,10 @@ async fn run(
     done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
 }
 
-/// Counts the statements sqlx sends (its `sqlx::query` log events).
-mod counting {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use tracing::{Event, Metadata, Subscriber, span};
-
-    pub(crate) static STATEMENTS: AtomicU64 = AtomicU64::new(0);
-
-    pub(crate) struct Counter;
-
-    impl Subscriber for Counter {
-        fn enabled(&self, meta: &Metadata<'_>) -> bool {
-            meta.target() == "sqlx::query"
-        }
-        fn new_span(&self, _: &span::Attributes<'_>) -> span::Id {
-            span::Id::from_u64(1)
-        }
-        fn record(&self, _: &span::Id, _: &span::Record<'_>) {}
-        fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
-        fn event(&self, event: &Event<'_>) {
-            if event.metadata().target() == "sqlx::query" {
-                STATEMENTS.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        fn enter(&self, _: &span::Id) {}
-        fn exit(&self, _: &span::Id) {}
-    }
-}
-
-/// Statements of one call, as sqlx reports them, plus the `BEGIN` that sqlx
-/// sends outside its statement log.
-async fn statements_of<F: std::future::Future>(call: F) -> u64 {
-    let before = counting::STATEMENTS.load(Ordering::Relaxed);
-    call.await;
-    counting::STATEMENTS.load(Ordering::Relaxed) - before + 1
+/// How many statements one call sends, with sqlx's statement log and the
+/// `BEGIN` its Postgres driver sends outside it.
+async fn statements_of<F: std::future::Future>(call: F) -> usize {
+    statement_log::with_begin(statement_log::statements_of(call).await).len()
 }
 
 #[tokio::main]
@@ -233,8 +203,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
 
-    // Statements a message costs (BEGIN counted; see `statements_of`).
-    let _guard = tracing::subscriber::set_default(counting::Counter);
+    // Statements a message costs.
+    let _guard = tracing::subscriber::set_default(statement_log::StatementLog);
     let fresh = |id| Deduct {
         message_id: id,
         sku: 1,

@@ -76,3 +76,86 @@ pub fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
 }
+
+/// The statements sqlx sends, for the benchmarks' "statements per message"
+/// lines: a `tracing` subscriber that keeps each `sqlx::query` event's
+/// summary (the statement's first words).
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), sqlx::Error> {
+/// let _guard = tracing::subscriber::set_default(idem_examples::statement_log::StatementLog);
+/// let seen = idem_examples::statement_log::statements_of(async {
+///     sqlx::query("SELECT 1").execute(&pool).await.map(drop)
+/// })
+/// .await;
+/// println!("{} statements: {}", seen.len(), seen.join(", "));
+/// # Ok(()) }
+/// ```
+pub mod statement_log {
+    use std::sync::Mutex;
+
+    use tracing::field::{Field, Visit};
+    use tracing::{Event, Metadata, Subscriber, span};
+
+    static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+    /// The subscriber; install it with `tracing::subscriber::set_default`.
+    #[derive(Debug)]
+    pub struct StatementLog;
+
+    struct Summary(Option<String>);
+
+    impl Visit for Summary {
+        fn record_str(&mut self, field: &Field, value: &str) {
+            if field.name() == "summary" {
+                self.0 = Some(value.to_owned());
+            }
+        }
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "summary" {
+                self.0 = Some(format!("{value:?}").trim_matches('"').to_owned());
+            }
+        }
+    }
+
+    impl Subscriber for StatementLog {
+        fn enabled(&self, meta: &Metadata<'_>) -> bool {
+            meta.target() == "sqlx::query"
+        }
+        fn new_span(&self, _: &span::Attributes<'_>) -> span::Id {
+            span::Id::from_u64(1)
+        }
+        fn record(&self, _: &span::Id, _: &span::Record<'_>) {}
+        fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
+        fn event(&self, event: &Event<'_>) {
+            if event.metadata().target() == "sqlx::query" {
+                let mut summary = Summary(None);
+                event.record(&mut summary);
+                if let Ok(mut seen) = SEEN.lock() {
+                    seen.push(summary.0.unwrap_or_default());
+                }
+            }
+        }
+        fn enter(&self, _: &span::Id) {}
+        fn exit(&self, _: &span::Id) {}
+    }
+
+    /// The statements sqlx logged while `call` ran, in order. sqlx's MySQL
+    /// driver logs the `BEGIN` of a transaction; its Postgres driver does
+    /// not (see [`with_begin`]).
+    pub async fn statements_of<F: std::future::Future>(call: F) -> Vec<String> {
+        if let Ok(mut seen) = SEEN.lock() {
+            seen.clear();
+        }
+        call.await;
+        SEEN.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// `seen` with the `BEGIN` that a driver sent outside its log.
+    pub fn with_begin(mut seen: Vec<String>) -> Vec<String> {
+        if seen.first().is_none_or(|s| !s.starts_with("BEGIN")) {
+            seen.insert(0, "BEGIN".to_owned());
+        }
+        seen
+    }
+}
