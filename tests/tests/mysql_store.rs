@@ -285,6 +285,40 @@ async fn claim_last_reads_back_the_row_that_beat_it_not_its_snapshot() {
     }
 }
 
+/// Claiming first, the claim row is the transaction's own. When it is gone
+/// at the commit, the transaction that held it is too (InnoDB ends a deadlock
+/// victim's transaction; DDL commits implicitly): the commit must not report
+/// the call as recorded. Here the body removes the row itself, which leaves
+/// the transaction open, so the test can also see that nothing it wrote is
+/// committed.
+#[tokio::test]
+async fn claim_first_a_claim_row_gone_at_the_commit_records_nothing() {
+    let my = or_skip!(My::open("claim_gone", 5).await);
+    let store = my.store.clone().with_claim_order(ClaimOrder::First);
+    let k = key("order-9");
+    let TxClaim::Fresh(mut tx) = store.begin_claim(&TX, &k).await.unwrap() else {
+        panic!("a fresh key is claimed")
+    };
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {} (id, note) VALUES (9, 'body')",
+        my.ledger
+    )))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    sqlx::query(AssertSqlSafe(format!("DELETE FROM {}", my.table)))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let err = store
+        .commit_outcome(tx, &TX, &k, "9")
+        .await
+        .expect_err("the claim is gone");
+    assert!(matches!(err, StoreError::Backend(_)), "{err}");
+    assert!(my.ledger().await.is_empty(), "the body's write rolled back");
+    assert!(store.record(TX.name, &k).await.unwrap().is_none());
+}
+
 #[tokio::test]
 async fn a_concurrent_duplicate_waits_on_the_row_lock_then_is_in_progress() {
     let my = or_skip!(My::open("lock_wait", 1).await);

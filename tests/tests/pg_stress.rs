@@ -389,3 +389,36 @@ async fn a_duplicate_whose_body_fails_gets_the_recorded_outcome() {
         assert_eq!(fx.applied(&table).await, vec![(1, 0)]);
     }
 }
+
+/// A table name as long as PostgreSQL allows (63 bytes) still gets its
+/// expiry index, under a name of its own: `<table>_expires_at` would be cut
+/// to the table's own name and silently skipped.
+#[tokio::test]
+async fn the_longest_table_name_gets_its_expiry_index() {
+    let admin = or_skip!(pg_pool(2).await);
+    let stem = unique_table("pg_long");
+    let table = format!("{stem}_{}", "z".repeat(62 - stem.len()));
+    assert_eq!(table.len(), 63);
+    let _cleanup = DropTables::new(&[&table]);
+    let store = PgStore::from_pool(admin.clone())
+        .with_table(&table)
+        .expect("a valid name");
+    store.migrate().await.expect("migrate");
+    store.migrate().await.expect("migrate again");
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT indexname::text FROM pg_indexes WHERE tablename = $1 ORDER BY indexname",
+    )
+    .bind(&table)
+    .fetch_all(&admin)
+    .await
+    .expect("indexes");
+    assert_eq!(
+        indexes.len(),
+        2,
+        "primary key and expiry index: {indexes:?}"
+    );
+    assert!(
+        indexes.iter().any(|i| i.ends_with("_expires_at")),
+        "{indexes:?}"
+    );
+}

@@ -128,9 +128,16 @@ const MIGRATE_LOCK_WAIT: Duration = Duration::from_secs(30);
 /// first commits or rolls back, bounded by `innodb_lock_wait_timeout` (5 s
 /// when the store made the pool; error 1205), and then gets
 /// [`Error::InProgress`](crate::Error::InProgress). A deadlock victim (error
-/// 1213), which InnoDB rolls back whole, is never a lost or doubled effect: a
-/// statement that runs on its own runs again, and a transaction-mode call
-/// returns `InProgress` for a redelivery.
+/// 1213), which InnoDB rolls back whole: a statement of the store's that runs
+/// on its own runs again, and a transaction-mode call whose store statement
+/// was the victim returns `InProgress` for a redelivery.
+///
+/// When the lock wait or the deadlock hits a statement of the body, the
+/// body must return that error (the call is then `Error::Handler` with it:
+/// nack and redeliver), not retry the statement: InnoDB has already rolled
+/// the transaction back and ended it, claim included, so a retried statement
+/// would commit on its own. Claiming first, the store finds its claim row
+/// gone at the commit and fails the call instead of reporting it recorded.
 ///
 /// The table is InnoDB with `handler` and `key` as `VARBINARY(128)`: keys
 /// compare byte for byte, so `A` and `a` (merged by the default

@@ -143,6 +143,7 @@ impl Dialect for Postgres {
 
     fn create(t: &str) -> String {
         let bare = t.rsplit('.').next().unwrap_or(t);
+        let index = expiry_index(bare);
         format!(
             "CREATE TABLE IF NOT EXISTS {t} (
                 handler TEXT NOT NULL,
@@ -156,7 +157,7 @@ impl Dialect for Postgres {
                 expires_at BIGINT NOT NULL,
                 PRIMARY KEY (handler, key)
             );
-            CREATE INDEX IF NOT EXISTS {bare}_expires_at ON {t} (expires_at);"
+            CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at);"
         )
     }
 
@@ -175,7 +176,10 @@ impl Dialect for Postgres {
     fn fault(db: &dyn sqlx::error::DatabaseError) -> Fault {
         match db.code().as_deref() {
             Some("55P03") => Fault::LockWait,
-            Some("40P01") => Fault::Deadlock,
+            // deadlock_detected, and serialization_failure (a pool whose
+            // transactions run at REPEATABLE READ or SERIALIZABLE): the
+            // transaction is rolled back whole and can run again.
+            Some("40P01" | "40001") => Fault::Deadlock,
             // undefined_table: `relation "idem_keys" does not exist`
             Some("42P01") => Fault::MissingTable(
                 db.message()
@@ -342,5 +346,39 @@ impl SqlStore<Postgres> {
             .await
             .map_err(|e| self.err(e))?;
         tx.commit().await.map_err(|e| self.err(e))
+    }
+}
+
+/// The expiry index's name: `<table>_expires_at`, or, where that would pass
+/// PostgreSQL's 63-byte limit (and be cut to a name that may be the table's
+/// own, or another long table's index), the table name's first 40 bytes and
+/// 8 hex digits of its SHA-256 before `_expires_at`.
+fn expiry_index(table: &str) -> String {
+    const SUFFIX: &str = "_expires_at";
+    if table.len() + SUFFIX.len() <= 63 {
+        return format!("{table}{SUFFIX}");
+    }
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(table.as_bytes());
+    let hex: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+    // Table names are ASCII (validated), so any byte is a char boundary.
+    format!("{}_{hex}{SUFFIX}", &table[..40])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expiry_index;
+
+    #[test]
+    fn expiry_index_names_fit_and_differ() {
+        assert_eq!(expiry_index("idem_keys"), "idem_keys_expires_at");
+        let long_a = format!("t_{}", "a".repeat(61));
+        let long_b = format!("t_{}b", "a".repeat(60));
+        for name in [&long_a, &long_b] {
+            let index = expiry_index(name);
+            assert!(index.len() <= 63, "{index}");
+            assert_ne!(&index, name);
+        }
+        assert_ne!(expiry_index(&long_a), expiry_index(&long_b));
     }
 }

@@ -691,9 +691,21 @@ impl<D: Dialect> TxStore for SqlStore<D> {
         };
         let taken = match self.order {
             // The claim row is this transaction's: record the outcome in it.
-            ClaimOrder::First => D::run(&mut tx, &self.sql.complete_tx, &values)
-                .await
-                .map(|_| Taken::Key),
+            // If it is gone, the transaction that held it is too (InnoDB
+            // rolls a deadlock victim back whole and ends it; a statement of
+            // the body may have committed implicitly): nothing is committed
+            // as if the claim held.
+            ClaimOrder::First => match D::run(&mut tx, &self.sql.complete_tx, &values).await {
+                Ok(done) if D::rows_affected(&done) == 1 => Ok(Taken::Key),
+                Ok(_) => {
+                    let _ = tx.rollback().await;
+                    return Err(StoreError::Backend(Box::from(format!(
+                        "the claim row of this transaction is gone before its commit (on {}): the database ended the transaction (a deadlock victim, an implicit commit) while the body ran; nothing was recorded",
+                        self.sql.table
+                    ))));
+                }
+                Err(e) => Err(e),
+            },
             ClaimOrder::Last => {
                 self.take(&mut tx, &self.sql.claim_with_outcome, &values)
                     .await
