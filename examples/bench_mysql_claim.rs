@@ -25,10 +25,9 @@
 //! second of each and `ignore/upsert`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use idem_examples::{env, median};
+use idem_examples::{env, median, messages_per_second};
 use idem_runtime::MySqlStore;
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Row};
@@ -153,19 +152,10 @@ async fn run(
     tasks: usize,
     next: &Arc<AtomicU64>,
 ) -> f64 {
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
-    let mut handles = Vec::new();
-    for _ in 0..tasks {
-        let (pool, sql, stop, done, next) = (
-            pool.clone(),
-            sql.clone(),
-            stop.clone(),
-            done.clone(),
-            next.clone(),
-        );
-        handles.push(tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
+    messages_per_second(secs, tasks, |_, round| {
+        let (pool, sql, next) = (pool.clone(), sql.clone(), next.clone());
+        async move {
+            while round.going() {
                 let n = next.fetch_add(1, Ordering::Relaxed);
                 let key = match dups {
                     Some(d) => format!("dup-{}", n % d),
@@ -173,17 +163,11 @@ async fn run(
                 };
                 let took = claim(&pool, &sql, how, &key, now_ms()).await;
                 assert_eq!(took, dups.is_none(), "{how:?} on {key}");
-                done.fetch_add(1, Ordering::Relaxed);
+                round.handled();
             }
-        }));
-    }
-    let start = Instant::now();
-    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
-    stop.store(true, Ordering::Relaxed);
-    for h in handles {
-        h.await.expect("client task");
-    }
-    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+        }
+    })
+    .await
 }
 
 /// Rows affected by `sql` for a row absent, expired, and live.

@@ -22,10 +22,9 @@
 //! for the default order.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use idem_examples::{env, median, statement_log};
+use idem_examples::{env, median, messages_per_second, statement_log};
 use idem_runtime::ClaimOrder;
 use idem_runtime::{PgStore, PgTx, idempotent};
 use serde::Deserialize;
@@ -88,19 +87,15 @@ async fn run(
     tasks: usize,
     next_id: &Arc<AtomicU64>,
 ) -> f64 {
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
-    let mut handles = Vec::new();
-    for t in 0..tasks {
-        let (pool, stop, done, next_id) =
-            (pool.clone(), stop.clone(), done.clone(), next_id.clone());
+    messages_per_second(secs, tasks, |t, round| {
+        let (pool, next_id) = (pool.clone(), next_id.clone());
         let store = match variant {
             Variant::Idem(ClaimOrder::First) => stores[1].clone(),
             _ => stores[0].clone(),
         };
-        handles.push(tokio::spawn(async move {
+        async move {
             let mut sku = (t as i64 * 1237) % 10_000;
-            while !stop.load(Ordering::Relaxed) {
+            while round.going() {
                 let msg = Deduct {
                     message_id: next_id.fetch_add(1, Ordering::Relaxed) as i64,
                     sku: sku + 1,
@@ -117,17 +112,11 @@ async fn run(
                         .map_err(|e| e.to_string()),
                 }
                 .unwrap_or_else(|e| panic!("{}: {e}", variant.label()));
-                done.fetch_add(1, Ordering::Relaxed);
+                round.handled();
             }
-        }));
-    }
-    let start = Instant::now();
-    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
-    stop.store(true, Ordering::Relaxed);
-    for h in handles {
-        h.await.expect("consumer task");
-    }
-    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+        }
+    })
+    .await
 }
 
 /// How many statements one call sends, with sqlx's statement log and the

@@ -15,10 +15,9 @@
 //! `INFO commandstats`, and ends with `idem/raw: <ratio>`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use idem_examples::{env, median};
+use idem_examples::{env, median, messages_per_second};
 use idem_runtime::{RedisStore, idempotent};
 use serde::Deserialize;
 
@@ -41,20 +40,11 @@ async fn run(
     tasks: usize,
     next: &Arc<AtomicU64>,
 ) -> f64 {
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
-    let mut handles = Vec::new();
-    for _ in 0..tasks {
-        let (store, mut raw, stop, done, next) = (
-            store.clone(),
-            raw.clone(),
-            stop.clone(),
-            done.clone(),
-            next.clone(),
-        );
+    messages_per_second(secs, tasks, |_, round| {
+        let (store, mut raw, next) = (store.clone(), raw.clone(), next.clone());
         let prefix = prefix.to_owned();
-        handles.push(tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
+        async move {
+            while round.going() {
                 let id = next.fetch_add(1, Ordering::Relaxed);
                 if idem {
                     let outcome = handle(&store, &Msg { id }).await.expect("idem call");
@@ -71,17 +61,11 @@ async fn run(
                         .expect("raw SET NX");
                     assert!(set.is_some());
                 }
-                done.fetch_add(1, Ordering::Relaxed);
+                round.handled();
             }
-        }));
-    }
-    let start = Instant::now();
-    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
-    stop.store(true, Ordering::Relaxed);
-    for h in handles {
-        h.await.expect("task");
-    }
-    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+        }
+    })
+    .await
 }
 
 /// Client commands (round trips) of one call, from the server's statistics:

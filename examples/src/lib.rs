@@ -2,6 +2,8 @@
 //! and the benchmarks' medians and settings.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// A fresh SQLite file under the system's temp directory, removed (with its
 /// WAL files) when dropped.
@@ -157,5 +159,59 @@ pub mod statement_log {
             seen.insert(0, "BEGIN".to_owned());
         }
         seen
+    }
+}
+
+/// Runs `tasks` consumers at once for `secs` seconds and returns the
+/// messages they handled per second. `consumer(t, round)` is consumer `t`:
+/// it sets itself up, then handles messages while `round.going()`, calling
+/// `round.handled()` after each. A call that fails panics in the consumer.
+///
+/// ```no_run
+/// # async fn demo() {
+/// let rate = idem_examples::messages_per_second(3.0, 8, |t, round| async move {
+///     while round.going() {
+///         let _message = t; // handle one message
+///         round.handled();
+///     }
+/// })
+/// .await;
+/// println!("{rate:.0} msg/s");
+/// # }
+/// ```
+pub async fn messages_per_second<F, Fut>(secs: f64, tasks: usize, consumer: F) -> f64
+where
+    F: Fn(usize, Round) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let round = Round::default();
+    let handles: Vec<_> = (0..tasks)
+        .map(|t| tokio::spawn(consumer(t, round.clone())))
+        .collect();
+    let start = std::time::Instant::now();
+    tokio::time::sleep(std::time::Duration::from_secs_f64(secs)).await;
+    round.stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        h.await.expect("consumer task");
+    }
+    round.done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// One timed round of [`messages_per_second`], as its consumers see it.
+#[derive(Debug, Clone, Default)]
+pub struct Round {
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
+}
+
+impl Round {
+    /// Whether the round is still on.
+    pub fn going(&self) -> bool {
+        !self.stop.load(Ordering::Relaxed)
+    }
+
+    /// Counts one message handled.
+    pub fn handled(&self) {
+        self.done.fetch_add(1, Ordering::Relaxed);
     }
 }
