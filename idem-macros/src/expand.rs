@@ -56,6 +56,8 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
     // carry that span too, so any error of theirs lands there as well.
     let p_ok = respan(p.clone(), ok_span);
     let codec = Ident::new("__idem_codec", mixed);
+    let errors = Ident::new("__idem_errors", mixed);
+    let fingerprint = Ident::new("__idem_fingerprint", mixed);
 
     let receiver = h.receiver.as_ref().map(|r| quote!(#r,));
     let params = h.params.iter().map(|p| &p.arg);
@@ -94,7 +96,7 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
             let result = Ident::new("__idem_result", mixed);
             let bind_tx = bind(tx_param, &tx);
             let tx_begin = quote_spanned! {ok_span=>
-                #p_ok::tx_begin::<_, #ok_ty, #err_ty>(#store, &#spec, &#key, #codec).await
+                #p_ok::tx_begin::<_, #ok_ty, #err_ty>(#store, &#spec, &#key, #fingerprint.as_deref(), #codec, #errors).await
             };
             let result_value = if via_trait {
                 into_result(ret_ty, &p, quote!(#result))
@@ -102,7 +104,7 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
                 quote!(#result)
             };
             let tx_finish = quote_spanned! {ok_span=>
-                #p_ok::tx_finish::<_, #ok_ty, #err_ty>(#store, &#spec, &#key, #codec, #call_state, #result_value).await
+                #p_ok::tx_finish::<_, #ok_ty, #err_ty>(#store, &#spec, &#key, #fingerprint.as_deref(), #codec, #errors, #call_state, #result_value).await
             };
             quote! {
                 let mut #call_state = match #tx_begin {
@@ -129,7 +131,7 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
         None => {
             let body = Ident::new("__idem_body", mixed);
             let run_lease = quote_spanned! {ok_span=>
-                #p_ok::run_lease::<_, #ok_ty, #err_ty, _>(#store, &#spec, &#key, #codec, #body).await
+                #p_ok::run_lease::<_, #ok_ty, #err_ty, _>(#store, &#spec, &#key, #fingerprint.as_deref(), #codec, #errors, #body).await
             };
             let body_future = quote! {
                 async move {
@@ -156,6 +158,8 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
 
     let make_codec = quote_spanned! {ok_span=>
         let #codec = #p_ok::codec::<#ok_ty>();
+        let #errors = #p::error_codec!(#err_ty);
+        let #fingerprint: #p::Option<#p::String> = #p::Option::None;
     };
 
     quote! {
@@ -179,6 +183,8 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
                 module: ::core::module_path!(),
                 file: ::core::file!(),
                 line: ::core::line!(),
+                fingerprint: ::core::option::Option::None,
+                max_attempts: ::core::option::Option::None,
             };
             #p::inventory::submit! { #spec }
             #make_codec

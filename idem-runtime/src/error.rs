@@ -32,6 +32,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// fn decide<E: std::fmt::Display>(err: &Error<E>) -> &'static str {
 ///     match err {
 ///         Error::Handler { .. } => "nack: the body failed and left nothing behind, retry",
+///         Error::Failed { .. } => "dead-letter: the body failed for good, and said so",
+///         Error::PayloadMismatch { .. } => "dead-letter and alert: one key, two payloads",
+///         Error::Exhausted { .. } => "dead-letter: failed max_attempts times",
 ///         Error::InProgress { .. } => "nack with delay: another consumer is on it",
 ///         Error::Store { source: StoreError::MissingTable { .. }, .. } => "stop: migrate the store",
 ///         Error::Store { .. } => "nack: the store failed, retry later",
@@ -44,9 +47,12 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error<E> {
-    /// The body returned `Err`. Nothing was recorded: in transaction mode the
-    /// claim rolled back with the body's writes, in lease mode the claim was
-    /// released, so a redelivery runs the body again.
+    /// The body returned `Err`, an error that may pass on a redelivery.
+    /// Nothing of the call stands: in transaction mode the claim rolled back
+    /// with the body's writes, in lease mode the claim was released, so a
+    /// redelivery runs the body again. For a handler with `max_attempts` the
+    /// failure was counted in the record (with the error's text), and the
+    /// delivery after the last allowed one gets [`Error::Exhausted`].
     #[error("handler `{handler}` failed for key {}: {error}", .key.shown())]
     Handler {
         /// The handler's registered name.
@@ -60,6 +66,60 @@ pub enum Error<E> {
         /// those; get the body's error back with
         /// [`into_handler_error`](Error::into_handler_error).
         error: E,
+    },
+
+    /// The body failed with an error its type calls final (see
+    /// [`FinalError`](crate::FinalError)): the SKU does not exist, the
+    /// account is closed. The error is recorded like an outcome, and every
+    /// delivery of the key until the ttl ends gets it back without running
+    /// the body (`replayed` is then `true`). In transaction mode the body's
+    /// writes were rolled back. Dead-letter (or ack) the message: no
+    /// redelivery can pass.
+    #[error("handler `{handler}` failed for good for key {}{}: {error}", .key.shown(), if *.replayed { " (recorded earlier)" } else { "" })]
+    Failed {
+        /// The handler's registered name.
+        handler: &'static str,
+        /// The derived key.
+        key: Key,
+        /// The body's error: this delivery's, or the recorded one, decoded.
+        error: E,
+        /// Whether the error was read from the record instead of returned by
+        /// this delivery's body.
+        replayed: bool,
+    },
+
+    /// The key was recorded for a delivery with another payload: the
+    /// handler's `fingerprint` (its declared expression, or the whole
+    /// message) differs between the two deliveries. The same key names two
+    /// different messages, a producer's bug or a key expression that misses
+    /// a field. The body did not run, and the record was left as it is.
+    /// Dead-letter the message and alert.
+    #[error("handler `{handler}`: key {} was recorded with another payload (fingerprint {recorded}, this delivery's {given}); the body did not run", .key.shown())]
+    PayloadMismatch {
+        /// The handler's registered name.
+        handler: &'static str,
+        /// The derived key.
+        key: Key,
+        /// The fingerprint the record holds.
+        recorded: String,
+        /// This delivery's fingerprint.
+        given: String,
+    },
+
+    /// The body failed on as many deliveries of this key as the handler's
+    /// `max_attempts` allows, so this one did not run it. Dead-letter the
+    /// message; once the cause is fixed, an operator lets it run again with
+    /// `idem forget`.
+    #[error("handler `{handler}`: key {} failed {failures} times, its attempts are exhausted{}", .key.shown(), .last_error.as_ref().map(|e| format!("; last error: {e}")).unwrap_or_default())]
+    Exhausted {
+        /// The handler's registered name.
+        handler: &'static str,
+        /// The derived key.
+        key: Key,
+        /// How many deliveries failed.
+        failures: u32,
+        /// The last failure's text, as recorded.
+        last_error: Option<String>,
     },
 
     /// Another delivery of the same key is being processed right now (a live
@@ -202,6 +262,9 @@ impl<E> Error<E> {
     pub fn handler(&self) -> &'static str {
         match self {
             Error::Handler { handler, .. }
+            | Error::Failed { handler, .. }
+            | Error::PayloadMismatch { handler, .. }
+            | Error::Exhausted { handler, .. }
             | Error::InProgress { handler, .. }
             | Error::LeaseLost { handler, .. }
             | Error::NotRecorded { handler, .. }
@@ -224,6 +287,9 @@ impl<E> Error<E> {
     pub fn key(&self) -> Option<&Key> {
         match self {
             Error::Handler { key, .. }
+            | Error::Failed { key, .. }
+            | Error::PayloadMismatch { key, .. }
+            | Error::Exhausted { key, .. }
             | Error::InProgress { key, .. }
             | Error::LeaseLost { key, .. }
             | Error::NotRecorded { key, .. }
@@ -234,7 +300,9 @@ impl<E> Error<E> {
         }
     }
 
-    /// The body's own error, if that is what this is.
+    /// The body's own error, if that is what this is: a failure to retry
+    /// ([`Error::Handler`]) or a final one ([`Error::Failed`], also when
+    /// replayed from the record).
     ///
     /// # Examples
     ///
@@ -246,13 +314,13 @@ impl<E> Error<E> {
     /// ```
     pub fn into_handler_error(self) -> Option<E> {
         match self {
-            Error::Handler { error, .. } => Some(error),
+            Error::Handler { error, .. } | Error::Failed { error, .. } => Some(error),
             _ => None,
         }
     }
 
     /// A short label of the variant, as used in metrics (`handler_error`,
-    /// `in_progress`, `lease_lost`, `not_recorded`, `key_missing`,
+    /// `failed`, `payload_mismatch`, `exhausted`, `in_progress`, `lease_lost`, `not_recorded`, `key_missing`,
     /// `unrecordable`, `codec`,
     /// `config`, `store`).
     ///
@@ -265,6 +333,9 @@ impl<E> Error<E> {
     pub fn kind(&self) -> &'static str {
         match self {
             Error::Handler { .. } => "handler_error",
+            Error::Failed { .. } => "failed",
+            Error::PayloadMismatch { .. } => "payload_mismatch",
+            Error::Exhausted { .. } => "exhausted",
             Error::InProgress { .. } => "in_progress",
             Error::LeaseLost { .. } => "lease_lost",
             Error::NotRecorded { .. } => "not_recorded",

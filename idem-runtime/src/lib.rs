@@ -58,6 +58,8 @@ mod codec;
 #[cfg_attr(docsrs, doc(cfg(any(feature = "rabbitmq", feature = "nats"))))]
 pub mod consume;
 mod error;
+mod final_error;
+mod fingerprint;
 mod key;
 mod outcome;
 pub mod registry;
@@ -66,6 +68,8 @@ pub mod store;
 mod telemetry;
 
 pub use error::{BoxError, Error, StoreError};
+pub use final_error::FinalError;
+pub use fingerprint::fingerprint;
 pub use idem_grammar::{format_duration, parse_duration};
 /// Makes an async handler idempotent; see the crate docs and the README.
 ///
@@ -145,7 +149,9 @@ pub use idem_grammar::{format_duration, parse_duration};
 pub use idem_macros::idempotent;
 pub use key::{Key, KeyBuilder, KeyMissing, KeyPart, MAX_KEY_LEN, PartWriter};
 pub use outcome::Outcome;
-pub use store::contract::{Claim, LeaseStore, StoreTransaction, TxClaim, TxCommit, TxStore};
+pub use store::contract::{
+    Claim, Failure, LeaseStore, Standing, StoreTransaction, TxClaim, TxCommit, TxStore,
+};
 pub use store::memory::MemoryStore;
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]

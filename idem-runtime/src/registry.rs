@@ -73,6 +73,8 @@ impl Mode {
 ///     module: "shop::stock",
 ///     file: "src/stock.rs",
 ///     line: 12,
+///     fingerprint: Some("qty + price"),
+///     max_attempts: Some(5),
 /// };
 /// assert_eq!(SPEC.ttl, idem_grammar::parse_duration("24h").unwrap());
 /// ```
@@ -103,6 +105,15 @@ pub struct HandlerSpec {
     pub file: &'static str,
     /// Source line of the attribute.
     pub line: u32,
+    /// The `fingerprint` argument as written (`"qty + price"`, or `"*"` for
+    /// the whole message): what must not change between deliveries of one
+    /// key. `None`: deliveries are not compared.
+    pub fingerprint: Option<&'static str>,
+    /// The `max_attempts` argument: after this many failed deliveries of one
+    /// key, the next one does not run the body and gets
+    /// [`Error::Exhausted`](crate::Error::Exhausted). `None`: failures are
+    /// not counted, and a failed delivery leaves nothing behind.
+    pub max_attempts: Option<u32>,
 }
 
 inventory::collect!(HandlerSpec);

@@ -98,6 +98,8 @@ mod tests {
             module: "retry::tests",
             file: "retry.rs",
             line: 1,
+            fingerprint: None,
+            max_attempts: None,
         }
     }
 

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use idem_runtime::registry::HandlerSpec;
 use idem_runtime::{
-    Claim, Error, Key, LeaseStore, MemoryStore, Outcome, StoreError, StoreTransaction, TxClaim,
-    TxCommit, TxStore, idempotent,
+    Claim, Error, Failure, Key, LeaseStore, MemoryStore, Outcome, Standing, StoreError,
+    StoreTransaction, TxClaim, TxCommit, TxStore, idempotent,
 };
 
 // ---------------------------------------------------------------------------
@@ -22,8 +22,10 @@ use idem_runtime::{
 #[derive(Default)]
 struct LedgerState {
     balances: HashMap<String, i64>,
-    /// (handler, key) -> recorded outcome.
-    records: HashMap<(String, String), String>,
+    /// (handler, key) -> what stands: an outcome or a final error.
+    records: HashMap<(String, String), Standing>,
+    /// (handler, key) -> failures counted, and the last one's text.
+    failures: HashMap<(String, String), (u32, String)>,
     /// Claims whose transaction is open.
     open: HashSet<(String, String)>,
 }
@@ -66,18 +68,25 @@ impl TxStore for Ledger {
         &self,
         spec: &'static HandlerSpec,
         key: &Key,
+        _fingerprint: Option<&str>,
     ) -> Result<TxClaim<LedgerTx>, StoreError> {
         let id = (spec.name.to_owned(), key.as_str().to_owned());
         let mut state = self.state();
-        if let Some(outcome) = state.records.get(&id) {
-            return Ok(TxClaim::Completed {
-                outcome: outcome.clone(),
-            });
+        if let Some(standing) = state.records.get(&id) {
+            return Ok(TxClaim::Refused(standing.clone()));
+        }
+        if let (Some(max), Some((failures, last))) = (spec.max_attempts, state.failures.get(&id))
+            && *failures >= max
+        {
+            return Ok(TxClaim::Refused(Standing::Exhausted {
+                failures: *failures,
+                last_error: Some(last.clone()),
+            }));
         }
         if !state.open.insert(id) {
-            return Ok(TxClaim::InProgress {
+            return Ok(TxClaim::Refused(Standing::InProgress {
                 retry_after: Duration::from_millis(10),
-            });
+            }));
         }
         Ok(TxClaim::Fresh(LedgerTx {
             credits: Vec::new(),
@@ -89,6 +98,7 @@ impl TxStore for Ledger {
         tx: LedgerTx,
         spec: &'static HandlerSpec,
         key: &Key,
+        _fingerprint: Option<&str>,
         outcome: &str,
     ) -> Result<TxCommit, StoreError> {
         let id = (spec.name.to_owned(), key.as_str().to_owned());
@@ -97,7 +107,30 @@ impl TxStore for Ledger {
             *state.balances.entry(account).or_default() += amount;
         }
         state.open.remove(&id);
-        state.records.insert(id, outcome.to_owned());
+        let outcome = outcome.to_owned();
+        state.records.insert(id, Standing::Completed { outcome });
+        Ok(TxCommit::Committed)
+    }
+
+    async fn commit_failure(
+        &self,
+        _tx: LedgerTx,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        _fingerprint: Option<&str>,
+        failure: Failure<'_>,
+    ) -> Result<TxCommit, StoreError> {
+        // The credits are dropped; the failure is recorded in their place.
+        let id = (spec.name.to_owned(), key.as_str().to_owned());
+        let mut state = self.state();
+        state.open.remove(&id);
+        let count = state.failures.entry(id.clone()).or_default();
+        count.0 += 1;
+        count.1 = failure.text().to_owned();
+        if let Failure::Final { encoded, .. } = failure {
+            let error = encoded.to_owned();
+            state.records.insert(id, Standing::Failed { error });
+        }
         Ok(TxCommit::Committed)
     }
 
@@ -106,7 +139,8 @@ impl TxStore for Ledger {
         _tx: LedgerTx,
         spec: &'static HandlerSpec,
         key: &Key,
-    ) -> Result<Option<String>, StoreError> {
+        _fingerprint: Option<&str>,
+    ) -> Result<Option<Standing>, StoreError> {
         let id = (spec.name.to_owned(), key.as_str().to_owned());
         self.state().open.remove(&id);
         Ok(None)
@@ -210,9 +244,23 @@ impl LeaseStore for Counted {
     fn store_name(&self) -> &'static str {
         "counted"
     }
-    async fn claim(&self, spec: &'static HandlerSpec, key: &Key) -> Result<Claim, StoreError> {
+    async fn claim(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        fingerprint: Option<&str>,
+    ) -> Result<Claim, StoreError> {
         self.claims.fetch_add(1, Ordering::SeqCst);
-        self.inner.claim(spec, key).await
+        self.inner.claim(spec, key, fingerprint).await
+    }
+    async fn fail(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        token: &str,
+        failure: Failure<'_>,
+    ) -> Result<bool, StoreError> {
+        self.inner.fail(spec, key, token, failure).await
     }
     async fn complete(
         &self,

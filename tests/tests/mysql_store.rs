@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use idem_runtime::clock::ManualClock;
 use idem_runtime::registry::{HandlerSpec, Mode};
 use idem_runtime::{
-    Claim, ClaimOrder, Key, LeaseStore, MySqlStore, MySqlTx, Outcome, StoreError, TxClaim,
-    TxCommit, TxStore, idempotent,
+    Claim, ClaimOrder, Key, LeaseStore, MySqlStore, MySqlTx, Outcome, Standing, StoreError,
+    TxClaim, TxCommit, TxStore, idempotent,
 };
 use idem_tests::{DropMySqlTables, mysql_pool, mysql_url, or_skip, unique_table};
 use sqlx::{AssertSqlSafe, MySqlPool};
@@ -35,6 +35,8 @@ const fn spec(name: &'static str, mode: Mode) -> HandlerSpec {
         module: module_path!(),
         file: file!(),
         line: line!(),
+        fingerprint: None,
+        max_attempts: None,
     }
 }
 
@@ -109,7 +111,7 @@ async fn lease_tokens_guard_extension_release_and_completion() {
     assert_eq!(LeaseStore::store_name(&store), "mysql");
     assert_eq!(TxStore::store_name(&store), "mysql");
     let k = key("m-2");
-    let Claim::Acquired { token } = store.claim(&LEASE, &k).await.unwrap() else {
+    let Claim::Acquired { token } = store.claim(&LEASE, &k, None).await.unwrap() else {
         panic!("a fresh key is taken")
     };
     clock.advance(Duration::from_secs(10));
@@ -129,7 +131,7 @@ async fn lease_tokens_guard_extension_release_and_completion() {
     assert!(store.record(LEASE.name, &k).await.unwrap().is_some());
     store.release(&LEASE, &k, &token).await.unwrap();
     assert!(store.record(LEASE.name, &k).await.unwrap().is_none());
-    let Claim::Acquired { token } = store.claim(&LEASE, &k).await.unwrap() else {
+    let Claim::Acquired { token } = store.claim(&LEASE, &k, None).await.unwrap() else {
         panic!("a released key is taken again")
     };
     assert!(
@@ -145,10 +147,10 @@ async fn lease_tokens_guard_extension_release_and_completion() {
     );
     assert!(!store.extend(&LEASE, &k, &token).await.unwrap());
     assert_eq!(
-        store.claim(&LEASE, &k).await.unwrap(),
-        Claim::Completed {
+        store.claim(&LEASE, &k, None).await.unwrap(),
+        Claim::Refused(Standing::Completed {
             outcome: "42".into()
-        }
+        })
     );
 }
 
@@ -169,7 +171,7 @@ async fn keys_and_handlers_compare_byte_for_byte() {
         (&UPPER, key("a")),
     ];
     for (i, (spec, k)) in claims.iter().enumerate() {
-        let Claim::Acquired { token } = store.claim(spec, k).await.unwrap() else {
+        let Claim::Acquired { token } = store.claim(spec, k, None).await.unwrap() else {
             panic!("{:?} under {:?} is a key of its own", k.as_str(), spec.name)
         };
         assert!(
@@ -203,7 +205,7 @@ async fn a_handler_name_longer_than_the_column_is_refused() {
         Mode::Lease,
     );
     assert!(LONG.name.len() > 128);
-    match my.store.claim(&LONG, &key("k")).await {
+    match my.store.claim(&LONG, &key("k"), None).await {
         Err(StoreError::Schema(msg)) => assert!(msg.contains("at most 128"), "{msg}"),
         other => panic!("a name that would be cut short must be refused: {other:?}"),
     }
@@ -218,20 +220,22 @@ async fn tx_claim_last_a_failed_duplicate_gets_the_recorded_outcome() {
     let my = or_skip!(My::open("dup_fail", 5).await);
     let store = &my.store;
     let k = key("order-3");
-    let TxClaim::Fresh(tx) = store.begin_claim(&TX, &k).await.unwrap() else {
+    let TxClaim::Fresh(tx) = store.begin_claim(&TX, &k, None).await.unwrap() else {
         panic!("a fresh key is claimed")
     };
     assert_eq!(
-        store.commit_outcome(tx, &TX, &k, "7").await.unwrap(),
+        store.commit_outcome(tx, &TX, &k, None, "7").await.unwrap(),
         TxCommit::Committed
     );
-    let TxClaim::Fresh(tx) = store.begin_claim(&TX, &k).await.unwrap() else {
+    let TxClaim::Fresh(tx) = store.begin_claim(&TX, &k, None).await.unwrap() else {
         panic!("claiming last, the body runs first")
     };
     // Its body failed (the first delivery took the stock).
     assert_eq!(
-        store.rollback(tx, &TX, &k).await.unwrap(),
-        Some("7".to_owned())
+        store.rollback(tx, &TX, &k, None).await.unwrap(),
+        Some(Standing::Completed {
+            outcome: "7".to_owned()
+        })
     );
 }
 
@@ -245,17 +249,17 @@ async fn claim_last_reads_back_the_row_that_beat_it_not_its_snapshot() {
     let clock = ManualClock::new(T0);
     let store = my.store.clone().with_clock(clock.clone());
     let expired = key("expired");
-    let TxClaim::Fresh(tx) = store.begin_claim(&TX, &expired).await.unwrap() else {
+    let TxClaim::Fresh(tx) = store.begin_claim(&TX, &expired, None).await.unwrap() else {
         panic!("a fresh key is claimed")
     };
     store
-        .commit_outcome(tx, &TX, &expired, "\"old\"")
+        .commit_outcome(tx, &TX, &expired, None, "\"old\"")
         .await
         .unwrap();
     clock.advance(TX.ttl + Duration::from_secs(1));
 
     for k in [expired, key("fresh")] {
-        let TxClaim::Fresh(mut late) = store.begin_claim(&TX, &k).await.unwrap() else {
+        let TxClaim::Fresh(mut late) = store.begin_claim(&TX, &k, None).await.unwrap() else {
             panic!("claiming last, the body runs first")
         };
         // The body reads: its transaction's snapshot is taken here.
@@ -265,21 +269,24 @@ async fn claim_last_reads_back_the_row_that_beat_it_not_its_snapshot() {
                 .await
                 .unwrap();
         // Another delivery of the key commits meanwhile.
-        let TxClaim::Fresh(tx) = store.begin_claim(&TX, &k).await.unwrap() else {
+        let TxClaim::Fresh(tx) = store.begin_claim(&TX, &k, None).await.unwrap() else {
             panic!("claiming last, the body runs first")
         };
         assert_eq!(
-            store.commit_outcome(tx, &TX, &k, "\"new\"").await.unwrap(),
+            store
+                .commit_outcome(tx, &TX, &k, None, "\"new\"")
+                .await
+                .unwrap(),
             TxCommit::Committed
         );
         assert_eq!(
             store
-                .commit_outcome(late, &TX, &k, "\"mine\"")
+                .commit_outcome(late, &TX, &k, None, "\"mine\"")
                 .await
                 .unwrap(),
-            TxCommit::Duplicate {
+            TxCommit::Refused(Standing::Completed {
                 outcome: "\"new\"".to_owned()
-            },
+            }),
             "{k}"
         );
     }
@@ -296,7 +303,7 @@ async fn claim_first_a_claim_row_gone_at_the_commit_records_nothing() {
     let my = or_skip!(My::open("claim_gone", 5).await);
     let store = my.store.clone().with_claim_order(ClaimOrder::First);
     let k = key("order-9");
-    let TxClaim::Fresh(mut tx) = store.begin_claim(&TX, &k).await.unwrap() else {
+    let TxClaim::Fresh(mut tx) = store.begin_claim(&TX, &k, None).await.unwrap() else {
         panic!("a fresh key is claimed")
     };
     sqlx::query(AssertSqlSafe(format!(
@@ -311,7 +318,7 @@ async fn claim_first_a_claim_row_gone_at_the_commit_records_nothing() {
         .await
         .unwrap();
     let err = store
-        .commit_outcome(tx, &TX, &k, "9")
+        .commit_outcome(tx, &TX, &k, None, "9")
         .await
         .expect_err("the claim is gone");
     assert!(matches!(err, StoreError::Backend(_)), "{err}");
@@ -326,14 +333,16 @@ async fn a_concurrent_duplicate_waits_on_the_row_lock_then_is_in_progress() {
     let last = my.store.clone().with_claim_order(ClaimOrder::Last);
     let k = key("busy");
     let second = Duration::from_secs(1);
-    let TxClaim::Fresh(holder) = first.begin_claim(&TX, &k).await.unwrap() else {
+    let TxClaim::Fresh(holder) = first.begin_claim(&TX, &k, None).await.unwrap() else {
         panic!("a fresh key is claimed")
     };
 
     // Claiming first: the duplicate's claim waits on the row.
     let started = Instant::now();
-    match first.begin_claim(&TX, &k).await.unwrap() {
-        TxClaim::InProgress { retry_after } => assert_eq!(retry_after, second),
+    match first.begin_claim(&TX, &k, None).await.unwrap() {
+        TxClaim::Refused(Standing::InProgress { retry_after }) => {
+            assert_eq!(retry_after, second)
+        }
         other => panic!("the duplicate gives up waiting: {other:?}"),
     }
     assert!(
@@ -343,15 +352,15 @@ async fn a_concurrent_duplicate_waits_on_the_row_lock_then_is_in_progress() {
     );
 
     // Claiming last: the body runs, the claim with its outcome waits.
-    let TxClaim::Fresh(tx) = last.begin_claim(&TX, &k).await.unwrap() else {
+    let TxClaim::Fresh(tx) = last.begin_claim(&TX, &k, None).await.unwrap() else {
         panic!("claiming last, the body runs first")
     };
     let started = Instant::now();
     assert_eq!(
-        last.commit_outcome(tx, &TX, &k, "2").await.unwrap(),
-        TxCommit::InProgress {
+        last.commit_outcome(tx, &TX, &k, None, "2").await.unwrap(),
+        TxCommit::Refused(Standing::InProgress {
             retry_after: second
-        }
+        })
     );
     assert!(
         started.elapsed() >= Duration::from_millis(900),
@@ -361,16 +370,21 @@ async fn a_concurrent_duplicate_waits_on_the_row_lock_then_is_in_progress() {
 
     // A lease claim of the key waits too.
     assert_eq!(
-        my.store.claim(&TX, &k).await.unwrap(),
-        Claim::InProgress { lease_left: second }
+        my.store.claim(&TX, &k, None).await.unwrap(),
+        Claim::Refused(Standing::InProgress {
+            retry_after: second
+        })
     );
 
     assert_eq!(
-        first.commit_outcome(holder, &TX, &k, "1").await.unwrap(),
+        first
+            .commit_outcome(holder, &TX, &k, None, "1")
+            .await
+            .unwrap(),
         TxCommit::Committed
     );
-    match first.begin_claim(&TX, &k).await.unwrap() {
-        TxClaim::Completed { outcome } => assert_eq!(outcome, "1"),
+    match first.begin_claim(&TX, &k, None).await.unwrap() {
+        TxClaim::Refused(Standing::Completed { outcome }) => assert_eq!(outcome, "1"),
         other => panic!("the first delivery's outcome stands: {other:?}"),
     }
 }
@@ -389,11 +403,11 @@ async fn a_deadlock_victim_is_in_progress_and_leaves_nothing() {
     let last = my.store.clone().with_claim_order(ClaimOrder::Last);
     let k = key("cycle");
     // One delivery claims first and holds the key's row ...
-    let TxClaim::Fresh(mut t1) = first.begin_claim(&TX, &k).await.unwrap() else {
+    let TxClaim::Fresh(mut t1) = first.begin_claim(&TX, &k, None).await.unwrap() else {
         panic!("a fresh key is claimed")
     };
     // ... another claims last: its body locks the stock row ...
-    let TxClaim::Fresh(mut t2) = last.begin_claim(&TX, &k).await.unwrap() else {
+    let TxClaim::Fresh(mut t2) = last.begin_claim(&TX, &k, None).await.unwrap() else {
         panic!("claiming last, the body runs first")
     };
     let lock = format!("SELECT note FROM {} WHERE id = 1 FOR UPDATE", my.ledger);
@@ -411,19 +425,19 @@ async fn a_deadlock_victim_is_in_progress_and_leaves_nothing() {
     // ... while the second one's claim waits for the key's row: a cycle.
     // InnoDB rolls back the transaction that changed fewer rows, the second.
     let second = last
-        .commit_outcome(t2, &TX, &k, "2")
+        .commit_outcome(t2, &TX, &k, None, "2")
         .await
         .expect("a deadlock is not a store failure");
     assert_eq!(
         second,
-        TxCommit::InProgress {
+        TxCommit::Refused(Standing::InProgress {
             retry_after: Duration::from_secs(5)
-        }
+        })
     );
     let (t1, r) = body.await.unwrap();
     r.expect("the first body goes on once the second is rolled back");
     assert_eq!(
-        first.commit_outcome(t1, &TX, &k, "1").await.unwrap(),
+        first.commit_outcome(t1, &TX, &k, None, "1").await.unwrap(),
         TxCommit::Committed
     );
     assert_eq!(my.ledger().await, [(1, "taken".to_owned())]);
@@ -503,7 +517,7 @@ async fn concurrent_migrations_all_succeed() {
     assert_eq!(store.count().await.unwrap(), 0);
     store.migrate().await.expect("and again");
     assert!(matches!(
-        store.claim(&LEASE, &key("k")).await.unwrap(),
+        store.claim(&LEASE, &key("k"), None).await.unwrap(),
         Claim::Acquired { .. }
     ));
 }
@@ -554,9 +568,12 @@ async fn a_missing_table_is_reported_as_such() {
             Err(other) => panic!("{what}: {other}"),
             Ok(_) => panic!("{what}: no table, yet it worked"),
         };
-        missing(store.claim(&LEASE, &key("k")).await.map(drop), "claim");
         missing(
-            store.begin_claim(&TX, &key("k")).await.map(drop),
+            store.claim(&LEASE, &key("k"), None).await.map(drop),
+            "claim",
+        );
+        missing(
+            store.begin_claim(&TX, &key("k"), None).await.map(drop),
             "begin_claim",
         );
         missing(
@@ -579,7 +596,7 @@ async fn a_sweep_deletes_in_batches_and_does_not_wait_on_live_claims() {
         .with_claim_order(ClaimOrder::First);
     for i in 0..5 {
         let k = key(&format!("old-{i}"));
-        let Claim::Acquired { token } = store.claim(&LEASE, &k).await.unwrap() else {
+        let Claim::Acquired { token } = store.claim(&LEASE, &k, None).await.unwrap() else {
             panic!("a fresh key is taken")
         };
         assert!(store.complete(&LEASE, &k, &token, "null").await.unwrap());
@@ -588,7 +605,7 @@ async fn a_sweep_deletes_in_batches_and_does_not_wait_on_live_claims() {
     // A delivery in flight holds a live claim, whose expiry follows the
     // expired ones in the index.
     let live = key("live");
-    let TxClaim::Fresh(holder) = store.begin_claim(&TX, &live).await.unwrap() else {
+    let TxClaim::Fresh(holder) = store.begin_claim(&TX, &live, None).await.unwrap() else {
         panic!("a fresh key is claimed")
     };
     let started = Instant::now();
@@ -610,11 +627,14 @@ async fn a_sweep_deletes_in_batches_and_does_not_wait_on_live_claims() {
     );
     // Claims of other keys do not wait on a sweep either.
     assert!(matches!(
-        store.claim(&LEASE, &key("new")).await.unwrap(),
+        store.claim(&LEASE, &key("new"), None).await.unwrap(),
         Claim::Acquired { .. }
     ));
     assert_eq!(
-        store.commit_outcome(holder, &TX, &live, "1").await.unwrap(),
+        store
+            .commit_outcome(holder, &TX, &live, None, "1")
+            .await
+            .unwrap(),
         TxCommit::Committed
     );
     assert_eq!(store.count().await.unwrap(), 2);

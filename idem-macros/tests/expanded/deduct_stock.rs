@@ -21,6 +21,8 @@ async fn deduct_stock(
         module: ::core::module_path!(),
         file: ::core::file!(),
         line: ::core::line!(),
+        fingerprint: ::core::option::Option::None,
+        max_attempts: ::core::option::Option::None,
     };
     ::idem_runtime::__private::inventory::submit! {
         __IDEM_SPEC

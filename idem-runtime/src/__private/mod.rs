@@ -14,9 +14,11 @@ pub use crate::call::tx::{TxBegin, TxCall, tx_begin, tx_finish};
 pub use crate::registry::{HandlerSpec, Mode};
 pub use crate::{Error, Key, KeyBuilder, KeyPart, LeaseStore, Outcome, TxStore};
 pub use core::future::Future;
+pub use core::option::Option;
 pub use core::result::Result;
 pub use core::time::Duration;
 pub use inventory;
+pub use std::string::String;
 pub use tracing::Instrument;
 
 // ---------------------------------------------------------------------------
@@ -37,6 +39,108 @@ pub trait StorableOutcome: serde::Serialize + serde::de::DeserializeOwned {}
 impl<T: serde::Serialize + serde::de::DeserializeOwned> StorableOutcome for T {}
 
 pub use crate::codec::Codec;
+pub use crate::final_error::{ErrorCodec, FinalCodec};
+
+// ---------------------------------------------------------------------------
+// The handler's error
+//
+// `(&ErrorProbe::<E>::new()).idem_final()` resolves to `FinalErrors` when
+// `E: FinalError` (the method takes the probe itself) and to
+// `NoFinalErrors` otherwise (it takes a reference to the probe); likewise
+// `idem_text()` to `DisplayText` when `E: Display`, else `NoText`.
+
+/// Stands for a handler's error type in the lookups above.
+pub struct ErrorProbe<E>(core::marker::PhantomData<fn() -> E>);
+
+impl<E> ErrorProbe<E> {
+    /// The probe of `E`.
+    pub fn new() -> Self {
+        ErrorProbe(core::marker::PhantomData)
+    }
+}
+
+impl<E> Default for ErrorProbe<E> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The lookup for a [`FinalError`](crate::FinalError) type.
+pub trait FinalErrors<E> {
+    /// Its codec.
+    fn idem_final(&self) -> Option<FinalCodec<E>>;
+}
+impl<E: crate::FinalError> FinalErrors<E> for ErrorProbe<E> {
+    fn idem_final(&self) -> Option<FinalCodec<E>> {
+        Some(FinalCodec::new())
+    }
+}
+
+/// The lookup for any other error type: none of its errors is final.
+pub trait NoFinalErrors<E> {
+    /// No codec.
+    fn idem_final(&self) -> Option<FinalCodec<E>>;
+}
+impl<E> NoFinalErrors<E> for &ErrorProbe<E> {
+    fn idem_final(&self) -> Option<FinalCodec<E>> {
+        None
+    }
+}
+
+/// The lookup for an error type with `Display`: its text.
+pub trait DisplayText<E> {
+    /// How to write an error's text.
+    fn idem_text(&self) -> fn(&E) -> String;
+}
+impl<E: core::fmt::Display> DisplayText<E> for ErrorProbe<E> {
+    fn idem_text(&self) -> fn(&E) -> String {
+        |e| e.to_string()
+    }
+}
+
+/// The lookup for an error type without `Display`: its type's name.
+pub trait NoText<E> {
+    /// How to write an error's text.
+    fn idem_text(&self) -> fn(&E) -> String;
+}
+impl<E> NoText<E> for &ErrorProbe<E> {
+    fn idem_text(&self) -> fn(&E) -> String {
+        |_| format!("an error of type `{}`", core::any::type_name::<E>())
+    }
+}
+
+/// The error codec of `E`, as the generated code builds it.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! __idem_error_codec {
+    ($e:ty) => {{
+        use $crate::__private::{
+            DisplayText as _, FinalErrors as _, NoFinalErrors as _, NoText as _,
+        };
+        $crate::__private::ErrorCodec::<$e>::new(
+            (&$crate::__private::ErrorProbe::<$e>::new()).idem_final(),
+            (&$crate::__private::ErrorProbe::<$e>::new()).idem_text(),
+        )
+    }};
+}
+pub use crate::__idem_error_codec as error_codec;
+
+/// Requires `Serialize` of a fingerprint part, on the part.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be part of a payload fingerprint: it does not implement `serde::Serialize`",
+    label = "this fingerprint part is a `{Self}`",
+    note = "a fingerprint is the digest of the parts' JSON: derive `serde::Serialize` for the type, or fingerprint its fields"
+)]
+pub trait FingerprintPart: serde::Serialize {}
+#[diagnostic::do_not_recommend]
+impl<T: serde::Serialize + ?Sized> FingerprintPart for T {}
+
+/// A fingerprint part, checked to be serializable.
+pub fn fingerprint_part<T: FingerprintPart + ?Sized>(part: &T) -> &T {
+    part
+}
+
+pub use crate::fingerprint::fingerprint;
 
 /// The codec of a handler's `Ok` type, made only where the type is
 /// storable: emitted with the `Ok` type's span, so a missing serde impl is

@@ -7,13 +7,14 @@ use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
-use super::{check_registry, store_err};
-use crate::codec::{Codec, decode, encode};
+use super::{Verdict, check_registry, refused, store_err};
+use crate::codec::{Codec, encode};
 use crate::error::{Error, StoreError};
+use crate::final_error::ErrorCodec;
 use crate::key::Key;
 use crate::outcome::Outcome;
 use crate::registry::HandlerSpec;
-use crate::store::contract::{Claim, LeaseStore};
+use crate::store::contract::{Claim, LeaseStore, Standing};
 use crate::telemetry::{body_latency, call_span, claim_latency, finish};
 
 /// Runs `body` under a lease on `key`: claim, body with heartbeat, complete or
@@ -23,7 +24,9 @@ pub async fn run_lease<S, T, E, F>(
     store: &S,
     spec: &'static HandlerSpec,
     key: &Key,
+    fingerprint: Option<&str>,
     codec: Codec<T>,
+    errors: ErrorCodec<E>,
     body: F,
 ) -> Result<Outcome<T>, Error<E>>
 where
@@ -31,9 +34,17 @@ where
     F: Future<Output = Result<T, E>>,
 {
     let span = call_span(spec, key);
-    let r = lease_inner(store, spec, key, codec, body.instrument(span.clone()))
-        .instrument(span.clone())
-        .await;
+    let r = lease_inner(
+        store,
+        spec,
+        key,
+        fingerprint,
+        codec,
+        errors,
+        body.instrument(span.clone()),
+    )
+    .instrument(span.clone())
+    .await;
     let _enter = span.enter();
     finish(spec, r)
 }
@@ -42,7 +53,9 @@ async fn lease_inner<S, T, E, F>(
     store: &S,
     spec: &'static HandlerSpec,
     key: &Key,
+    fingerprint: Option<&str>,
     codec: Codec<T>,
+    errors: ErrorCodec<E>,
     body: F,
 ) -> Result<Outcome<T>, Error<E>>
 where
@@ -51,19 +64,18 @@ where
 {
     check_registry(spec)?;
     let claim_start = Instant::now();
-    let token = match store.claim(spec, key).await {
+    let token = match store.claim(spec, key, fingerprint).await {
         Ok(Claim::Acquired { token }) => token,
-        Ok(Claim::Completed { outcome }) => {
+        Ok(Claim::Refused(standing)) => {
             claim_latency(spec, claim_start);
-            return decode(spec, key, codec, &outcome);
-        }
-        Ok(Claim::InProgress { lease_left }) => {
-            claim_latency(spec, claim_start);
-            return Err(Error::InProgress {
-                handler: spec.name,
-                key: key.clone(),
-                retry_after: crate::retry::lease_hint(spec, lease_left),
-            });
+            let standing = match standing {
+                // What is left of the other claim's lease becomes a hint.
+                Standing::InProgress { retry_after } => Standing::InProgress {
+                    retry_after: crate::retry::lease_hint(spec, retry_after),
+                },
+                other => other,
+            };
+            return refused(spec, key, fingerprint, codec, errors, standing);
         }
         Err(e) => return Err(store_err(spec, key, e)),
     };
@@ -96,12 +108,32 @@ where
         }
         Err(error) => {
             drop(heartbeat);
-            release_quietly(store, spec, key, &token).await;
-            Err(Error::Handler {
-                handler: spec.name,
-                key: key.clone(),
-                error,
-            })
+            let verdict = match Verdict::of(spec, errors, &error) {
+                Ok(verdict) => verdict,
+                Err(source) => {
+                    // A final error that cannot be recorded: nothing is.
+                    release_quietly(store, spec, key, &token).await;
+                    return Err(Error::Unrecordable {
+                        handler: spec.name,
+                        key: key.clone(),
+                        source,
+                    });
+                }
+            };
+            match verdict.failure() {
+                Some(failure) => match store.fail(spec, key, &token, failure).await {
+                    Ok(true) => {}
+                    Ok(false) => tracing::warn!(
+                        "the body failed after its lease was lost: the failure is not recorded"
+                    ),
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        "could not record the body's failure; the claim frees itself when its lease runs out, and that counts as a failure"
+                    ),
+                },
+                None => release_quietly(store, spec, key, &token).await,
+            }
+            Err(verdict.into_error(spec, key, error))
         }
     }
 }

@@ -2,10 +2,13 @@
 //! [`tx`] (transaction) mode, and what both share. The generated code calls
 //! these functions through `__private`.
 
+use crate::codec::{Codec, decode};
 use crate::error::{Error, StoreError};
+use crate::final_error::ErrorCodec;
 use crate::key::Key;
 use crate::outcome::Outcome;
 use crate::registry::{self, HandlerSpec};
+use crate::store::contract::Standing;
 use crate::telemetry::finish;
 
 pub(crate) mod lease;
@@ -37,4 +40,115 @@ pub fn key_missing<T, E>(
         part,
     };
     finish(spec, Err(err))
+}
+
+/// What a delivery gets when the record that stands does not let it run
+/// (or, claiming last, turned it away at the commit): the recorded outcome
+/// or final error, decoded, or the error that says why not.
+pub(crate) fn refused<T, E>(
+    spec: &'static HandlerSpec,
+    key: &Key,
+    fingerprint: Option<&str>,
+    codec: Codec<T>,
+    errors: ErrorCodec<E>,
+    standing: Standing,
+) -> Result<Outcome<T>, Error<E>> {
+    match standing {
+        Standing::Completed { outcome } => decode(spec, key, codec, &outcome),
+        Standing::Failed { error } => match errors.decode(&error) {
+            Ok(error) => Err(Error::Failed {
+                handler: spec.name,
+                key: key.clone(),
+                error,
+                replayed: true,
+            }),
+            Err(source) => Err(Error::Codec {
+                handler: spec.name,
+                key: key.clone(),
+                source,
+            }),
+        },
+        Standing::InProgress { retry_after } => Err(Error::InProgress {
+            handler: spec.name,
+            key: key.clone(),
+            retry_after,
+        }),
+        Standing::Mismatch { recorded } => Err(Error::PayloadMismatch {
+            handler: spec.name,
+            key: key.clone(),
+            recorded,
+            given: fingerprint.unwrap_or_default().to_owned(),
+        }),
+        Standing::Exhausted {
+            failures,
+            last_error,
+        } => Err(Error::Exhausted {
+            handler: spec.name,
+            key: key.clone(),
+            failures,
+            last_error,
+        }),
+    }
+}
+
+/// How a failed body is to be recorded: as a final failure (its JSON), as a
+/// counted failure (a handler with `max_attempts`), or not at all.
+pub(crate) enum Verdict {
+    /// A final error, encoded.
+    Final { text: String, encoded: String },
+    /// A failure to count.
+    Counted { text: String },
+    /// Nothing to record.
+    Unrecorded,
+}
+
+impl Verdict {
+    /// The verdict on `error`; `Err` when it is final but cannot be
+    /// recorded (it does not encode, or would not read back).
+    pub(crate) fn of<E>(
+        spec: &'static HandlerSpec,
+        errors: ErrorCodec<E>,
+        error: &E,
+    ) -> Result<Verdict, serde_json::Error> {
+        match errors.final_encoding(error) {
+            Some(encoded) => Ok(Verdict::Final {
+                text: (errors.text)(error),
+                encoded: encoded?,
+            }),
+            None if spec.max_attempts.is_some() => Ok(Verdict::Counted {
+                text: (errors.text)(error),
+            }),
+            None => Ok(Verdict::Unrecorded),
+        }
+    }
+
+    /// The failure a store records, if any.
+    pub(crate) fn failure(&self) -> Option<crate::store::contract::Failure<'_>> {
+        use crate::store::contract::Failure;
+        match self {
+            Verdict::Final { text, encoded } => Some(Failure::Final {
+                error: text,
+                encoded,
+            }),
+            Verdict::Counted { text } => Some(Failure::Retry { error: text }),
+            Verdict::Unrecorded => None,
+        }
+    }
+
+    /// The call's error for the body's `error`, once recorded (or not).
+    pub(crate) fn into_error<E>(self, spec: &'static HandlerSpec, key: &Key, error: E) -> Error<E> {
+        match self {
+            Verdict::Final { .. } => Error::Failed {
+                handler: spec.name,
+                key: key.clone(),
+                error,
+                replayed: false,
+            },
+            Verdict::Counted { .. } | Verdict::Unrecorded => Error::Handler {
+                handler: spec.name,
+                key: key.clone(),
+                error,
+            },
+        }
+    }
 }

@@ -4,13 +4,15 @@ use std::time::Instant;
 
 use tracing::Instrument;
 
-use super::{check_registry, store_err};
-use crate::codec::{Codec, decode, encode};
+use super::{Verdict, check_registry, refused, store_err};
+use crate::codec::{Codec, encode};
 use crate::error::Error;
+use crate::error::StoreError;
+use crate::final_error::ErrorCodec;
 use crate::key::Key;
 use crate::outcome::Outcome;
 use crate::registry::HandlerSpec;
-use crate::store::contract::{TxClaim, TxCommit, TxStore};
+use crate::store::contract::{Standing, TxClaim, TxCommit, TxStore};
 use crate::telemetry::{body_latency, call_span, claim_latency, finish};
 
 /// What `tx_begin` found.
@@ -48,7 +50,9 @@ pub async fn tx_begin<S, T, E>(
     store: &S,
     spec: &'static HandlerSpec,
     key: &Key,
+    fingerprint: Option<&str>,
     codec: Codec<T>,
+    errors: ErrorCodec<E>,
 ) -> Result<TxBegin<S::Tx, T>, Error<E>>
 where
     S: TxStore,
@@ -58,7 +62,7 @@ where
         check_registry(spec)?;
         let start = Instant::now();
         let claim = store
-            .begin_claim(spec, key)
+            .begin_claim(spec, key, fingerprint)
             .await
             .map_err(|e| store_err(spec, key, e));
         claim_latency(spec, start);
@@ -68,12 +72,9 @@ where
                 span: span.clone(),
                 body_start: Instant::now(),
             })),
-            TxClaim::Completed { outcome } => decode(spec, key, codec, &outcome).map(TxBegin::Done),
-            TxClaim::InProgress { retry_after } => Err(Error::InProgress {
-                handler: spec.name,
-                key: key.clone(),
-                retry_after,
-            }),
+            TxClaim::Refused(standing) => {
+                refused(spec, key, fingerprint, codec, errors, standing).map(TxBegin::Done)
+            }
         }
     }
     .instrument(span.clone())
@@ -92,7 +93,9 @@ pub async fn tx_finish<S, T, E>(
     store: &S,
     spec: &'static HandlerSpec,
     key: &Key,
+    fingerprint: Option<&str>,
     codec: Codec<T>,
+    errors: ErrorCodec<E>,
     call: TxCall<S::Tx>,
     result: Result<T, E>,
 ) -> Result<Outcome<T>, Error<E>>
@@ -107,45 +110,54 @@ where
                 let outcome = match encode(spec, key, codec, &value) {
                     Ok(o) => o,
                     Err(e) => {
-                        rollback_quietly(store, call.tx, spec, key).await;
+                        rollback_quietly(store, call.tx, spec, key, fingerprint).await;
                         return Err(e);
                     }
                 };
                 match store
-                    .commit_outcome(call.tx, spec, key, &outcome)
+                    .commit_outcome(call.tx, spec, key, fingerprint, &outcome)
                     .await
                     .map_err(|e| store_err(spec, key, e))?
                 {
                     TxCommit::Committed => Ok(Outcome::Executed(value)),
-                    TxCommit::Duplicate { outcome } => decode(spec, key, codec, &outcome),
-                    TxCommit::InProgress { retry_after } => Err(Error::InProgress {
-                        handler: spec.name,
-                        key: key.clone(),
-                        retry_after,
-                    }),
+                    TxCommit::Refused(standing) => {
+                        refused(spec, key, fingerprint, codec, errors, standing)
+                    }
                 }
             }
-            Err(error) => match store.rollback(call.tx, spec, key).await {
-                // The body failed because it was a duplicate's: the first
-                // delivery's recorded outcome is the answer.
-                Ok(Some(outcome)) => decode(spec, key, codec, &outcome),
-                Ok(None) => Err(Error::Handler {
-                    handler: spec.name,
-                    key: key.clone(),
+            Err(error) => {
+                let verdict = match Verdict::of(spec, errors, &error) {
+                    Ok(verdict) => verdict,
+                    Err(source) => {
+                        rollback_quietly(store, call.tx, spec, key, fingerprint).await;
+                        return Err(Error::Unrecordable {
+                            handler: spec.name,
+                            key: key.clone(),
+                            source,
+                        });
+                    }
+                };
+                let settled = match verdict.failure() {
+                    Some(failure) => store
+                        .commit_failure(call.tx, spec, key, fingerprint, failure)
+                        .await
+                        .map(|commit| match commit {
+                            TxCommit::Committed => None,
+                            TxCommit::Refused(standing) => Some(standing),
+                        }),
+                    None => store.rollback(call.tx, spec, key, fingerprint).await,
+                };
+                failed(
+                    spec,
+                    key,
+                    fingerprint,
+                    codec,
+                    errors,
+                    verdict,
                     error,
-                }),
-                // The transaction's connection is gone (the rollback could
-                // not even be sent), so the body's error is most likely that
-                // failure seen from inside: a store failure to retry, not a
-                // business error to dead-letter. The server rolled back.
-                Err(source) => {
-                    tracing::warn!(
-                        error = %source,
-                        "the transaction's connection failed while the body ran; reported as a store error instead of the body's"
-                    );
-                    Err(store_err(spec, key, source))
-                }
-            },
+                    settled,
+                )
+            }
         }
     }
     .instrument(span.clone())
@@ -154,15 +166,50 @@ where
     finish(spec, r)
 }
 
+/// What a call whose body failed returns, once its transaction is settled.
+#[allow(clippy::too_many_arguments)]
+fn failed<T, E>(
+    spec: &'static HandlerSpec,
+    key: &Key,
+    fingerprint: Option<&str>,
+    codec: Codec<T>,
+    errors: ErrorCodec<E>,
+    verdict: Verdict,
+    error: E,
+    settled: Result<Option<Standing>, StoreError>,
+) -> Result<Outcome<T>, Error<E>> {
+    match settled {
+        // The body failed because it was a duplicate's: what the
+        // first delivery recorded is the answer.
+        Ok(Some(standing)) => refused(spec, key, fingerprint, codec, errors, standing),
+        Ok(None) => Err(verdict.into_error(spec, key, error)),
+        // The transaction's connection is gone (the rollback could
+        // not even be sent), so the body's error is most likely that
+        // failure seen from inside: a store failure to retry, not a
+        // business error to dead-letter. The server rolled back.
+        Err(source) => {
+            tracing::warn!(
+                error = %source,
+                "the transaction's connection failed while the body ran; reported as a store error instead of the body's"
+            );
+            Err(store_err(spec, key, source))
+        }
+    }
+}
+
 async fn rollback_quietly<S: TxStore>(
     store: &S,
     tx: S::Tx,
     spec: &'static HandlerSpec,
     key: &Key,
-) -> Option<String> {
-    store.rollback(tx, spec, key).await.unwrap_or_else(|e| {
-        // The server rolls back on its own when the connection goes.
-        tracing::warn!(error = %e, "rollback failed");
-        None
-    })
+    fingerprint: Option<&str>,
+) -> Option<Standing> {
+    store
+        .rollback(tx, spec, key, fingerprint)
+        .await
+        .unwrap_or_else(|e| {
+            // The server rolls back on its own when the connection goes.
+            tracing::warn!(error = %e, "rollback failed");
+            None
+        })
 }

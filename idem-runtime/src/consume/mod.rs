@@ -16,6 +16,8 @@
 //! | `Store` | retry after the backoff; not a failed attempt (the store, not the message, is at fault) |
 //! | `Handler` | retry after the backoff; a failed attempt: the one after the last allowed is dead-lettered with the last error |
 //! | `LeaseLost`, `NotRecorded` | ack (a redelivery would run the body again), and an error is logged to alert |
+//! | `Failed` (a final error, this delivery's or recorded), `Exhausted` (the handler's `max_attempts` used up) | dead letter at once, with the error: no redelivery can pass |
+//! | `PayloadMismatch` | dead letter at once, and an error is logged to alert: one key, two payloads |
 //! | `KeyMissing`, `Unrecordable`, `Codec` | dead letter at once: no redelivery can change the outcome |
 //! | `Config` | stop the consumer and return the error: the build is wrong |
 //! | a payload that does not decode | dead letter at once, with serde's reason |
@@ -209,6 +211,21 @@ impl Verdict {
             }
             Error::LeaseLost { .. } | Error::NotRecorded { .. } => Verdict::Ack {
                 alert: Some(err.to_string()),
+            },
+            Error::PayloadMismatch { .. } => {
+                tracing::error!(error = %err, "one key, two payloads: dead-lettered");
+                Verdict::DeadLetter {
+                    reason: err.to_string(),
+                    failed: false,
+                }
+            }
+            Error::Failed { replayed, .. } => Verdict::DeadLetter {
+                reason: err.to_string(),
+                failed: !replayed,
+            },
+            Error::Exhausted { .. } => Verdict::DeadLetter {
+                reason: err.to_string(),
+                failed: false,
             },
             Error::KeyMissing { .. } | Error::Unrecordable { .. } | Error::Codec { .. } => {
                 Verdict::DeadLetter {

@@ -21,7 +21,131 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::registry::HandlerSpec;
 
-/// The state of a key when a lease-mode handler tries to claim it.
+/// What a record says to a delivery that may not run its body: the answer
+/// a claim, a commit or a rollback returns instead of running or recording.
+///
+/// # Examples
+///
+/// What the call makes of each:
+///
+/// ```
+/// use idem_runtime::Standing;
+///
+/// fn action(standing: &Standing) -> &'static str {
+///     match standing {
+///         Standing::Completed { .. } => "duplicate: hand the recorded outcome back",
+///         Standing::Failed { .. } => "duplicate of a final failure: hand the recorded error back",
+///         Standing::InProgress { .. } => "busy: redeliver later",
+///         Standing::Mismatch { .. } => "another payload under this key: dead-letter",
+///         Standing::Exhausted { .. } => "failed too often: dead-letter",
+///     }
+/// }
+/// assert_eq!(action(&Standing::Mismatch { recorded: "9f2c".into() }), "another payload under this key: dead-letter");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Standing {
+    /// A completed record: `outcome` is its serialized result (JSON).
+    Completed {
+        /// The outcome as the store keeps it (JSON).
+        outcome: String,
+    },
+    /// A final failure is recorded: `error` is the body's error, serialized
+    /// (JSON); duplicates get it back until the ttl ends.
+    Failed {
+        /// The error as the store keeps it (JSON).
+        error: String,
+    },
+    /// Another delivery holds the key: a live lease (lease mode), or a
+    /// transaction holding the key past the lock timeout (transaction mode).
+    InProgress {
+        /// Lease mode: what is left of the other claim's lease (the runtime
+        /// turns it into the caller's redelivery hint). Transaction mode: the
+        /// lock timeout, as a redelivery hint.
+        retry_after: Duration,
+    },
+    /// The record was written for a delivery with another payload
+    /// fingerprint: the same key names two different messages.
+    Mismatch {
+        /// The fingerprint the record holds.
+        recorded: String,
+    },
+    /// The body failed on as many deliveries as the handler's
+    /// `max_attempts` allows.
+    Exhausted {
+        /// How many deliveries failed.
+        failures: u32,
+        /// The text of the last failure, as the record keeps it.
+        last_error: Option<String>,
+    },
+}
+
+impl Standing {
+    /// What a live record says to a delivery with payload `fingerprint`, or
+    /// `None` when the record lets this delivery claim the key (a failure
+    /// that may be retried, within `spec.max_attempts`). `retry_after` is
+    /// what an in-progress record reports.
+    ///
+    /// The one place the rules are written, for every store: a fingerprint
+    /// that differs from the record's comes first (whatever the record's
+    /// state, the key names another message); then the record's status.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::Standing;
+    /// use idem_runtime::store::{Record, Status};
+    /// # use idem_runtime::registry::{HandlerSpec, Mode};
+    /// # use std::time::Duration;
+    /// # static SPEC: HandlerSpec = HandlerSpec {
+    /// #     name: "notify", function: "notify", key: "message_id",
+    /// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
+    /// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
+    /// #     fingerprint: Some("*"), max_attempts: Some(3),
+    /// # };
+    ///
+    /// let mut record = Record::new("notify", "3:m-1", Status::Retry, 0, 60_000);
+    /// record.failures = 3;
+    /// record.fingerprint = Some("ab12".into());
+    /// let left = Duration::from_secs(1);
+    /// assert!(matches!(Standing::of(&record, &SPEC, Some("ab12"), left), Some(Standing::Exhausted { failures: 3, .. })));
+    /// assert!(matches!(Standing::of(&record, &SPEC, Some("ffff"), left), Some(Standing::Mismatch { .. })));
+    /// record.failures = 2;
+    /// assert_eq!(Standing::of(&record, &SPEC, Some("ab12"), left), None);
+    /// ```
+    pub fn of(
+        record: &crate::store::Record,
+        spec: &HandlerSpec,
+        fingerprint: Option<&str>,
+        retry_after: Duration,
+    ) -> Option<Standing> {
+        use crate::store::Status;
+        if let (Some(recorded), Some(given)) = (record.fingerprint.as_deref(), fingerprint) {
+            if recorded != given {
+                return Some(Standing::Mismatch {
+                    recorded: recorded.to_owned(),
+                });
+            }
+        }
+        match record.status {
+            Status::Completed => Some(Standing::Completed {
+                outcome: record.outcome.clone().unwrap_or_default(),
+            }),
+            Status::Failed => Some(Standing::Failed {
+                error: record.outcome.clone().unwrap_or_default(),
+            }),
+            Status::InProgress => Some(Standing::InProgress { retry_after }),
+            Status::Retry => match spec.max_attempts {
+                Some(max) if record.failures >= i64::from(max) => Some(Standing::Exhausted {
+                    failures: u32::try_from(record.failures).unwrap_or(u32::MAX),
+                    last_error: record.last_error.clone(),
+                }),
+                _ => None,
+            },
+        }
+    }
+}
+
+/// What became of a lease-mode claim.
 ///
 /// # Examples
 ///
@@ -34,46 +158,86 @@ use crate::registry::HandlerSpec;
 /// #     name: "notify", function: "notify", key: "message_id",
 /// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
 /// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
+/// #     fingerprint: None, max_attempts: None,
 /// # };
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use idem_runtime::{Claim, Key, LeaseStore, MemoryStore};
+/// use idem_runtime::{Claim, Key, LeaseStore, MemoryStore, Standing};
 ///
 /// let store = MemoryStore::new();
 /// let key = Key::from_parts(&[&"m-1"])?;
-/// match store.claim(&SPEC, &key).await? {
+/// match store.claim(&SPEC, &key, None).await? {
 ///     Claim::Acquired { token } => {
 ///         // run the body, then record its result under the token
 ///         assert!(store.complete(&SPEC, &key, &token, "42").await?);
 ///     }
-///     Claim::Completed { outcome } => println!("duplicate; the body returned {outcome}"),
-///     Claim::InProgress { lease_left } => println!("busy for at most {lease_left:?} more"),
+///     Claim::Refused(standing) => println!("not this time: {standing:?}"),
 /// }
 /// // the next delivery gets the recorded result
-/// assert_eq!(store.claim(&SPEC, &key).await?, Claim::Completed { outcome: "42".into() });
+/// assert_eq!(
+///     store.claim(&SPEC, &key, None).await?,
+///     Claim::Refused(Standing::Completed { outcome: "42".into() })
+/// );
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
-    /// The key was absent, expired, or its lease had run out: this caller
-    /// holds it now, identified by `token`.
+    /// The key was absent, expired, its lease had run out, or its last
+    /// delivery failed and may be retried: this caller holds it now,
+    /// identified by `token`.
     Acquired {
-        /// The fencing token of this claim; completion, release and lease
-        /// extension only succeed while the record still holds it.
+        /// The fencing token of this claim; completion, failure, release and
+        /// lease extension only succeed while the record still holds it.
         token: String,
     },
-    /// A completed record exists; `outcome` is its serialized result.
-    Completed {
-        /// The outcome as the store keeps it (JSON).
-        outcome: String,
+    /// The record that stands does not let this delivery run.
+    Refused(Standing),
+}
+
+/// A failed body, as a store records it.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::Failure;
+///
+/// let retry = Failure::Retry { error: "connection reset by peer" };
+/// assert_eq!(retry.text(), "connection reset by peer");
+/// let last = Failure::Final { error: "unknown SKU pear-9", encoded: r#"{"UnknownSku":"pear-9"}"# };
+/// assert_eq!(last.text(), "unknown SKU pear-9");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure<'a> {
+    /// The error may pass on a redelivery: the store counts it (one more
+    /// failure, `error` as the last error) and lets the next delivery claim
+    /// the key, until the handler's `max_attempts`.
+    Retry {
+        /// The error's text (`Display`).
+        error: &'a str,
     },
-    /// Another consumer holds a live lease.
-    InProgress {
-        /// What is left of that lease: after it, the key can be taken over.
-        /// The runtime turns it into the caller's redelivery hint
-        /// ([`Error::InProgress`](crate::Error::InProgress)'s `retry_after`).
-        lease_left: Duration,
+    /// The error is final: the store records it like an outcome
+    /// (`encoded`, JSON), and duplicates get it back until the ttl ends.
+    Final {
+        /// The error's text (`Display`), kept as the last error.
+        error: &'a str,
+        /// The error, serialized (JSON).
+        encoded: &'a str,
     },
+}
+
+impl Failure<'_> {
+    /// The error's text.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(idem_runtime::Failure::Retry { error: "timeout" }.text(), "timeout");
+    /// ```
+    pub fn text(&self) -> &str {
+        match self {
+            Failure::Retry { error } | Failure::Final { error, .. } => error,
+        }
+    }
 }
 
 /// A store that can run handlers in lease mode.
@@ -91,10 +255,11 @@ pub enum Claim {
 /// #     name: "notify", function: "notify", key: "message_id",
 /// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
 /// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
+/// #     fingerprint: None, max_attempts: None,
 /// # };
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use idem_runtime::{Claim, Key, LeaseStore, MemoryStore, StoreError};
+/// use idem_runtime::{Claim, Failure, Key, LeaseStore, MemoryStore, StoreError};
 /// use idem_runtime::registry::HandlerSpec;
 /// use std::sync::atomic::{AtomicU64, Ordering};
 ///
@@ -107,14 +272,21 @@ pub enum Claim {
 ///     fn store_name(&self) -> &'static str {
 ///         "counted"
 ///     }
-///     async fn claim(&self, spec: &'static HandlerSpec, key: &Key) -> Result<Claim, StoreError> {
+///     async fn claim(
+///         &self, spec: &'static HandlerSpec, key: &Key, fingerprint: Option<&str>,
+///     ) -> Result<Claim, StoreError> {
 ///         self.claims.fetch_add(1, Ordering::Relaxed);
-///         self.inner.claim(spec, key).await
+///         self.inner.claim(spec, key, fingerprint).await
 ///     }
 ///     async fn complete(
 ///         &self, spec: &'static HandlerSpec, key: &Key, token: &str, outcome: &str,
 ///     ) -> Result<bool, StoreError> {
 ///         self.inner.complete(spec, key, token, outcome).await
+///     }
+///     async fn fail(
+///         &self, spec: &'static HandlerSpec, key: &Key, token: &str, failure: Failure<'_>,
+///     ) -> Result<bool, StoreError> {
+///         self.inner.fail(spec, key, token, failure).await
 ///     }
 ///     async fn release(&self, spec: &'static HandlerSpec, key: &Key, token: &str) -> Result<(), StoreError> {
 ///         self.inner.release(spec, key, token).await
@@ -126,7 +298,7 @@ pub enum Claim {
 ///
 /// let store = Counted::default();
 /// let key = Key::from_parts(&[&"m-1"])?;
-/// assert!(matches!(store.claim(&SPEC, &key).await?, Claim::Acquired { .. }));
+/// assert!(matches!(store.claim(&SPEC, &key, None).await?, Claim::Acquired { .. }));
 /// assert_eq!(store.claims.load(Ordering::Relaxed), 1);
 /// # Ok(()) }
 /// ```
@@ -151,6 +323,14 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
 
     /// Claims `key` for `spec.lease`, or reports the record that stands.
     ///
+    /// `fingerprint` is the delivery's payload digest when the handler
+    /// declares one: a new claim stores it, and a live record with another
+    /// one refuses the claim with [`Standing::Mismatch`]. Taking over a
+    /// failed delivery's record (a [`Status::Retry`](crate::store::Status::Retry)
+    /// one, below `spec.max_attempts`) keeps its failure count; taking over
+    /// a claim whose lease ran out counts one more failure. The rules of
+    /// what a live record answers are [`Standing::of`].
+    ///
     /// # Examples
     ///
     /// ```
@@ -160,24 +340,27 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     /// #     name: "notify", function: "notify", key: "message_id",
     /// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
     /// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
+    /// #     fingerprint: None, max_attempts: None,
     /// # };
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::{Claim, Key, LeaseStore, MemoryStore};
+    /// use idem_runtime::{Claim, Key, LeaseStore, MemoryStore, Standing};
     ///
     /// let store = MemoryStore::new();
     /// let key = Key::from_parts(&[&"m-1"])?;
-    /// let first = store.claim(&SPEC, &key).await?;
+    /// let first = store.claim(&SPEC, &key, None).await?;
     /// assert!(matches!(first, Claim::Acquired { .. }));
     /// // a second consumer finds the live lease
-    /// let Claim::InProgress { lease_left } = store.claim(&SPEC, &key).await? else { panic!() };
-    /// assert!(lease_left <= SPEC.lease);
+    /// let Claim::Refused(Standing::InProgress { retry_after }) =
+    ///     store.claim(&SPEC, &key, None).await? else { panic!() };
+    /// assert!(retry_after <= SPEC.lease);
     /// # Ok(()) }
     /// ```
     fn claim(
         &self,
         spec: &'static HandlerSpec,
         key: &Key,
+        fingerprint: Option<&str>,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
     /// Records `outcome` and keeps it for `spec.ttl`, if `token` still holds
@@ -192,6 +375,7 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     /// #     name: "notify", function: "notify", key: "message_id",
     /// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
     /// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
+    /// #     fingerprint: None, max_attempts: None,
     /// # };
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -199,7 +383,7 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     ///
     /// let store = MemoryStore::new();
     /// let key = Key::from_parts(&[&"m-1"])?;
-    /// let Claim::Acquired { token } = store.claim(&SPEC, &key).await? else { panic!() };
+    /// let Claim::Acquired { token } = store.claim(&SPEC, &key, None).await? else { panic!() };
     /// assert!(store.complete(&SPEC, &key, &token, r#"{"sent":true}"#).await?);
     /// // the token no longer holds a claim
     /// assert!(!store.complete(&SPEC, &key, &token, "null").await?);
@@ -213,6 +397,52 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
         outcome: &str,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
+    /// Records a failed body, if `token` still holds the claim: a
+    /// [`Failure::Retry`] counts one more failure and leaves the key for the
+    /// next delivery (status [`Retry`](crate::store::Status::Retry), kept for
+    /// `spec.ttl` so the count survives); a [`Failure::Final`] is recorded
+    /// like an outcome (status [`Failed`](crate::store::Status::Failed)).
+    /// `Ok(false)` means the lease was lost.
+    ///
+    /// The runtime calls it only for handlers that count failures
+    /// (`max_attempts`) or for a final error; any other failure is
+    /// [`release`](Self::release)d.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use idem_runtime::registry::{HandlerSpec, Mode};
+    /// # use std::time::Duration;
+    /// # static SPEC: HandlerSpec = HandlerSpec {
+    /// #     name: "notify", function: "notify", key: "message_id",
+    /// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
+    /// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
+    /// #     fingerprint: None, max_attempts: Some(2),
+    /// # };
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::{Claim, Failure, Key, LeaseStore, MemoryStore, Standing};
+    ///
+    /// let store = MemoryStore::new();
+    /// let key = Key::from_parts(&[&"m-1"])?;
+    /// for _ in 0..2 {
+    ///     let Claim::Acquired { token } = store.claim(&SPEC, &key, None).await? else { panic!() };
+    ///     assert!(store.fail(&SPEC, &key, &token, Failure::Retry { error: "smtp timeout" }).await?);
+    /// }
+    /// // two failures, and SPEC allows two attempts
+    /// let Claim::Refused(Standing::Exhausted { failures, last_error }) =
+    ///     store.claim(&SPEC, &key, None).await? else { panic!() };
+    /// assert_eq!((failures, last_error.as_deref()), (2, Some("smtp timeout")));
+    /// # Ok(()) }
+    /// ```
+    fn fail(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        token: &str,
+        failure: Failure<'_>,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
     /// Drops the claim, if `token` still holds it, so the key can run again.
     ///
     /// # Examples
@@ -224,6 +454,7 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     /// #     name: "notify", function: "notify", key: "message_id",
     /// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
     /// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
+    /// #     fingerprint: None, max_attempts: None,
     /// # };
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -231,10 +462,10 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     ///
     /// let store = MemoryStore::new();
     /// let key = Key::from_parts(&[&"m-1"])?;
-    /// let Claim::Acquired { token } = store.claim(&SPEC, &key).await? else { panic!() };
+    /// let Claim::Acquired { token } = store.claim(&SPEC, &key, None).await? else { panic!() };
     /// // the body failed: give the key back so a redelivery runs it again
     /// store.release(&SPEC, &key, &token).await?;
-    /// assert!(matches!(store.claim(&SPEC, &key).await?, Claim::Acquired { .. }));
+    /// assert!(matches!(store.claim(&SPEC, &key, None).await?, Claim::Acquired { .. }));
     /// # Ok(()) }
     /// ```
     fn release(
@@ -256,6 +487,7 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     /// #     name: "notify", function: "notify", key: "message_id",
     /// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
     /// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
+    /// #     fingerprint: None, max_attempts: None,
     /// # };
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -263,7 +495,7 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     ///
     /// let store = MemoryStore::new();
     /// let key = Key::from_parts(&[&"m-1"])?;
-    /// let Claim::Acquired { token } = store.claim(&SPEC, &key).await? else { panic!() };
+    /// let Claim::Acquired { token } = store.claim(&SPEC, &key, None).await? else { panic!() };
     /// assert!(store.extend(&SPEC, &key, &token).await?);
     /// assert!(!store.extend(&SPEC, &key, "someone else's token").await?);
     /// # Ok(()) }
@@ -287,43 +519,37 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
 /// #     name: "deduct_stock", function: "deduct_stock", key: "order_id",
 /// #     ttl: Duration::from_secs(86_400), lease: Duration::from_secs(30),
 /// #     store: "sqlite", mode: Mode::Transaction, module: "shop", file: "src/shop.rs", line: 1,
+/// #     fingerprint: None, max_attempts: None,
 /// # };
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
 /// # store.migrate().await?;
-/// use idem_runtime::{Key, TxClaim, TxStore};
+/// use idem_runtime::{Key, Standing, TxClaim, TxStore};
 ///
 /// let key = Key::from_parts(&[&17u64])?;
-/// match store.begin_claim(&SPEC, &key).await? {
+/// match store.begin_claim(&SPEC, &key, None).await? {
 ///     TxClaim::Fresh(tx) => {
 ///         // run the body in `tx`, then commit its result with the claim
-///         store.commit_outcome(tx, &SPEC, &key, "7").await?;
+///         store.commit_outcome(tx, &SPEC, &key, None, "7").await?;
 ///     }
-///     TxClaim::Completed { outcome } => println!("duplicate; the body returned {outcome}"),
-///     TxClaim::InProgress { retry_after } => println!("busy; redeliver in {retry_after:?}"),
+///     TxClaim::Refused(standing) => println!("not this time: {standing:?}"),
 /// }
 /// assert!(matches!(
-///     store.begin_claim(&SPEC, &key).await?,
-///     TxClaim::Completed { outcome } if outcome == "7"
+///     store.begin_claim(&SPEC, &key, None).await?,
+///     TxClaim::Refused(Standing::Completed { outcome }) if outcome == "7"
 /// ));
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
 pub enum TxClaim<Tx> {
-    /// The claim row is inserted in the open transaction `Tx`.
+    /// The transaction is open, with the claim row in it (claiming first)
+    /// or to be written at the commit (claiming last).
     Fresh(Tx),
-    /// A completed record exists; the transaction was rolled back.
-    Completed {
-        /// The outcome as the store keeps it (JSON).
-        outcome: String,
-    },
-    /// Another transaction holds the key past the lock timeout.
-    InProgress {
-        /// The lock timeout, as a redelivery hint.
-        retry_after: Duration,
-    },
+    /// The record that stands does not let this delivery run; the
+    /// transaction was rolled back.
+    Refused(Standing),
 }
 
 /// What became of a transaction-mode call at its commit.
@@ -337,6 +563,7 @@ pub enum TxClaim<Tx> {
 /// #     name: "deduct_stock", function: "deduct_stock", key: "order_id",
 /// #     ttl: Duration::from_secs(86_400), lease: Duration::from_secs(30),
 /// #     store: "sqlite", mode: Mode::Transaction, module: "shop", file: "src/shop.rs", line: 1,
+/// #     fingerprint: None, max_attempts: None,
 /// # };
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -346,31 +573,21 @@ pub enum TxClaim<Tx> {
 /// use idem_runtime::{Key, TxClaim, TxCommit, TxStore};
 ///
 /// let key = Key::from_parts(&[&17u64])?;
-/// let TxClaim::Fresh(tx) = store.begin_claim(&SPEC, &key).await? else { panic!() };
-/// match store.commit_outcome(tx, &SPEC, &key, "7").await? {
+/// let TxClaim::Fresh(tx) = store.begin_claim(&SPEC, &key, None).await? else { panic!() };
+/// match store.commit_outcome(tx, &SPEC, &key, None, "7").await? {
 ///     TxCommit::Committed => println!("executed"),
-///     TxCommit::Duplicate { outcome } => println!("duplicate; the body returned {outcome}"),
-///     TxCommit::InProgress { retry_after } => println!("busy; redeliver in {retry_after:?}"),
+///     TxCommit::Refused(standing) => println!("a duplicate after all: {standing:?}"),
 /// }
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TxCommit {
-    /// The dedup row, the body's writes and the outcome committed.
+    /// The dedup row, the body's writes and the outcome (or, from
+    /// [`TxStore::commit_failure`], the failure) committed.
     Committed,
     /// The store writes its dedup row after the body and found a live one:
-    /// this delivery was a duplicate, its writes were rolled back, and this is
-    /// the recorded outcome (JSON).
-    Duplicate {
-        /// The recorded outcome as the store keeps it (JSON).
-        outcome: String,
-    },
-    /// As `Duplicate`, but the other delivery has not completed: the writes
-    /// were rolled back and the call should be retried after `retry_after`.
-    InProgress {
-        /// A hint for the redelivery delay.
-        retry_after: Duration,
-    },
+    /// this delivery's writes were rolled back, and this is what stands.
+    Refused(Standing),
 }
 
 /// A SQL store that can run handlers in transaction mode.
@@ -390,23 +607,24 @@ pub enum TxCommit {
 /// #     name: "deduct_stock", function: "deduct_stock", key: "order_id",
 /// #     ttl: Duration::from_secs(86_400), lease: Duration::from_secs(30),
 /// #     store: "sqlite", mode: Mode::Transaction, module: "shop", file: "src/shop.rs", line: 1,
+/// #     fingerprint: None, max_attempts: None,
 /// # };
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
 /// # store.migrate().await?;
-/// use idem_runtime::{Key, TxClaim, TxCommit, TxStore};
+/// use idem_runtime::{Key, Standing, TxClaim, TxCommit, TxStore};
 ///
 /// let key = Key::from_parts(&[&17u64])?;
-/// let TxClaim::Fresh(mut tx) = store.begin_claim(&SPEC, &key).await? else { panic!() };
+/// let TxClaim::Fresh(mut tx) = store.begin_claim(&SPEC, &key, None).await? else { panic!() };
 /// // the body's writes go through the same transaction
 /// sqlx::query("CREATE TABLE shipments (order_id INTEGER)").execute(&mut *tx).await?;
 /// sqlx::query("INSERT INTO shipments VALUES (17)").execute(&mut *tx).await?;
-/// assert_eq!(store.commit_outcome(tx, &SPEC, &key, "null").await?, TxCommit::Committed);
+/// assert_eq!(store.commit_outcome(tx, &SPEC, &key, None, "null").await?, TxCommit::Committed);
 ///
 /// // a redelivery is turned away with the recorded outcome
-/// assert!(matches!(store.begin_claim(&SPEC, &key).await?, TxClaim::Completed { .. }));
+/// assert!(matches!(store.begin_claim(&SPEC, &key, None).await?, TxClaim::Refused(Standing::Completed { .. })));
 /// # Ok(()) }
 /// ```
 #[diagnostic::on_unimplemented(
@@ -440,6 +658,7 @@ pub trait TxStore: Send + Sync {
     /// #     name: "deduct_stock", function: "deduct_stock", key: "order_id",
     /// #     ttl: Duration::from_secs(86_400), lease: Duration::from_secs(30),
     /// #     store: "sqlite", mode: Mode::Transaction, module: "shop", file: "src/shop.rs", line: 1,
+    /// #     fingerprint: None, max_attempts: None,
     /// # };
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -463,6 +682,7 @@ pub trait TxStore: Send + Sync {
     /// #     name: "deduct_stock", function: "deduct_stock", key: "order_id",
     /// #     ttl: Duration::from_secs(86_400), lease: Duration::from_secs(30),
     /// #     store: "sqlite", mode: Mode::Transaction, module: "shop", file: "src/shop.rs", line: 1,
+    /// #     fingerprint: None, max_attempts: None,
     /// # };
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -472,15 +692,16 @@ pub trait TxStore: Send + Sync {
     /// use idem_runtime::{Key, TxClaim, TxStore};
     ///
     /// let key = Key::from_parts(&[&17u64])?;
-    /// let TxClaim::Fresh(tx) = store.begin_claim(&SPEC, &key).await? else { panic!() };
+    /// let TxClaim::Fresh(tx) = store.begin_claim(&SPEC, &key, None).await? else { panic!() };
     /// // ... the body runs in `tx` ...
-    /// store.rollback(tx, &SPEC, &key).await?;
+    /// store.rollback(tx, &SPEC, &key, None).await?;
     /// # Ok(()) }
     /// ```
     fn begin_claim(
         &self,
         spec: &'static HandlerSpec,
         key: &Key,
+        fingerprint: Option<&str>,
     ) -> impl Future<Output = Result<TxClaim<Self::Tx>, StoreError>> + Send;
 
     /// Records `outcome` in the dedup row and commits, unless the store
@@ -495,6 +716,7 @@ pub trait TxStore: Send + Sync {
     /// #     name: "deduct_stock", function: "deduct_stock", key: "order_id",
     /// #     ttl: Duration::from_secs(86_400), lease: Duration::from_secs(30),
     /// #     store: "sqlite", mode: Mode::Transaction, module: "shop", file: "src/shop.rs", line: 1,
+    /// #     fingerprint: None, max_attempts: None,
     /// # };
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -504,9 +726,9 @@ pub trait TxStore: Send + Sync {
     /// use idem_runtime::{Key, TxClaim, TxCommit, TxStore};
     ///
     /// let key = Key::from_parts(&[&17u64])?;
-    /// let TxClaim::Fresh(tx) = store.begin_claim(&SPEC, &key).await? else { panic!() };
+    /// let TxClaim::Fresh(tx) = store.begin_claim(&SPEC, &key, None).await? else { panic!() };
     /// let outcome = serde_json::to_string(&7)?;
-    /// assert_eq!(store.commit_outcome(tx, &SPEC, &key, &outcome).await?, TxCommit::Committed);
+    /// assert_eq!(store.commit_outcome(tx, &SPEC, &key, None, &outcome).await?, TxCommit::Committed);
     /// assert_eq!(store.record("deduct_stock", &key).await?.unwrap().outcome.as_deref(), Some("7"));
     /// # Ok(()) }
     /// ```
@@ -515,7 +737,55 @@ pub trait TxStore: Send + Sync {
         tx: Self::Tx,
         spec: &'static HandlerSpec,
         key: &Key,
+        fingerprint: Option<&str>,
         outcome: &str,
+    ) -> impl Future<Output = Result<TxCommit, StoreError>> + Send;
+
+    /// Rolls back the body's writes and records `failure` in their place,
+    /// as [`LeaseStore::fail`] describes: committed, a retryable failure
+    /// counts one more failure of the key, a final one is recorded like an
+    /// outcome. A store that writes its dedup row only now may find the key
+    /// taken, and returns what stands instead.
+    ///
+    /// Handlers with `max_attempts` must have their failure recorded while
+    /// their claim still holds the key, so that no other delivery runs
+    /// between the failure and its count: the SQL stores claim such a
+    /// handler's key first and roll back to a savepoint taken after the
+    /// claim.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use idem_runtime::registry::{HandlerSpec, Mode};
+    /// # use std::time::Duration;
+    /// # static SPEC: HandlerSpec = HandlerSpec {
+    /// #     name: "deduct_stock", function: "deduct_stock", key: "order_id",
+    /// #     ttl: Duration::from_secs(86_400), lease: Duration::from_secs(30),
+    /// #     store: "sqlite", mode: Mode::Transaction, module: "shop", file: "src/shop.rs", line: 1,
+    /// #     fingerprint: None, max_attempts: Some(3),
+    /// # };
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
+    /// # store.migrate().await?;
+    /// use idem_runtime::{Failure, Key, TxClaim, TxCommit, TxStore};
+    ///
+    /// let key = Key::from_parts(&[&17u64])?;
+    /// let TxClaim::Fresh(tx) = store.begin_claim(&SPEC, &key, None).await? else { panic!() };
+    /// let failure = Failure::Retry { error: "warehouse API timed out" };
+    /// assert_eq!(store.commit_failure(tx, &SPEC, &key, None, failure).await?, TxCommit::Committed);
+    /// let record = store.record("deduct_stock", &key).await?.unwrap();
+    /// assert_eq!((record.failures, record.last_error.as_deref()), (1, Some("warehouse API timed out")));
+    /// # Ok(()) }
+    /// ```
+    fn commit_failure(
+        &self,
+        tx: Self::Tx,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        fingerprint: Option<&str>,
+        failure: Failure<'_>,
     ) -> impl Future<Output = Result<TxCommit, StoreError>> + Send;
 
     /// Rolls back a transaction whose body failed (or whose outcome could not
@@ -536,6 +806,7 @@ pub trait TxStore: Send + Sync {
     /// #     name: "deduct_stock", function: "deduct_stock", key: "order_id",
     /// #     ttl: Duration::from_secs(86_400), lease: Duration::from_secs(30),
     /// #     store: "sqlite", mode: Mode::Transaction, module: "shop", file: "src/shop.rs", line: 1,
+    /// #     fingerprint: None, max_attempts: None,
     /// # };
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -545,9 +816,9 @@ pub trait TxStore: Send + Sync {
     /// use idem_runtime::{Key, TxClaim, TxStore};
     ///
     /// let key = Key::from_parts(&[&17u64])?;
-    /// let TxClaim::Fresh(tx) = store.begin_claim(&SPEC, &key).await? else { panic!() };
+    /// let TxClaim::Fresh(tx) = store.begin_claim(&SPEC, &key, None).await? else { panic!() };
     /// // the body failed: nothing of this call remains
-    /// assert_eq!(store.rollback(tx, &SPEC, &key).await?, None);
+    /// assert_eq!(store.rollback(tx, &SPEC, &key, None).await?, None);
     /// assert!(store.record("deduct_stock", &key).await?.is_none());
     /// # Ok(()) }
     /// ```
@@ -556,7 +827,8 @@ pub trait TxStore: Send + Sync {
         tx: Self::Tx,
         spec: &'static HandlerSpec,
         key: &Key,
-    ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send;
+        fingerprint: Option<&str>,
+    ) -> impl Future<Output = Result<Option<Standing>, StoreError>> + Send;
 }
 
 /// The transaction a [`TxStore`] hands to a transaction-mode body.
@@ -600,8 +872,19 @@ impl<S: LeaseStore> LeaseStore for std::sync::Arc<S> {
         &self,
         spec: &'static HandlerSpec,
         key: &Key,
+        fingerprint: Option<&str>,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
-        (**self).claim(spec, key)
+        (**self).claim(spec, key, fingerprint)
+    }
+
+    fn fail(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        token: &str,
+        failure: Failure<'_>,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        (**self).fail(spec, key, token, failure)
     }
 
     fn complete(
@@ -645,8 +928,9 @@ impl<S: TxStore> TxStore for std::sync::Arc<S> {
         &self,
         spec: &'static HandlerSpec,
         key: &Key,
+        fingerprint: Option<&str>,
     ) -> impl Future<Output = Result<TxClaim<Self::Tx>, StoreError>> + Send {
-        (**self).begin_claim(spec, key)
+        (**self).begin_claim(spec, key, fingerprint)
     }
 
     fn commit_outcome(
@@ -654,9 +938,21 @@ impl<S: TxStore> TxStore for std::sync::Arc<S> {
         tx: Self::Tx,
         spec: &'static HandlerSpec,
         key: &Key,
+        fingerprint: Option<&str>,
         outcome: &str,
     ) -> impl Future<Output = Result<TxCommit, StoreError>> + Send {
-        (**self).commit_outcome(tx, spec, key, outcome)
+        (**self).commit_outcome(tx, spec, key, fingerprint, outcome)
+    }
+
+    fn commit_failure(
+        &self,
+        tx: Self::Tx,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        fingerprint: Option<&str>,
+        failure: Failure<'_>,
+    ) -> impl Future<Output = Result<TxCommit, StoreError>> + Send {
+        (**self).commit_failure(tx, spec, key, fingerprint, failure)
     }
 
     fn rollback(
@@ -664,7 +960,8 @@ impl<S: TxStore> TxStore for std::sync::Arc<S> {
         tx: Self::Tx,
         spec: &'static HandlerSpec,
         key: &Key,
-    ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send {
-        (**self).rollback(tx, spec, key)
+        fingerprint: Option<&str>,
+    ) -> impl Future<Output = Result<Option<Standing>, StoreError>> + Send {
+        (**self).rollback(tx, spec, key, fingerprint)
     }
 }

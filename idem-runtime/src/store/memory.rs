@@ -19,8 +19,8 @@ use crate::clock::{Clock, SystemClock, expiry};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::registry::HandlerSpec;
-use crate::store::contract::{Claim, LeaseStore};
-use crate::store::{Record, Status, Sweep};
+use crate::store::contract::{Claim, Failure, LeaseStore, Standing};
+use crate::store::{Carried, Record, Status, Sweep};
 
 /// An in-process store behind a mutex: lease mode only, records live as long
 /// as the process. Expired records are replaced on access and deleted by
@@ -50,19 +50,8 @@ use crate::store::{Record, Status, Sweep};
 /// ```
 #[derive(Debug, Clone)]
 pub struct MemoryStore {
-    records: Arc<Mutex<HashMap<(String, String), Entry>>>,
+    records: Arc<Mutex<HashMap<(String, String), Record>>>,
     clock: Arc<dyn Clock>,
-}
-
-#[derive(Debug, Clone)]
-struct Entry {
-    status: Status,
-    token: Option<String>,
-    outcome: Option<String>,
-    attempts: i64,
-    created_at: i64,
-    updated_at: i64,
-    expires_at: i64,
 }
 
 impl Default for MemoryStore {
@@ -99,6 +88,7 @@ impl MemoryStore {
     /// #     name: "notify", function: "notify", key: "message_id",
     /// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
     /// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
+    /// #     fingerprint: None, max_attempts: None,
     /// # };
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -108,12 +98,12 @@ impl MemoryStore {
     /// let clock = ManualClock::new(1_000);
     /// let store = MemoryStore::with_clock(clock.clone());
     /// let key = Key::from_parts(&[&"m-1"])?;
-    /// let Claim::Acquired { token } = store.claim(&SPEC, &key).await? else { panic!() };
+    /// let Claim::Acquired { token } = store.claim(&SPEC, &key, None).await? else { panic!() };
     /// store.complete(&SPEC, &key, &token, "null").await?;
-    /// assert!(matches!(store.claim(&SPEC, &key).await?, Claim::Completed { .. }));
+    /// assert!(matches!(store.claim(&SPEC, &key, None).await?, Claim::Completed { .. }));
     ///
     /// clock.advance(SPEC.ttl); // the record expires: the key runs again
-    /// assert!(matches!(store.claim(&SPEC, &key).await?, Claim::Acquired { .. }));
+    /// assert!(matches!(store.claim(&SPEC, &key, None).await?, Claim::Acquired { .. }));
     /// # Ok(()) }
     /// ```
     pub fn with_clock(clock: impl Clock) -> Self {
@@ -123,7 +113,7 @@ impl MemoryStore {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<(String, String), Entry>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<(String, String), Record>> {
         // A panic while holding the lock cannot leave an entry half-written
         // (every update is a single assignment), so a poisoned map is usable.
         self.records
@@ -164,6 +154,7 @@ impl MemoryStore {
     /// #     name: "notify", function: "notify", key: "message_id",
     /// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
     /// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
+    /// #     fingerprint: None, max_attempts: None,
     /// # };
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -175,7 +166,7 @@ impl MemoryStore {
     /// let key = Key::from_parts(&[&"m-1"])?;
     /// assert!(store.record("notify", &key).is_none());
     ///
-    /// store.claim(&SPEC, &key).await?;
+    /// store.claim(&SPEC, &key, None).await?;
     /// let record = store.record("notify", &key).unwrap();
     /// assert_eq!(record.status, Status::InProgress);
     /// assert_eq!(record.created_at_ms, 1_000);
@@ -185,16 +176,7 @@ impl MemoryStore {
     pub fn record(&self, handler: &str, key: &Key) -> Option<Record> {
         let map = self.lock();
         map.get(&(handler.to_owned(), key.as_str().to_owned()))
-            .map(|e| Record {
-                handler: handler.to_owned(),
-                key: key.as_str().to_owned(),
-                status: e.status,
-                outcome: e.outcome.clone(),
-                attempts: e.attempts,
-                created_at_ms: e.created_at,
-                updated_at_ms: e.updated_at,
-                expires_at_ms: e.expires_at,
-            })
+            .cloned()
     }
 
     /// Deletes at most `batch` expired records; returns how many.
@@ -209,7 +191,7 @@ impl MemoryStore {
         let mut map = self.lock();
         let expired: Vec<_> = map
             .iter()
-            .filter(|(_, e)| e.expires_at <= now)
+            .filter(|(_, e)| e.is_expired(now))
             .map(|(k, _)| k.clone())
             .take(batch as usize)
             .collect();
@@ -223,7 +205,7 @@ impl MemoryStore {
         &self,
         spec: &HandlerSpec,
         key: &Key,
-        f: impl FnOnce(&mut Option<Entry>, i64) -> R,
+        f: impl FnOnce(&mut Option<Record>, i64) -> R,
     ) -> R {
         let now = self.clock.now_millis();
         let mut map = self.lock();
@@ -237,7 +219,7 @@ impl MemoryStore {
     }
 }
 
-fn holds(e: &Option<Entry>, token: &str) -> bool {
+fn holds(e: &Option<Record>, token: &str) -> bool {
     matches!(e, Some(e) if e.status == Status::InProgress && e.token.as_deref() == Some(token))
 }
 
@@ -246,32 +228,35 @@ impl LeaseStore for MemoryStore {
         "memory"
     }
 
-    async fn claim(&self, spec: &'static HandlerSpec, key: &Key) -> Result<Claim, StoreError> {
+    async fn claim(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        fingerprint: Option<&str>,
+    ) -> Result<Claim, StoreError> {
         Ok(self.with_entry(spec, key, |slot, now| {
-            let attempts = match slot {
-                Some(e) if e.expires_at > now => {
-                    return match e.status {
-                        Status::Completed => Claim::Completed {
-                            outcome: e.outcome.clone().unwrap_or_default(),
-                        },
-                        Status::InProgress => Claim::InProgress {
-                            lease_left: Duration::from_millis((e.expires_at - now) as u64),
-                        },
-                    };
+            if let Some(e) = slot.as_ref().filter(|e| !e.is_expired(now)) {
+                let lease_left =
+                    Duration::from_millis(u64::try_from(e.expires_at_ms - now).unwrap_or(0));
+                if let Some(standing) = Standing::of(e, spec, fingerprint, lease_left) {
+                    return Claim::Refused(standing);
                 }
-                Some(e) if e.status == Status::InProgress => e.attempts + 1,
-                _ => 1,
-            };
+            }
+            let carried = Carried::from(slot.as_ref(), now);
             let token = uuid::Uuid::new_v4().simple().to_string();
-            *slot = Some(Entry {
-                status: Status::InProgress,
-                token: Some(token.clone()),
-                outcome: None,
-                attempts,
-                created_at: now,
-                updated_at: now,
-                expires_at: expiry(now, spec.lease),
-            });
+            let mut record = Record::new(
+                spec.name,
+                key.as_str(),
+                Status::InProgress,
+                now,
+                expiry(now, spec.lease),
+            );
+            record.attempts = carried.attempts;
+            record.failures = carried.failures;
+            record.last_error = carried.last_error;
+            record.fingerprint = fingerprint.map(str::to_owned);
+            record.token = Some(token.clone());
+            *slot = Some(record);
             Claim::Acquired { token }
         }))
     }
@@ -291,8 +276,36 @@ impl LeaseStore for MemoryStore {
                 e.status = Status::Completed;
                 e.token = None;
                 e.outcome = Some(outcome.to_owned());
-                e.updated_at = now;
-                e.expires_at = expiry(now, spec.ttl);
+                e.updated_at_ms = now;
+                e.expires_at_ms = expiry(now, spec.ttl);
+            }
+            true
+        }))
+    }
+
+    async fn fail(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        token: &str,
+        failure: Failure<'_>,
+    ) -> Result<bool, StoreError> {
+        Ok(self.with_entry(spec, key, |slot, now| {
+            if !holds(slot, token) {
+                return false;
+            }
+            if let Some(e) = slot {
+                let (status, outcome) = match failure {
+                    Failure::Retry { .. } => (Status::Retry, None),
+                    Failure::Final { encoded, .. } => (Status::Failed, Some(encoded.to_owned())),
+                };
+                e.status = status;
+                e.outcome = outcome;
+                e.token = None;
+                e.failures += 1;
+                e.last_error = Some(failure.text().to_owned());
+                e.updated_at_ms = now;
+                e.expires_at_ms = expiry(now, spec.ttl);
             }
             true
         }))
@@ -323,8 +336,8 @@ impl LeaseStore for MemoryStore {
                 return false;
             }
             if let Some(e) = slot {
-                e.updated_at = now;
-                e.expires_at = expiry(now, spec.lease);
+                e.updated_at_ms = now;
+                e.expires_at_ms = expiry(now, spec.lease);
             }
             true
         }))

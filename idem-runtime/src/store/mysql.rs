@@ -27,7 +27,10 @@ use sqlx::{AssertSqlSafe, Executor as _, MySql, Transaction};
 use crate::error::StoreError;
 use crate::registry;
 pub use crate::store::sql::ClaimOrder;
-use crate::store::sql::{COLUMNS, Dialect, Fault, NewRow, Placeholders, SqlStore, reach};
+use crate::store::sql::{
+    COLUMNS, Dialect, Fault, NewRow, Placeholders, SqlStore, claimable, inserted, reach,
+    take_over_assignments,
+};
 
 /// The transaction a transaction-mode MySQL handler receives:
 /// `tx: &mut MySqlTx<'_>`, used as `&mut **tx` with sqlx.
@@ -205,6 +208,25 @@ impl Dialect for MySql {
     const SWEEP_BEGIN: Option<&'static str> =
         Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION");
     const LATEST_READ: &'static str = " LOCK IN SHARE MODE";
+    const ADDED_COLUMNS: &'static [(&'static str, &'static str)] = &[
+        ("failures", "BIGINT NOT NULL DEFAULT 0"),
+        ("last_error", "TEXT CHARACTER SET utf8mb4 NULL"),
+        (
+            "fingerprint",
+            "CHAR(32) CHARACTER SET ascii COLLATE ascii_bin NULL",
+        ),
+    ];
+
+    fn columns(t: &str) -> String {
+        let (schema, bare) = match t.split_once('.') {
+            Some((schema, bare)) => (format!("'{schema}'"), bare),
+            None => ("DATABASE()".to_owned(), t),
+        };
+        format!(
+            "SELECT CAST(column_name AS CHAR) FROM information_schema.columns
+             WHERE table_schema = {schema} AND table_name = '{bare}'"
+        )
+    }
 
     fn create(t: &str) -> String {
         // Index names are the table's own in MySQL: a fixed one fits any
@@ -217,6 +239,9 @@ impl Dialect for MySql {
                 token CHAR(32) CHARACTER SET ascii COLLATE ascii_bin NULL,
                 outcome LONGTEXT CHARACTER SET utf8mb4 NULL,
                 attempts BIGINT NOT NULL,
+                failures BIGINT NOT NULL DEFAULT 0,
+                last_error TEXT CHARACTER SET utf8mb4 NULL,
+                fingerprint CHAR(32) CHARACTER SET ascii COLLATE ascii_bin NULL,
                 created_at BIGINT NOT NULL,
                 updated_at BIGINT NOT NULL,
                 expires_at BIGINT NOT NULL,
@@ -227,24 +252,16 @@ impl Dialect for MySql {
     }
 
     fn take(row: NewRow) -> (String, Option<String>) {
-        let NewRow {
-            status,
-            token,
-            outcome,
-        } = row;
-        // MySQL assigns left to right: `attempts` reads the old status.
         (
             format!(
-                "INSERT IGNORE INTO {{t}} ({COLUMNS})
-                 VALUES (:handler, :key, {status}, {token}, {outcome}, 1, :now, :now, :until)"
+                "INSERT IGNORE INTO {{t}} ({COLUMNS}) VALUES {}",
+                inserted(row)
             ),
             Some(format!(
-                "UPDATE {{t}} SET
-                    attempts = IF(status = 'in_progress' AND {status} = 'in_progress',
-                                  attempts + 1, 1),
-                    status = {status}, token = {token}, outcome = {outcome},
-                    created_at = :now, updated_at = :now, expires_at = :until
-                 WHERE handler = :handler AND {{key}} = :key AND expires_at <= :now"
+                "UPDATE {{t}} SET {}
+                 WHERE handler = :handler AND {{key}} = :key AND {}",
+                take_over_assignments("", row),
+                claimable("")
             )),
         )
     }
@@ -272,6 +289,8 @@ impl Dialect for MySql {
             1205 => Fault::LockWait,
             // ER_LOCK_DEADLOCK
             1213 => Fault::Deadlock,
+            // ER_BAD_FIELD_ERROR: `Unknown column 'failures' in 'field list'`
+            1054 => Fault::MissingColumn,
             // ER_NO_SUCH_TABLE: `Table 'test.idem_keys' doesn't exist`
             1146 => Fault::MissingTable(
                 db.message()
@@ -423,10 +442,11 @@ impl SqlStore<MySql> {
         self.set_claim_order(order)
     }
 
-    /// Creates the dedup table and its expiry index if they do not exist.
-    /// Safe to call from several processes at once: the creation runs under
-    /// a named lock (`GET_LOCK`), waiting at most 30 s for another
-    /// migration of the same table.
+    /// Creates the dedup table and its expiry index if they do not exist,
+    /// and upgrades a table of an earlier release in place (see
+    /// [`schema_version`](Self::schema_version)). Safe to call from several
+    /// processes at once: it runs under a named lock (`GET_LOCK`), waiting
+    /// at most 30 s for another migration of the same table.
     ///
     /// # Examples
     ///
@@ -462,14 +482,18 @@ impl SqlStore<MySql> {
                 ));
             }
         }
-        let created = sqlx::raw_sql(AssertSqlSafe(self.create_sql().clone()))
+        let created = match sqlx::raw_sql(AssertSqlSafe(self.create_sql().clone()))
             .execute(&mut *conn)
-            .await;
+            .await
+        {
+            Ok(_) => self.upgrade(&mut conn).await,
+            Err(e) => Err(self.err(e)),
+        };
         let released = sqlx::query("DO RELEASE_LOCK(?)")
             .bind(&lock)
             .execute(&mut *conn)
             .await;
-        created.map_err(|e| self.err(e))?;
+        created?;
         released.map_err(|e| self.err(e))?;
         Ok(())
     }

@@ -24,7 +24,7 @@ use crate::error::StoreError;
 use crate::registry;
 pub use crate::store::sql::ClaimOrder;
 use crate::store::sql::{
-    Dialect, Fault, NewRow, Placeholders, SqlStore, insert_or_take_over_expired, reach,
+    Dialect, Fault, NewRow, Placeholders, SqlStore, insert_or_take_over, reach,
 };
 
 /// The transaction a transaction-mode Postgres handler receives:
@@ -140,6 +140,23 @@ impl Dialect for Postgres {
     const BEGIN: Option<&'static str> = None;
     const SWEEP_BEGIN: Option<&'static str> = None;
     const LATEST_READ: &'static str = "";
+    const ADDED_COLUMNS: &'static [(&'static str, &'static str)] = &[
+        ("failures", "BIGINT NOT NULL DEFAULT 0"),
+        ("last_error", "TEXT"),
+        ("fingerprint", "TEXT"),
+    ];
+
+    fn columns(t: &str) -> String {
+        // Unquoted names are folded to lower case.
+        let (schema, bare) = match t.split_once('.') {
+            Some((schema, bare)) => (format!("lower('{schema}')"), bare),
+            None => ("current_schema()".to_owned(), t),
+        };
+        format!(
+            "SELECT column_name::text FROM information_schema.columns
+             WHERE table_schema = {schema} AND table_name = lower('{bare}')"
+        )
+    }
 
     fn create(t: &str) -> String {
         let bare = t.rsplit('.').next().unwrap_or(t);
@@ -152,6 +169,9 @@ impl Dialect for Postgres {
                 token TEXT,
                 outcome TEXT,
                 attempts BIGINT NOT NULL,
+                failures BIGINT NOT NULL DEFAULT 0,
+                last_error TEXT,
+                fingerprint TEXT,
                 created_at BIGINT NOT NULL,
                 updated_at BIGINT NOT NULL,
                 expires_at BIGINT NOT NULL,
@@ -162,7 +182,7 @@ impl Dialect for Postgres {
     }
 
     fn take(row: NewRow) -> (String, Option<String>) {
-        (insert_or_take_over_expired(row), None)
+        (insert_or_take_over(row), None)
     }
 
     fn sweep() -> String {
@@ -181,6 +201,8 @@ impl Dialect for Postgres {
             // transaction is rolled back whole and can run again.
             Some("40P01" | "40001") => Fault::Deadlock,
             // undefined_table: `relation "idem_keys" does not exist`
+            // undefined_column
+            Some("42703") => Fault::MissingColumn,
             Some("42P01") => Fault::MissingTable(
                 db.message()
                     .split('"')
@@ -345,6 +367,7 @@ impl SqlStore<Postgres> {
             .execute(&mut *tx)
             .await
             .map_err(|e| self.err(e))?;
+        self.upgrade(&mut tx).await?;
         tx.commit().await.map_err(|e| self.err(e))
     }
 }

@@ -22,8 +22,8 @@ use crate::clock::{Clock, SystemClock, millis};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::registry::{self, HandlerSpec};
-use crate::store::contract::{Claim, LeaseStore};
-use crate::store::{Record, Status};
+use crate::store::contract::{Claim, Failure, LeaseStore, Standing};
+use crate::store::{LEASE_RAN_OUT, Record, Status};
 
 /// The default prefix of every Redis key the store writes.
 ///
@@ -53,25 +53,63 @@ pub const DEFAULT_PREFIX: &str = "idem";
 /// ```
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Claims `KEYS[1]` for `ARGV[1]` (token) for `ARGV[2]` ms, or reports what
-/// stands: `{1}` claimed, `{2, outcome}` completed, `{3, pttl}` in progress.
+/// Claims `KEYS[1]` with token `ARGV[1]` for a lease of `ARGV[2]` ms;
+/// `ARGV[3]` is now (ms), `ARGV[4]` the delivery's fingerprint (or empty),
+/// `ARGV[5]` the handler's `max_attempts` (or empty), `ARGV[6]` its ttl
+/// (ms), `ARGV[7]` the last error a claim whose lease ran out leaves.
+///
+/// Replies `{1}` claimed, `{2, outcome}` completed, `{3, ms left}` in
+/// progress, `{4, fingerprint}` recorded with another payload, `{5, error}`
+/// failed for good, `{6, failures, last error}` exhausted. The rules are
+/// those of `Standing::of` and `Carried::from`.
+///
+/// A record written by the first release has no `l` (lease end), `a`, `f`,
+/// `e` or `p`: its lease ends with the key's TTL, and it carries one
+/// attempt, no failure and no fingerprint.
 const CLAIM: &str = r"
-local s = redis.call('HMGET', KEYS[1], 's', 'o')
-if not s[1] then
-  redis.call('HSET', KEYS[1], 's', 'in_progress', 't', ARGV[1], 'c', ARGV[3], 'u', ARGV[3])
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1}
+local h = redis.call('HMGET', KEYS[1], 's', 'o', 'p', 'f', 'e', 'l', 'a')
+local now = tonumber(ARGV[3])
+local lease = tonumber(ARGV[2])
+local s = h[1]
+local attempts, failures, last_error = 1, 0, false
+if s then
+  local left = nil
+  if s == 'in_progress' then
+    local ends = tonumber(h[6]) or (now + redis.call('PTTL', KEYS[1]))
+    left = ends - now
+  end
+  if left == nil or left > 0 then
+    if h[3] and ARGV[4] ~= '' and h[3] ~= ARGV[4] then return {4, h[3]} end
+    if s == 'completed' then return {2, h[2]} end
+    if s == 'failed' then return {5, h[2]} end
+    if s == 'in_progress' then return {3, left} end
+    local f = tonumber(h[4]) or 0
+    if ARGV[5] ~= '' and f >= tonumber(ARGV[5]) then return {6, f, h[5]} end
+    attempts, failures, last_error = (tonumber(h[7]) or 1) + 1, f, h[5]
+  else
+    attempts = (tonumber(h[7]) or 1) + 1
+    failures = (tonumber(h[4]) or 0) + 1
+    last_error = ARGV[7]
+  end
 end
-if s[1] == 'completed' then
-  return {2, s[2]}
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 's', 'in_progress', 't', ARGV[1], 'c', ARGV[3], 'u', ARGV[3],
+  'l', now + lease, 'a', attempts, 'f', failures)
+if last_error then redis.call('HSET', KEYS[1], 'e', last_error) end
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'p', ARGV[4]) end
+if failures > 0 then
+  redis.call('PEXPIRE', KEYS[1], math.max(lease, tonumber(ARGV[6])))
+else
+  redis.call('PEXPIRE', KEYS[1], lease)
 end
-return {3, redis.call('PTTL', KEYS[1])}
+return {1}
 ";
 
 /// Completes the claim of token `ARGV[1]` with outcome `ARGV[2]`, kept for
 /// `ARGV[3]` ms; `ARGV[4]` is now. Returns 1, or 0 when another claim holds
 /// the key or completed it. A key that expired with nobody taking it over is
 /// recorded all the same, as the SQL stores do: the body's effect happened.
+/// Failures and the last error stay: a success resets nothing.
 const COMPLETE: &str = r"
 local t = redis.call('HGET', KEYS[1], 't')
 if t ~= ARGV[1] then
@@ -79,8 +117,26 @@ if t ~= ARGV[1] then
   redis.call('HSET', KEYS[1], 'c', ARGV[4])
 end
 redis.call('HSET', KEYS[1], 's', 'completed', 'o', ARGV[2], 'u', ARGV[4])
-redis.call('HDEL', KEYS[1], 't')
+redis.call('HDEL', KEYS[1], 't', 'l')
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+";
+
+/// Records a failure under the claim of token `ARGV[1]`: status `ARGV[2]`
+/// (`retry` or `failed`), recorded error `ARGV[3]` (JSON, or empty), text
+/// `ARGV[4]`, kept for `ARGV[5]` ms; `ARGV[6]` is now. Returns 1, or 0 when
+/// the token no longer holds the key.
+const FAIL: &str = r"
+if redis.call('HGET', KEYS[1], 't') ~= ARGV[1] then return 0 end
+redis.call('HINCRBY', KEYS[1], 'f', 1)
+redis.call('HSET', KEYS[1], 's', ARGV[2], 'e', ARGV[4], 'u', ARGV[6])
+if ARGV[3] ~= '' then
+  redis.call('HSET', KEYS[1], 'o', ARGV[3])
+else
+  redis.call('HDEL', KEYS[1], 'o')
+end
+redis.call('HDEL', KEYS[1], 't', 'l')
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
 return 1
 ";
 
@@ -91,11 +147,15 @@ redis.call('DEL', KEYS[1])
 return 1
 ";
 
-/// Extends the lease of token `ARGV[1]` to `ARGV[2]` ms from now.
+/// Extends the lease of token `ARGV[1]` to `ARGV[2]` ms from now (`ARGV[3]`),
+/// never shortening the key's TTL (a claim that carries failures keeps them
+/// for the ttl).
 const EXTEND: &str = r"
 if redis.call('HGET', KEYS[1], 't') ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('HSET', KEYS[1], 'u', ARGV[3])
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+redis.call('HSET', KEYS[1], 'u', ARGV[3], 'l', tonumber(ARGV[3]) + tonumber(ARGV[2]))
 return 1
 ";
 
@@ -118,6 +178,7 @@ impl std::fmt::Debug for Conn {
 struct Scripts {
     claim: Script,
     complete: Script,
+    fail: Script,
     release: Script,
     extend: Script,
 }
@@ -125,10 +186,16 @@ struct Scripts {
 /// The Redis store: lease mode with fencing tokens and native expiry.
 ///
 /// Each record is one hash, `<prefix>:{<len>:<handler>|<key>}`: `s` (status), `t`
-/// (the claim's fencing token), `o` (the outcome, JSON), `c`/`u` (created and
-/// updated, ms since the epoch), with the key's own TTL: the lease while in
-/// progress, the handler's `ttl` once completed. The braces are a hash tag,
-/// so on Redis Cluster a record lives in one slot.
+/// (the claim's fencing token), `o` (the outcome, or a final error, JSON),
+/// `c`/`u` (created and updated, ms since the epoch), `l` (when the lease
+/// of a claim in progress ends), `a` (attempts), `f` (failures), `e` (the
+/// last error's text), `p` (the payload fingerprint), with the key's own
+/// TTL: the lease while in progress (the ttl, for a claim that carries
+/// failures, so that they outlive a consumer that stops), the handler's
+/// `ttl` once completed or failed. The braces are a hash tag, so on Redis
+/// Cluster a record lives in one slot. A record written by the first
+/// release, without `l`, `a`, `f`, `e` and `p`, is read as one attempt, no
+/// failure, no fingerprint, its lease ending with its TTL.
 ///
 /// * a claim is one round trip (a Lua script): it takes an absent key with a
 ///   new token, or returns the recorded outcome of a completed one, or the
@@ -248,6 +315,7 @@ impl RedisStore {
             scripts: std::sync::Arc::new(Scripts {
                 claim: Script::new(CLAIM),
                 complete: Script::new(COMPLETE),
+                fail: Script::new(FAIL),
                 release: Script::new(RELEASE),
                 extend: Script::new(EXTEND),
             }),
@@ -345,8 +413,9 @@ impl RedisStore {
         }
     }
 
-    /// The record of `key` under handler `handler`, if any. `attempts` is
-    /// always 1 and `expires_at_ms` is computed from the key's TTL.
+    /// The record of `key` under handler `handler`, if any. `expires_at_ms`
+    /// is the lease's end for a claim in progress, and otherwise computed
+    /// from the key's TTL.
     ///
     /// # Examples
     ///
@@ -364,37 +433,79 @@ impl RedisStore {
     /// ```
     pub async fn record(&self, handler: &str, key: &Key) -> Result<Option<Record>, StoreError> {
         let rkey = self.redis_key(handler, key);
-        let fields: Vec<Option<String>> = self
-            .query(
-                redis::cmd("HMGET")
-                    .arg(&rkey)
-                    .arg("s")
-                    .arg("o")
-                    .arg("c")
-                    .arg("u"),
-            )
-            .await?;
-        let pttl: i64 = self.query(redis::cmd("PTTL").arg(&rkey)).await?;
-        let [status, outcome, created, updated]: [Option<String>; 4] = fields
-            .try_into()
-            .map_err(|_| StoreError::Schema("unexpected HMGET reply".into()))?;
-        let Some(status) = status else {
-            return Ok(None);
+        let (fields, pttl): (Vec<Option<String>>, i64) = match &self.conn {
+            // One round trip, and one view of the hash and its TTL.
+            Conn::Single(c) => redis::pipe()
+                .atomic()
+                .cmd("HMGET")
+                .arg(&rkey)
+                .arg(&RECORD_FIELDS)
+                .cmd("PTTL")
+                .arg(&rkey)
+                .query_async(&mut c.clone())
+                .await
+                .map_err(backend)?,
+            Conn::Cluster(_) => (
+                self.query(redis::cmd("HMGET").arg(&rkey).arg(&RECORD_FIELDS))
+                    .await?,
+                self.query(redis::cmd("PTTL").arg(&rkey)).await?,
+            ),
         };
-        let status = Status::parse(&status)
-            .ok_or_else(|| StoreError::Schema(format!("unknown status {status:?}")))?;
-        let num = |v: Option<String>| v.and_then(|s| s.parse::<i64>().ok()).unwrap_or(0);
-        Ok(Some(Record {
-            handler: handler.to_owned(),
-            key: key.as_str().to_owned(),
-            status,
-            outcome,
-            attempts: 1,
-            created_at_ms: num(created),
-            updated_at_ms: num(updated),
-            expires_at_ms: self.clock.now_millis().saturating_add(pttl.max(0)),
-        }))
+        let now = self.clock.now_millis();
+        read_record(handler, key.as_str(), fields, pttl, now)
     }
+}
+
+/// The hash fields [`read_record`] reads, in its order.
+const RECORD_FIELDS: [&str; 10] = ["s", "o", "c", "u", "l", "a", "f", "e", "p", "t"];
+
+/// A record from its hash's [`RECORD_FIELDS`] and TTL, read at `now`.
+pub(crate) fn read_record(
+    handler: &str,
+    key: &str,
+    fields: Vec<Option<String>>,
+    pttl: i64,
+    now: i64,
+) -> Result<Option<Record>, StoreError> {
+    let [
+        status,
+        outcome,
+        created,
+        updated,
+        lease_end,
+        attempts,
+        failures,
+        last_error,
+        fingerprint,
+        token,
+    ]: [Option<String>; 10] = fields
+        .try_into()
+        .map_err(|_| StoreError::Schema("unexpected HMGET reply".into()))?;
+    let Some(status) = status else {
+        return Ok(None);
+    };
+    let status = Status::parse(&status)
+        .ok_or_else(|| StoreError::Schema(format!("unknown status {status:?}")))?;
+    let num = |v: &Option<String>| v.as_deref().and_then(|s| s.parse::<i64>().ok());
+    let expires_at_ms = match (status, num(&lease_end)) {
+        (Status::InProgress, Some(end)) => end,
+        _ => now.saturating_add(pttl.max(0)),
+    };
+    let mut record = Record::new(
+        handler,
+        key,
+        status,
+        num(&created).unwrap_or(0),
+        expires_at_ms,
+    );
+    record.outcome = outcome;
+    record.updated_at_ms = num(&updated).unwrap_or(record.created_at_ms);
+    record.attempts = num(&attempts).unwrap_or(1);
+    record.failures = num(&failures).unwrap_or(0);
+    record.last_error = last_error;
+    record.fingerprint = fingerprint;
+    record.token = token;
+    Ok(Some(record))
 }
 
 fn reply_err(what: &str, v: &Value) -> StoreError {
@@ -406,36 +517,93 @@ impl LeaseStore for RedisStore {
         "redis"
     }
 
-    async fn claim(&self, spec: &'static HandlerSpec, key: &Key) -> Result<Claim, StoreError> {
+    async fn claim(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        fingerprint: Option<&str>,
+    ) -> Result<Claim, StoreError> {
         let token = uuid::Uuid::new_v4().simple().to_string();
         let reply: Vec<Value> = {
             let mut inv = self.scripts.claim.prepare_invoke();
             inv.key(self.redis_key(spec.name, key))
                 .arg(&token)
                 .arg(millis(spec.lease).max(1))
-                .arg(self.clock.now_millis());
+                .arg(self.clock.now_millis())
+                .arg(fingerprint.unwrap_or_default())
+                .arg(spec.max_attempts.map(|m| m.to_string()).unwrap_or_default())
+                .arg(millis(spec.ttl).max(1))
+                .arg(LEASE_RAN_OUT);
             self.run(&inv).await?
         };
-        let as_int = |v: &Value| match v {
+        let int = |v: &Value| match v {
             Value::Int(i) => Some(*i),
             _ => None,
         };
-        match reply.as_slice() {
-            [tag] if as_int(tag) == Some(1) => Ok(Claim::Acquired { token }),
-            [tag, outcome] if as_int(tag) == Some(2) => match outcome {
-                Value::BulkString(bytes) => Ok(Claim::Completed {
-                    outcome: String::from_utf8(bytes.clone())
-                        .map_err(|e| StoreError::Schema(e.to_string()))?,
-                }),
-                other => Err(reply_err("claim", other)),
+        let text = |v: &Value| match v {
+            Value::BulkString(bytes) => String::from_utf8(bytes.clone())
+                .map(Some)
+                .map_err(|e| StoreError::Schema(e.to_string())),
+            Value::Nil => Ok(None),
+            other => Err(reply_err("claim", other)),
+        };
+        let standing = match reply.as_slice() {
+            [tag] if int(tag) == Some(1) => return Ok(Claim::Acquired { token }),
+            [tag, outcome] if int(tag) == Some(2) => Standing::Completed {
+                outcome: text(outcome)?.unwrap_or_default(),
             },
-            [tag, pttl] if as_int(tag) == Some(3) => Ok(Claim::InProgress {
-                lease_left: Duration::from_millis(as_int(pttl).unwrap_or(0).max(0) as u64),
-            }),
-            _ => Err(StoreError::Schema(format!(
-                "unexpected reply to claim: {reply:?}"
-            ))),
-        }
+            [tag, left] if int(tag) == Some(3) => Standing::InProgress {
+                retry_after: Duration::from_millis(
+                    u64::try_from(int(left).unwrap_or(0)).unwrap_or(0),
+                ),
+            },
+            [tag, recorded] if int(tag) == Some(4) => Standing::Mismatch {
+                recorded: text(recorded)?.unwrap_or_default(),
+            },
+            [tag, error] if int(tag) == Some(5) => Standing::Failed {
+                error: text(error)?.unwrap_or_default(),
+            },
+            [tag, failures, rest @ ..] if int(tag) == Some(6) && rest.len() <= 1 => {
+                Standing::Exhausted {
+                    failures: u32::try_from(int(failures).unwrap_or(0)).unwrap_or(u32::MAX),
+                    last_error: match rest.first() {
+                        Some(e) => text(e)?,
+                        None => None,
+                    },
+                }
+            }
+            _ => {
+                return Err(StoreError::Schema(format!(
+                    "unexpected reply to claim: {reply:?}"
+                )));
+            }
+        };
+        Ok(Claim::Refused(standing))
+    }
+
+    async fn fail(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        token: &str,
+        failure: Failure<'_>,
+    ) -> Result<bool, StoreError> {
+        let (status, encoded) = match failure {
+            Failure::Retry { .. } => (Status::Retry, ""),
+            Failure::Final { encoded, .. } => (Status::Failed, encoded),
+        };
+        let done: i64 = {
+            let mut inv = self.scripts.fail.prepare_invoke();
+            inv.key(self.redis_key(spec.name, key))
+                .arg(token)
+                .arg(status.as_str())
+                .arg(encoded)
+                .arg(failure.text())
+                .arg(millis(spec.ttl).max(1))
+                .arg(self.clock.now_millis());
+            self.run(&inv).await?
+        };
+        Ok(done == 1)
     }
 
     async fn complete(

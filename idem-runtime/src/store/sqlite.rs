@@ -26,7 +26,7 @@ use sqlx::{AssertSqlSafe, Sqlite, Transaction};
 use crate::error::StoreError;
 use crate::registry;
 use crate::store::sql::{
-    ClaimOrder, Dialect, Fault, NewRow, Placeholders, SqlStore, insert_or_take_over_expired,
+    ClaimOrder, Dialect, Fault, NewRow, Placeholders, SqlStore, insert_or_take_over,
 };
 
 /// The transaction a transaction-mode SQLite handler receives:
@@ -154,6 +154,16 @@ impl Dialect for Sqlite {
     const BEGIN: Option<&'static str> = Some("BEGIN IMMEDIATE");
     const SWEEP_BEGIN: Option<&'static str> = None;
     const LATEST_READ: &'static str = "";
+    const ADDED_COLUMNS: &'static [(&'static str, &'static str)] = &[
+        ("failures", "INTEGER NOT NULL DEFAULT 0"),
+        ("last_error", "TEXT"),
+        ("fingerprint", "TEXT"),
+    ];
+
+    fn columns(t: &str) -> String {
+        let (schema, bare) = t.split_once('.').unwrap_or(("main", t));
+        format!("SELECT name FROM pragma_table_info('{bare}', '{schema}')")
+    }
 
     fn create(t: &str) -> String {
         // SQLite names the index's schema on the index, not the table.
@@ -169,6 +179,9 @@ impl Dialect for Sqlite {
                 token TEXT,
                 outcome TEXT,
                 attempts INTEGER NOT NULL,
+                failures INTEGER NOT NULL DEFAULT 0,
+                last_error TEXT,
+                fingerprint TEXT,
                 created_at INTEGER NOT NULL,
                 updated_at INTEGER NOT NULL,
                 expires_at INTEGER NOT NULL,
@@ -179,7 +192,7 @@ impl Dialect for Sqlite {
     }
 
     fn take(row: NewRow) -> (String, Option<String>) {
-        (insert_or_take_over_expired(row), None)
+        (insert_or_take_over(row), None)
     }
 
     fn sweep() -> String {
@@ -198,10 +211,15 @@ impl Dialect for Sqlite {
             return Fault::Busy;
         }
         // `no such table: main.idem_keys`
-        match db.message().strip_prefix("no such table: ") {
-            Some(table) => Fault::MissingTable(table.to_owned()),
-            None => Fault::Other,
+        let message = db.message();
+        if let Some(table) = message.strip_prefix("no such table: ") {
+            return Fault::MissingTable(table.to_owned());
         }
+        // `no such column: failures`, `table idem_keys has no column named failures`
+        if message.starts_with("no such column") || message.contains("has no column named") {
+            return Fault::MissingColumn;
+        }
+        Fault::Other
     }
 
     fn rows_affected(done: &SqliteQueryResult) -> u64 {
@@ -367,6 +385,15 @@ impl SqlStore<Sqlite> {
             .execute(self.pool())
             .await
             .map_err(|e| self.err(e))?;
+        // The write lock, taken at once, serialises upgrades between
+        // processes: a second one finds the columns added.
+        let mut tx = self
+            .pool()
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| self.err(e))?;
+        self.upgrade(&mut tx).await?;
+        tx.commit().await.map_err(|e| self.err(e))?;
         // A store made from the application's pool learns its timeout here.
         self.read_busy_timeout().await
     }

@@ -43,9 +43,17 @@ pub trait Dialect: Exec {
     /// body's first read (claiming last), older than the row that beat it.
     const LATEST_READ: &'static str;
 
+    /// The columns this release added to the table of the first release,
+    /// with their types: `migrate` adds those a table lacks.
+    const ADDED_COLUMNS: &'static [(&'static str, &'static str)];
+
     /// Creates the table `table` and its expiry index if they do not exist
-    /// (one or more statements, no parameters).
+    /// (one or more statements, no parameters), as this release writes it.
     fn create(table: &str) -> String;
+
+    /// Lists the names of `table`'s columns, one per row (no parameters;
+    /// `table` is a validated identifier, safe to write as a literal).
+    fn columns(table: &str) -> String;
 
     /// How a claim takes a key and writes `row`: the insert and, for a
     /// database whose insert cannot take over an expired row by itself, the
@@ -80,6 +88,8 @@ pub enum Fault {
     Busy,
     /// A table is missing: the one named (as the database reports it).
     MissingTable(String),
+    /// A column is missing: a table of an earlier release, not migrated.
+    MissingColumn,
     /// Anything else.
     Other,
 }

@@ -42,6 +42,12 @@ pub trait Exec: Database {
         values: &'a Values<'a>,
     ) -> impl Future<Output = Result<Option<Record>, sqlx::Error>> + Send + 'a;
 
+    /// The first column of every row `statement` returns, as text.
+    fn texts<'a>(
+        conn: &'a mut Self::Connection,
+        statement: &'a Statement,
+    ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send + 'a;
+
     /// The one number `statement` returns.
     fn number<'a>(
         conn: &'a mut Self::Connection,
@@ -57,6 +63,7 @@ where
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
     for<'q> Option<&'q str>: Encode<'q, DB> + Type<DB>,
     for<'q> i64: Encode<'q, DB>,
+    for<'q> Option<i64>: Encode<'q, DB> + Type<DB>,
     for<'r> i64: Decode<'r, DB> + Type<DB>,
     for<'r> String: Decode<'r, DB> + Type<DB>,
     usize: ColumnIndex<DB::Row>,
@@ -75,6 +82,10 @@ where
                 Param::Now => query.bind(values.now),
                 Param::Until => query.bind(values.until),
                 Param::Batch => query.bind(values.batch),
+                Param::Fingerprint => query.bind(values.fingerprint),
+                Param::Max => query.bind(values.max),
+                Param::Status => query.bind(values.status),
+                Param::Error => query.bind(values.error),
             };
         }
         query
@@ -99,16 +110,31 @@ where
         let status: String = row.try_get(0)?;
         let status = Status::parse(&status)
             .ok_or_else(|| sqlx::Error::Decode(format!("unknown status {status:?}").into()))?;
-        Ok(Some(Record {
-            handler: values.handler.to_owned(),
-            key: values.key.to_owned(),
+        let mut record = Record::new(
+            values.handler,
+            values.key,
             status,
-            outcome: row.try_get(1)?,
-            attempts: row.try_get(2)?,
-            created_at_ms: row.try_get(3)?,
-            updated_at_ms: row.try_get(4)?,
-            expires_at_ms: row.try_get(5)?,
-        }))
+            row.try_get(3)?,
+            row.try_get(5)?,
+        );
+        record.outcome = row.try_get(1)?;
+        record.attempts = row.try_get(2)?;
+        record.updated_at_ms = row.try_get(4)?;
+        record.failures = row.try_get(6)?;
+        record.last_error = row.try_get(7)?;
+        record.fingerprint = row.try_get(8)?;
+        record.token = row.try_get(9)?;
+        Ok(Some(record))
+    }
+
+    async fn texts<'a>(
+        conn: &'a mut DB::Connection,
+        statement: &'a Statement,
+    ) -> Result<Vec<String>, sqlx::Error> {
+        let rows = Self::query(statement, &Values::default())
+            .fetch_all(conn)
+            .await?;
+        rows.iter().map(|row| row.try_get(0)).collect()
     }
 
     async fn number<'a>(

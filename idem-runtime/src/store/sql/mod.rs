@@ -36,7 +36,7 @@ use crate::clock::{Clock, SystemClock, expiry};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::registry::HandlerSpec;
-use crate::store::contract::{Claim, LeaseStore, TxClaim, TxCommit, TxStore};
+use crate::store::contract::{Claim, Failure, LeaseStore, Standing, TxClaim, TxCommit, TxStore};
 use crate::store::{Record, Status, Sweep, validate_table_name};
 
 mod dialect;
@@ -45,12 +45,16 @@ mod statement;
 
 pub use dialect::Dialect;
 pub(crate) use dialect::Fault;
-#[cfg(feature = "mysql")]
-pub(crate) use statement::COLUMNS;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) use statement::insert_or_take_over_expired;
+pub(crate) use statement::insert_or_take_over;
+#[cfg(feature = "mysql")]
+pub(crate) use statement::{COLUMNS, claimable, inserted, take_over_assignments};
 pub(crate) use statement::{NewRow, Placeholders};
 use statement::{Statement, Statements, Take, Values};
+
+/// The version of the dedup table this release writes and reads: 1 was
+/// the first release's; 2 added `failures`, `last_error` and `fingerprint`.
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// The dedup table every SQL store uses unless told otherwise.
 pub(crate) const DEFAULT_TABLE: &str = "idem_keys";
@@ -154,23 +158,6 @@ enum Taken {
     /// A live record stands: this one, or none when it vanished before it
     /// could be read.
     Lost(Option<Record>),
-}
-
-/// The record that stands when a claim did not take the key.
-enum Standing {
-    Completed(String),
-    InProgress(Duration),
-}
-
-impl Standing {
-    fn of(record: Record, now: i64) -> Self {
-        match record.status {
-            Status::Completed => Standing::Completed(record.outcome.unwrap_or_default()),
-            Status::InProgress => Standing::InProgress(Duration::from_millis(
-                u64::try_from(record.expires_at_ms - now).unwrap_or(0),
-            )),
-        }
-    }
 }
 
 impl<D: Dialect> SqlStore<D> {
@@ -351,6 +338,65 @@ impl<D: Dialect> SqlStore<D> {
             .map_err(|e| self.err(e))
     }
 
+    /// The version of this store's table: [`SCHEMA_VERSION`] once
+    /// migrated by this release, 1 for a table of the first release (which
+    /// `migrate` upgrades in place), `None` when there is no table.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// use idem_runtime::store::sql::SCHEMA_VERSION;
+    ///
+    /// let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
+    /// assert_eq!(store.schema_version().await?, None);
+    /// store.migrate().await?;
+    /// assert_eq!(store.schema_version().await?, Some(SCHEMA_VERSION));
+    /// # Ok(()) }
+    /// ```
+    pub async fn schema_version(&self) -> Result<Option<u32>, StoreError> {
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let columns = D::texts(&mut conn, &self.sql.columns)
+            .await
+            .map_err(|e| self.err(e))?;
+        if columns.is_empty() {
+            return Ok(None);
+        }
+        let missing = self.missing_columns(&columns).count();
+        Ok(Some(if missing == 0 { SCHEMA_VERSION } else { 1 }))
+    }
+
+    /// The statements adding the columns of this release that `columns`
+    /// (a table's) lacks.
+    fn missing_columns<'s>(
+        &'s self,
+        columns: &'s [String],
+    ) -> impl Iterator<Item = &'s Statement> + 's {
+        self.sql
+            .upgrades
+            .iter()
+            .filter(|(column, _)| !columns.iter().any(|c| c.eq_ignore_ascii_case(column)))
+            .map(|(_, add)| add)
+    }
+
+    /// Adds the columns a table of an earlier release lacks, on `conn`,
+    /// which holds the store's migration lock. The columns are added with
+    /// defaults that read as "no failure, no fingerprint", so every record
+    /// keeps its meaning and goes on suppressing its duplicates.
+    pub(crate) async fn upgrade(&self, conn: &mut D::Connection) -> Result<(), StoreError> {
+        let columns = D::texts(conn, &self.sql.columns)
+            .await
+            .map_err(|e| self.err(e))?;
+        for add in self.missing_columns(&columns) {
+            D::run(conn, add, &Values::default())
+                .await
+                .map_err(|e| self.err(e))?;
+        }
+        Ok(())
+    }
+
     /// The statements that create the table and its index, for the store
     /// modules' `migrate`.
     pub(crate) fn create_sql(&self) -> &Arc<str> {
@@ -412,8 +458,9 @@ impl<D: Dialect> SqlStore<D> {
         })
     }
 
-    /// Runs `take` on `conn`: inserts the claim row, or takes over an
-    /// expired one; otherwise reads the record that stands.
+    /// Runs `take` on `conn`: inserts the claim row, or takes over one a
+    /// claim may take (see [`statement::claimable`]); otherwise reads the
+    /// record that stands.
     async fn take(
         &self,
         conn: &mut D::Connection,
@@ -425,7 +472,7 @@ impl<D: Dialect> SqlStore<D> {
         }
         let standing = D::fetch(conn, &self.sql.select_latest, values).await?;
         match (&take.take_over, standing) {
-            (Some(take_over), Some(expired)) if expired.expires_at_ms <= values.now => {
+            (Some(take_over), Some(standing)) if may_take(&standing, values) => {
                 if D::rows_affected(&D::run(conn, take_over, values).await?) > 0 {
                     return Ok(Taken::Key);
                 }
@@ -476,11 +523,37 @@ impl<D: Dialect> SqlStore<D> {
         }
     }
 
+    /// What a record that did not let a claim take the key says to this
+    /// delivery; `None` when the record has changed since (expired, or
+    /// claimable after all): the claim may be tried again.
+    fn standing(
+        &self,
+        record: Option<Record>,
+        spec: &HandlerSpec,
+        values: &Values<'_>,
+    ) -> Option<Standing> {
+        let record = record.filter(|r| !r.is_expired(values.now))?;
+        let left =
+            Duration::from_millis(u64::try_from(record.expires_at_ms - values.now).unwrap_or(0));
+        Standing::of(&record, spec, values.fingerprint, left)
+    }
+
+    /// When a transaction-mode call of `spec` writes its dedup row: first
+    /// for a handler that counts failures, whose count must be read and
+    /// held before its body runs; otherwise as the store says.
+    fn order_for(&self, spec: &HandlerSpec) -> ClaimOrder {
+        if spec.max_attempts.is_some() {
+            ClaimOrder::First
+        } else {
+            self.order
+        }
+    }
+
     /// Someone else holds the key: retry after the lock timeout.
     fn busy(&self) -> TxClaim<Transaction<'static, D>> {
-        TxClaim::InProgress {
+        TxClaim::Refused(Standing::InProgress {
             retry_after: self.lock_timeout(),
-        }
+        })
     }
 
     /// Opens a transaction-mode call's transaction.
@@ -503,6 +576,12 @@ impl<D: Dialect> SqlStore<D> {
                 };
             }
             Fault::Busy => return StoreError::Timeout(self.lock_timeout()),
+            Fault::MissingColumn => {
+                return StoreError::Schema(format!(
+                    "the dedup table `{}` was created by an earlier release (its columns are not this release's, schema version {SCHEMA_VERSION}): call `migrate()` to upgrade it in place ({e})",
+                    self.sql.table
+                ));
+            }
             _ => {}
         }
         match e {
@@ -560,33 +639,60 @@ fn millis_u64(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// Whether a claim with `values` may take the standing `record`: the rule
+/// of [`statement::claimable`], read from the record.
+fn may_take(record: &Record, values: &Values<'_>) -> bool {
+    let same_payload = match (record.fingerprint.as_deref(), values.fingerprint) {
+        (Some(recorded), Some(given)) => recorded == given,
+        _ => true,
+    };
+    record.is_expired(values.now)
+        || (record.status == Status::Retry
+            && values.max.is_none_or(|max| record.failures < max)
+            && same_payload)
+}
+
+/// The status and recorded outcome of a failure.
+fn failure_row(failure: Failure<'_>) -> (&'static str, Option<&str>) {
+    match failure {
+        Failure::Retry { .. } => (Status::Retry.as_str(), None),
+        Failure::Final { encoded, .. } => (Status::Failed.as_str(), Some(encoded)),
+    }
+}
+
 impl<D: Dialect> LeaseStore for SqlStore<D> {
     fn store_name(&self) -> &'static str {
         D::STORE
     }
 
-    async fn claim(&self, spec: &'static HandlerSpec, key: &Key) -> Result<Claim, StoreError> {
+    async fn claim(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        fingerprint: Option<&str>,
+    ) -> Result<Claim, StoreError> {
         for _ in 0..CLAIM_RETRIES {
             let token = uuid::Uuid::new_v4().simple().to_string();
             let values = Values {
                 token: Some(&token),
+                fingerprint,
+                max: spec.max_attempts.map(i64::from),
                 ..self.stamped(spec.name, key, spec.lease)?
             };
             let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
             match self.take(&mut conn, &self.sql.claim, &values).await {
                 Ok(Taken::Key) => return Ok(Claim::Acquired { token }),
-                Ok(Taken::Lost(Some(record))) => {
-                    return Ok(match Standing::of(record, values.now) {
-                        Standing::Completed(outcome) => Claim::Completed { outcome },
-                        Standing::InProgress(lease_left) => Claim::InProgress { lease_left },
-                    });
+                Ok(Taken::Lost(record)) => {
+                    if let Some(standing) = self.standing(record, spec, &values) {
+                        return Ok(Claim::Refused(standing));
+                    }
+                    // Gone, or changed, before it could be read: again.
                 }
-                Ok(Taken::Lost(None)) => {}
                 Err(e) => match fault::<D>(&e) {
                     Fault::LockWait => {
-                        return Ok(Claim::InProgress {
-                            lease_left: self.lock_timeout(),
-                        });
+                        return Ok(Claim::Refused(Standing::InProgress {
+                            retry_after: self.lock_timeout(),
+                        }));
                     }
                     Fault::Deadlock => {}
                     _ => return Err(self.err(e)),
@@ -611,6 +717,24 @@ impl<D: Dialect> LeaseStore for SqlStore<D> {
             ..self.stamped(spec.name, key, spec.ttl)?
         };
         Ok(self.write(&self.sql.complete_lease, &values, None).await? == 1)
+    }
+
+    async fn fail(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        token: &str,
+        failure: Failure<'_>,
+    ) -> Result<bool, StoreError> {
+        let (status, outcome) = failure_row(failure);
+        let values = Values {
+            token: Some(token),
+            status,
+            outcome,
+            error: Some(failure.text()),
+            ..self.stamped(spec.name, key, spec.ttl)?
+        };
+        Ok(self.write(&self.sql.fail_lease, &values, None).await? == 1)
     }
 
     async fn release(
@@ -641,6 +765,55 @@ impl<D: Dialect> LeaseStore for SqlStore<D> {
     }
 }
 
+impl<D: Dialect> SqlStore<D> {
+    /// Runs `statement`, which writes the claim row this transaction holds
+    /// (claiming first), and fails the call if the row is gone: the
+    /// database ended the transaction (InnoDB rolls a deadlock victim back
+    /// whole and ends it; a statement of the body may have committed
+    /// implicitly), and nothing may be committed as if the claim held.
+    async fn write_claimed(
+        &self,
+        tx: &mut Transaction<'static, D>,
+        statement: &Statement,
+        values: &Values<'_>,
+    ) -> Result<(), sqlx::Error> {
+        let done = D::run(tx, statement, values).await?;
+        if D::rows_affected(&done) == 1 {
+            return Ok(());
+        }
+        Err(sqlx::Error::Protocol(format!(
+            "the claim row of this transaction is gone before its commit (on {}): the database ended the transaction (a deadlock victim, an implicit commit) while the body ran; nothing was recorded",
+            self.sql.table
+        )))
+    }
+
+    /// Settles a claim-last (or claim-again) statement that lost: rolls the
+    /// transaction back and says what stands.
+    async fn lost(
+        &self,
+        tx: Transaction<'static, D>,
+        spec: &HandlerSpec,
+        values: &Values<'_>,
+        taken: Result<Taken, sqlx::Error>,
+    ) -> Result<TxCommit, StoreError> {
+        let standing = match taken {
+            Ok(Taken::Key) => {
+                tx.commit().await.map_err(|e| self.err(e))?;
+                return Ok(TxCommit::Committed);
+            }
+            Ok(Taken::Lost(record)) => self.standing(record, spec, values),
+            Err(e) if matches!(fault::<D>(&e), Fault::LockWait | Fault::Deadlock) => None,
+            Err(e) => return Err(self.err(e)),
+        };
+        tx.rollback().await.map_err(|e| self.err(e))?;
+        Ok(TxCommit::Refused(standing.unwrap_or(
+            Standing::InProgress {
+                retry_after: self.lock_timeout(),
+            },
+        )))
+    }
+}
+
 impl<D: Dialect> TxStore for SqlStore<D> {
     type Tx = Transaction<'static, D>;
 
@@ -652,15 +825,29 @@ impl<D: Dialect> TxStore for SqlStore<D> {
         &self,
         spec: &'static HandlerSpec,
         key: &Key,
+        fingerprint: Option<&str>,
     ) -> Result<TxClaim<Self::Tx>, StoreError> {
         let mut tx = self.begin().await?;
-        if self.order == ClaimOrder::Last {
+        if self.order_for(spec) == ClaimOrder::Last {
             return Ok(TxClaim::Fresh(tx));
         }
-        let values = self.stamped(spec.name, key, spec.ttl)?;
+        let values = Values {
+            fingerprint,
+            max: spec.max_attempts.map(i64::from),
+            ..self.stamped(spec.name, key, spec.ttl)?
+        };
         let standing = match self.take(&mut tx, &self.sql.claim, &values).await {
-            Ok(Taken::Key) => return Ok(TxClaim::Fresh(tx)),
-            Ok(Taken::Lost(standing)) => standing,
+            Ok(Taken::Key) => {
+                // A failure is to be counted in the claim row: the body's
+                // writes must be undoable without it.
+                if spec.max_attempts.is_some() {
+                    D::run(&mut tx, &self.sql.savepoint, &values)
+                        .await
+                        .map_err(|e| self.err(e))?;
+                }
+                return Ok(TxClaim::Fresh(tx));
+            }
+            Ok(Taken::Lost(record)) => self.standing(record, spec, &values),
             // Another transaction holds the key past the lock timeout, or
             // this one was a deadlock victim: either way nothing of it
             // remains (the dropped transaction rolls back).
@@ -670,12 +857,8 @@ impl<D: Dialect> TxStore for SqlStore<D> {
             Err(e) => return Err(self.err(e)),
         };
         tx.rollback().await.map_err(|e| self.err(e))?;
-        Ok(match standing.map(|r| Standing::of(r, values.now)) {
-            Some(Standing::Completed(outcome)) => TxClaim::Completed { outcome },
-            Some(Standing::InProgress(retry_after)) => TxClaim::InProgress { retry_after },
-            // Deleted between our conflict and our read: let the redelivery retry.
-            None => self.busy(),
-        })
+        // Changed between our conflict and our read: let the redelivery retry.
+        Ok(standing.map_or_else(|| self.busy(), TxClaim::Refused))
     }
 
     async fn commit_outcome(
@@ -683,53 +866,82 @@ impl<D: Dialect> TxStore for SqlStore<D> {
         mut tx: Self::Tx,
         spec: &'static HandlerSpec,
         key: &Key,
+        fingerprint: Option<&str>,
         outcome: &str,
     ) -> Result<TxCommit, StoreError> {
         let values = Values {
             outcome: Some(outcome),
+            fingerprint,
+            max: spec.max_attempts.map(i64::from),
             ..self.stamped(spec.name, key, spec.ttl)?
         };
-        let taken = match self.order {
+        let taken = match self.order_for(spec) {
             // The claim row is this transaction's: record the outcome in it.
-            // If it is gone, the transaction that held it is too (InnoDB
-            // rolls a deadlock victim back whole and ends it; a statement of
-            // the body may have committed implicitly): nothing is committed
-            // as if the claim held.
-            ClaimOrder::First => match D::run(&mut tx, &self.sql.complete_tx, &values).await {
-                Ok(done) if D::rows_affected(&done) == 1 => Ok(Taken::Key),
-                Ok(_) => {
-                    let _ = tx.rollback().await;
-                    return Err(StoreError::Backend(Box::from(format!(
-                        "the claim row of this transaction is gone before its commit (on {}): the database ended the transaction (a deadlock victim, an implicit commit) while the body ran; nothing was recorded",
-                        self.sql.table
-                    ))));
+            ClaimOrder::First => {
+                match self
+                    .write_claimed(&mut tx, &self.sql.complete_tx, &values)
+                    .await
+                {
+                    Ok(()) => Ok(Taken::Key),
+                    Err(e) => {
+                        let _ = tx.rollback().await;
+                        return Err(self.err(e));
+                    }
                 }
-                Err(e) => Err(e),
-            },
+            }
+            // Claim-last found a live row: this delivery is a duplicate.
+            // Its body's writes roll back with the transaction.
             ClaimOrder::Last => {
                 self.take(&mut tx, &self.sql.claim_with_outcome, &values)
                     .await
             }
         };
-        let standing = match taken {
-            Ok(Taken::Key) => {
-                tx.commit().await.map_err(|e| self.err(e))?;
-                return Ok(TxCommit::Committed);
-            }
-            // Claim-last found a live row: this delivery is a duplicate.
-            // Its body's writes roll back with the transaction.
-            Ok(Taken::Lost(standing)) => standing,
-            Err(e) if matches!(fault::<D>(&e), Fault::LockWait | Fault::Deadlock) => None,
-            Err(e) => return Err(self.err(e)),
+        self.lost(tx, spec, &values, taken).await
+    }
+
+    async fn commit_failure(
+        &self,
+        mut tx: Self::Tx,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        fingerprint: Option<&str>,
+        failure: Failure<'_>,
+    ) -> Result<TxCommit, StoreError> {
+        let (status, outcome) = failure_row(failure);
+        let values = Values {
+            status,
+            outcome,
+            error: Some(failure.text()),
+            fingerprint,
+            max: spec.max_attempts.map(i64::from),
+            ..self.stamped(spec.name, key, spec.ttl)?
         };
+        if self.order_for(spec) == ClaimOrder::First && spec.max_attempts.is_some() {
+            // The claim row holds the key throughout: undo the body's
+            // writes, record the failure in the row, commit. No other
+            // delivery runs between the failure and its count.
+            let recorded = async {
+                D::run(&mut tx, &self.sql.rollback_to_savepoint, &values).await?;
+                self.write_claimed(&mut tx, &self.sql.fail_tx, &values)
+                    .await
+            }
+            .await;
+            if let Err(e) = recorded {
+                let _ = tx.rollback().await;
+                return Err(self.err(e));
+            }
+            tx.commit().await.map_err(|e| self.err(e))?;
+            return Ok(TxCommit::Committed);
+        }
+        // No claim row to keep (claiming last, or a final error of a handler
+        // that does not count failures): roll everything back, then claim
+        // the key anew with the failure.
         tx.rollback().await.map_err(|e| self.err(e))?;
-        Ok(match standing.map(|r| Standing::of(r, values.now)) {
-            Some(Standing::Completed(outcome)) => TxCommit::Duplicate { outcome },
-            Some(Standing::InProgress(retry_after)) => TxCommit::InProgress { retry_after },
-            None => TxCommit::InProgress {
-                retry_after: self.lock_timeout(),
-            },
-        })
+        let mut tx = self.begin().await?;
+        let taken = self
+            .take(&mut tx, &self.sql.claim_with_failure, &values)
+            .await;
+        self.lost(tx, spec, &values, taken).await
     }
 
     async fn rollback(
@@ -737,23 +949,33 @@ impl<D: Dialect> TxStore for SqlStore<D> {
         tx: Self::Tx,
         spec: &'static HandlerSpec,
         key: &Key,
-    ) -> Result<Option<String>, StoreError> {
+        fingerprint: Option<&str>,
+    ) -> Result<Option<Standing>, StoreError> {
         tx.rollback().await.map_err(|e| self.err(e))?;
-        if self.order == ClaimOrder::First {
+        if self.order_for(spec) == ClaimOrder::First {
             // The claim came first: a failing body was never a duplicate's.
             return Ok(None);
         }
         // Claiming last, a duplicate's body ran before the claim could turn
         // it away, and it may have failed for that very reason (the first
-        // delivery took the stock). A live completed record is the answer.
+        // delivery took the stock). A live record that settles the key is
+        // the answer: its outcome, its final error, or the other payload.
         // The rollback went through: the transaction's connection was fine.
         // A failure to read the record now is no reason to call the body's
         // failure a store failure; the body's error stands.
-        let now = self.clock.now_millis();
+        let values = Values {
+            fingerprint,
+            ..self.stamped(spec.name, key, Duration::ZERO)?
+        };
         match self.record(spec.name, key).await {
-            Ok(record) => Ok(record
-                .filter(|r| r.status == Status::Completed && r.expires_at_ms > now)
-                .and_then(|r| r.outcome)),
+            Ok(record) => Ok(self.standing(record, spec, &values).filter(|s| {
+                matches!(
+                    s,
+                    Standing::Completed { .. }
+                        | Standing::Failed { .. }
+                        | Standing::Mismatch { .. }
+                )
+            })),
             Err(e) => {
                 tracing::warn!(error = %e, "could not look the key up after the body failed; its own error stands");
                 Ok(None)

@@ -42,10 +42,18 @@ pub(crate) enum Param {
     Until,
     /// How many rows a sweep deletes at most.
     Batch,
+    /// The delivery's payload fingerprint (text or NULL).
+    Fingerprint,
+    /// The handler's `max_attempts` (integer or NULL).
+    Max,
+    /// The status a failure writes (text).
+    Status,
+    /// The text of a failure (text or NULL).
+    Error,
 }
 
 impl Param {
-    const ALL: [(&'static str, Param); 7] = [
+    const ALL: [(&'static str, Param); 11] = [
         ("handler", Param::Handler),
         ("key", Param::Key),
         ("token", Param::Token),
@@ -53,6 +61,10 @@ impl Param {
         ("now", Param::Now),
         ("until", Param::Until),
         ("batch", Param::Batch),
+        ("fingerprint", Param::Fingerprint),
+        ("max", Param::Max),
+        ("status", Param::Status),
+        ("error", Param::Error),
     ];
 }
 
@@ -74,6 +86,14 @@ pub struct Values<'a> {
     pub until: i64,
     /// [`Param::Batch`].
     pub batch: i64,
+    /// [`Param::Fingerprint`].
+    pub fingerprint: Option<&'a str>,
+    /// [`Param::Max`].
+    pub max: Option<i64>,
+    /// [`Param::Status`].
+    pub status: &'a str,
+    /// [`Param::Error`].
+    pub error: Option<&'a str>,
 }
 
 /// One statement, rendered for its database, with the parameters to bind in
@@ -145,7 +165,8 @@ impl Statement {
 }
 
 /// What a claim writes into the row it takes: as SQL fragments of the
-/// `status`, `token` and `outcome` columns.
+/// `status`, `token` and `outcome` columns, and the failures and last error
+/// it adds to those it carries over.
 #[derive(Debug, Clone, Copy)]
 pub struct NewRow {
     /// The `status` column.
@@ -154,6 +175,10 @@ pub struct NewRow {
     pub token: &'static str,
     /// The `outcome` column.
     pub outcome: &'static str,
+    /// The failures this claim adds.
+    pub failures: &'static str,
+    /// The last error this claim writes (`NULL`: keep the carried one).
+    pub last_error: &'static str,
 }
 
 /// A claim in progress, carrying its fencing token (lease mode, and
@@ -162,6 +187,8 @@ pub(crate) const CLAIMED: NewRow = NewRow {
     status: "'in_progress'",
     token: ":token",
     outcome: "NULL",
+    failures: "0",
+    last_error: "NULL",
 };
 
 /// A claim written with its outcome (transaction mode claiming last).
@@ -169,11 +196,79 @@ pub(crate) const COMPLETED: NewRow = NewRow {
     status: "'completed'",
     token: "NULL",
     outcome: ":outcome",
+    failures: "0",
+    last_error: "NULL",
+};
+
+/// A claim written with a final failure (transaction mode, once the body's
+/// transaction rolled back without a claim row to record it in).
+pub(crate) const FAILED: NewRow = NewRow {
+    status: "'failed'",
+    token: "NULL",
+    outcome: ":outcome",
+    failures: "1",
+    last_error: ":error",
 };
 
 /// The columns of the dedup table, in the order claims insert them.
-pub(crate) const COLUMNS: &str =
-    "handler, {key}, status, token, outcome, attempts, created_at, updated_at, expires_at";
+pub(crate) const COLUMNS: &str = "handler, {key}, status, token, outcome, attempts, failures, \
+     last_error, fingerprint, created_at, updated_at, expires_at";
+
+/// The values a claim inserts, in [`COLUMNS`]' order.
+pub(crate) fn inserted(row: NewRow) -> String {
+    let NewRow {
+        status,
+        token,
+        outcome,
+        failures,
+        last_error,
+    } = row;
+    format!(
+        "(:handler, :key, {status}, {token}, {outcome}, 1, {failures}, {last_error}, \
+          :fingerprint, :now, :now, :until)"
+    )
+}
+
+/// Whether a standing row, its columns read through `cur` (`"cur."`, or
+/// `""` in an `UPDATE` of the row itself), may be taken by this claim: it
+/// has expired, or its last delivery failed with attempts left and the same
+/// payload. [`Standing::of`](crate::Standing::of) is the same rule, read
+/// from a record.
+pub(crate) fn claimable(cur: &str) -> String {
+    format!(
+        "({cur}expires_at <= :now OR ({cur}status = 'retry' \
+          AND (:max IS NULL OR {cur}failures < :max) \
+          AND ({cur}fingerprint IS NULL OR :fingerprint IS NULL OR {cur}fingerprint = :fingerprint)))"
+    )
+}
+
+/// The assignments of a claim that takes over a row (columns read through
+/// `cur`, as for [`claimable`]): what it carries over, as
+/// [`Carried`](crate::store::Carried) says, then what it writes. Ordered so
+/// that MySQL, which assigns left to right and reads updated values, sees
+/// the old status and expiry where it reads them.
+pub(crate) fn take_over_assignments(cur: &str, row: NewRow) -> String {
+    let NewRow {
+        status,
+        token,
+        outcome,
+        failures,
+        last_error,
+    } = row;
+    let retrying = format!("({cur}status = 'retry' AND {cur}expires_at > :now)");
+    let ran_out = format!("{cur}status = 'in_progress'");
+    let lease_ran_out = crate::store::LEASE_RAN_OUT;
+    format!(
+        "attempts = CASE WHEN {retrying} OR {ran_out} THEN {cur}attempts + 1 ELSE 1 END,
+         failures = CASE WHEN {retrying} THEN {cur}failures
+                         WHEN {ran_out} THEN {cur}failures + 1 ELSE 0 END + {failures},
+         last_error = CASE WHEN {retrying} THEN COALESCE({last_error}, {cur}last_error)
+                           WHEN {ran_out} THEN COALESCE({last_error}, '{lease_ran_out}')
+                           ELSE {last_error} END,
+         status = {status}, token = {token}, outcome = {outcome}, fingerprint = :fingerprint,
+         created_at = :now, updated_at = :now, expires_at = :until"
+    )
+}
 
 /// How a database takes a key: one statement that inserts the row or takes
 /// over an expired one, or an insert that leaves a standing row alone and a
@@ -199,6 +294,8 @@ pub(crate) struct Statements {
     pub(crate) claim: Take,
     /// Takes an absent or expired key as `completed` ([`COMPLETED`]).
     pub(crate) claim_with_outcome: Take,
+    /// Takes an absent or expired key as `failed` ([`FAILED`]).
+    pub(crate) claim_with_failure: Take,
     /// The record of `:handler`, `:key`: the columns
     /// [`super::exec::Exec::fetch`] reads, in its order.
     pub(crate) select: Statement,
@@ -209,6 +306,15 @@ pub(crate) struct Statements {
     pub(crate) complete_tx: Statement,
     /// As `complete_tx`, if `:token` still holds the claim.
     pub(crate) complete_lease: Statement,
+    /// Records a failure (`:status`, `:outcome`, `:error`) under the claim
+    /// `:token` holds.
+    pub(crate) fail_lease: Statement,
+    /// As `fail_lease`, under the claim this transaction holds.
+    pub(crate) fail_tx: Statement,
+    /// Marks where a claim's body begins in its transaction.
+    pub(crate) savepoint: Statement,
+    /// Undoes the body's writes, keeping the claim.
+    pub(crate) rollback_to_savepoint: Statement,
     /// Deletes the claim `:token` holds.
     pub(crate) release: Statement,
     /// Moves the end of the lease `:token` holds to `:until`.
@@ -217,11 +323,25 @@ pub(crate) struct Statements {
     pub(crate) sweep: Statement,
     /// Counts the rows.
     pub(crate) count: Statement,
+    /// The names of the table's columns.
+    pub(crate) columns: Statement,
+    /// The statements that add each column a table of an earlier release
+    /// lacks: (column, statement).
+    pub(crate) upgrades: Vec<(&'static str, Statement)>,
 }
 
+/// The columns of a record, in the order [`super::exec::Exec::fetch`]
+/// reads them.
+pub(crate) const RECORD: &str = "status, outcome, attempts, created_at, updated_at, expires_at, \
+     failures, last_error, fingerprint, token";
+
+/// Records a failure: the `WHERE` says whose claim.
+const FAIL: &str = "UPDATE {t} SET status = :status, token = NULL, outcome = :outcome,
+                    failures = failures + 1, last_error = :error,
+                    updated_at = :now, expires_at = :until";
+
 /// The record of `:handler`, `:key`.
-const SELECT: &str = "SELECT status, outcome, attempts, created_at, updated_at, expires_at
-                 FROM {t} WHERE handler = :handler AND {key} = :key";
+const SELECT: &str = "SELECT {record} FROM {t} WHERE handler = :handler AND {key} = :key";
 
 impl Statements {
     /// The statements of dialect `D` on `table` (validated by the caller).
@@ -229,7 +349,10 @@ impl Statements {
         // `{key}` is the key column as `D` names it (`key` is reserved in
         // MySQL); `{t}` the table.
         let render = |template: &str| {
-            let text = template.replace("{key}", D::KEY).replace("{t}", table);
+            let text = template
+                .replace("{record}", RECORD)
+                .replace("{key}", D::KEY)
+                .replace("{t}", table);
             Statement::new(D::PLACEHOLDERS, &text)
         };
         let take = |row: NewRow| {
@@ -246,6 +369,7 @@ impl Statements {
             create: D::create(table).into(),
             claim: take(CLAIMED),
             claim_with_outcome: take(COMPLETED),
+            claim_with_failure: take(FAILED),
             select: render(SELECT),
             select_latest: render(&format!("{SELECT}{}", D::LATEST_READ)),
             complete_tx: render(
@@ -258,36 +382,43 @@ impl Statements {
                                   updated_at = :now, expires_at = :until
                  WHERE {token_holds}"
             )),
+            fail_lease: render(&format!("{FAIL} WHERE {token_holds}")),
+            fail_tx: render(&format!(
+                "{FAIL} WHERE handler = :handler AND {{key}} = :key"
+            )),
+            savepoint: render("SAVEPOINT idem_body"),
+            rollback_to_savepoint: render("ROLLBACK TO SAVEPOINT idem_body"),
             release: render(&format!("DELETE FROM {{t}} WHERE {token_holds}")),
             extend: render(&format!(
                 "UPDATE {{t}} SET updated_at = :now, expires_at = :until WHERE {token_holds}"
             )),
             sweep: render(&D::sweep()),
             count: render("SELECT COUNT(*) FROM {t}"),
+            columns: render(&D::columns(table)),
+            upgrades: D::ADDED_COLUMNS
+                .iter()
+                .map(|(column, ty)| {
+                    let add = format!("ALTER TABLE {{t}} ADD COLUMN {column} {ty}");
+                    (*column, render(&add))
+                })
+                .collect(),
         }
     }
 }
 
-/// The upsert SQLite and PostgreSQL share: inserts `row`, or takes over an
-/// expired row (a takeover of a claim in progress counts one more attempt);
-/// a live row is left alone and the statement affects nothing.
+/// The upsert SQLite and PostgreSQL share: inserts `row`, or takes over a
+/// row a claim may take ([`claimable`]), carrying over what
+/// [`take_over_assignments`] says; any other row is left alone and the
+/// statement affects nothing.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) fn insert_or_take_over_expired(row: NewRow) -> String {
-    let NewRow {
-        status,
-        token,
-        outcome,
-    } = row;
+pub(crate) fn insert_or_take_over(row: NewRow) -> String {
     format!(
-        "INSERT INTO {{t}} AS cur ({COLUMNS})
-         VALUES (:handler, :key, {status}, {token}, {outcome}, 1, :now, :now, :until)
-         ON CONFLICT (handler, {{key}}) DO UPDATE SET
-            status = excluded.status, token = excluded.token, outcome = excluded.outcome,
-            attempts = CASE WHEN cur.status = 'in_progress' AND excluded.status = 'in_progress'
-                            THEN cur.attempts + 1 ELSE 1 END,
-            created_at = excluded.created_at, updated_at = excluded.updated_at,
-            expires_at = excluded.expires_at
-         WHERE cur.expires_at <= excluded.created_at"
+        "INSERT INTO {{t}} AS cur ({COLUMNS}) VALUES {values}
+         ON CONFLICT (handler, {{key}}) DO UPDATE SET {assignments}
+         WHERE {claimable}",
+        values = inserted(row),
+        assignments = take_over_assignments("cur.", row),
+        claimable = claimable("cur."),
     )
 }
 
