@@ -46,6 +46,15 @@
 //!   while the body runs; for bodies whose effects leave the database (an
 //!   SMS, an HTTP call).
 //!
+//! What a message that keeps failing, or comes back changed, gets is
+//! declared too: `fingerprint = "qty + price"` turns a delivery of a known
+//! key with another payload away ([`Error::PayloadMismatch`]),
+//! `max_attempts = 5` counts failed deliveries in the store and stops the
+//! sixth ([`Error::Exhausted`]), and an error type implementing
+//! [`FinalError`] records its final errors for duplicates
+//! ([`Error::Failed`]). [`Record`] is what an operator reads back, on every
+//! store.
+//!
 //! See the README for the attribute's arguments, the stores and the design
 //! decisions.
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -362,3 +362,142 @@ async fn a_completion_the_store_never_takes_says_the_effect_happened() {
     assert_eq!(runs.of("outage-2"), 1);
     println!("NotRecorded after {took:?} (lease 1 s)");
 }
+
+// ---------------------------------------------------------------------------
+// Records the first release wrote
+// ---------------------------------------------------------------------------
+
+/// The first release's hashes have `s`, `t`, `o`, `c`, `u` only, and the
+/// key's TTL is the lease of a claim in progress. This release reads them,
+/// replays their outcomes, honours their leases, and takes a claim whose
+/// lease ran out over as any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_of_the_first_release_are_read_and_still_suppress_duplicates() {
+    use idem_runtime::registry::{HandlerSpec, Mode};
+    use idem_runtime::store::Status;
+    use idem_runtime::{Claim, Key, LeaseStore, Standing};
+
+    static SPEC: HandlerSpec = HandlerSpec {
+        name: "redis_v1",
+        function: "redis_v1",
+        key: "id",
+        ttl: Duration::from_secs(3_600),
+        lease: Duration::from_secs(30),
+        store: "redis",
+        mode: Mode::Lease,
+        module: module_path!(),
+        file: file!(),
+        line: line!(),
+        fingerprint: Some("*"),
+        max_attempts: Some(3),
+    };
+    let prefix = idem_tests::unique_prefix("rl_v1");
+    let _guard = idem_tests::DeleteKeys::new(&idem_tests::redis_url(), &prefix);
+    let store = or_skip!(idem_tests::redis_store(&prefix).await);
+    let mut conn = redis::Client::open(idem_tests::redis_url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let key = |id: &str| Key::from_parts(&[&id]).unwrap();
+    let now = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap();
+    // What the first release's scripts wrote.
+    let old = |id: &str, fields: &[(&str, String)], ttl_ms: u64| {
+        let mut pipe = redis::pipe();
+        let rkey = store.redis_key(SPEC.name, &key(id));
+        pipe.cmd("HSET").arg(&rkey).arg(fields).ignore();
+        pipe.cmd("PEXPIRE").arg(&rkey).arg(ttl_ms).ignore();
+        pipe
+    };
+    let completed = old(
+        "done",
+        &[
+            ("s", "completed".into()),
+            ("o", "{\"points\":5}".into()),
+            ("c", now.to_string()),
+            ("u", now.to_string()),
+        ],
+        3_600_000,
+    );
+    let live = old(
+        "busy",
+        &[
+            ("s", "in_progress".into()),
+            ("t", "0123456789abcdef0123456789abcdef".into()),
+            ("c", now.to_string()),
+            ("u", now.to_string()),
+        ],
+        20_000,
+    );
+    let () = completed.query_async(&mut conn).await.unwrap();
+    let () = live.query_async(&mut conn).await.unwrap();
+
+    // Read as one attempt, no failure, no fingerprint.
+    let r = store
+        .record(SPEC.name, &key("done"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (
+            r.status,
+            r.outcome.as_deref(),
+            r.attempts,
+            r.failures,
+            r.fingerprint.as_deref()
+        ),
+        (Status::Completed, Some("{\"points\":5}"), 1, 0, None)
+    );
+    assert!(r.expires_at_ms > now + 3_500_000, "{r:?}");
+    let r = store
+        .record(SPEC.name, &key("busy"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (r.status, r.token.as_deref()),
+        (Status::InProgress, Some("0123456789abcdef0123456789abcdef"))
+    );
+    assert!(
+        r.expires_at_ms <= now + 20_100 && r.expires_at_ms > now,
+        "the lease ends with the key's TTL: {r:?}"
+    );
+
+    // A fingerprinted delivery meets a record without one: it replays.
+    assert_eq!(
+        store
+            .claim(&SPEC, &key("done"), Some("ab12"))
+            .await
+            .unwrap(),
+        Claim::Refused(Standing::Completed {
+            outcome: "{\"points\":5}".into()
+        })
+    );
+    // The old claim's lease holds, measured by its TTL.
+    match store.claim(&SPEC, &key("busy"), None).await.unwrap() {
+        Claim::Refused(Standing::InProgress { retry_after }) => {
+            assert!(retry_after <= Duration::from_secs(20), "{retry_after:?}")
+        }
+        other => panic!("the first release's live claim holds: {other:?}"),
+    }
+    // Its token still completes it: a consumer of the first release that
+    // finishes during the deploy records its outcome.
+    assert!(
+        store
+            .complete(&SPEC, &key("busy"), "0123456789abcdef0123456789abcdef", "7")
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store.claim(&SPEC, &key("busy"), None).await.unwrap(),
+        Claim::Refused(Standing::Completed {
+            outcome: "7".into()
+        })
+    );
+}

@@ -153,7 +153,7 @@ impl Dialect for Postgres {
             None => ("current_schema()".to_owned(), t),
         };
         format!(
-            "SELECT column_name::text FROM information_schema.columns
+            "SELECT CAST(column_name AS text) FROM information_schema.columns
              WHERE table_schema = {schema} AND table_name = lower('{bare}')"
         )
     }

@@ -29,6 +29,13 @@ use idem_runtime::{Claim, Error, Key, LeaseStore, Outcome, idempotent};
 
 use super::{AppError, Probe, Tally, eventually, together};
 
+// The scenarios about failures and payloads, with their handlers.
+pub(crate) use super::lease_ops::{
+    a_claim_whose_lease_ran_out_counts_as_a_failure, a_final_error_is_recorded_and_replayed,
+    deliveries_with_another_payload_are_mismatches_and_run_nothing,
+    failures_are_counted_exactly_under_16_concurrent_consumers,
+};
+
 // ---------------------------------------------------------------------------
 // The fixture
 
@@ -140,7 +147,7 @@ pub(crate) trait LeaseFixture: Effects + Sized + 'static {
     }
 }
 
-fn system_now_ms() -> i64 {
+pub(crate) fn system_now_ms() -> i64 {
     let since = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("clock after 1970");
@@ -1103,6 +1110,10 @@ macro_rules! scenarios {
             an_outcome_that_would_not_read_back_is_unrecordable_and_the_claim_is_kept: Manual,
             none_key_part_is_key_missing_and_the_body_does_not_run: Manual,
             body_reads_its_own_key: Manual,
+            deliveries_with_another_payload_are_mismatches_and_run_nothing: Manual,
+            failures_are_counted_exactly_under_16_concurrent_consumers: Manual,
+            a_final_error_is_recorded_and_replayed: Manual,
+            a_claim_whose_lease_ran_out_counts_as_a_failure: Manual,
         }
     };
 }

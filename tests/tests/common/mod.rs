@@ -21,6 +21,7 @@
 mod sql;
 
 mod calls;
+mod lease_ops;
 mod memory;
 mod mysql;
 mod pg;
@@ -30,8 +31,10 @@ mod sqlite;
 
 pub(crate) mod broker;
 pub(crate) mod lease;
+pub(crate) mod ops;
 pub(crate) mod stress;
 pub(crate) mod tx;
+mod tx_ops;
 
 // Each test binary uses some of these.
 #[allow(unused_imports)]

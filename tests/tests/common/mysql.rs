@@ -285,5 +285,7 @@ sql_suites!(
 // One set for both claim orders: the order is the store's, not the handler's.
 crate::common::tx::handlers! {
     MySqlDb, tx: MySqlTx, store: "mysql",
-    names: { deduct: "mysql_deduct", unencodable: "mysql_unencodable", refund: "mysql_refund" },
+    names: { deduct: "mysql_deduct", unencodable: "mysql_unencodable", refund: "mysql_refund",
+        reserve: "mysql_reserve", flaky: "mysql_flaky", unknown: "mysql_unknown",
+    },
 }

@@ -122,5 +122,7 @@ sql_suites!(
 // One set for both claim orders: the order is the store's, not the handler's.
 crate::common::tx::handlers! {
     PgDb, tx: PgTx, store: "postgres",
-    names: { deduct: "pg_deduct", unencodable: "pg_unencodable", refund: "pg_refund" },
+    names: { deduct: "pg_deduct", unencodable: "pg_unencodable", refund: "pg_refund",
+        reserve: "pg_reserve", flaky: "pg_flaky", unknown: "pg_unknown",
+    },
 }

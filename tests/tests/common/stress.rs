@@ -642,6 +642,9 @@ pub(crate) async fn migrate_from_many_connections_at_once<F: StressHandlers>() {
             "token",
             "outcome",
             "attempts",
+            "failures",
+            "last_error",
+            "fingerprint",
             "created_at",
             "updated_at",
             "expires_at"

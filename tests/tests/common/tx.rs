@@ -27,7 +27,14 @@ use idem_runtime::clock::ManualClock;
 use idem_runtime::{ClaimOrder, Error, Key, Outcome, Record, Status, StoreError, TxStore};
 use idem_tests::or_skip;
 
+use super::ops::{OpsError, Reserve, Settled};
 use super::{AppError, Probe, T0, Tally, together};
+
+// The scenarios about failures and payloads.
+pub(crate) use super::tx_ops::{
+    a_final_error_rolls_back_and_is_replayed, deliveries_with_another_payload_are_mismatches,
+    failures_are_counted_exactly_under_16_concurrent_consumers,
+};
 
 // ---------------------------------------------------------------------------
 // The stores
@@ -217,6 +224,35 @@ pub(crate) trait TxHandlers: TxFixture {
     ) -> impl Future<Output = Delivered<Unencodable>> + Send;
     /// Writes a ledger row under a key with an optional part.
     fn refund(&self, msg: &Refund, probe: &Probe) -> impl Future<Output = Delivered<()>> + Send;
+
+    /// The registered names of [`reserve`](Self::reserve),
+    /// [`flaky`](Self::flaky) and [`unknown_sku`](Self::unknown_sku).
+    const RESERVE: &'static str;
+    const FLAKY: &'static str;
+    const UNKNOWN: &'static str;
+
+    /// Writes a ledger row; fingerprinted by `sku + qty + price + note`.
+    fn reserve(
+        &self,
+        store: &Self::Store,
+        msg: &Reserve,
+        probe: &Probe,
+    ) -> impl Future<Output = Settled<i64>> + Send;
+    /// Writes a ledger row and fails with an error that may pass;
+    /// `max_attempts = 5`.
+    fn flaky(
+        &self,
+        store: &Self::Store,
+        msg: &Reserve,
+        probe: &Probe,
+    ) -> impl Future<Output = Settled<i64>> + Send;
+    /// Writes a ledger row and fails: for good when the SKU is `ghost`.
+    fn unknown_sku(
+        &self,
+        store: &Self::Store,
+        msg: &Reserve,
+        probe: &Probe,
+    ) -> impl Future<Output = Settled<i64>> + Send;
 }
 
 /// What a delivery returns.
@@ -325,17 +361,68 @@ pub(crate) async fn refund_body<F: TxFixture>(
     Ok(())
 }
 
-/// The suite's three handlers on the transaction type `$Tx` of the fixture
+/// The body of `reserve`: a ledger row, then a pause so that concurrent
+/// deliveries overlap.
+pub(crate) async fn reserve_body<F: TxFixture>(
+    conn: &mut F::Conn,
+    msg: &Reserve,
+    probe: &Probe,
+    db: &F,
+) -> Result<i64, OpsError> {
+    probe.hit();
+    db.add_ledger_in(conn, &msg.order_id, msg.qty).await?;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    Ok(msg.qty)
+}
+
+/// The body of `flaky`: a ledger row, then an error that may pass.
+pub(crate) async fn flaky_body<F: TxFixture>(
+    conn: &mut F::Conn,
+    msg: &Reserve,
+    probe: &Probe,
+    db: &F,
+) -> Result<i64, OpsError> {
+    let run = probe.hit();
+    db.add_ledger_in(conn, &msg.order_id, 1).await?;
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    Err(OpsError::Unavailable(format!(
+        "run {run} for {}",
+        msg.order_id
+    )))
+}
+
+/// The body of `unknown_sku`: a ledger row, then a final error for the
+/// SKU `ghost` and one that may pass for any other.
+pub(crate) async fn unknown_sku_body<F: TxFixture>(
+    conn: &mut F::Conn,
+    msg: &Reserve,
+    probe: &Probe,
+    db: &F,
+) -> Result<i64, OpsError> {
+    probe.hit();
+    db.add_ledger_in(conn, &msg.order_id, 1).await?;
+    if msg.sku == "ghost" {
+        Err(OpsError::UnknownSku(msg.sku.clone()))
+    } else {
+        Err(OpsError::Unavailable("try later".into()))
+    }
+}
+
+/// The suite's handlers on the transaction type `$Tx` of the fixture
 /// `$Db`, registered under the names given, and the fixture's
 /// [`TxHandlers`].
 #[allow(unused_macros)]
 macro_rules! handlers {
     (
         $Db:ident, tx: $Tx:ident, store: $store:tt,
-        names: { deduct: $deduct:tt, unencodable: $unencodable:tt, refund: $refund:tt $(,)? } $(,)?
+        names: {
+            deduct: $deduct:tt, unencodable: $unencodable:tt, refund: $refund:tt,
+            reserve: $reserve:tt, flaky: $flaky:tt, unknown: $unknown:tt $(,)?
+        } $(,)?
     ) => {
         mod tx_handlers {
             use super::$Db;
+            use crate::common::ops::{OpsError, Reserve};
             use crate::common::tx::{self, Deducted, OrderPlaced, Refund, Unencodable};
             use crate::common::{AppError, Probe};
             use idem_runtime::{$Tx, idempotent};
@@ -368,6 +455,42 @@ macro_rules! handlers {
                 db: &$Db,
             ) -> Result<(), AppError> {
                 tx::refund_body(&mut **tx, msg, probe, db).await
+            }
+
+            #[idempotent(
+                key = "msg.order_id",
+                ttl = "1h",
+                store = $store,
+                name = $reserve,
+                fingerprint = "msg.sku + msg.qty + msg.price + msg.note"
+            )]
+            pub(crate) async fn reserve(
+                tx: &mut $Tx<'_>,
+                msg: &Reserve,
+                probe: &Probe,
+                db: &$Db,
+            ) -> Result<i64, OpsError> {
+                tx::reserve_body(&mut **tx, msg, probe, db).await
+            }
+
+            #[idempotent(key = "msg.order_id", ttl = "1h", store = $store, name = $flaky, max_attempts = 5)]
+            pub(crate) async fn flaky(
+                tx: &mut $Tx<'_>,
+                msg: &Reserve,
+                probe: &Probe,
+                db: &$Db,
+            ) -> Result<i64, OpsError> {
+                tx::flaky_body(&mut **tx, msg, probe, db).await
+            }
+
+            #[idempotent(key = "msg.order_id", ttl = "1h", store = $store, name = $unknown)]
+            pub(crate) async fn unknown_sku(
+                tx: &mut $Tx<'_>,
+                msg: &Reserve,
+                probe: &Probe,
+                db: &$Db,
+            ) -> Result<i64, OpsError> {
+                tx::unknown_sku_body(&mut **tx, msg, probe, db).await
             }
         }
 
@@ -402,6 +525,37 @@ macro_rules! handlers {
                 probe: &crate::common::Probe,
             ) -> impl std::future::Future<Output = crate::common::tx::Delivered<()>> + Send {
                 tx_handlers::refund(&self.store, msg, probe, self)
+            }
+
+            const RESERVE: &'static str = $reserve;
+            const FLAKY: &'static str = $flaky;
+            const UNKNOWN: &'static str = $unknown;
+
+            fn reserve(
+                &self,
+                store: &Self::Store,
+                msg: &crate::common::ops::Reserve,
+                probe: &crate::common::Probe,
+            ) -> impl std::future::Future<Output = crate::common::ops::Settled<i64>> + Send {
+                tx_handlers::reserve(store, msg, probe, self)
+            }
+
+            fn flaky(
+                &self,
+                store: &Self::Store,
+                msg: &crate::common::ops::Reserve,
+                probe: &crate::common::Probe,
+            ) -> impl std::future::Future<Output = crate::common::ops::Settled<i64>> + Send {
+                tx_handlers::flaky(store, msg, probe, self)
+            }
+
+            fn unknown_sku(
+                &self,
+                store: &Self::Store,
+                msg: &crate::common::ops::Reserve,
+                probe: &crate::common::Probe,
+            ) -> impl std::future::Future<Output = crate::common::ops::Settled<i64>> + Send {
+                tx_handlers::unknown_sku(store, msg, probe, self)
             }
         }
     };
@@ -904,6 +1058,9 @@ macro_rules! suite {
             none_key_part_is_key_missing_and_the_body_does_not_run,
             handler_runs_on_a_store_built_from_the_applications_pool,
             delivery_waiting_on_an_open_first_delivery_gives_up_at_the_lock_timeout,
+            deliveries_with_another_payload_are_mismatches,
+            failures_are_counted_exactly_under_16_concurrent_consumers,
+            a_final_error_rolls_back_and_is_replayed,
         }
     };
 }

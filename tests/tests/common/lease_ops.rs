@@ -1,0 +1,321 @@
+//! The lease suite's scenarios about failures and payloads (payload
+//! fingerprints, attempt limits, final errors), with their handlers; listed
+//! in [`scenarios!`](super::lease::scenarios) with the others, so they run
+//! on every lease store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_runtime::store::Status;
+use idem_runtime::{Error, Outcome, idempotent};
+
+use super::lease::{Effects, LeaseFixture};
+use super::ops::{Ends, OpsError, Reserve, Settled, redeliver};
+use super::{Probe, together};
+
+/// The body of the handlers below: counts its run, waits a little (so that
+/// concurrent deliveries overlap), applies the effect, and returns `qty`.
+async fn reserve_body(
+    msg: &Reserve,
+    probe: &Probe,
+    effects: &dyn Effects,
+) -> Result<i64, OpsError> {
+    probe.hit();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    effects.apply(&msg.order_id).await?;
+    Ok(msg.qty)
+}
+
+#[idempotent(
+    key = "msg.order_id",
+    ttl = "1h",
+    lease = "1h",
+    store = "memory",
+    name = "lease_reserve",
+    fingerprint = "msg.sku + msg.qty + msg.price + msg.note"
+)]
+pub(crate) async fn reserve(
+    msg: &Reserve,
+    probe: &Probe,
+    effects: &dyn Effects,
+) -> Result<i64, OpsError> {
+    reserve_body(msg, probe, effects).await
+}
+
+#[idempotent(
+    key = "order_id",
+    ttl = "1h",
+    lease = "1h",
+    store = "memory",
+    name = "lease_reserve_whole",
+    fingerprint = "*"
+)]
+pub(crate) async fn reserve_whole(msg: &Reserve) -> Result<i64, OpsError> {
+    Ok(msg.qty)
+}
+
+/// A body that always fails with an error that may pass.
+#[idempotent(
+    key = "msg.order_id",
+    ttl = "1h",
+    lease = "1h",
+    store = "memory",
+    name = "lease_flaky",
+    max_attempts = 5
+)]
+pub(crate) async fn flaky(msg: &Reserve, probe: &Probe) -> Result<i64, OpsError> {
+    let run = probe.hit();
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    Err(OpsError::Unavailable(format!(
+        "run {run} for {}",
+        msg.order_id
+    )))
+}
+
+/// A body that refuses its SKU for good, and fails otherwise (the error
+/// is final only for `sku == "ghost"`).
+#[idempotent(
+    key = "msg.order_id",
+    ttl = "1h",
+    lease = "1h",
+    store = "memory",
+    name = "lease_unknown"
+)]
+pub(crate) async fn unknown_sku(msg: &Reserve, probe: &Probe) -> Result<i64, OpsError> {
+    probe.hit();
+    if msg.sku == "ghost" {
+        Err(OpsError::UnknownSku(msg.sku.clone()))
+    } else {
+        Err(OpsError::Unavailable("try later".into()))
+    }
+}
+
+/// Concurrent deliveries of one key, half with another payload: the body
+/// runs once; deliveries with the first payload get its outcome, the
+/// others `PayloadMismatch`, never the outcome and never a run.
+pub(crate) async fn deliveries_with_another_payload_are_mismatches_and_run_nothing<
+    F: LeaseFixture,
+>(
+    fx: Arc<F>,
+) {
+    const N: usize = 24;
+    let probe = Probe::new();
+    let payload = |i: usize| {
+        if i % 2 == 0 {
+            Reserve::new("r-1", "apple", 2, 9.5)
+        } else {
+            Reserve::new("r-1", "apple", 2, 9.75)
+        }
+    };
+    let results = together(N, |i| {
+        let (fx, probe, msg) = (Arc::clone(&fx), Arc::clone(&probe), payload(i));
+        async move {
+            let settled: Settled<i64> =
+                redeliver(false, || reserve(fx.store(), &msg, &probe, &*fx)).await;
+            (i, settled)
+        }
+    })
+    .await;
+    assert_eq!(probe.runs(), 1, "the body ran once");
+    assert_eq!(fx.effects("r-1").await, 1);
+    let record = fx.record("lease_reserve", &payload(0).key()).await.unwrap();
+    assert_eq!(record.status, Status::Completed);
+    let winner_fingerprint = record
+        .fingerprint
+        .clone()
+        .expect("the record holds its payload's fingerprint");
+    let winner = results
+        .iter()
+        .find(|(_, r)| matches!(r, Ok(Outcome::Executed(_))))
+        .map(|(i, _)| i % 2)
+        .expect("one delivery executed");
+    for (i, r) in &results {
+        match r {
+            Ok(Outcome::Executed(2)) | Ok(Outcome::Duplicate(2)) if i % 2 == winner => {}
+            Err(Error::PayloadMismatch {
+                handler,
+                key,
+                recorded,
+                given,
+            }) if i % 2 != winner => {
+                assert_eq!((*handler, key.as_str()), ("lease_reserve", "3:r-1"));
+                assert_eq!(recorded, &winner_fingerprint);
+                assert_ne!(given, recorded);
+            }
+            other => panic!("delivery {i} (payload {}): {other:?}", i % 2),
+        }
+    }
+    let ends = Ends::of(results.into_iter().map(|(_, r)| r));
+    assert_eq!(
+        (ends.executed, ends.duplicate, ends.mismatch),
+        (1, N / 2 - 1, N / 2),
+        "{ends:?}"
+    );
+
+    // A `None` part is a value of the fingerprint like any other.
+    let mut noted = Reserve::new("r-1", "apple", 2, 9.5);
+    noted.note = Some("gift".into());
+    let expected_mismatch = winner == 0;
+    let out = reserve(fx.store(), &noted, &probe, &*fx).await;
+    assert!(matches!(out, Err(Error::PayloadMismatch { .. })), "{out:?}");
+    assert!(expected_mismatch || probe.runs() == 1);
+
+    // The whole message as the fingerprint.
+    let whole = Reserve::new("r-2", "pear", 1, 3.0);
+    assert_eq!(
+        reserve_whole(fx.store(), &whole).await.unwrap(),
+        Outcome::Executed(1)
+    );
+    assert_eq!(
+        reserve_whole(fx.store(), &whole).await.unwrap(),
+        Outcome::Duplicate(1)
+    );
+    let mut changed = whole.clone();
+    changed.note = Some("changed".into());
+    assert!(matches!(
+        reserve_whole(fx.store(), &changed).await,
+        Err(Error::PayloadMismatch { .. })
+    ));
+}
+
+/// Sixteen consumers deliver one key whose body always fails, each
+/// redelivering until it is told to stop: the body runs exactly
+/// `max_attempts` times, every consumer ends with `Exhausted`, and the
+/// record holds the count and the last error. A later delivery does not
+/// run the body either.
+pub(crate) async fn failures_are_counted_exactly_under_16_concurrent_consumers<F: LeaseFixture>(
+    fx: Arc<F>,
+) {
+    const CONSUMERS: usize = 16;
+    let probe = Probe::new();
+    let msg = Reserve::new("f-1", "apple", 1, 1.0);
+    let results = together(CONSUMERS, |_| {
+        let (fx, probe, msg) = (Arc::clone(&fx), Arc::clone(&probe), msg.clone());
+        async move { redeliver(true, || flaky(fx.store(), &msg, &probe)).await }
+    })
+    .await;
+    assert_eq!(probe.runs(), 5, "the body ran max_attempts times");
+    for r in &results {
+        match r {
+            Err(Error::Exhausted {
+                handler,
+                failures,
+                last_error,
+                ..
+            }) => {
+                assert_eq!((*handler, *failures), ("lease_flaky", 5));
+                assert_eq!(
+                    last_error.as_deref(),
+                    Some("warehouse unavailable: run 5 for f-1")
+                );
+            }
+            other => panic!("every consumer is told the key is exhausted: {other:?}"),
+        }
+    }
+    let record = fx.record("lease_flaky", &msg.key()).await.unwrap();
+    assert_eq!(
+        (record.status, record.failures, record.attempts),
+        (Status::Retry, 5, 5),
+        "{record:?}"
+    );
+    assert_eq!(
+        record.last_error.as_deref(),
+        Some("warehouse unavailable: run 5 for f-1")
+    );
+    let again = flaky(fx.store(), &msg, &probe).await;
+    assert!(
+        matches!(again, Err(Error::Exhausted { failures: 5, .. })),
+        "{again:?}"
+    );
+    assert_eq!(probe.runs(), 5);
+}
+
+/// A final error is recorded like an outcome and replayed to every later
+/// delivery, decoded, without a run; an error that may pass records
+/// nothing (the handler counts no failures) and the next delivery runs.
+pub(crate) async fn a_final_error_is_recorded_and_replayed<F: LeaseFixture>(fx: Arc<F>) {
+    let probe = Probe::new();
+    let ghost = Reserve::new("u-1", "ghost", 1, 1.0);
+    match unknown_sku(fx.store(), &ghost, &probe).await {
+        Err(Error::Failed {
+            error, replayed, ..
+        }) => {
+            assert_eq!(error, OpsError::UnknownSku("ghost".into()));
+            assert!(!replayed);
+        }
+        other => panic!("a final error: {other:?}"),
+    }
+    let record = fx.record("lease_unknown", &ghost.key()).await.unwrap();
+    assert_eq!(
+        (record.status, record.outcome.as_deref(), record.failures),
+        (Status::Failed, Some(r#"{"UnknownSku":"ghost"}"#), 1)
+    );
+    assert_eq!(record.last_error.as_deref(), Some("unknown SKU ghost"));
+    let replays = together(8, |_| {
+        let (fx, probe, msg) = (Arc::clone(&fx), Arc::clone(&probe), ghost.clone());
+        async move { unknown_sku(fx.store(), &msg, &probe).await }
+    })
+    .await;
+    for r in replays {
+        match r {
+            Err(Error::Failed {
+                error, replayed, ..
+            }) => {
+                assert_eq!(error, OpsError::UnknownSku("ghost".into()));
+                assert!(replayed);
+            }
+            other => panic!("the recorded error comes back: {other:?}"),
+        }
+    }
+    assert_eq!(probe.runs(), 1, "replays do not run the body");
+
+    // Not final: nothing recorded, the redelivery runs.
+    let busy = Reserve::new("u-2", "apple", 1, 1.0);
+    for run in 2..=3 {
+        assert!(matches!(
+            unknown_sku(fx.store(), &busy, &probe).await,
+            Err(Error::Handler { .. })
+        ));
+        assert_eq!(probe.runs(), run);
+    }
+    assert!(fx.record("lease_unknown", &busy.key()).await.is_none());
+}
+
+/// A claim whose lease ran out (its consumer stopped inside the body)
+/// counts as a failure of the key: with `max_attempts = 5`, four failures
+/// and one stalled consumer exhaust it.
+pub(crate) async fn a_claim_whose_lease_ran_out_counts_as_a_failure<F: LeaseFixture>(fx: Arc<F>) {
+    use idem_runtime::{Claim, LeaseStore};
+    let probe = Probe::new();
+    let msg = Reserve::new("s-1", "apple", 1, 1.0);
+    for _ in 0..4 {
+        assert!(matches!(
+            flaky(fx.store(), &msg, &probe).await,
+            Err(Error::Handler { .. })
+        ));
+    }
+    // A consumer claims and stops: its lease runs out.
+    let spec = idem_runtime::registry::find("lease_flaky").unwrap();
+    let Claim::Acquired { .. } = fx.store().claim(spec, &msg.key(), None).await.unwrap() else {
+        panic!("the fifth delivery claims the key");
+    };
+    fx.run_out_lease("lease_flaky", &msg.key()).await;
+    match flaky(fx.store(), &msg, &probe).await {
+        // The takeover counted the stalled claim: five failures.
+        Err(Error::Exhausted {
+            failures,
+            last_error,
+            ..
+        }) => {
+            assert_eq!(failures, 5);
+            assert_eq!(
+                last_error.as_deref(),
+                Some(idem_runtime::store::LEASE_RAN_OUT)
+            );
+        }
+        // A store that deletes a claim when its lease runs out keeps its
+        // count for the ttl instead (Redis): the record says so.
+        other => panic!("the stalled claim counts: {other:?}"),
+    }
+    assert_eq!(probe.runs(), 4);
+}

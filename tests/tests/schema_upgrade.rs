@@ -1,0 +1,439 @@
+//! Upgrading the dedup table of the first release in place, on every SQL
+//! store: a table created by that release's `migrate()` (its DDL is kept
+//! verbatim in `tests/fixtures/schema_v1/`) and filled as that release
+//! filled it is migrated by many stores at once while the first release
+//! goes on writing to it. Afterwards every record is there, reads as "no
+//! failure, no fingerprint", and still suppresses its duplicates; the first
+//! release's writes still work (a rolling deploy); and a call on a table
+//! nobody migrated is refused with advice, not run.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_runtime::registry::{HandlerSpec, Mode};
+use idem_runtime::store::sql::SCHEMA_VERSION;
+use idem_runtime::store::{Record, Status};
+use idem_runtime::{
+    Claim, Key, LeaseStore, MySqlStore, PgStore, SqliteStore, Standing, StoreError,
+};
+use idem_tests::{DropMySqlTables, DropTables, mysql_url, or_skip, pg_url, unique_table};
+use tokio::sync::Barrier;
+
+static SPEC: HandlerSpec = HandlerSpec {
+    name: "upgrade_points",
+    function: "upgrade_points",
+    key: "id",
+    ttl: Duration::from_secs(3_600),
+    lease: Duration::from_secs(60),
+    store: "sqlite",
+    mode: Mode::Lease,
+    module: module_path!(),
+    file: file!(),
+    line: line!(),
+    fingerprint: None,
+    max_attempts: None,
+};
+
+/// How many stores migrate the table at the same time.
+const MIGRATORS: usize = 6;
+/// Records the first release wrote before the upgrade: completed ones,
+/// then claims in progress.
+const COMPLETED: usize = 200;
+const IN_PROGRESS: usize = 40;
+/// Records the first release writes while the upgrade runs.
+const DURING: usize = 150;
+
+fn now_ms() -> i64 {
+    i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
+}
+
+fn key(i: usize) -> Key {
+    Key::from_parts(&[&format!("m-{i}")]).unwrap()
+}
+
+/// A record as the first release wrote it.
+struct OldRow {
+    key: String,
+    status: &'static str,
+    token: Option<String>,
+    outcome: Option<String>,
+    expires_at: i64,
+}
+
+impl OldRow {
+    fn completed(i: usize) -> OldRow {
+        OldRow {
+            key: key(i).as_str().to_owned(),
+            status: "completed",
+            token: None,
+            outcome: Some(format!("{{\"granted\":{i}}}")),
+            expires_at: now_ms() + 3_600_000,
+        }
+    }
+
+    fn in_progress(i: usize) -> OldRow {
+        OldRow {
+            key: key(i).as_str().to_owned(),
+            status: "in_progress",
+            token: Some(uuid::Uuid::new_v4().simple().to_string()),
+            outcome: None,
+            expires_at: now_ms() + 60_000,
+        }
+    }
+}
+
+/// One SQL store's side of the scenario.
+trait OldTable: Send + Sync + 'static {
+    /// A store of this release on the table (its own pool each time).
+    type Store: LeaseStore;
+    fn store(&self) -> impl Future<Output = Self::Store> + Send;
+    fn migrate(store: &Self::Store) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn schema_version(
+        store: &Self::Store,
+    ) -> impl Future<Output = Result<Option<u32>, StoreError>> + Send;
+    fn record(
+        store: &Self::Store,
+        key: &Key,
+    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+    fn count(store: &Self::Store) -> impl Future<Output = Result<i64, StoreError>> + Send;
+    /// Creates the table with the first release's DDL.
+    fn create_v1(&self) -> impl Future<Output = ()> + Send;
+    /// Writes `row` with the first release's column list.
+    fn insert_v1(&self, row: OldRow) -> impl Future<Output = ()> + Send;
+}
+
+async fn upgrade_under_load<T: OldTable>(old: Arc<T>) {
+    old.create_v1().await;
+    for i in 0..COMPLETED {
+        old.insert_v1(OldRow::completed(i)).await;
+    }
+    for i in COMPLETED..COMPLETED + IN_PROGRESS {
+        old.insert_v1(OldRow::in_progress(i)).await;
+    }
+    let store = old.store().await;
+    assert_eq!(T::schema_version(&store).await.unwrap(), Some(1));
+
+    // This release, before anyone migrated: refused with advice.
+    let err = store.claim(&SPEC, &key(0), None).await.unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Schema(m) if m.contains("migrate()")),
+        "{err}"
+    );
+
+    // Many stores migrate at once while the first release writes on.
+    let barrier = Arc::new(Barrier::new(MIGRATORS + 1));
+    let mut migrators = Vec::new();
+    for _ in 0..MIGRATORS {
+        let store = old.store().await;
+        let barrier = Arc::clone(&barrier);
+        migrators.push(tokio::spawn(async move {
+            barrier.wait().await;
+            T::migrate(&store).await
+        }));
+    }
+    let writer = {
+        let old = Arc::clone(&old);
+        let barrier = Arc::clone(&barrier);
+        tokio::spawn(async move {
+            barrier.wait().await;
+            let first = COMPLETED + IN_PROGRESS;
+            for i in first..first + DURING {
+                old.insert_v1(OldRow::completed(i)).await;
+            }
+        })
+    };
+    for m in migrators {
+        m.await.unwrap().expect("every concurrent migrate succeeds");
+    }
+    writer.await.unwrap();
+
+    assert_eq!(
+        T::schema_version(&store).await.unwrap(),
+        Some(SCHEMA_VERSION)
+    );
+    let total = COMPLETED + IN_PROGRESS + DURING;
+    assert_eq!(T::count(&store).await.unwrap(), total as i64);
+
+    // Every record kept its meaning and suppresses its duplicates.
+    for i in (0..COMPLETED).chain(COMPLETED + IN_PROGRESS..total) {
+        let record = T::record(&store, &key(i)).await.unwrap().unwrap();
+        assert_eq!(
+            (
+                record.status,
+                record.attempts,
+                record.failures,
+                record.last_error.as_deref(),
+                record.fingerprint.as_deref()
+            ),
+            (Status::Completed, 1, 0, None, None),
+            "{i}"
+        );
+        assert_eq!(
+            store.claim(&SPEC, &key(i), None).await.unwrap(),
+            Claim::Refused(Standing::Completed {
+                outcome: format!("{{\"granted\":{i}}}")
+            }),
+            "record {i} suppresses its duplicate"
+        );
+    }
+    for i in COMPLETED..COMPLETED + IN_PROGRESS {
+        match store.claim(&SPEC, &key(i), None).await.unwrap() {
+            Claim::Refused(Standing::InProgress { retry_after }) => {
+                assert!(retry_after <= SPEC.lease, "{i}: {retry_after:?}")
+            }
+            other => panic!("the first release's live claim {i} holds: {other:?}"),
+        }
+    }
+
+    // The first release still writes after the upgrade, and this one
+    // runs new keys.
+    old.insert_v1(OldRow::completed(total)).await;
+    assert!(matches!(
+        store.claim(&SPEC, &key(total), None).await.unwrap(),
+        Claim::Refused(Standing::Completed { .. })
+    ));
+    let Claim::Acquired { token } = store.claim(&SPEC, &key(total + 1), None).await.unwrap() else {
+        panic!("a new key is claimed");
+    };
+    assert!(
+        store
+            .complete(&SPEC, &key(total + 1), &token, "1")
+            .await
+            .unwrap()
+    );
+
+    // Migrating again is a no-op.
+    T::migrate(&store).await.unwrap();
+    assert_eq!(T::count(&store).await.unwrap(), total as i64 + 2);
+}
+
+// ---------------------------------------------------------------------------
+// SQLite
+
+struct SqliteOld {
+    file: PathBuf,
+    table: String,
+    pool: sqlx::SqlitePool,
+    _dir: tempfile::TempDir,
+}
+
+impl SqliteOld {
+    async fn new() -> SqliteOld {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("idem.db");
+        // The first release's store opened the file (WAL, busy timeout).
+        let store = SqliteStore::open(&file).await.unwrap();
+        SqliteOld {
+            file,
+            table: "idem_keys".to_owned(),
+            pool: store.pool().clone(),
+            _dir: dir,
+        }
+    }
+}
+
+impl OldTable for SqliteOld {
+    type Store = SqliteStore;
+
+    async fn store(&self) -> SqliteStore {
+        SqliteStore::open(&self.file)
+            .await
+            .unwrap()
+            .with_table(&self.table)
+            .unwrap()
+    }
+    async fn migrate(store: &SqliteStore) -> Result<(), StoreError> {
+        store.migrate().await
+    }
+    async fn schema_version(store: &SqliteStore) -> Result<Option<u32>, StoreError> {
+        store.schema_version().await
+    }
+    async fn record(store: &SqliteStore, key: &Key) -> Result<Option<Record>, StoreError> {
+        store.record(SPEC.name, key).await
+    }
+    async fn count(store: &SqliteStore) -> Result<i64, StoreError> {
+        store.count().await
+    }
+    async fn create_v1(&self) {
+        let ddl = include_str!("../fixtures/schema_v1/sqlite.sql").replace("{t}", &self.table);
+        sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+    async fn insert_v1(&self, row: OldRow) {
+        let now = now_ms();
+        let sql = format!(
+            "INSERT INTO {} (handler, key, status, token, outcome, attempts, created_at, updated_at, expires_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6, ?6, ?7)",
+            self.table
+        );
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(SPEC.name)
+            .bind(&row.key)
+            .bind(row.status)
+            .bind(&row.token)
+            .bind(&row.outcome)
+            .bind(now)
+            .bind(row.expires_at)
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_upgrades_a_first_release_table_under_load() {
+    upgrade_under_load(Arc::new(SqliteOld::new().await)).await;
+}
+
+// ---------------------------------------------------------------------------
+// PostgreSQL
+
+struct PgOld {
+    table: String,
+    pool: sqlx::PgPool,
+    _drop: DropTables,
+}
+
+impl OldTable for PgOld {
+    type Store = PgStore;
+
+    async fn store(&self) -> PgStore {
+        PgStore::connect(&pg_url())
+            .await
+            .unwrap()
+            .with_table(&self.table)
+            .unwrap()
+    }
+    async fn migrate(store: &PgStore) -> Result<(), StoreError> {
+        store.migrate().await
+    }
+    async fn schema_version(store: &PgStore) -> Result<Option<u32>, StoreError> {
+        store.schema_version().await
+    }
+    async fn record(store: &PgStore, key: &Key) -> Result<Option<Record>, StoreError> {
+        store.record(SPEC.name, key).await
+    }
+    async fn count(store: &PgStore) -> Result<i64, StoreError> {
+        store.count().await
+    }
+    async fn create_v1(&self) {
+        let ddl = include_str!("../fixtures/schema_v1/postgres.sql").replace("{t}", &self.table);
+        sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+    async fn insert_v1(&self, row: OldRow) {
+        let now = now_ms();
+        let sql = format!(
+            "INSERT INTO {} (handler, key, status, token, outcome, attempts, created_at, updated_at, expires_at)
+             VALUES ($1, $2, $3, $4, $5, 1, $6, $6, $7)",
+            self.table
+        );
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(SPEC.name)
+            .bind(&row.key)
+            .bind(row.status)
+            .bind(&row.token)
+            .bind(&row.outcome)
+            .bind(now)
+            .bind(row.expires_at)
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_upgrades_a_first_release_table_under_load() {
+    let pool = or_skip!(idem_tests::pg_pool(4).await);
+    let table = unique_table("upgrade");
+    let old = PgOld {
+        _drop: DropTables::new(&[&table]),
+        table,
+        pool,
+    };
+    upgrade_under_load(Arc::new(old)).await;
+}
+
+// ---------------------------------------------------------------------------
+// MySQL / MariaDB
+
+struct MySqlOld {
+    table: String,
+    pool: sqlx::MySqlPool,
+    _drop: DropMySqlTables,
+}
+
+impl OldTable for MySqlOld {
+    type Store = MySqlStore;
+
+    async fn store(&self) -> MySqlStore {
+        MySqlStore::connect(&mysql_url())
+            .await
+            .unwrap()
+            .with_table(&self.table)
+            .unwrap()
+    }
+    async fn migrate(store: &MySqlStore) -> Result<(), StoreError> {
+        store.migrate().await
+    }
+    async fn schema_version(store: &MySqlStore) -> Result<Option<u32>, StoreError> {
+        store.schema_version().await
+    }
+    async fn record(store: &MySqlStore, key: &Key) -> Result<Option<Record>, StoreError> {
+        store.record(SPEC.name, key).await
+    }
+    async fn count(store: &MySqlStore) -> Result<i64, StoreError> {
+        store.count().await
+    }
+    async fn create_v1(&self) {
+        let ddl = include_str!("../fixtures/schema_v1/mysql.sql").replace("{t}", &self.table);
+        sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+    async fn insert_v1(&self, row: OldRow) {
+        let now = now_ms();
+        let sql = format!(
+            "INSERT INTO {} (handler, `key`, status, token, outcome, attempts, created_at, updated_at, expires_at)
+             VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?)",
+            self.table
+        );
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(SPEC.name)
+            .bind(&row.key)
+            .bind(row.status)
+            .bind(&row.token)
+            .bind(&row.outcome)
+            .bind(now)
+            .bind(now)
+            .bind(row.expires_at)
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_upgrades_a_first_release_table_under_load() {
+    let pool = or_skip!(idem_tests::mysql_pool(4, 5).await);
+    let table = unique_table("upgrade");
+    let old = MySqlOld {
+        _drop: DropMySqlTables::new(&[&table]),
+        table,
+        pool,
+    };
+    upgrade_under_load(Arc::new(old)).await;
+}
