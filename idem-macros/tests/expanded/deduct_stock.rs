@@ -28,6 +28,10 @@ async fn deduct_stock(
         __IDEM_SPEC
     }
     let __idem_codec = ::idem_runtime::__private::codec::<StockLeft>();
+    let __idem_errors = ::idem_runtime::__private::error_codec!(AppError);
+    let __idem_fingerprint: ::idem_runtime::__private::Option<
+        ::idem_runtime::__private::String,
+    > = ::idem_runtime::__private::Option::None;
     let __idem_key: ::idem_runtime::__private::Key = {
         use ::idem_runtime::__private::{AnyProbe as _, FloatProbe as _};
         let mut __idem_builder = ::idem_runtime::__private::KeyBuilder::new();
@@ -57,7 +61,14 @@ async fn deduct_stock(
         _,
         StockLeft,
         AppError,
-    >(store, &__IDEM_SPEC, &__idem_key, __idem_codec)
+    >(
+            store,
+            &__IDEM_SPEC,
+            &__idem_key,
+            __idem_fingerprint.as_deref(),
+            __idem_codec,
+            __idem_errors,
+        )
         .await
     {
         ::idem_runtime::__private::Result::Ok(
@@ -105,6 +116,15 @@ async fn deduct_stock(
         _,
         StockLeft,
         AppError,
-    >(store, &__IDEM_SPEC, &__idem_key, __idem_codec, __idem_call, __idem_result)
+    >(
+            store,
+            &__IDEM_SPEC,
+            &__idem_key,
+            __idem_fingerprint.as_deref(),
+            __idem_codec,
+            __idem_errors,
+            __idem_call,
+            __idem_result,
+        )
         .await
 }
