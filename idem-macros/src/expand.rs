@@ -156,11 +156,14 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
 
     let output = output(&p, &ok_ty, &err_ty, via_trait.then_some(ret_ty));
 
+    // The error codec, written out rather than through a `macro_rules!` of
+    // the runtime: inside a macro's expansion, an error type that is not
+    // one (`<Option<u64> as HandlerResult>::Err`) would be reported on the
+    // whole attribute instead of the written return type.
     let make_codec = quote_spanned! {ok_span=>
         let #codec = #p_ok::codec::<#ok_ty>();
-        let #errors = #p::error_codec!(#err_ty);
-        let #fingerprint: #p::Option<#p::String> = #p::Option::None;
     };
+    let make_errors = error_codec(h.err_ty.as_ref(), ret_ty, &p, &errors);
 
     quote! {
         #(#attrs)*
@@ -188,7 +191,9 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
             };
             #p::inventory::submit! { #spec }
             #make_codec
+            #make_errors
             let #key: #p::Key = #derive_key;
+            let #fingerprint: #p::Option<#p::String> = #p::Option::None;
             #call
         }
     }
@@ -318,6 +323,61 @@ fn static_lifetimes(ty: &Type) -> Type {
     let mut ty = ty.clone();
     syn::visit_mut::VisitMut::visit_type_mut(&mut Static, &mut ty);
     ty
+}
+
+/// `let errors = ErrorCodec::<E>::new(idem_final, idem_text)`, the lookups
+/// of `__private` made on `E` (see there). Where `E` is named only through
+/// `HandlerResult`, each expression that names it is spanned from the
+/// written type's first token to its last, as `around` does, so that a
+/// return type that is no `Result` is reported once, on that type.
+fn error_codec(
+    err_ty: Option<&Type>,
+    ret_ty: &Type,
+    p: &TokenStream,
+    errors: &Ident,
+) -> TokenStream {
+    let (first, last) = ends(ret_ty);
+    // `before E after`
+    let with_err = |before: TokenStream, after: TokenStream| match err_ty {
+        Some(t) => quote!(#before #t #after),
+        None => around(
+            quote!(#before <),
+            ret_ty,
+            quote!(as #p::HandlerResult>::Err #after),
+        ),
+    };
+    // `(&ErrorProbe::<E>::new()).method()`
+    let lookup = |method: &str| {
+        let probe = with_err(quote!(#p::ErrorProbe::<), quote!(>::new()));
+        let mut receiver =
+            proc_macro2::Group::new(proc_macro2::Delimiter::Parenthesis, quote!(&#probe));
+        let method = Ident::new(method, Span::call_site());
+        match err_ty {
+            Some(_) => quote!(#receiver.#method()),
+            None => {
+                receiver.set_span(first);
+                let call = respan(quote!(.#method()), last);
+                quote!(#receiver #call)
+            }
+        }
+    };
+    let idem_final = lookup("idem_final");
+    let idem_text = lookup("idem_text");
+    let new = with_err(quote!(#p::ErrorCodec::<), quote!(>::new));
+    let mut args = proc_macro2::Group::new(
+        proc_macro2::Delimiter::Parenthesis,
+        quote!(#idem_final, #idem_text),
+    );
+    if err_ty.is_none() {
+        args.set_span(last);
+    }
+    quote! {
+        let #errors = {
+            #[allow(unused_imports)]
+            use #p::{DisplayText as _, FinalErrors as _, NoFinalErrors as _, NoText as _};
+            #new #args
+        };
+    }
 }
 
 /// The key derivation: one `part` call per field path, spanned on the key

@@ -28,10 +28,18 @@ async fn deduct_stock(
         __IDEM_SPEC
     }
     let __idem_codec = ::idem_runtime::__private::codec::<StockLeft>();
-    let __idem_errors = ::idem_runtime::__private::error_codec!(AppError);
-    let __idem_fingerprint: ::idem_runtime::__private::Option<
-        ::idem_runtime::__private::String,
-    > = ::idem_runtime::__private::Option::None;
+    let __idem_errors = {
+        #[allow(unused_imports)]
+        use ::idem_runtime::__private::{
+            DisplayText as _, FinalErrors as _, NoFinalErrors as _, NoText as _,
+        };
+        ::idem_runtime::__private::ErrorCodec::<
+            AppError,
+        >::new(
+            (&::idem_runtime::__private::ErrorProbe::<AppError>::new()).idem_final(),
+            (&::idem_runtime::__private::ErrorProbe::<AppError>::new()).idem_text(),
+        )
+    };
     let __idem_key: ::idem_runtime::__private::Key = {
         use ::idem_runtime::__private::{AnyProbe as _, FloatProbe as _};
         let mut __idem_builder = ::idem_runtime::__private::KeyBuilder::new();
@@ -57,6 +65,9 @@ async fn deduct_stock(
         }
         __idem_builder.finish()
     };
+    let __idem_fingerprint: ::idem_runtime::__private::Option<
+        ::idem_runtime::__private::String,
+    > = ::idem_runtime::__private::Option::None;
     let mut __idem_call = match ::idem_runtime::__private::tx_begin::<
         _,
         StockLeft,
