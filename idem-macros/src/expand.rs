@@ -11,7 +11,9 @@ use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Ident, Type};
 
-use crate::valid::{Handler, KeyTerm, StoreArg, StoreRef, Stub, mut_referent};
+use crate::valid::{
+    Fingerprint, Handler, KeyTerm, StoreArg, StoreRef, Stub, mut_referent, unparenthesized,
+};
 
 pub(crate) fn expand(h: &Handler) -> TokenStream {
     let rt = &h.krate;
@@ -164,6 +166,25 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
         let #codec = #p_ok::codec::<#ok_ty>();
     };
     let make_errors = error_codec(h.err_ty.as_ref(), ret_ty, &p, &errors);
+    // A handler without `fingerprint` computes nothing.
+    let fingerprint_value = match &h.fingerprint {
+        Some(f) => {
+            let value = fingerprint_value(f, &p);
+            quote!(#p::Option::Some(#value))
+        }
+        None => quote!(#p::Option::None),
+    };
+    let fingerprint_text = match &h.fingerprint {
+        Some(f) => {
+            let text = &f.text;
+            quote!(::core::option::Option::Some(#text))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+    let max_attempts = match h.max_attempts {
+        Some(n) => quote!(::core::option::Option::Some(#n)),
+        None => quote!(::core::option::Option::None),
+    };
 
     quote! {
         #(#attrs)*
@@ -186,14 +207,14 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
                 module: ::core::module_path!(),
                 file: ::core::file!(),
                 line: ::core::line!(),
-                fingerprint: ::core::option::Option::None,
-                max_attempts: ::core::option::Option::None,
+                fingerprint: #fingerprint_text,
+                max_attempts: #max_attempts,
             };
             #p::inventory::submit! { #spec }
             #make_codec
             #make_errors
             let #key: #p::Key = #derive_key;
-            let #fingerprint: #p::Option<#p::String> = #p::Option::None;
+            let #fingerprint: #p::Option<#p::String> = #fingerprint_value;
             #call
         }
     }
@@ -286,16 +307,6 @@ fn store_checks<'a>(
         #(#misplaced)*
     };
     (param, checks)
-}
-
-/// `(T)` as `T`: a parenthesized type turbofished as it is would draw
-/// `unused_parens`.
-fn unparenthesized(ty: &Type) -> &Type {
-    match ty {
-        Type::Paren(p) => unparenthesized(&p.elem),
-        Type::Group(g) => unparenthesized(&g.elem),
-        other => other,
-    }
 }
 
 /// Whether `ty` holds `impl Trait` anywhere.
@@ -407,6 +418,34 @@ fn derive_key(h: &Handler, p: &TokenStream, spec: &Ident) -> TokenStream {
         #(#parts)*
         #builder.finish()
     }}
+}
+
+/// The fingerprint's digest: `fingerprint(&(part, part, ...))`, each part
+/// passed through `fingerprint_part` (which requires `Serialize`) spanned on
+/// the literal, so a part serde cannot write is one error there; for `*`,
+/// `fingerprint(msg)`. Always a tuple for parts, even of one, so that the
+/// digest of `qty` is that of the JSON array `[qty]`.
+fn fingerprint_value(f: &Fingerprint, p: &TokenStream) -> TokenStream {
+    let span = f.span;
+    let digest = respan(quote!(#p::fingerprint), span);
+    let check = respan(quote!(#p::fingerprint_part), span);
+    let parts = f.parts.iter().map(|part| {
+        let root = &part.root;
+        let fields = &part.fields;
+        // The parentheses end the expression, so its span is the
+        // literal's, not one reaching to the parameter's name.
+        let access = if part.deref {
+            quote_spanned!(span=> &*(#root))
+        } else {
+            quote_spanned!(span=> &(#root) #(.#fields)*)
+        };
+        quote_spanned!(span=> #check(#access))
+    });
+    if f.whole {
+        quote_spanned!(span=> #digest(#(#parts)*))
+    } else {
+        quote_spanned!(span=> #digest(&(#(#parts,)*)))
+    }
 }
 
 /// Binds the key parameter inside the body through the runtime's `IdemKey`,
