@@ -709,14 +709,14 @@ fn fingerprint(cx: &mut Ctxt, lit: &LitStr, params: &[Param], method: bool) -> O
                     let quoted: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
                     let example = match names.as_slice() {
                         [a, b, ..] => format!(
-                            ": each message whole (fingerprint = \"{a} + {b}\") or the fields that matter (fingerprint = \"{a}.qty + {b}.tenant\")"
+                            ": each message whole (fingerprint = \"{a} + {b}\") or the fields that matter (fingerprint = \"{a}.<field> + {b}.<field>\")"
                         ),
                         _ => String::new(),
                     };
                     cx.error_spanned_by(
                         lit,
                         format!(
-                            "fingerprint = \"*\" is ambiguous: this handler takes {} messages ({}), and `*` is one; name the parts to fingerprint{example}",
+                            "fingerprint = \"*\" is ambiguous: `*` is the message, and this handler takes {} ({}); name the parts to fingerprint{example}",
                             several.len(),
                             list(&quoted, "and")
                         ),
@@ -1079,7 +1079,7 @@ fn max_attempts(cx: &mut Ctxt, expr: &syn::Expr) -> Option<u32> {
             let value = text.value();
             match value.trim().parse::<u32>() {
                 Ok(n) if n > 0 => format!(
-                    "`max_attempts` takes an integer, not a string: write it without quotes, max_attempts = {n}"
+                    "`max_attempts` takes an integer, not a string: write it without quotes: max_attempts = {n}"
                 ),
                 _ => "`max_attempts` takes an integer, not a string: write it without quotes, e.g. max_attempts = 5".to_owned(),
             }
