@@ -4,6 +4,8 @@
 //! * [`parse_key`] reads a key expression: `part (+ part)*`, where a part is a
 //!   field path (`order_id`, `order.id`, `items.0`) or a quoted constant
 //!   (`'deduct'`).
+//! * [`parse_fingerprint`] reads a payload fingerprint: parts in the key's
+//!   grammar, or `*` for the whole message.
 //! * [`parse_duration`] reads a duration: `90s`, `30m`, `24h`, `7d`, `250ms`,
 //!   `1h30m`.
 //!
@@ -391,11 +393,84 @@ impl fmt::Display for KeyExpr {
 /// assert!(parse_key("order_id +").is_err());
 /// ```
 pub fn parse_key(input: &str) -> Result<KeyExpr, ParseError> {
-    let mut p = KeyParser { input, pos: 0 };
+    parse_parts(input, Noun::Key)
+}
+
+/// A parsed payload fingerprint: what must not change between deliveries
+/// of one key.
+///
+/// # Examples
+///
+/// ```
+/// use idem_grammar::{parse_fingerprint, FingerprintExpr};
+///
+/// assert_eq!(parse_fingerprint(" * ").unwrap(), FingerprintExpr::Message);
+/// let FingerprintExpr::Parts(parts) = parse_fingerprint("qty+price").unwrap() else { unreachable!() };
+/// assert_eq!(parts.to_string(), "qty + price");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FingerprintExpr {
+    /// `*`: the whole message.
+    Message,
+    /// Parts in the key's grammar, e.g. `qty + price`.
+    Parts(KeyExpr),
+}
+
+/// Parses a payload fingerprint: `*` for the whole message, or parts in the
+/// grammar of [`parse_key`] (`qty + price`, `order.lines`). Errors name the
+/// fingerprint rather than the key.
+///
+/// # Examples
+///
+/// ```
+/// use idem_grammar::{parse_fingerprint, FingerprintExpr};
+///
+/// assert_eq!(parse_fingerprint("*").unwrap(), FingerprintExpr::Message);
+/// assert!(matches!(parse_fingerprint("lines.0 + price").unwrap(), FingerprintExpr::Parts(p) if p.parts.len() == 2));
+/// assert!(parse_fingerprint("").unwrap_err().message.contains("the fingerprint is empty"));
+/// assert!(parse_fingerprint("qty + *").unwrap_err().message.contains("stands alone"));
+/// ```
+pub fn parse_fingerprint(input: &str) -> Result<FingerprintExpr, ParseError> {
+    if input.trim() == "*" {
+        return Ok(FingerprintExpr::Message);
+    }
+    parse_parts(input, Noun::Fingerprint).map(FingerprintExpr::Parts)
+}
+
+/// What an expression of parts is, for the words of its errors.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Noun {
+    Key,
+    Fingerprint,
+}
+
+impl Noun {
+    fn as_str(self) -> &'static str {
+        match self {
+            Noun::Key => "key",
+            Noun::Fingerprint => "fingerprint",
+        }
+    }
+}
+
+fn parse_parts(input: &str, noun: Noun) -> Result<KeyExpr, ParseError> {
+    let mut p = KeyParser {
+        input,
+        pos: 0,
+        noun,
+    };
+    let what = noun.as_str();
     p.skip_ws();
     if p.at_end() {
         return Err(ParseError::new(
-            "the key is empty: name the message fields that identify it, e.g. key = \"order_id\" or key = \"order_id + sku\"",
+            match noun {
+                Noun::Key => {
+                    "the key is empty: name the message fields that identify it, e.g. key = \"order_id\" or key = \"order_id + sku\""
+                }
+                Noun::Fingerprint => {
+                    "the fingerprint is empty: name the message fields that must not change between deliveries of one key, e.g. fingerprint = \"qty + price\", or write fingerprint = \"*\" for the whole message"
+                }
+            },
             0..input.len(),
         ));
     }
@@ -414,7 +489,7 @@ pub fn parse_key(input: &str) -> Result<KeyExpr, ParseError> {
             p.skip_ws();
             if p.at_end() {
                 return Err(ParseError::new(
-                    "dangling `+`: add a key part after it or remove it",
+                    format!("dangling `+`: add a {what} part after it or remove it"),
                     plus..plus + 1,
                 ));
             }
@@ -423,7 +498,7 @@ pub fn parse_key(input: &str) -> Result<KeyExpr, ParseError> {
             let end = next_char_end(input, start);
             return Err(ParseError::new(
                 format!(
-                    "expected `+` between key parts, found `{}`",
+                    "expected `+` between {what} parts, found `{}`",
                     &input[start..end]
                 ),
                 start..end,
@@ -436,6 +511,7 @@ pub fn parse_key(input: &str) -> Result<KeyExpr, ParseError> {
 struct KeyParser<'a> {
     input: &'a str,
     pos: usize,
+    noun: Noun,
 }
 
 impl KeyParser<'_> {
@@ -458,12 +534,13 @@ impl KeyParser<'_> {
     }
 
     fn part(&mut self, first: bool) -> Result<Part, ParseError> {
+        let what = self.noun.as_str();
         match self.peek_char() {
             Some('\'') => self.constant(),
             Some('"') => {
                 let start = self.pos;
                 Err(ParseError::new(
-                    "constants in a key use single quotes, e.g. 'deduct'",
+                    format!("constants in a {what} use single quotes, e.g. 'deduct'"),
                     start..start + 1,
                 ))
             }
@@ -471,10 +548,17 @@ impl KeyParser<'_> {
                 let start = self.pos;
                 Err(ParseError::new(
                     if first {
-                        "the key starts with `+`: write a key part before it"
+                        format!("the {what} starts with `+`: write a {what} part before it")
                     } else {
-                        "two `+` in a row: write a key part between them"
+                        format!("two `+` in a row: write a {what} part between them")
                     },
+                    start..start + 1,
+                ))
+            }
+            Some('*') if self.noun == Noun::Fingerprint => {
+                let start = self.pos;
+                Err(ParseError::new(
+                    "`*` stands alone: fingerprint = \"*\" is the whole message; to fingerprint some of it, name its fields, e.g. fingerprint = \"qty + price\"",
                     start..start + 1,
                 ))
             }
@@ -503,7 +587,10 @@ impl KeyParser<'_> {
                     }
                     _ => {
                         return Err(ParseError::new(
-                            "in a key constant, `\\` escapes only `'` and `\\`",
+                            format!(
+                                "in a {} constant, `\\` escapes only `'` and `\\`",
+                                self.noun.as_str()
+                            ),
                             self.pos - 1..self.pos,
                         ));
                     }
@@ -513,7 +600,10 @@ impl KeyParser<'_> {
         }
         if value.is_empty() {
             return Err(ParseError::new(
-                "an empty constant '' adds nothing to the key: remove it or write some text",
+                format!(
+                    "an empty constant '' adds nothing to the {}: remove it or write some text",
+                    self.noun.as_str()
+                ),
                 start..self.pos,
             ));
         }
@@ -562,7 +652,8 @@ impl KeyParser<'_> {
             let found = &self.input[start..end];
             return Err(ParseError::new(
                 format!(
-                    "expected a field name or a quoted constant, found `{found}`: key parts are field paths such as `order.id` or constants such as 'deduct', joined by `+`"
+                    "expected a field name or a quoted constant, found `{found}`: {} parts are field paths such as `order.id` or constants such as 'deduct', joined by `+`",
+                    self.noun.as_str()
                 ),
                 start..end,
             ));
@@ -687,10 +778,47 @@ mod tests {
         assert!(key_err(r"'a\n'").contains("escapes only"));
     }
 
+    fn fingerprint_err(s: &str) -> String {
+        parse_fingerprint(s).unwrap_err().message
+    }
+
+    #[test]
+    fn fingerprints() {
+        assert_eq!(parse_fingerprint("*").unwrap(), FingerprintExpr::Message);
+        assert_eq!(
+            parse_fingerprint("  *\t").unwrap(),
+            FingerprintExpr::Message
+        );
+        assert_eq!(
+            parse_fingerprint("qty+price.0").unwrap(),
+            FingerprintExpr::Parts(parse_key("qty+price.0").unwrap())
+        );
+    }
+
+    #[test]
+    fn fingerprint_errors() {
+        assert!(fingerprint_err("").contains("the fingerprint is empty"));
+        assert!(fingerprint_err(" ").contains("fingerprint = \"*\""));
+        assert!(fingerprint_err("qty +").contains("add a fingerprint part"));
+        assert!(fingerprint_err("qty price").contains("between fingerprint parts"));
+        assert!(fingerprint_err("* + qty").contains("`*` stands alone"));
+        assert!(fingerprint_err("qty + *").contains("`*` stands alone"));
+        assert!(fingerprint_err("**").contains("`*` stands alone"));
+        assert!(fingerprint_err("\"x\"").contains("constants in a fingerprint"));
+        // the key's own messages are unchanged
+        assert!(key_err("*").contains("key parts are field paths"));
+        assert!(key_err("a +").contains("add a key part"));
+    }
+
     proptest::proptest! {
         #[test]
         fn parse_key_never_panics(s in "\\PC{0,40}") {
             let _ = parse_key(&s);
+        }
+
+        #[test]
+        fn parse_fingerprint_never_panics(s in "[ *+.'a-z0-9]{0,20}|\\PC{0,40}") {
+            let _ = parse_fingerprint(&s);
         }
 
         #[test]

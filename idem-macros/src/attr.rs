@@ -1,7 +1,7 @@
 //! Parsing the attribute's arguments: `key = "...", ttl = "...", ...`.
 //!
-//! Each argument is kept with its keyword token so that a repeat is reported
-//! on the repeat, and with its literal so that later errors point at it.
+//! Each argument is kept with its literal so that later errors point at it;
+//! a repeat is reported on the repeated keyword.
 
 use proc_macro2::TokenStream;
 use quote::ToTokens;
@@ -16,9 +16,12 @@ mod kw {
     syn::custom_keyword!(store);
     syn::custom_keyword!(name);
     syn::custom_keyword!(lease);
+    syn::custom_keyword!(fingerprint);
+    syn::custom_keyword!(max_attempts);
 }
 
-const VALID: &str = "`key`, `ttl`, `store`, `name`, `lease` or `crate`";
+const VALID: &str =
+    "`key`, `ttl`, `store`, `name`, `lease`, `fingerprint`, `max_attempts` or `crate`";
 
 /// The arguments as written. `None` where an argument is absent.
 #[derive(Default)]
@@ -28,6 +31,10 @@ pub(crate) struct Args {
     pub(crate) store: Option<LitStr>,
     pub(crate) name: Option<LitStr>,
     pub(crate) lease: Option<LitStr>,
+    pub(crate) fingerprint: Option<LitStr>,
+    /// An integer literal, checked by `valid`; kept as an expression so that
+    /// a string, a float or a sign is reported with advice there.
+    pub(crate) max_attempts: Option<syn::Expr>,
     pub(crate) krate: Option<LitStr>,
     /// Arguments written but already reported (a value that is not a string
     /// literal, a misspelled name): not to be reported as missing too.
@@ -38,22 +45,46 @@ pub(crate) struct Args {
 }
 
 impl Args {
+    /// The slot of an argument that takes a string literal.
+    fn slot(&mut self, label: &str) -> &mut Option<LitStr> {
+        match label {
+            "key" => &mut self.key,
+            "ttl" => &mut self.ttl,
+            "store" => &mut self.store,
+            "name" => &mut self.name,
+            "lease" => &mut self.lease,
+            "fingerprint" => &mut self.fingerprint,
+            _ => &mut self.krate,
+        }
+    }
+
     /// Whether `label` is absent and should be reported as missing: not when
     /// an error about it was reported already, nor after a syntax error.
     pub(crate) fn is_missing(&self, label: &str) -> bool {
         let given = match label {
-            "key" => &self.key,
-            "ttl" => &self.ttl,
-            "store" => &self.store,
-            "name" => &self.name,
-            "lease" => &self.lease,
-            _ => &self.krate,
+            "key" => self.key.is_some(),
+            "ttl" => self.ttl.is_some(),
+            "store" => self.store.is_some(),
+            "name" => self.name.is_some(),
+            "lease" => self.lease.is_some(),
+            "fingerprint" => self.fingerprint.is_some(),
+            "max_attempts" => self.max_attempts.is_some(),
+            _ => self.krate.is_some(),
         };
-        given.is_none() && !self.unreadable && !self.reported.contains(&label)
+        !given && !self.unreadable && !self.reported.contains(&label)
     }
 }
 
-const NAMES: &[&str] = &["key", "ttl", "store", "name", "lease", "crate"];
+const NAMES: &[&str] = &[
+    "key",
+    "ttl",
+    "store",
+    "name",
+    "lease",
+    "fingerprint",
+    "max_attempts",
+    "crate",
+];
 
 /// Parses the arguments, recording every problem in `cx`; what parsed is kept.
 pub(crate) fn parse(cx: &mut Ctxt, tokens: TokenStream) -> Args {
@@ -63,24 +94,30 @@ pub(crate) fn parse(cx: &mut Ctxt, tokens: TokenStream) -> Args {
         while !input.is_empty() {
             let lookahead = input.lookahead1();
             let name_span = input.span();
-            let (slot, label): (&mut Option<LitStr>, &'static str) = if lookahead.peek(kw::key) {
+            let label: &'static str = if lookahead.peek(kw::key) {
                 input.parse::<kw::key>()?;
-                (&mut args.key, "key")
+                "key"
             } else if lookahead.peek(kw::ttl) {
                 input.parse::<kw::ttl>()?;
-                (&mut args.ttl, "ttl")
+                "ttl"
             } else if lookahead.peek(kw::store) {
                 input.parse::<kw::store>()?;
-                (&mut args.store, "store")
+                "store"
             } else if lookahead.peek(kw::name) {
                 input.parse::<kw::name>()?;
-                (&mut args.name, "name")
+                "name"
             } else if lookahead.peek(kw::lease) {
                 input.parse::<kw::lease>()?;
-                (&mut args.lease, "lease")
+                "lease"
+            } else if lookahead.peek(kw::fingerprint) {
+                input.parse::<kw::fingerprint>()?;
+                "fingerprint"
+            } else if lookahead.peek(kw::max_attempts) {
+                input.parse::<kw::max_attempts>()?;
+                "max_attempts"
             } else if lookahead.peek(Token![crate]) {
                 input.parse::<Token![crate]>()?;
-                (&mut args.krate, "crate")
+                "crate"
             } else if input.peek(LitStr) {
                 let value: LitStr = input.parse()?;
                 errors.push(syn::Error::new(
@@ -122,16 +159,39 @@ pub(crate) fn parse(cx: &mut Ctxt, tokens: TokenStream) -> Args {
                     format!("expected `=` after `{label}`, as in {}", example(label)),
                 )
             })?;
-            if input.peek(LitStr) {
+            let twice =
+                || syn::Error::new(name_span, format!("`{label}` is given twice: keep one"));
+            if label == "max_attempts" {
+                // Any expression: `valid` says what to write instead of a
+                // string, a float or a sign.
+                let value: syn::Expr = input.parse()?;
+                if args.max_attempts.is_some() {
+                    errors.push(twice());
+                } else {
+                    args.max_attempts = Some(value);
+                }
+            } else if input.peek(LitStr) {
                 let value: LitStr = input.parse()?;
+                let slot = args.slot(label);
                 if slot.is_some() {
-                    errors.push(syn::Error::new(
-                        name_span,
-                        format!("`{label}` is given twice: keep one"),
-                    ));
+                    errors.push(twice());
                 } else {
                     *slot = Some(value);
                 }
+            } else if label == "fingerprint"
+                && input.peek(Token![*])
+                && (input.peek2(Token![,]) || {
+                    let fork = input.fork();
+                    fork.parse::<Token![*]>().is_ok() && fork.is_empty()
+                })
+            {
+                // `*` is no expression: say what to write before syn fails.
+                let star: Token![*] = input.parse()?;
+                errors.push(syn::Error::new(
+                    star.span,
+                    "`fingerprint` takes a string literal: write fingerprint = \"*\" for the whole message",
+                ));
+                args.reported.push(label);
             } else {
                 // Report the value and go on: the argument is not missing.
                 let span = input.span();
@@ -208,6 +268,7 @@ pub(crate) fn distance(a: &str, b: &str) -> usize {
 fn quoting_fits(label: &str, written: &str) -> bool {
     match label {
         "key" => idem_grammar::parse_key(written).is_ok(),
+        "fingerprint" => idem_grammar::parse_fingerprint(written).is_ok(),
         "ttl" | "lease" => idem_grammar::parse_duration(written).is_ok(),
         _ => syn::parse_str::<syn::Ident>(written).is_ok(),
     }
@@ -220,6 +281,8 @@ fn example(label: &str) -> &'static str {
         "store" => "store = \"sqlite\"",
         "name" => "name = \"deduct_stock\"",
         "lease" => "lease = \"30s\"",
+        "fingerprint" => "fingerprint = \"qty + price\"",
+        "max_attempts" => "max_attempts = 5",
         _ => "crate = \"my_idem\"",
     }
 }

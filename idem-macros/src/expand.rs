@@ -11,7 +11,9 @@ use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Ident, Type};
 
-use crate::valid::{Handler, KeyTerm, StoreArg, StoreRef, Stub, mut_referent};
+use crate::valid::{
+    Fingerprint, Handler, KeyTerm, StoreArg, StoreRef, Stub, mut_referent, unparenthesized,
+};
 
 pub(crate) fn expand(h: &Handler) -> TokenStream {
     let rt = &h.krate;
@@ -156,10 +158,32 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
 
     let output = output(&p, &ok_ty, &err_ty, via_trait.then_some(ret_ty));
 
+    // The error codec, written out rather than through a `macro_rules!` of
+    // the runtime: inside a macro's expansion, an error type that is not
+    // one (`<Option<u64> as HandlerResult>::Err`) would be reported on the
+    // whole attribute instead of the written return type.
     let make_codec = quote_spanned! {ok_span=>
         let #codec = #p_ok::codec::<#ok_ty>();
-        let #errors = #p::error_codec!(#err_ty);
-        let #fingerprint: #p::Option<#p::String> = #p::Option::None;
+    };
+    let make_errors = error_codec(h.err_ty.as_ref(), ret_ty, &p, &errors);
+    // A handler without `fingerprint` computes nothing.
+    let fingerprint_value = match &h.fingerprint {
+        Some(f) => {
+            let value = fingerprint_value(f, &p);
+            quote!(#p::Option::Some(#value))
+        }
+        None => quote!(#p::Option::None),
+    };
+    let fingerprint_text = match &h.fingerprint {
+        Some(f) => {
+            let text = &f.text;
+            quote!(::core::option::Option::Some(#text))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+    let max_attempts = match h.max_attempts {
+        Some(n) => quote!(::core::option::Option::Some(#n)),
+        None => quote!(::core::option::Option::None),
     };
 
     quote! {
@@ -183,12 +207,14 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
                 module: ::core::module_path!(),
                 file: ::core::file!(),
                 line: ::core::line!(),
-                fingerprint: ::core::option::Option::None,
-                max_attempts: ::core::option::Option::None,
+                fingerprint: #fingerprint_text,
+                max_attempts: #max_attempts,
             };
             #p::inventory::submit! { #spec }
             #make_codec
+            #make_errors
             let #key: #p::Key = #derive_key;
+            let #fingerprint: #p::Option<#p::String> = #fingerprint_value;
             #call
         }
     }
@@ -283,16 +309,6 @@ fn store_checks<'a>(
     (param, checks)
 }
 
-/// `(T)` as `T`: a parenthesized type turbofished as it is would draw
-/// `unused_parens`.
-fn unparenthesized(ty: &Type) -> &Type {
-    match ty {
-        Type::Paren(p) => unparenthesized(&p.elem),
-        Type::Group(g) => unparenthesized(&g.elem),
-        other => other,
-    }
-}
-
 /// Whether `ty` holds `impl Trait` anywhere.
 fn holds_impl_trait(ty: &Type) -> bool {
     struct Finder(bool);
@@ -318,6 +334,61 @@ fn static_lifetimes(ty: &Type) -> Type {
     let mut ty = ty.clone();
     syn::visit_mut::VisitMut::visit_type_mut(&mut Static, &mut ty);
     ty
+}
+
+/// `let errors = ErrorCodec::<E>::new(idem_final, idem_text)`, the lookups
+/// of `__private` made on `E` (see there). Where `E` is named only through
+/// `HandlerResult`, each expression that names it is spanned from the
+/// written type's first token to its last, as `around` does, so that a
+/// return type that is no `Result` is reported once, on that type.
+fn error_codec(
+    err_ty: Option<&Type>,
+    ret_ty: &Type,
+    p: &TokenStream,
+    errors: &Ident,
+) -> TokenStream {
+    let (first, last) = ends(ret_ty);
+    // `before E after`
+    let with_err = |before: TokenStream, after: TokenStream| match err_ty {
+        Some(t) => quote!(#before #t #after),
+        None => around(
+            quote!(#before <),
+            ret_ty,
+            quote!(as #p::HandlerResult>::Err #after),
+        ),
+    };
+    // `(&ErrorProbe::<E>::new()).method()`
+    let lookup = |method: &str| {
+        let probe = with_err(quote!(#p::ErrorProbe::<), quote!(>::new()));
+        let mut receiver =
+            proc_macro2::Group::new(proc_macro2::Delimiter::Parenthesis, quote!(&#probe));
+        let method = Ident::new(method, Span::call_site());
+        match err_ty {
+            Some(_) => quote!(#receiver.#method()),
+            None => {
+                receiver.set_span(first);
+                let call = respan(quote!(.#method()), last);
+                quote!(#receiver #call)
+            }
+        }
+    };
+    let idem_final = lookup("idem_final");
+    let idem_text = lookup("idem_text");
+    let new = with_err(quote!(#p::ErrorCodec::<), quote!(>::new));
+    let mut args = proc_macro2::Group::new(
+        proc_macro2::Delimiter::Parenthesis,
+        quote!(#idem_final, #idem_text),
+    );
+    if err_ty.is_none() {
+        args.set_span(last);
+    }
+    quote! {
+        let #errors = {
+            #[allow(unused_imports)]
+            use #p::{DisplayText as _, FinalErrors as _, NoFinalErrors as _, NoText as _};
+            #new #args
+        };
+    }
 }
 
 /// The key derivation: one `part` call per field path, spanned on the key
@@ -347,6 +418,34 @@ fn derive_key(h: &Handler, p: &TokenStream, spec: &Ident) -> TokenStream {
         #(#parts)*
         #builder.finish()
     }}
+}
+
+/// The fingerprint's digest: `fingerprint(&(part, part, ...))`, each part
+/// passed through `fingerprint_part` (which requires `Serialize`) spanned on
+/// the literal, so a part serde cannot write is one error there; for `*`,
+/// `fingerprint(msg)`. Always a tuple for parts, even of one, so that the
+/// digest of `qty` is that of the JSON array `[qty]`.
+fn fingerprint_value(f: &Fingerprint, p: &TokenStream) -> TokenStream {
+    let span = f.span;
+    let digest = respan(quote!(#p::fingerprint), span);
+    let check = respan(quote!(#p::fingerprint_part), span);
+    let parts = f.parts.iter().map(|part| {
+        let root = &part.root;
+        let fields = &part.fields;
+        // The parentheses end the expression, so its span is the
+        // literal's, not one reaching to the parameter's name.
+        let access = if part.deref {
+            quote_spanned!(span=> &*(#root))
+        } else {
+            quote_spanned!(span=> &(#root) #(.#fields)*)
+        };
+        quote_spanned!(span=> #check(#access))
+    });
+    if f.whole {
+        quote_spanned!(span=> #digest(#(#parts)*))
+    } else {
+        quote_spanned!(span=> #digest(&(#(#parts,)*)))
+    }
 }
 
 /// Binds the key parameter inside the body through the runtime's `IdemKey`,

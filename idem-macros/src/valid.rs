@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use idem_grammar::{Part, Segment};
+use idem_grammar::{FingerprintExpr, KeyExpr, Part, Segment};
 use proc_macro2::Span;
 use syn::{FnArg, GenericArgument, Ident, ItemFn, LitStr, Pat, PathArguments, ReturnType, Type};
 
@@ -53,6 +53,27 @@ pub(crate) enum KeyTerm {
     Const(String),
 }
 
+/// The `fingerprint` argument, ready to generate.
+pub(crate) struct Fingerprint {
+    /// As written, for the handler's registry entry.
+    pub(crate) text: String,
+    /// The literal's span: where a part that serde cannot write is reported.
+    pub(crate) span: Span,
+    /// `*`: the message itself, not a tuple of parts.
+    pub(crate) whole: bool,
+    pub(crate) parts: Vec<FingerprintTerm>,
+}
+
+/// One part of a fingerprint: `root.seg.seg`, or a parameter itself.
+pub(crate) struct FingerprintTerm {
+    pub(crate) root: Ident,
+    /// Spanned on the literal.
+    pub(crate) fields: Vec<syn::Member>,
+    /// A parameter itself, taken by reference: fingerprinted through the
+    /// reference, so that an error names the message's type.
+    pub(crate) deref: bool,
+}
+
 /// The whole model of one handler.
 pub(crate) struct Handler {
     pub(crate) func: ItemFn,
@@ -64,6 +85,10 @@ pub(crate) struct Handler {
     pub(crate) ttl: Duration,
     pub(crate) lease: Duration,
     pub(crate) store: StoreArg,
+    /// What must not change between deliveries of one key.
+    pub(crate) fingerprint: Option<Fingerprint>,
+    /// How many failed deliveries of one key are allowed.
+    pub(crate) max_attempts: Option<u32>,
     /// The transaction parameter, in transaction mode.
     pub(crate) tx_param: Option<syn::PatType>,
     /// The `&Key` parameter, if the body reads its key.
@@ -143,26 +168,23 @@ pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Checked {
     };
 
     let result_types = return_types(cx, &sig.output, &sig.ident);
+    let max_attempts = args.max_attempts.as_ref().and_then(|e| max_attempts(cx, e));
 
-    // The names the key's paths start with: a parameter the key reads from
-    // is a message, whatever its type is called.
+    // The names the key's and the fingerprint's paths start with: a
+    // parameter they read from is a message, whatever its type is called.
     let key_roots: Vec<String> = args
         .key
         .as_ref()
         .and_then(|lit| idem_grammar::parse_key(&lit.value()).ok())
-        .map(|expr| {
-            expr.parts
-                .iter()
-                .filter_map(|p| match p {
-                    Part::Path { segments, .. } => match segments.first() {
-                        Some(Segment::Field(f)) => Some(f.clone()),
-                        _ => None,
-                    },
-                    Part::Const { .. } => None,
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+        .into_iter()
+        .chain(args.fingerprint.as_ref().and_then(|lit| {
+            match idem_grammar::parse_fingerprint(&lit.value()) {
+                Ok(FingerprintExpr::Parts(expr)) => Some(expr),
+                _ => None,
+            }
+        }))
+        .flat_map(|expr| roots(&expr))
+        .collect();
     let sig_parts = params(
         cx,
         func,
@@ -198,6 +220,10 @@ pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Checked {
         .key
         .as_ref()
         .and_then(|lit| key(cx, lit, &messages, sig_parts.receiver.is_some()));
+    let fingerprint = args
+        .fingerprint
+        .as_ref()
+        .map(|lit| fingerprint(cx, lit, &messages, sig_parts.receiver.is_some()));
 
     let stub = Stub {
         func: func.clone(),
@@ -222,6 +248,14 @@ pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Checked {
             ttl: ttl?,
             lease: lease?,
             store: store?,
+            fingerprint: match fingerprint {
+                Some(checked) => Some(checked?),
+                None => None,
+            },
+            max_attempts: match &args.max_attempts {
+                Some(_) => Some(max_attempts?),
+                None => None,
+            },
             tx_param: sig_parts.tx_param,
             key_param: sig_parts.key_param,
             receiver: sig_parts.receiver,
@@ -598,6 +632,20 @@ fn params(cx: &mut Ctxt, func: &ItemFn, krate: &syn::Path, key_roots: &[String])
     parts
 }
 
+/// The first segments of the expression's paths.
+fn roots(expr: &KeyExpr) -> Vec<String> {
+    expr.parts
+        .iter()
+        .filter_map(|p| match p {
+            Part::Path { segments, .. } => match segments.first() {
+                Some(Segment::Field(f)) => Some(f.clone()),
+                _ => None,
+            },
+            Part::Const { .. } => None,
+        })
+        .collect()
+}
+
 fn key(cx: &mut Ctxt, lit: &LitStr, params: &[Param], method: bool) -> Option<Vec<KeyTerm>> {
     let text = lit.value();
     let expr = match idem_grammar::parse_key(&text) {
@@ -614,6 +662,141 @@ fn key(cx: &mut Ctxt, lit: &LitStr, params: &[Param], method: bool) -> Option<Ve
         );
         return None;
     }
+    terms(cx, lit, "key", &expr, params, method)
+}
+
+/// The `fingerprint` argument: `*` (the one message parameter), or paths
+/// read as the key's are. `None` once an error is recorded.
+fn fingerprint(cx: &mut Ctxt, lit: &LitStr, params: &[Param], method: bool) -> Option<Fingerprint> {
+    let text = lit.value();
+    let expr = match idem_grammar::parse_fingerprint(&text) {
+        Ok(e) => e,
+        Err(e) => {
+            cx.error_spanned_by(lit, format!("invalid `fingerprint`: {}", e.message));
+            return None;
+        }
+    };
+    let by_reference = |param: &Param| matches!(unparenthesized(&param.arg.ty), Type::Reference(_));
+    let expr = match expr {
+        FingerprintExpr::Message => {
+            let term = match params {
+                [] => {
+                    cx.error_spanned_by(
+                        lit,
+                        "fingerprint = \"*\" fingerprints the message, but the handler has no message parameter",
+                    );
+                    return None;
+                }
+                [only] => match &only.ident {
+                    Some(ident) => FingerprintTerm {
+                        root: ident.clone(),
+                        fields: Vec::new(),
+                        deref: by_reference(only),
+                    },
+                    None => {
+                        cx.error_spanned_by(
+                            &only.arg.pat,
+                            "the message parameter needs a plain name (e.g. `msg: &OrderPlaced`) for fingerprint = \"*\" to read it",
+                        );
+                        return None;
+                    }
+                },
+                several => {
+                    let names: Vec<String> = several
+                        .iter()
+                        .filter_map(|p| p.ident.as_ref().map(ToString::to_string))
+                        .collect();
+                    let quoted: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+                    let example = match names.as_slice() {
+                        [a, b, ..] => format!(
+                            ": each message whole (fingerprint = \"{a} + {b}\") or the fields that matter (fingerprint = \"{a}.<field> + {b}.<field>\")"
+                        ),
+                        _ => String::new(),
+                    };
+                    cx.error_spanned_by(
+                        lit,
+                        format!(
+                            "fingerprint = \"*\" is ambiguous: `*` is the message, and this handler takes {} ({}); name the parts to fingerprint{example}",
+                            several.len(),
+                            list(&quoted, "and")
+                        ),
+                    );
+                    return None;
+                }
+            };
+            return Some(Fingerprint {
+                text,
+                span: lit.span(),
+                whole: true,
+                parts: vec![term],
+            });
+        }
+        FingerprintExpr::Parts(expr) => expr,
+    };
+    // A constant is the same in every delivery: it would compare nothing.
+    let constants: Vec<String> = expr
+        .parts
+        .iter()
+        .filter(|p| matches!(p, Part::Const { .. }))
+        .map(ToString::to_string)
+        .collect();
+    if !constants.is_empty() {
+        cx.error_spanned_by(
+            lit,
+            format!(
+                "a fingerprint compares deliveries of one key, and a constant ({}) is the same in every delivery: remove it and name message fields, e.g. fingerprint = \"qty + price\"",
+                list(&constants, "and")
+            ),
+        );
+        return None;
+    }
+    let terms = terms(cx, lit, "fingerprint", &expr, params, method)?;
+    let parts = terms
+        .into_iter()
+        .filter_map(|term| match term {
+            KeyTerm::Path { root, fields, .. } => {
+                let deref = fields.is_empty()
+                    && params
+                        .iter()
+                        .any(|p| p.ident.as_ref() == Some(&root) && by_reference(p));
+                Some(FingerprintTerm {
+                    root,
+                    fields,
+                    deref,
+                })
+            }
+            KeyTerm::Const(_) => None,
+        })
+        .collect();
+    Some(Fingerprint {
+        text,
+        span: lit.span(),
+        whole: false,
+        parts,
+    })
+}
+
+/// `(T)` as `T`: a parenthesized type turbofished as it is would draw
+/// `unused_parens`.
+pub(crate) fn unparenthesized(ty: &Type) -> &Type {
+    match ty {
+        Type::Paren(p) => unparenthesized(&p.elem),
+        Type::Group(g) => unparenthesized(&g.elem),
+        other => other,
+    }
+}
+
+/// The terms of a key (`what` = "key") or fingerprint expression: each path
+/// resolved to a parameter and its fields, spanned on the literal. `None`
+/// once an error is recorded.
+fn terms(
+    cx: &mut Ctxt,
+    lit: &LitStr,
+    what: &str,
+    expr: &KeyExpr,
+    params: &[Param],
+    method: bool,
+) -> Option<Vec<KeyTerm>> {
     let names: Vec<String> = params
         .iter()
         .filter_map(|p| p.ident.as_ref().map(|i| i.to_string()))
@@ -662,7 +845,7 @@ fn key(cx: &mut Ctxt, lit: &LitStr, params: &[Param], method: bool) -> Option<Ve
             Some((0, "self")) if method => {
                 cx.error_spanned_by(
                     lit,
-                    format!("key part `{part_text}` is the receiver itself: name one of its fields, e.g. `self.tenant`"),
+                    format!("{what} part `{part_text}` is the receiver itself: name one of its fields, e.g. `self.tenant`"),
                 );
                 ok = false;
                 continue;
@@ -670,7 +853,7 @@ fn key(cx: &mut Ctxt, lit: &LitStr, params: &[Param], method: bool) -> Option<Ve
             Some((0, "self")) => {
                 cx.error_spanned_by(
                     lit,
-                    format!("key part `{part_text}` reads `self`, but this handler is not a method: start the path with a parameter's name"),
+                    format!("{what} part `{part_text}` reads `self`, but this handler is not a method: start the path with a parameter's name"),
                 );
                 ok = false;
                 continue;
@@ -679,7 +862,7 @@ fn key(cx: &mut Ctxt, lit: &LitStr, params: &[Param], method: bool) -> Option<Ve
                 cx.error_spanned_by(
                     lit,
                     format!(
-                        "key part `{part_text}`: `{word}` is a keyword and cannot be a field name"
+                        "{what} part `{part_text}`: `{word}` is a keyword and cannot be a field name"
                     ),
                 );
                 ok = false;
@@ -691,7 +874,7 @@ fn key(cx: &mut Ctxt, lit: &LitStr, params: &[Param], method: bool) -> Option<Ve
             [] => {
                 cx.error_spanned_by(
                     lit,
-                    format!("key part `{part_text}` names a field, but the handler has no message parameter to read it from"),
+                    format!("{what} part `{part_text}` names a field, but the handler has no message parameter to read it from"),
                 );
                 ok = false;
                 continue;
@@ -708,7 +891,7 @@ fn key(cx: &mut Ctxt, lit: &LitStr, params: &[Param], method: bool) -> Option<Ve
                 None => {
                     cx.error_spanned_by(
                         &only.arg.pat,
-                        "the message parameter needs a plain name (e.g. `msg: &OrderPlaced`) for the key to read its fields",
+                        format!("the message parameter needs a plain name (e.g. `msg: &OrderPlaced`) for the {what} to read its fields"),
                     );
                     ok = false;
                     continue;
@@ -730,11 +913,11 @@ fn key(cx: &mut Ctxt, lit: &LitStr, params: &[Param], method: bool) -> Option<Ve
                             let suggestions: Vec<String> =
                                 names.iter().map(|n| format!("`{n}.{part_text}`")).collect();
                             format!(
-                                "key part `{part_text}` is ambiguous: with several message parameters a key path starts with the parameter's name, e.g. {}",
+                                "{what} part `{part_text}` is ambiguous: with several message parameters a {what} path starts with the parameter's name, e.g. {}",
                                 suggestions.join(" or ")
                             )
                         } else {
-                            not_a_parameter(&part_text, segments, &names, &used_roots)
+                            not_a_parameter(what, &part_text, segments, &names, &used_roots)
                         };
                         cx.error_spanned_by(lit, message);
                         ok = false;
@@ -753,11 +936,12 @@ fn key(cx: &mut Ctxt, lit: &LitStr, params: &[Param], method: bool) -> Option<Ve
     ok.then_some(out)
 }
 
-/// The message for a key path whose first segment is no parameter: names
+/// The message for a path whose first segment is no parameter: names
 /// the parameters, and suggests the path with the nearest parameter's name
 /// in place of the first segment (by edit distance; of equally near ones,
 /// one that no other key part starts with yet).
 fn not_a_parameter(
+    what: &str,
     part_text: &str,
     segments: &[Segment],
     names: &[String],
@@ -774,7 +958,7 @@ fn not_a_parameter(
         )
     });
     let mut message = format!(
-        "key part `{part_text}` starts with `{first}`, but the handler has no parameter `{first}`: its parameters are {}",
+        "{what} part `{part_text}` starts with `{first}`, but the handler has no parameter `{first}`: its parameters are {}",
         list(&quoted, "and")
     );
     if let Some(n) = nearest {
@@ -808,5 +992,125 @@ fn member(segment: &Segment, span: Span) -> syn::Member {
             syn::Member::Named(ident)
         }
         Segment::Index(i) => syn::Member::Unnamed(syn::Index { index: *i, span }),
+    }
+}
+
+/// The `max_attempts` argument: an integer literal from 1 to `u32::MAX`.
+/// Anything else is reported on it, with what to write instead.
+fn max_attempts(cx: &mut Ctxt, expr: &syn::Expr) -> Option<u32> {
+    const MEANING: &str = "it is how many deliveries of one key may fail before the next one is refused with `Error::Exhausted` without running the body";
+    let expr = unparenthesized_expr(expr);
+    let message = match expr {
+        syn::Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Int(int),
+            ..
+        }) => {
+            let suffix = int.suffix();
+            let digits = int.base10_digits();
+            let value = int.base10_parse::<u128>().ok();
+            let fits_suffix = match (suffix, value) {
+                (_, None) => true,
+                ("u8", Some(v)) => v <= u128::from(u8::MAX),
+                ("i8", Some(v)) => v <= 127,
+                ("u16", Some(v)) => v <= u128::from(u16::MAX),
+                ("i16", Some(v)) => v <= 32_767,
+                ("i32", Some(v)) => v <= 2_147_483_647,
+                _ => true,
+            };
+            let integer_suffix = matches!(
+                suffix,
+                "" | "u8"
+                    | "u16"
+                    | "u32"
+                    | "u64"
+                    | "u128"
+                    | "usize"
+                    | "i8"
+                    | "i16"
+                    | "i32"
+                    | "i64"
+                    | "i128"
+                    | "isize"
+            );
+            match value.and_then(|v| u32::try_from(v).ok()) {
+                _ if !integer_suffix => format!(
+                    "`{int}` is not an integer: write max_attempts = {digits}"
+                ),
+                _ if !fits_suffix => format!(
+                    "`{int}` does not fit a `{suffix}`: write max_attempts = {digits}"
+                ),
+                Some(0) => format!(
+                    "`max_attempts` must be at least 1: {MEANING}, so 0 would refuse every delivery; write max_attempts = 1 or more, or remove it to let every delivery run"
+                ),
+                Some(n) => return Some(n),
+                None => format!(
+                    "`max_attempts = {digits}` is too large: it is a `u32`, at most {}; remove it to let every delivery run",
+                    u32::MAX
+                ),
+            }
+        }
+        syn::Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Float(float),
+            ..
+        }) => {
+            let value = float
+                .base10_parse::<f64>()
+                .ok()
+                .filter(|v| *v > 0.0 && *v <= f64::from(u32::MAX));
+            let advice = match value {
+                Some(v) if v.fract() == 0.0 => format!("write max_attempts = {v}"),
+                Some(v) if v < 1.0 => "write max_attempts = 1".to_owned(),
+                Some(v) => format!(
+                    "write max_attempts = {} or max_attempts = {}",
+                    v.floor(),
+                    v.ceil()
+                ),
+                None => "write e.g. max_attempts = 5".to_owned(),
+            };
+            format!(
+                "`max_attempts` counts deliveries, a whole number from 1 to {}: {advice}",
+                u32::MAX
+            )
+        }
+        syn::Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Str(text),
+            ..
+        }) => {
+            let value = text.value();
+            match value.trim().parse::<u32>() {
+                Ok(n) if n > 0 => format!(
+                    "`max_attempts` takes an integer, not a string: write it without quotes: max_attempts = {n}"
+                ),
+                _ => "`max_attempts` takes an integer, not a string: write it without quotes, e.g. max_attempts = 5".to_owned(),
+            }
+        }
+        syn::Expr::Unary(syn::ExprUnary {
+            op: syn::UnOp::Neg(_),
+            expr: operand,
+            ..
+        }) if matches!(
+            unparenthesized_expr(operand),
+            syn::Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Int(_) | syn::Lit::Float(_),
+                ..
+            })
+        ) =>
+        {
+            format!(
+                "`max_attempts` cannot be negative: {MEANING}; write a count of at least 1, e.g. max_attempts = 5"
+            )
+        }
+        _ => "`max_attempts` takes an integer literal, e.g. max_attempts = 5: the macro reads the count at compile time, so it cannot be a constant's name or an expression".to_owned(),
+    };
+    cx.error_spanned_by(expr, message);
+    None
+}
+
+/// `(e)` as `e`.
+fn unparenthesized_expr(expr: &syn::Expr) -> &syn::Expr {
+    match expr {
+        syn::Expr::Paren(p) => unparenthesized_expr(&p.expr),
+        syn::Expr::Group(g) => unparenthesized_expr(&g.expr),
+        other => other,
     }
 }

@@ -85,6 +85,7 @@ pub use idem_grammar::{format_duration, parse_duration};
 /// ```text
 /// #[idempotent(key = "order_id + sku", ttl = "24h", store = "sqlite")]
 /// #[idempotent(key = "message_id", ttl = "7d", store = "memory", lease = "30s", name = "points")]
+/// #[idempotent(key = "order_id", ttl = "1d", store = "postgres", fingerprint = "qty + price", max_attempts = 5)]
 /// ```
 ///
 /// | argument | meaning |
@@ -94,11 +95,36 @@ pub use idem_grammar::{format_duration, parse_duration};
 /// | `store` | a built-in store's name (`sqlite`, `postgres`, `mysql`, `redis`, `memory`) or the path of a store type of your own (`"crate::Ledger"`) |
 /// | `name` | the handler's namespace in the store; defaults to the function's name |
 /// | `lease` | lease mode: how long a claim may stay in progress before another consumer may take it over (default `30s`) |
+/// | `fingerprint` | what must not change between deliveries of one key: parts in the key's grammar (`qty + price`), of any `serde::Serialize` type, or `"*"` for the whole message; another payload under a recorded key is [`Error::PayloadMismatch`] |
+/// | `max_attempts` | an integer from 1 to `u32::MAX`: how many deliveries of one key may fail; the next one gets [`Error::Exhausted`] without running the body |
 /// | `crate` | the path of `idem_runtime` when it is renamed |
 ///
 /// The handler returns `Result<T, E>` or any alias of it (`io::Result<T>`,
 /// `AppResult<T>`, `type Handled = Result<u64, AppError>`); a return type
 /// that is not a `Result` is a compile error on that type.
+///
+/// # Payload fingerprint and attempts
+///
+/// `fingerprint = "qty + price"` compares deliveries of one key: the parts
+/// are read as the key's are (the same paths and roots, checked against the
+/// message's fields at compile time), but may be of any `serde::Serialize`
+/// type, floats included, and an `Option` part that is `None` is simply a
+/// value. `fingerprint = "*"` takes the whole message (a handler with
+/// several messages names its parts instead). The digest of the parts (see
+/// [`fingerprint()`](crate::fingerprint())) is recorded with the key; a
+/// delivery whose digest differs gets [`Error::PayloadMismatch`] and does
+/// not run the body: the same key named two different messages.
+///
+/// `max_attempts = N` counts a key's failed deliveries in its record (with
+/// the last error's text); after the `N`-th failure, every delivery of the
+/// key, until the ttl has run from that failure, gets [`Error::Exhausted`]
+/// without running the body.
+/// An error type that implements [`FinalError`] records its final errors
+/// whatever `max_attempts` says: they are replayed as [`Error::Failed`].
+///
+/// Both cost nothing to a handler that does not ask for them: without
+/// `fingerprint` nothing is serialized or hashed, and without `max_attempts`
+/// a failed delivery leaves nothing behind.
 ///
 /// # The key parameter
 ///
@@ -143,6 +169,47 @@ pub use idem_grammar::{format_duration, parse_duration};
 /// assert_eq!(sent, Outcome::Executed("sent to +15550100 with idempotency key 7:shipped|2:17".into()));
 /// assert!(notify(&store, &msg).await?.is_duplicate());
 /// # Ok(()) }
+/// ```
+///
+/// A fingerprint and an attempt limit: a redelivery with another price is
+/// refused, and a body that keeps failing runs twice at most:
+///
+/// ```standalone_crate
+/// use idem_runtime::{idempotent, Error, MemoryStore, Outcome};
+///
+/// #[derive(serde::Serialize)]
+/// struct OrderPlaced { order_id: u64, qty: u32, price: f64, coupon: Option<String> }
+///
+/// #[idempotent(key = "order_id", ttl = "1d", store = "memory", fingerprint = "qty + price")]
+/// async fn bill(msg: &OrderPlaced) -> Result<f64, std::io::Error> {
+///     Ok(f64::from(msg.qty) * msg.price)
+/// }
+///
+/// #[idempotent(key = "order_id", ttl = "1d", store = "memory", fingerprint = "*", max_attempts = 2)]
+/// async fn ship(msg: &OrderPlaced) -> Result<(), std::io::Error> {
+///     Err(std::io::Error::other("carrier down"))
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let store = MemoryStore::new();
+/// let msg = OrderPlaced { order_id: 7, qty: 2, price: 9.5, coupon: None };
+/// assert_eq!(bill(&store, &msg).await.unwrap(), Outcome::Executed(19.0));
+/// assert_eq!(bill(&store, &msg).await.unwrap(), Outcome::Duplicate(19.0));
+/// // the same key with another price: refused, the body does not run
+/// let repriced = OrderPlaced { price: 9.75, ..msg };
+/// assert!(matches!(bill(&store, &repriced).await, Err(Error::PayloadMismatch { .. })));
+///
+/// assert!(matches!(ship(&store, &repriced).await, Err(Error::Handler { .. })));
+/// assert!(matches!(ship(&store, &repriced).await, Err(Error::Handler { .. })));
+/// match ship(&store, &repriced).await {
+///     Err(Error::Exhausted { failures, last_error, .. }) => {
+///         assert_eq!(failures, 2);
+///         assert_eq!(last_error.as_deref(), Some("carrier down"));
+///     }
+///     other => panic!("{other:?}"),
+/// }
+/// # }
 /// ```
 ///
 /// Misuse is a compile error on the offending token:

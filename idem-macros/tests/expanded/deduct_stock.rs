@@ -28,6 +28,18 @@ async fn deduct_stock(
         __IDEM_SPEC
     }
     let __idem_codec = ::idem_runtime::__private::codec::<StockLeft>();
+    let __idem_errors = {
+        #[allow(unused_imports)]
+        use ::idem_runtime::__private::{
+            DisplayText as _, FinalErrors as _, NoFinalErrors as _, NoText as _,
+        };
+        ::idem_runtime::__private::ErrorCodec::<
+            AppError,
+        >::new(
+            (&::idem_runtime::__private::ErrorProbe::<AppError>::new()).idem_final(),
+            (&::idem_runtime::__private::ErrorProbe::<AppError>::new()).idem_text(),
+        )
+    };
     let __idem_key: ::idem_runtime::__private::Key = {
         use ::idem_runtime::__private::{AnyProbe as _, FloatProbe as _};
         let mut __idem_builder = ::idem_runtime::__private::KeyBuilder::new();
@@ -53,11 +65,21 @@ async fn deduct_stock(
         }
         __idem_builder.finish()
     };
+    let __idem_fingerprint: ::idem_runtime::__private::Option<
+        ::idem_runtime::__private::String,
+    > = ::idem_runtime::__private::Option::None;
     let mut __idem_call = match ::idem_runtime::__private::tx_begin::<
         _,
         StockLeft,
         AppError,
-    >(store, &__IDEM_SPEC, &__idem_key, __idem_codec)
+    >(
+            store,
+            &__IDEM_SPEC,
+            &__idem_key,
+            __idem_fingerprint.as_deref(),
+            __idem_codec,
+            __idem_errors,
+        )
         .await
     {
         ::idem_runtime::__private::Result::Ok(
@@ -105,6 +127,15 @@ async fn deduct_stock(
         _,
         StockLeft,
         AppError,
-    >(store, &__IDEM_SPEC, &__idem_key, __idem_codec, __idem_call, __idem_result)
+    >(
+            store,
+            &__IDEM_SPEC,
+            &__idem_key,
+            __idem_fingerprint.as_deref(),
+            __idem_codec,
+            __idem_errors,
+            __idem_call,
+            __idem_result,
+        )
         .await
 }

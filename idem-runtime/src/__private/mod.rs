@@ -47,7 +47,9 @@ pub use crate::final_error::{ErrorCodec, FinalCodec};
 // `(&ErrorProbe::<E>::new()).idem_final()` resolves to `FinalErrors` when
 // `E: FinalError` (the method takes the probe itself) and to
 // `NoFinalErrors` otherwise (it takes a reference to the probe); likewise
-// `idem_text()` to `DisplayText` when `E: Display`, else `NoText`.
+// `idem_text()` to `DisplayText` when `E: Display`, else `NoText`. The
+// generated code makes `ErrorCodec::<E>::new(idem_final, idem_text)` from
+// them, with the traits imported as `_`.
 
 /// Stands for a handler's error type in the lookups above.
 pub struct ErrorProbe<E>(core::marker::PhantomData<fn() -> E>);
@@ -108,22 +110,6 @@ impl<E> NoText<E> for &ErrorProbe<E> {
         |_| format!("an error of type `{}`", core::any::type_name::<E>())
     }
 }
-
-/// The error codec of `E`, as the generated code builds it.
-#[macro_export]
-#[doc(hidden)]
-macro_rules! __idem_error_codec {
-    ($e:ty) => {{
-        use $crate::__private::{
-            DisplayText as _, FinalErrors as _, NoFinalErrors as _, NoText as _,
-        };
-        $crate::__private::ErrorCodec::<$e>::new(
-            (&$crate::__private::ErrorProbe::<$e>::new()).idem_final(),
-            (&$crate::__private::ErrorProbe::<$e>::new()).idem_text(),
-        )
-    }};
-}
-pub use crate::__idem_error_codec as error_codec;
 
 /// Requires `Serialize` of a fingerprint part, on the part.
 #[diagnostic::on_unimplemented(

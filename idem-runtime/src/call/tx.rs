@@ -89,6 +89,8 @@ where
 
 /// Commits `result` with the claim, or rolls both back.
 #[doc(hidden)]
+// The generated code passes what it made of the handler, one argument each.
+#[allow(clippy::too_many_arguments)]
 pub async fn tx_finish<S, T, E>(
     store: &S,
     spec: &'static HandlerSpec,

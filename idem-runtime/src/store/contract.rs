@@ -119,12 +119,12 @@ impl Standing {
         retry_after: Duration,
     ) -> Option<Standing> {
         use crate::store::Status;
-        if let (Some(recorded), Some(given)) = (record.fingerprint.as_deref(), fingerprint) {
-            if recorded != given {
-                return Some(Standing::Mismatch {
-                    recorded: recorded.to_owned(),
-                });
-            }
+        if let (Some(recorded), Some(given)) = (record.fingerprint.as_deref(), fingerprint)
+            && recorded != given
+        {
+            return Some(Standing::Mismatch {
+                recorded: recorded.to_owned(),
+            });
         }
         match record.status {
             Status::Completed => Some(Standing::Completed {

@@ -16,4 +16,14 @@ async fn grant_points(msg: &OrderPlaced) -> Result<u64, std::io::Error> {
     Ok(msg.order_id)
 }
 
+#[idempotent(key = "order_id", ttl = "24h", store = "memory", max_attempt = 3)]
+async fn reserve(msg: &OrderPlaced) -> Result<u64, std::io::Error> {
+    Ok(msg.order_id)
+}
+
+#[idempotent(key = "order_id", ttl = "24h", store = "memory", fingreprint = "*")]
+async fn bill(msg: &OrderPlaced) -> Result<u64, std::io::Error> {
+    Ok(msg.order_id)
+}
+
 fn main() {}

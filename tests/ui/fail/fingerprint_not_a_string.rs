@@ -1,0 +1,21 @@
+// `fingerprint` takes a string literal, `*` included.
+use idem_runtime::idempotent;
+
+#[derive(serde::Serialize)]
+struct OrderPlaced {
+    order_id: u64,
+    qty: u32,
+    price: f64,
+}
+
+#[idempotent(key = "order_id", ttl = "24h", store = "memory", fingerprint = qty + price)]
+async fn deduct_stock(msg: &OrderPlaced) -> Result<u32, std::io::Error> {
+    Ok(msg.qty)
+}
+
+#[idempotent(key = "order_id", ttl = "24h", store = "memory", fingerprint = *)]
+async fn reserve(msg: &OrderPlaced) -> Result<u32, std::io::Error> {
+    Ok(msg.qty)
+}
+
+fn main() {}

@@ -1,0 +1,14 @@
+// `max_attempts` is an integer literal from 1 to u32::MAX: more than u32::MAX is refused
+// on the literal.
+use idem_runtime::idempotent;
+
+struct OrderPlaced {
+    order_id: u64,
+}
+
+#[idempotent(key = "order_id", ttl = "24h", store = "memory", max_attempts = 5000000000)]
+async fn deduct_stock(msg: &OrderPlaced) -> Result<u64, std::io::Error> {
+    Ok(msg.order_id)
+}
+
+fn main() {}
