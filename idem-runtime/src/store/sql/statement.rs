@@ -115,6 +115,12 @@ impl Statement {
         while let Some(at) = rest.find(':') {
             sql.push_str(&rest[..at]);
             let after = &rest[at + 1..];
+            // `::` is PostgreSQL's cast (`column_name::text`), not a parameter.
+            if let Some(cast) = after.strip_prefix(':') {
+                sql.push_str("::");
+                rest = cast;
+                continue;
+            }
             let len = after
                 .find(|c: char| !c.is_ascii_lowercase())
                 .unwrap_or(after.len());
@@ -450,6 +456,17 @@ mod tests {
             my.params(),
             [Param::Now, Param::Now, Param::Key, Param::Until]
         );
+    }
+
+    #[test]
+    fn casts_are_not_parameters() {
+        let t = "SELECT column_name::text FROM c WHERE k = :key AND n = 1::bigint";
+        let pg = Statement::new(Placeholders::Dollar, t);
+        assert_eq!(
+            &*pg.sql,
+            "SELECT column_name::text FROM c WHERE k = $1 AND n = 1::bigint"
+        );
+        assert_eq!(pg.params(), [Param::Key]);
     }
 
     #[test]
