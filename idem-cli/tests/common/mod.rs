@@ -137,9 +137,18 @@ const fn spec(
 pub(crate) static ORDERS_SPEC: HandlerSpec = spec(ORDERS, 3_600, 600, Some(3));
 /// `cli_sms`: as `cli_orders`, without `max_attempts`.
 pub(crate) static SMS_SPEC: HandlerSpec = spec(SMS, 3_600, 600, None);
-/// `cli_orders` with a ttl of 100 ms: on Redis its records vanish by
-/// themselves.
+/// `cli_orders` with a ttl of zero: its records expire as they are
+/// completed (on Redis, the key vanishes after a millisecond).
 pub(crate) static SHORT_SPEC: HandlerSpec = spec(ORDERS, 0, 600, None);
+
+/// Handlers whose names hold glob characters, and names of the same
+/// length they would match as globs.
+pub(crate) static GLOB_SPECS: [HandlerSpec; 4] = [
+    spec("a*b", 3_600, 600, None),
+    spec("axb", 3_600, 600, None),
+    spec("a?c", 3_600, 600, None),
+    spec("abc", 3_600, 600, None),
+];
 
 /// A key of `cli_orders`: `order_id + sku`.
 pub(crate) fn key(order: &str, sku: &str) -> Key {

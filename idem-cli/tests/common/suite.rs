@@ -9,8 +9,8 @@ use serde_json::{Value, json};
 
 use super::fixtures::StoreFx;
 use super::{
-    FINGERPRINT, ORDERS, ORDERS_SPEC, Run, SHORT_SPEC, SMS, SMS_SPEC, claim, claimable_afresh,
-    complete, fail, idem, idem_env, key, now, two_hours_ago,
+    FINGERPRINT, GLOB_SPECS, ORDERS, ORDERS_SPEC, Run, SHORT_SPEC, SMS, SMS_SPEC, claim,
+    claimable_afresh, complete, fail, idem, idem_env, key, now, two_hours_ago,
 };
 
 /// One `#[tokio::test]` per scenario on the fixture type `$Fx`, skipped
@@ -26,6 +26,7 @@ macro_rules! cli_suite {
             sweep_deletes_expired_records,
             schema_reports_the_table_s_version,
             errors_are_one_line_with_their_exit_code,
+            handler_names_are_matched_exactly,
         );
     };
     (@tests $Fx:ty; $($scenario:ident,)*) => {
@@ -624,4 +625,37 @@ pub(crate) async fn errors_are_one_line_with_their_exit_code<F: StoreFx>(fx: &F)
         .unwrap()
         .unwrap();
     assert_eq!(record.status, Status::Completed);
+}
+
+pub(crate) async fn handler_names_are_matched_exactly<F: StoreFx>(fx: &F) {
+    // Names of one length, some holding glob characters: `a*b` would match
+    // `axb` in a Redis SCAN pattern, `a?c` would match `abc`.
+    for (i, spec) in GLOB_SPECS.iter().enumerate() {
+        complete(
+            fx.store(),
+            spec,
+            &key(&format!("o-{i}"), "x"),
+            &i.to_string(),
+        )
+        .await;
+    }
+    for (i, spec) in GLOB_SPECS.iter().enumerate() {
+        let listing = on(fx, &["--json", "list", spec.name]).json();
+        assert_eq!(orders(&listing), [format!("o-{i}")], "{}", spec.name);
+        let shown = on(fx, &["--json", "show", spec.name, &format!("o-{i}"), "x"]).json();
+        assert_eq!(shown["outcome"], i);
+    }
+    let stats = on(fx, &["--json", "stats"]).json();
+    let names: Vec<&str> = stats["handlers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["handler"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a*b", "a?c", "abc", "axb"]);
+    let line = on(fx, &["list", "a*"]).fails(3);
+    assert!(
+        line.ends_with("handlers with records: `a*b`, `a?c`, `abc`, `axb`"),
+        "{line}"
+    );
 }

@@ -1055,6 +1055,77 @@ mod tests {
         assert!(keys(Query::new().limit(0)).is_empty());
     }
 
+    static SPEC: crate::registry::HandlerSpec = crate::registry::HandlerSpec {
+        name: "notify",
+        function: "notify",
+        key: "id",
+        ttl: std::time::Duration::from_secs(3_600),
+        lease: std::time::Duration::from_secs(30),
+        store: "memory",
+        mode: crate::registry::Mode::Lease,
+        module: "app",
+        file: "app.rs",
+        line: 1,
+        fingerprint: None,
+        max_attempts: Some(2),
+    };
+
+    #[tokio::test]
+    async fn the_memory_store_is_inspected_as_the_others() {
+        use crate::clock::ManualClock;
+        use crate::store::contract::{Claim, Failure, LeaseStore};
+        use crate::store::memory::MemoryStore;
+
+        let clock = ManualClock::new(1_000_000);
+        let store = MemoryStore::with_clock(clock.clone());
+        let k = |id: &str| Key::from_parts(&[&id]).unwrap();
+        let Claim::Acquired { token } = store.claim(&SPEC, &k("a"), None).await.unwrap() else {
+            panic!()
+        };
+        let Claim::Acquired { token: b } = store.claim(&SPEC, &k("b"), None).await.unwrap() else {
+            panic!()
+        };
+        let failure = Failure::Retry { error: "timeout" };
+        store.fail(&SPEC, &k("b"), &b, failure).await.unwrap();
+
+        assert!(matches!(
+            store.forget("notify", k("a").as_str(), false).await.unwrap(),
+            Forgot::Refused(r) if r.token.as_deref() == Some(token.as_str())
+        ));
+        let failed = store
+            .list("notify", Query::new().filter(Filter::Failed))
+            .await
+            .unwrap();
+        assert_eq!(failed.len(), 1);
+        assert_eq!(failed[0].key, k("b").as_str());
+        clock.advance(SPEC.lease);
+        let stats = store.stats().await.unwrap();
+        let h = stats.handler("notify").unwrap();
+        assert_eq!((h.records, h.in_progress, h.retry, h.expired), (2, 1, 1, 1));
+        assert_eq!(h.oldest_in_progress_at_ms, Some(1_000_000));
+        assert_eq!(
+            store
+                .list("notify", Query::new().filter(Filter::Stuck))
+                .await
+                .unwrap()[0]
+                .key,
+            k("a").as_str()
+        );
+        // Its lease ran out: no longer live, so forgotten without force.
+        assert!(matches!(
+            store
+                .forget("notify", k("a").as_str(), false)
+                .await
+                .unwrap(),
+            Forgot::Deleted(_)
+        ));
+        assert_eq!(store.handlers().await.unwrap(), ["notify"]);
+        assert_eq!(Inspect::sweep(&store).await.unwrap(), Swept::deleted(0));
+        clock.advance(SPEC.ttl);
+        assert_eq!(Inspect::sweep(&store).await.unwrap(), Swept::deleted(1));
+        assert!(store.handlers().await.unwrap().is_empty());
+    }
+
     #[test]
     fn stored_keys_read_back_what_the_runtime_writes() {
         for parts in [
