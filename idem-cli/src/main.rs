@@ -65,7 +65,7 @@ use clap::{Args, Parser, Subcommand};
 use idem_runtime::store::Status;
 
 /// Shows, lists, counts, forgets and sweeps the records of idempotent
-/// handlers (#[idempotent]) in their store.
+/// handlers (`#[idempotent]`) in their store.
 #[derive(Debug, Parser)]
 #[command(name = "idem", version, about, long_about = None)]
 #[command(after_help = "Exit codes: 0 done, 1 store error, 2 usage, 3 not found, 4 refused.")]

@@ -94,14 +94,17 @@ impl MemoryStore {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use idem_runtime::clock::ManualClock;
-    /// use idem_runtime::{Claim, Key, LeaseStore, MemoryStore};
+    /// use idem_runtime::{Claim, Key, LeaseStore, MemoryStore, Standing};
     ///
     /// let clock = ManualClock::new(1_000);
     /// let store = MemoryStore::with_clock(clock.clone());
     /// let key = Key::from_parts(&[&"m-1"])?;
     /// let Claim::Acquired { token } = store.claim(&SPEC, &key, None).await? else { panic!() };
     /// store.complete(&SPEC, &key, &token, "null").await?;
-    /// assert!(matches!(store.claim(&SPEC, &key, None).await?, Claim::Completed { .. }));
+    /// assert!(matches!(
+    ///     store.claim(&SPEC, &key, None).await?,
+    ///     Claim::Refused(Standing::Completed { .. })
+    /// ));
     ///
     /// clock.advance(SPEC.ttl); // the record expires: the key runs again
     /// assert!(matches!(store.claim(&SPEC, &key, None).await?, Claim::Acquired { .. }));

@@ -1,5 +1,6 @@
-//! The stores, and what they share: the record an operator reads back, table
-//! name validation and the background sweeper.
+//! The stores, and what they share: the record an operator reads back, what
+//! an operator asks of a store ([`Inspect`], in [`inspect`]), table name
+//! validation and the background sweeper.
 //!
 //! # Examples
 //!
