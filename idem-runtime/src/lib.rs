@@ -244,7 +244,7 @@ pub use store::sql::ClaimOrder;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use store::sqlite::{SqliteStore, SqliteTx};
-pub use store::{Record, Status, Sweep, Sweeper};
+pub use store::{Inspect, Record, Status, Sweep, Sweeper};
 pub use telemetry::metric;
 
 /// What the generated code names. Not public API: it changes without notice.

@@ -20,6 +20,7 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::registry::HandlerSpec;
 use crate::store::contract::{Claim, Failure, LeaseStore, Standing};
+use crate::store::inspect::{Forgot, Inspect, Query, Schema, Stats, Swept};
 use crate::store::{Carried, Record, Status, Sweep};
 
 /// An in-process store behind a mutex: lease mode only, records live as long
@@ -93,14 +94,17 @@ impl MemoryStore {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use idem_runtime::clock::ManualClock;
-    /// use idem_runtime::{Claim, Key, LeaseStore, MemoryStore};
+    /// use idem_runtime::{Claim, Key, LeaseStore, MemoryStore, Standing};
     ///
     /// let clock = ManualClock::new(1_000);
     /// let store = MemoryStore::with_clock(clock.clone());
     /// let key = Key::from_parts(&[&"m-1"])?;
     /// let Claim::Acquired { token } = store.claim(&SPEC, &key, None).await? else { panic!() };
     /// store.complete(&SPEC, &key, &token, "null").await?;
-    /// assert!(matches!(store.claim(&SPEC, &key, None).await?, Claim::Completed { .. }));
+    /// assert!(matches!(
+    ///     store.claim(&SPEC, &key, None).await?,
+    ///     Claim::Refused(Standing::Completed { .. })
+    /// ));
     ///
     /// clock.advance(SPEC.ttl); // the record expires: the key runs again
     /// assert!(matches!(store.claim(&SPEC, &key, None).await?, Claim::Acquired { .. }));
@@ -347,5 +351,63 @@ impl LeaseStore for MemoryStore {
 impl Sweep for MemoryStore {
     async fn sweep_expired(&self, batch: u32) -> Result<u64, StoreError> {
         Ok(MemoryStore::sweep_expired(self, batch))
+    }
+}
+
+/// Everything happens under the store's lock, so what [`Inspect::forget`]
+/// reports is exactly what it deleted.
+impl Inspect for MemoryStore {
+    async fn lookup(&self, handler: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        Ok(self
+            .lock()
+            .get(&(handler.to_owned(), key.to_owned()))
+            .cloned())
+    }
+
+    async fn list(&self, handler: &str, query: Query) -> Result<Vec<Record>, StoreError> {
+        let now = self.clock.now_millis();
+        let records: Vec<Record> = self
+            .lock()
+            .values()
+            .filter(|r| r.handler == handler)
+            .cloned()
+            .collect();
+        Ok(query.apply(records, now))
+    }
+
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        let mut stats = Stats::new(self.clock.now_millis());
+        for record in self.lock().values() {
+            stats.add(record);
+        }
+        Ok(stats)
+    }
+
+    async fn forget(&self, handler: &str, key: &str, force: bool) -> Result<Forgot, StoreError> {
+        let now = self.clock.now_millis();
+        let mut map = self.lock();
+        let k = (handler.to_owned(), key.to_owned());
+        Ok(match map.get(&k) {
+            None => Forgot::Absent,
+            Some(r) if !force && r.status == Status::InProgress && !r.is_expired(now) => {
+                Forgot::Refused(r.clone())
+            }
+            Some(_) => map.remove(&k).map_or(Forgot::Absent, Forgot::Deleted),
+        })
+    }
+
+    async fn sweep(&self) -> Result<Swept, StoreError> {
+        Ok(Swept::deleted(MemoryStore::sweep_expired(self, u32::MAX)))
+    }
+
+    async fn handlers(&self) -> Result<Vec<String>, StoreError> {
+        let mut names: Vec<String> = self.lock().keys().map(|(h, _)| h.clone()).collect();
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
+
+    async fn schema(&self) -> Result<Schema, StoreError> {
+        Ok(Schema::None)
     }
 }

@@ -1,5 +1,6 @@
-//! The stores, and what they share: the record an operator reads back, table
-//! name validation and the background sweeper.
+//! The stores, and what they share: the record an operator reads back, what
+//! an operator asks of a store ([`Inspect`], in [`inspect`]), table name
+//! validation and the background sweeper.
 //!
 //! # Examples
 //!
@@ -24,6 +25,7 @@ use std::time::Duration;
 use crate::error::StoreError;
 
 pub(crate) mod contract;
+pub mod inspect;
 pub mod memory;
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
@@ -44,6 +46,11 @@ pub mod sql;
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
 
+pub use inspect::{
+    Filter, Forgot, HandlerStats, Inspect, InvalidKey, Order, Query, Schema, Stats, StoredKey,
+    Swept,
+};
+
 /// Where a record stands: being worked on, done, failed for good, or failed
 /// and waiting for the next delivery.
 ///
@@ -55,7 +62,8 @@ pub mod sqlite;
 /// assert_eq!(Status::InProgress.as_str(), "in_progress");
 /// assert_eq!(Status::ALL.len(), 4);
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Status {
     /// Claimed; the body has not finished (lease mode), or the transaction
     /// has not committed (never visible to others in transaction mode).
@@ -128,7 +136,9 @@ impl std::fmt::Display for Status {
 /// One dedup record, as an operator would ask for it: was this message
 /// processed, when, with what result; how often did it fail, and why.
 ///
-/// Times are milliseconds since the Unix epoch.
+/// Times are milliseconds since the Unix epoch. It serializes (for
+/// operators' tools, such as `idem show --json`) with these field names,
+/// the status as its column's text.
 ///
 /// # Examples
 ///
@@ -143,7 +153,7 @@ impl std::fmt::Display for Status {
 /// }
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct Record {
     /// The handler's registered name.

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Script, Value};
 
 use crate::clock::{Clock, SystemClock, millis};
@@ -23,6 +24,7 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::registry::{self, HandlerSpec};
 use crate::store::contract::{Claim, Failure, LeaseStore, Standing};
+use crate::store::inspect::{Forgot, Inspect, Query, Schema, Stats, Swept};
 use crate::store::{LEASE_RAN_OUT, Record, Status};
 
 /// The default prefix of every Redis key the store writes.
@@ -159,6 +161,24 @@ redis.call('HSET', KEYS[1], 'u', ARGV[3], 'l', tonumber(ARGV[3]) + tonumber(ARGV
 return 1
 ";
 
+/// Deletes the record `KEYS[1]` unless `ARGV[1]` is `0` (not forced) and
+/// a live claim holds it: in progress, its lease (`l`; for a record of the
+/// first release, the key's TTL) not over at `ARGV[2]` (now, ms). Returns
+/// 1 deleted, 0 absent, 2 refused.
+const FORGET: &str = r"
+local h = redis.call('HMGET', KEYS[1], 's', 'l')
+if not h[1] then return 0 end
+if ARGV[1] == '0' and h[1] == 'in_progress' then
+  local ends = tonumber(h[2])
+  if (not ends) or ends > tonumber(ARGV[2]) then return 2 end
+end
+redis.call('DEL', KEYS[1])
+return 1
+";
+
+/// How many keys one `SCAN` call looks at.
+const SCAN_COUNT: usize = 1_000;
+
 #[derive(Clone)]
 enum Conn {
     Single(ConnectionManager),
@@ -181,6 +201,7 @@ struct Scripts {
     fail: Script,
     release: Script,
     extend: Script,
+    forget: Script,
 }
 
 /// The Redis store: lease mode with fencing tokens and native expiry.
@@ -318,6 +339,7 @@ impl RedisStore {
                 fail: Script::new(FAIL),
                 release: Script::new(RELEASE),
                 extend: Script::new(EXTEND),
+                forget: Script::new(FORGET),
             }),
             clock: std::sync::Arc::new(SystemClock),
         }
@@ -379,15 +401,7 @@ impl RedisStore {
     /// # }
     /// ```
     pub fn redis_key(&self, handler: &str, key: &Key) -> String {
-        // The handler name is length-prefixed like the key's parts, so no two
-        // (handler, key) pairs share a Redis key whatever the name holds.
-        format!(
-            "{}:{{{}:{}|{}}}",
-            self.prefix,
-            handler.len(),
-            handler,
-            key.as_str()
-        )
+        self.redis_key_of(handler, key.as_str())
     }
 
     async fn run<T: redis::FromRedisValue>(
@@ -432,7 +446,12 @@ impl RedisStore {
     /// # Ok(()) }
     /// ```
     pub async fn record(&self, handler: &str, key: &Key) -> Result<Option<Record>, StoreError> {
-        let rkey = self.redis_key(handler, key);
+        self.read(handler, key.as_str()).await
+    }
+
+    /// The record of the stored key `key` under `handler`, if any.
+    async fn read(&self, handler: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        let rkey = self.redis_key_of(handler, key);
         let (fields, pttl): (Vec<Option<String>>, i64) = match &self.conn {
             // One round trip, and one view of the hash and its TTL.
             Conn::Single(c) => redis::pipe()
@@ -452,8 +471,202 @@ impl RedisStore {
             ),
         };
         let now = self.clock.now_millis();
-        read_record(handler, key.as_str(), fields, pttl, now)
+        read_record(handler, key, fields, pttl, now)
     }
+
+    /// The Redis key of the record of stored key `key` under `handler`.
+    fn redis_key_of(&self, handler: &str, key: &str) -> String {
+        // The handler name is length-prefixed like the key's parts, so no two
+        // (handler, key) pairs share a Redis key whatever the name holds.
+        format!("{}:{{{}:{}|{}}}", self.prefix, handler.len(), handler, key)
+    }
+
+    /// The handler and the stored key of a Redis key of this store's
+    /// prefix; `None` for any other key.
+    fn parse_redis_key<'k>(&self, rkey: &'k str) -> Option<(&'k str, &'k str)> {
+        let inner = rkey
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix(":{")?
+            .strip_suffix('}')?;
+        let (len, rest) = inner.split_once(':')?;
+        let len: usize = len.parse().ok()?;
+        if !rest.is_char_boundary(len) {
+            return None;
+        }
+        let (handler, rest) = rest.split_at_checked(len)?;
+        Some((handler, rest.strip_prefix('|')?))
+    }
+
+    /// The `SCAN` pattern of the records of `handler`, or of every record:
+    /// glob characters in the prefix and the name are escaped.
+    fn pattern(&self, handler: Option<&str>) -> String {
+        match handler {
+            Some(handler) => format!(
+                "{}:{{{}:{}|*",
+                glob_escape(&self.prefix),
+                handler.len(),
+                glob_escape(handler)
+            ),
+            None => format!("{}:{{*", glob_escape(&self.prefix)),
+        }
+    }
+
+    /// Every key matching `pattern`: on the server, or on every master of
+    /// the cluster. Keys that are not UTF-8 are not this store's.
+    async fn scan(&self, pattern: &str) -> Result<Vec<String>, StoreError> {
+        let mut keys = Vec::new();
+        match &self.conn {
+            Conn::Single(c) => {
+                let mut c = c.clone();
+                let mut cursor = 0u64;
+                loop {
+                    let (next, batch): (u64, Vec<Vec<u8>>) = scan_cmd(cursor, pattern)
+                        .query_async(&mut c)
+                        .await
+                        .map_err(backend)?;
+                    keys.extend(batch.into_iter().filter_map(|k| String::from_utf8(k).ok()));
+                    if next == 0 {
+                        break;
+                    }
+                    cursor = next;
+                }
+            }
+            Conn::Cluster(c) => {
+                let mut c = c.clone();
+                for (host, port) in masters(&mut c).await? {
+                    let node =
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+                    let mut cursor = 0u64;
+                    loop {
+                        let reply = c
+                            .route_command(scan_cmd(cursor, pattern), node.clone())
+                            .await
+                            .map_err(backend)?;
+                        let (next, batch): (u64, Vec<Vec<u8>>) =
+                            redis::from_redis_value(reply).map_err(StoreError::backend)?;
+                        keys.extend(batch.into_iter().filter_map(|k| String::from_utf8(k).ok()));
+                        if next == 0 {
+                            break;
+                        }
+                        cursor = next;
+                    }
+                }
+            }
+        }
+        keys.sort();
+        keys.dedup();
+        Ok(keys)
+    }
+
+    /// The records of `handler` (or of every handler), in no order.
+    async fn scan_records(&self, handler: Option<&str>) -> Result<Vec<Record>, StoreError> {
+        let keys = self.scan(&self.pattern(handler)).await?;
+        let found: Vec<(&str, &str)> = keys
+            .iter()
+            .filter_map(|rkey| self.parse_redis_key(rkey))
+            .filter(|(h, _)| handler.is_none_or(|handler| *h == handler))
+            .collect();
+        let mut records = Vec::with_capacity(found.len());
+        match &self.conn {
+            // A pipeline of the hashes and TTLs per batch of keys.
+            Conn::Single(c) => {
+                let mut c = c.clone();
+                for batch in found.chunks(SCAN_COUNT) {
+                    let mut pipe = redis::pipe();
+                    for (handler, key) in batch {
+                        let rkey = self.redis_key_of(handler, key);
+                        pipe.cmd("HMGET")
+                            .arg(&rkey)
+                            .arg(&RECORD_FIELDS)
+                            .cmd("PTTL")
+                            .arg(&rkey);
+                    }
+                    let replies: Vec<(Vec<Option<String>>, i64)> = pipe
+                        .query_async::<Vec<Value>>(&mut c)
+                        .await
+                        .map_err(backend)?
+                        .chunks(2)
+                        .map(|pair| match pair {
+                            [fields, pttl] => Ok((
+                                redis::from_redis_value_ref(fields)?,
+                                redis::from_redis_value_ref(pttl)?,
+                            )),
+                            _ => Err(redis::ParsingError::from("a reply is missing")),
+                        })
+                        .collect::<Result<_, _>>()
+                        .map_err(StoreError::backend)?;
+                    let now = self.clock.now_millis();
+                    for ((handler, key), (fields, pttl)) in batch.iter().zip(replies) {
+                        records.extend(read_record(handler, key, fields, pttl, now)?);
+                    }
+                }
+            }
+            Conn::Cluster(_) => {
+                for (handler, key) in found {
+                    records.extend(self.read(handler, key).await?);
+                }
+            }
+        }
+        Ok(records)
+    }
+}
+
+/// `SCAN cursor MATCH pattern COUNT n`.
+fn scan_cmd(cursor: u64, pattern: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("SCAN");
+    cmd.arg(cursor)
+        .arg("MATCH")
+        .arg(pattern)
+        .arg("COUNT")
+        .arg(SCAN_COUNT);
+    cmd
+}
+
+/// The addresses of the cluster's masters, from `CLUSTER SLOTS`.
+async fn masters(c: &mut ClusterConnection) -> Result<Vec<(String, u16)>, StoreError> {
+    let reply = c
+        .route_command(
+            redis::cmd("CLUSTER").arg("SLOTS").clone(),
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+        )
+        .await
+        .map_err(backend)?;
+    let unexpected = || reply_err("CLUSTER SLOTS", &reply);
+    let Value::Array(ranges) = &reply else {
+        return Err(unexpected());
+    };
+    let mut masters = Vec::new();
+    for range in ranges {
+        // [start, end, [host, port, id, ...], replicas...]
+        let Value::Array(range) = range else {
+            return Err(unexpected());
+        };
+        let Some(Value::Array(master)) = range.get(2) else {
+            return Err(unexpected());
+        };
+        let (Some(host), Some(Value::Int(port))) = (master.first(), master.get(1)) else {
+            return Err(unexpected());
+        };
+        let host: String = redis::from_redis_value_ref(host).map_err(StoreError::backend)?;
+        let port = u16::try_from(*port).map_err(|_| unexpected())?;
+        masters.push((host, port));
+    }
+    masters.sort();
+    masters.dedup();
+    Ok(masters)
+}
+
+/// `text` with Redis's glob characters escaped, to match as itself in a
+/// `SCAN ... MATCH` pattern.
+fn glob_escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
 }
 
 /// The hash fields [`read_record`] reads, in its order.
@@ -654,5 +867,79 @@ impl LeaseStore for RedisStore {
             self.run(&inv).await?
         };
         Ok(done == 1)
+    }
+}
+
+/// Redis expires its records by itself (key TTLs): [`Inspect::sweep`]
+/// deletes nothing. Listing and counting `SCAN` the keys of the store's
+/// prefix (on every master of a cluster) and read each record, so they
+/// take time in proportion to the records; [`Inspect::list`] reads every
+/// record of the handler to sort them.
+impl Inspect for RedisStore {
+    async fn lookup(&self, handler: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        self.read(handler, key).await
+    }
+
+    async fn list(&self, handler: &str, query: Query) -> Result<Vec<Record>, StoreError> {
+        let records = self.scan_records(Some(handler)).await?;
+        Ok(query.apply(records, self.clock.now_millis()))
+    }
+
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        let records = self.scan_records(None).await?;
+        let mut stats = Stats::new(self.clock.now_millis());
+        for record in &records {
+            stats.add(record);
+        }
+        Ok(stats)
+    }
+
+    async fn forget(&self, handler: &str, key: &str, force: bool) -> Result<Forgot, StoreError> {
+        let Some(record) = self.read(handler, key).await? else {
+            return Ok(Forgot::Absent);
+        };
+        let done: i64 = {
+            let mut inv = self.scripts.forget.prepare_invoke();
+            inv.key(self.redis_key_of(handler, key))
+                .arg(if force { "1" } else { "0" })
+                .arg(self.clock.now_millis());
+            self.run(&inv).await?
+        };
+        Ok(match done {
+            1 => Forgot::Deleted(record),
+            2 => Forgot::Refused(self.read(handler, key).await?.unwrap_or(record)),
+            _ => Forgot::Absent,
+        })
+    }
+
+    async fn sweep(&self) -> Result<Swept, StoreError> {
+        Ok(Swept::native())
+    }
+
+    async fn handlers(&self) -> Result<Vec<String>, StoreError> {
+        let keys = self.scan(&self.pattern(None)).await?;
+        let mut names: Vec<String> = keys
+            .iter()
+            .filter_map(|rkey| self.parse_redis_key(rkey))
+            .map(|(handler, _)| handler.to_owned())
+            .collect();
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
+
+    async fn schema(&self) -> Result<Schema, StoreError> {
+        Ok(Schema::None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob_escape;
+
+    #[test]
+    fn glob_characters_are_escaped() {
+        assert_eq!(glob_escape("plain_name"), "plain_name");
+        assert_eq!(glob_escape(r"a*b?c[d]e\f"), r"a\*b\?c\[d\]e\\f");
     }
 }

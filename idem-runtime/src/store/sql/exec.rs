@@ -53,6 +53,72 @@ pub trait Exec: Database {
         conn: &'a mut Self::Connection,
         statement: &'a Statement,
     ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send + 'a;
+
+    /// The records `statement` returns: rows of `handler`, the key and the
+    /// columns [`fetch`](Self::fetch) reads, in that order.
+    fn records<'a>(
+        conn: &'a mut Self::Connection,
+        statement: &'a Statement,
+        values: &'a Values<'a>,
+    ) -> impl Future<Output = Result<Vec<Record>, sqlx::Error>> + Send + 'a;
+
+    /// The rows `statement` returns, each as its first `texts` columns
+    /// (text) and the rest (integers or NULL).
+    fn cells<'a>(
+        conn: &'a mut Self::Connection,
+        statement: &'a Statement,
+        values: &'a Values<'a>,
+        texts: usize,
+    ) -> impl Future<Output = Result<Vec<Cells>, sqlx::Error>> + Send + 'a;
+}
+
+/// A row read by [`Exec::cells`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cells {
+    /// The text columns, first.
+    pub texts: Vec<String>,
+    /// The integer columns, after them.
+    pub numbers: Vec<Option<i64>>,
+}
+
+/// The record in `row`'s columns from `at` on (the columns of
+/// [`RECORD`](super::statement::RECORD), in its order).
+fn record<R: Row>(row: &R, at: usize, handler: &str, key: &str) -> Result<Record, sqlx::Error>
+where
+    usize: ColumnIndex<R>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let status: String = row.try_get(at)?;
+    let status = Status::parse(&status)
+        .ok_or_else(|| sqlx::Error::Decode(format!("unknown status {status:?}").into()))?;
+    let mut record = Record::new(
+        handler,
+        key,
+        status,
+        row.try_get(at + 3)?,
+        row.try_get(at + 5)?,
+    );
+    record.outcome = row.try_get(at + 1)?;
+    record.attempts = row.try_get(at + 2)?;
+    record.updated_at_ms = row.try_get(at + 4)?;
+    record.failures = row.try_get(at + 6)?;
+    record.last_error = row.try_get(at + 7)?;
+    record.fingerprint = row.try_get(at + 8)?;
+    record.token = row.try_get(at + 9)?;
+    Ok(record)
+}
+
+/// Column `at` of `row` as text, whatever its type says: MySQL's `handler`
+/// and `key` are `VARBINARY` (compared byte for byte), which sqlx's type
+/// check refuses for `String`, though they hold the UTF-8 text the store
+/// wrote. The decoding itself still refuses bytes that are not UTF-8.
+fn text<R: Row>(row: &R, at: usize) -> Result<String, sqlx::Error>
+where
+    usize: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database>,
+{
+    row.try_get_unchecked(at)
 }
 
 impl<DB> Exec for DB
@@ -107,24 +173,7 @@ where
         let Some(row) = Self::query(statement, values).fetch_optional(conn).await? else {
             return Ok(None);
         };
-        let status: String = row.try_get(0)?;
-        let status = Status::parse(&status)
-            .ok_or_else(|| sqlx::Error::Decode(format!("unknown status {status:?}").into()))?;
-        let mut record = Record::new(
-            values.handler,
-            values.key,
-            status,
-            row.try_get(3)?,
-            row.try_get(5)?,
-        );
-        record.outcome = row.try_get(1)?;
-        record.attempts = row.try_get(2)?;
-        record.updated_at_ms = row.try_get(4)?;
-        record.failures = row.try_get(6)?;
-        record.last_error = row.try_get(7)?;
-        record.fingerprint = row.try_get(8)?;
-        record.token = row.try_get(9)?;
-        Ok(Some(record))
+        record(&row, 0, values.handler, values.key).map(Some)
     }
 
     async fn texts<'a>(
@@ -145,5 +194,35 @@ where
             .fetch_one(conn)
             .await?;
         row.try_get(0)
+    }
+
+    async fn records<'a>(
+        conn: &'a mut DB::Connection,
+        statement: &'a Statement,
+        values: &'a Values<'a>,
+    ) -> Result<Vec<Record>, sqlx::Error> {
+        let rows = Self::query(statement, values).fetch_all(conn).await?;
+        rows.iter()
+            .map(|row| record(row, 2, &text(row, 0)?, &text(row, 1)?))
+            .collect()
+    }
+
+    async fn cells<'a>(
+        conn: &'a mut DB::Connection,
+        statement: &'a Statement,
+        values: &'a Values<'a>,
+        texts: usize,
+    ) -> Result<Vec<Cells>, sqlx::Error> {
+        let rows = Self::query(statement, values).fetch_all(conn).await?;
+        rows.iter()
+            .map(|row| {
+                Ok(Cells {
+                    texts: (0..texts).map(|i| text(row, i)).collect::<Result<_, _>>()?,
+                    numbers: (texts..row.len())
+                        .map(|i| row.try_get(i))
+                        .collect::<Result<_, _>>()?,
+                })
+            })
+            .collect()
     }
 }

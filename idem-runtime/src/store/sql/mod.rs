@@ -41,6 +41,7 @@ use crate::store::{Record, Status, Sweep, validate_table_name};
 
 mod dialect;
 mod exec;
+mod inspect;
 mod statement;
 
 pub use dialect::Dialect;

@@ -40,7 +40,7 @@ pub(crate) enum Param {
     Now,
     /// When the lease or the record ends, ms since the epoch.
     Until,
-    /// How many rows a sweep deletes at most.
+    /// How many rows a sweep deletes, or a listing returns, at most.
     Batch,
     /// The delivery's payload fingerprint (text or NULL).
     Fingerprint,
@@ -115,6 +115,12 @@ impl Statement {
         while let Some(at) = rest.find(':') {
             sql.push_str(&rest[..at]);
             let after = &rest[at + 1..];
+            // `::` is PostgreSQL's cast (`column_name::text`), not a parameter.
+            if let Some(cast) = after.strip_prefix(':') {
+                sql.push_str("::");
+                rest = cast;
+                continue;
+            }
             let len = after
                 .find(|c: char| !c.is_ascii_lowercase())
                 .unwrap_or(after.len());
@@ -343,18 +349,22 @@ const FAIL: &str = "UPDATE {t} SET status = :status, token = NULL, outcome = :ou
 /// The record of `:handler`, `:key`.
 const SELECT: &str = "SELECT {record} FROM {t} WHERE handler = :handler AND {key} = :key";
 
+/// Renders `template` for dialect `D` on `table` (validated by the
+/// caller): `{t}` is the table, `{key}` the key column as `D` names it
+/// (`key` is reserved in MySQL), `{record}` the columns of a record
+/// ([`RECORD`]), `:name` a parameter.
+pub(crate) fn render<D: Dialect>(table: &str, template: &str) -> Statement {
+    let text = template
+        .replace("{record}", RECORD)
+        .replace("{key}", D::KEY)
+        .replace("{t}", table);
+    Statement::new(D::PLACEHOLDERS, &text)
+}
+
 impl Statements {
     /// The statements of dialect `D` on `table` (validated by the caller).
     pub(crate) fn new<D: Dialect>(table: &str) -> Statements {
-        // `{key}` is the key column as `D` names it (`key` is reserved in
-        // MySQL); `{t}` the table.
-        let render = |template: &str| {
-            let text = template
-                .replace("{record}", RECORD)
-                .replace("{key}", D::KEY)
-                .replace("{t}", table);
-            Statement::new(D::PLACEHOLDERS, &text)
-        };
+        let render = |template: &str| render::<D>(table, template);
         let take = |row: NewRow| {
             let (insert, take_over) = D::take(row);
             Take {
@@ -446,6 +456,17 @@ mod tests {
             my.params(),
             [Param::Now, Param::Now, Param::Key, Param::Until]
         );
+    }
+
+    #[test]
+    fn casts_are_not_parameters() {
+        let t = "SELECT column_name::text FROM c WHERE k = :key AND n = 1::bigint";
+        let pg = Statement::new(Placeholders::Dollar, t);
+        assert_eq!(
+            &*pg.sql,
+            "SELECT column_name::text FROM c WHERE k = $1 AND n = 1::bigint"
+        );
+        assert_eq!(pg.params(), [Param::Key]);
     }
 
     #[test]
