@@ -30,6 +30,7 @@ use idem_runtime::{Claim, Error, Key, LeaseStore, Outcome, idempotent};
 use super::{AppError, Probe, Tally, eventually, together};
 
 // The scenarios about failures and payloads, with their handlers.
+#[allow(unused_imports)]
 pub(crate) use super::lease_ops::{
     a_claim_whose_lease_ran_out_counts_as_a_failure, a_final_error_is_recorded_and_replayed,
     deliveries_with_another_payload_are_mismatches_and_run_nothing,

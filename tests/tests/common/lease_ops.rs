@@ -101,7 +101,7 @@ pub(crate) async fn deliveries_with_another_payload_are_mismatches_and_run_nothi
     const N: usize = 24;
     let probe = Probe::new();
     let payload = |i: usize| {
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             Reserve::new("r-1", "apple", 2, 9.5)
         } else {
             Reserve::new("r-1", "apple", 2, 9.75)

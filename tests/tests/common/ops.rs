@@ -52,6 +52,12 @@ impl FinalError for OpsError {
     }
 }
 
+impl From<sqlx::Error> for OpsError {
+    fn from(e: sqlx::Error) -> Self {
+        OpsError::Unavailable(e.to_string())
+    }
+}
+
 impl From<super::AppError> for OpsError {
     fn from(e: super::AppError) -> Self {
         OpsError::Unavailable(e.to_string())

@@ -31,6 +31,7 @@ use super::ops::{OpsError, Reserve, Settled};
 use super::{AppError, Probe, T0, Tally, together};
 
 // The scenarios about failures and payloads.
+#[allow(unused_imports)]
 pub(crate) use super::tx_ops::{
     a_final_error_rolls_back_and_is_replayed, deliveries_with_another_payload_are_mismatches,
     failures_are_counted_exactly_under_16_concurrent_consumers,
