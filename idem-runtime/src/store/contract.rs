@@ -143,6 +143,50 @@ impl Standing {
             },
         }
     }
+
+    /// What a claim in progress whose lease ran out by `now_ms` says to a
+    /// delivery of a handler with `max_attempts`: the stalled claim counts
+    /// as a failure, and when that failure is the last one allowed, the key
+    /// is exhausted instead of taken over. The store then records the count
+    /// (status [`Retry`](crate::store::Status::Retry), one more failure,
+    /// [`LEASE_RAN_OUT`](crate::store::LEASE_RAN_OUT) as the last error).
+    /// `None`: the claim may be taken over.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::Standing;
+    /// use idem_runtime::store::{Record, Status};
+    /// # use idem_runtime::registry::{HandlerSpec, Mode};
+    /// # use std::time::Duration;
+    /// # static SPEC: HandlerSpec = HandlerSpec {
+    /// #     name: "notify", function: "notify", key: "message_id",
+    /// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
+    /// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
+    /// #     fingerprint: None, max_attempts: Some(3),
+    /// # };
+    ///
+    /// let mut stalled = Record::new("notify", "3:m-1", Status::InProgress, 0, 30_000);
+    /// stalled.failures = 2;
+    /// assert!(matches!(Standing::of_ran_out(&stalled, &SPEC, 30_000), Some(Standing::Exhausted { failures: 3, .. })));
+    /// assert_eq!(Standing::of_ran_out(&stalled, &SPEC, 29_999), None); // its lease holds
+    /// stalled.failures = 1;
+    /// assert_eq!(Standing::of_ran_out(&stalled, &SPEC, 30_000), None); // two failures: a third try
+    /// ```
+    pub fn of_ran_out(
+        record: &crate::store::Record,
+        spec: &HandlerSpec,
+        now_ms: i64,
+    ) -> Option<Standing> {
+        let max = spec.max_attempts?;
+        let ran_out =
+            record.status == crate::store::Status::InProgress && record.is_expired(now_ms);
+        let failures = record.failures.saturating_add(1);
+        (ran_out && failures >= i64::from(max)).then(|| Standing::Exhausted {
+            failures: u32::try_from(failures).unwrap_or(u32::MAX),
+            last_error: Some(crate::store::LEASE_RAN_OUT.to_owned()),
+        })
+    }
 }
 
 /// What became of a lease-mode claim.

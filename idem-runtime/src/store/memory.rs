@@ -21,7 +21,7 @@ use crate::key::Key;
 use crate::registry::HandlerSpec;
 use crate::store::contract::{Claim, Failure, LeaseStore, Standing};
 use crate::store::inspect::{Forgot, Inspect, Query, Schema, Stats, Swept};
-use crate::store::{Carried, Record, Status, Sweep};
+use crate::store::{Carried, LEASE_RAN_OUT, Record, Status, Sweep};
 
 /// An in-process store behind a mutex: lease mode only, records live as long
 /// as the process. Expired records are replaced on access and deleted by
@@ -245,6 +245,18 @@ impl LeaseStore for MemoryStore {
                 if let Some(standing) = Standing::of(e, spec, fingerprint, lease_left) {
                     return Claim::Refused(standing);
                 }
+            }
+            if let Some(e) = slot.as_mut()
+                && let Some(exhausted) = Standing::of_ran_out(e, spec, now)
+            {
+                // The stalled claim was the last failure allowed: count it.
+                e.status = Status::Retry;
+                e.token = None;
+                e.failures += 1;
+                e.last_error = Some(LEASE_RAN_OUT.to_owned());
+                e.updated_at_ms = now;
+                e.expires_at_ms = expiry(now, spec.ttl);
+                return Claim::Refused(exhausted);
             }
             let carried = Carried::from(slot.as_ref(), now);
             let token = uuid::Uuid::new_v4().simple().to_string();

@@ -92,6 +92,12 @@ if s then
     attempts = (tonumber(h[7]) or 1) + 1
     failures = (tonumber(h[4]) or 0) + 1
     last_error = ARGV[7]
+    if ARGV[5] ~= '' and failures >= tonumber(ARGV[5]) then
+      redis.call('HSET', KEYS[1], 's', 'retry', 'f', failures, 'e', last_error, 'u', ARGV[3])
+      redis.call('HDEL', KEYS[1], 't', 'l')
+      redis.call('PEXPIRE', KEYS[1], ARGV[6])
+      return {6, failures, last_error}
+    end
   end
 end
 redis.call('DEL', KEYS[1])

@@ -647,7 +647,11 @@ fn may_take(record: &Record, values: &Values<'_>) -> bool {
         (Some(recorded), Some(given)) => recorded == given,
         _ => true,
     };
-    record.is_expired(values.now)
+    let stall_exhausts = record.status == Status::InProgress
+        && values
+            .max
+            .is_some_and(|max| record.failures.saturating_add(1) >= max);
+    (record.is_expired(values.now) && !stall_exhausts)
         || (record.status == Status::Retry
             && values.max.is_none_or(|max| record.failures < max)
             && same_payload)
@@ -684,6 +688,21 @@ impl<D: Dialect> LeaseStore for SqlStore<D> {
             match self.take(&mut conn, &self.sql.claim, &values).await {
                 Ok(Taken::Key) => return Ok(Claim::Acquired { token }),
                 Ok(Taken::Lost(record)) => {
+                    if let Some(exhausted) = record
+                        .as_ref()
+                        .and_then(|r| Standing::of_ran_out(r, spec, values.now))
+                    {
+                        // The stalled claim was the last failure allowed:
+                        // count it, unless another claim did first.
+                        let settle = Values {
+                            until: expiry(values.now, spec.ttl),
+                            ..values
+                        };
+                        if self.write(&self.sql.settle_ran_out, &settle, None).await? == 1 {
+                            return Ok(Claim::Refused(exhausted));
+                        }
+                        continue;
+                    }
                     if let Some(standing) = self.standing(record, spec, &values) {
                         return Ok(Claim::Refused(standing));
                     }

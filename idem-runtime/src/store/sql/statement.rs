@@ -237,12 +237,15 @@ pub(crate) fn inserted(row: NewRow) -> String {
 
 /// Whether a standing row, its columns read through `cur` (`"cur."`, or
 /// `""` in an `UPDATE` of the row itself), may be taken by this claim: it
-/// has expired, or its last delivery failed with attempts left and the same
-/// payload. [`Standing::of`](crate::Standing::of) is the same rule, read
+/// has expired (unless it is a stalled claim whose failure would be the
+/// last one allowed, see [`Standing::of_ran_out`](crate::Standing::of_ran_out)),
+/// or its last delivery failed with attempts left and the same payload. [`Standing::of`](crate::Standing::of) is the same rule, read
 /// from a record.
 pub(crate) fn claimable(cur: &str) -> String {
     format!(
-        "({cur}expires_at <= :now OR ({cur}status = 'retry' \
+        "(({cur}expires_at <= :now AND ({cur}status <> 'in_progress' OR :max IS NULL \
+            OR {cur}failures + 1 < :max)) \
+          OR ({cur}status = 'retry' \
           AND (:max IS NULL OR {cur}failures < :max) \
           AND ({cur}fingerprint IS NULL OR :fingerprint IS NULL OR {cur}fingerprint = :fingerprint)))"
     )
@@ -321,6 +324,9 @@ pub(crate) struct Statements {
     pub(crate) savepoint: Statement,
     /// Undoes the body's writes, keeping the claim.
     pub(crate) rollback_to_savepoint: Statement,
+    /// Counts a stalled claim (in progress, its lease run out) as a
+    /// failure, leaving the key for no one: its attempts are exhausted.
+    pub(crate) settle_ran_out: Statement,
     /// Deletes the claim `:token` holds.
     pub(crate) release: Statement,
     /// Moves the end of the lease `:token` holds to `:until`.
@@ -398,6 +404,13 @@ impl Statements {
             )),
             savepoint: render("SAVEPOINT idem_body"),
             rollback_to_savepoint: render("ROLLBACK TO SAVEPOINT idem_body"),
+            settle_ran_out: render(&format!(
+                "UPDATE {{t}} SET status = 'retry', token = NULL, failures = failures + 1,
+                                  last_error = '{}', updated_at = :now, expires_at = :until
+                 WHERE handler = :handler AND {{key}} = :key
+                   AND status = 'in_progress' AND expires_at <= :now",
+                crate::store::LEASE_RAN_OUT
+            )),
             release: render(&format!("DELETE FROM {{t}} WHERE {token_holds}")),
             extend: render(&format!(
                 "UPDATE {{t}} SET updated_at = :now, expires_at = :until WHERE {token_holds}"
