@@ -14,7 +14,11 @@
 //! * `bare`: the business transaction alone;
 //! * `idem (claim last)`: the same body in an `#[idempotent]` handler that
 //!   records its outcome, the store's default order;
-//! * `idem (claim first)`: the same with `ClaimOrder::First`.
+//! * `idem (claim first)`: the same with `ClaimOrder::First`;
+//! * `idem + fingerprint`: claim last, with `fingerprint = "sku"`: the cost
+//!   of a payload fingerprint (a digest per message, one more column);
+//! * `idem + max_attempts`: with `max_attempts = 5`, which claims first and
+//!   takes a savepoint after the claim: the cost of counting failures.
 //!
 //! Every message is fresh (a new message id). It prints each variant's median
 //! throughput and its ratio to `bare`, then counts the statements a fresh
@@ -56,6 +60,30 @@ async fn deduct_idem(tx: &mut PgTx<'_>, msg: &Deduct) -> Result<i64, sqlx::Error
     Ok(msg.sku)
 }
 
+#[idempotent(
+    key = "message_id",
+    ttl = "24h",
+    store = "postgres",
+    name = "bench_deduct_fingerprinted",
+    fingerprint = "sku"
+)]
+async fn deduct_fingerprinted(tx: &mut PgTx<'_>, msg: &Deduct) -> Result<i64, sqlx::Error> {
+    deduct(tx, msg.sku).await?;
+    Ok(msg.sku)
+}
+
+#[idempotent(
+    key = "message_id",
+    ttl = "24h",
+    store = "postgres",
+    name = "bench_deduct_counted",
+    max_attempts = 5
+)]
+async fn deduct_counted(tx: &mut PgTx<'_>, msg: &Deduct) -> Result<i64, sqlx::Error> {
+    deduct(tx, msg.sku).await?;
+    Ok(msg.sku)
+}
+
 async fn deduct_bare(pool: &PgPool, msg: &Deduct) -> Result<(), sqlx::Error> {
     let mut tx = pool.begin().await?;
     deduct(&mut tx, msg.sku).await?;
@@ -66,6 +94,8 @@ async fn deduct_bare(pool: &PgPool, msg: &Deduct) -> Result<(), sqlx::Error> {
 enum Variant {
     Bare,
     Idem(ClaimOrder),
+    Fingerprinted,
+    Counted,
 }
 
 impl Variant {
@@ -74,6 +104,8 @@ impl Variant {
             Variant::Bare => "bare",
             Variant::Idem(ClaimOrder::Last) => "idem (claim last)",
             Variant::Idem(ClaimOrder::First) => "idem (claim first)",
+            Variant::Fingerprinted => "idem + fingerprint",
+            Variant::Counted => "idem + max_attempts",
         }
     }
 }
@@ -107,6 +139,14 @@ async fn run(
                         .map(|_| ())
                         .map_err(|e| e.to_string()),
                     Variant::Idem(_) => deduct_idem(&store, &msg)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string()),
+                    Variant::Fingerprinted => deduct_fingerprinted(&store, &msg)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string()),
+                    Variant::Counted => deduct_counted(&store, &msg)
                         .await
                         .map(|_| ())
                         .map_err(|e| e.to_string()),
@@ -160,6 +200,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Variant::Bare,
         Variant::Idem(ClaimOrder::Last),
         Variant::Idem(ClaimOrder::First),
+        Variant::Fingerprinted,
+        Variant::Counted,
     ];
     println!("{tasks} consumers, {rounds} rounds of {secs} s per variant, interleaved");
     // Warm-up: connections, prepared statements, caches.
@@ -226,6 +268,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await;
         report.push(format!("{name}: fresh {f}, duplicate {d}"));
     }
+    let id = next_id.fetch_add(1, Ordering::Relaxed) as i64;
+    let fingerprinted = statements_of(async {
+        let out = deduct_fingerprinted(&stores[0], &fresh(id)).await;
+        assert!(out.expect("fresh").is_executed());
+    })
+    .await;
+    let id = next_id.fetch_add(1, Ordering::Relaxed) as i64;
+    let counted = statements_of(async {
+        let out = deduct_counted(&stores[0], &fresh(id)).await;
+        assert!(out.expect("fresh").is_executed());
+    })
+    .await;
+    report.push(format!(
+        "+ fingerprint: fresh {fingerprinted}; + max_attempts: fresh {counted}"
+    ));
     drop(_guard);
     println!(
         "statements (= round trips) per message: bare {bare_n}; {}",
