@@ -111,8 +111,17 @@ where
             let verdict = match Verdict::of(spec, errors, &error) {
                 Ok(verdict) => verdict,
                 Err(source) => {
-                    // A final error that cannot be recorded: nothing is.
-                    release_quietly(store, spec, key, &token).await;
+                    // A final error that cannot be recorded: it is not, but
+                    // a handler that counts failures counts this one.
+                    if spec.max_attempts.is_some() {
+                        let text = super::capped((errors.text)(&error));
+                        let failure = crate::store::contract::Failure::Retry { error: &text };
+                        if let Err(e) = store.fail(spec, key, &token, failure).await {
+                            tracing::warn!(error = %e, "could not record the body's failure");
+                        }
+                    } else {
+                        release_quietly(store, spec, key, &token).await;
+                    }
                     return Err(Error::Unrecordable {
                         handler: spec.name,
                         key: key.clone(),

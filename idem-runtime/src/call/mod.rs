@@ -91,6 +91,25 @@ pub(crate) fn refused<T, E>(
     }
 }
 
+/// The longest failure text a record keeps, in bytes: an error's `Display`
+/// can be a whole HTTP response, and every store must take it (MySQL's
+/// `TEXT` holds 64 KiB).
+pub(crate) const MAX_ERROR_TEXT: usize = 4_096;
+
+/// `text`, cut to [`MAX_ERROR_TEXT`] bytes at a character boundary, with
+/// `…` where it was cut.
+pub(crate) fn capped(mut text: String) -> String {
+    if text.len() > MAX_ERROR_TEXT {
+        let mut end = MAX_ERROR_TEXT - '…'.len_utf8();
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
+}
+
 /// How a failed body is to be recorded: as a final failure (its JSON), as a
 /// counted failure (a handler with `max_attempts`), or not at all.
 pub(crate) enum Verdict {
@@ -112,11 +131,11 @@ impl Verdict {
     ) -> Result<Verdict, serde_json::Error> {
         match errors.final_encoding(error) {
             Some(encoded) => Ok(Verdict::Final {
-                text: (errors.text)(error),
+                text: capped((errors.text)(error)),
                 encoded: encoded?,
             }),
             None if spec.max_attempts.is_some() => Ok(Verdict::Counted {
-                text: (errors.text)(error),
+                text: capped((errors.text)(error)),
             }),
             None => Ok(Verdict::Unrecorded),
         }

@@ -150,7 +150,8 @@ impl Standing {
     /// is exhausted instead of taken over. The store then records the count
     /// (status [`Retry`](crate::store::Status::Retry), one more failure,
     /// [`LEASE_RAN_OUT`](crate::store::LEASE_RAN_OUT) as the last error).
-    /// `None`: the claim may be taken over.
+    /// A claim whose lease ended a ttl ago or more ended its window: it is
+    /// taken over as a fresh one. `None`: the claim may be taken over.
     ///
     /// # Examples
     ///
@@ -179,8 +180,9 @@ impl Standing {
         now_ms: i64,
     ) -> Option<Standing> {
         let max = spec.max_attempts?;
-        let ran_out =
-            record.status == crate::store::Status::InProgress && record.is_expired(now_ms);
+        let ran_out = record.status == crate::store::Status::InProgress
+            && record.is_expired(now_ms)
+            && crate::store::in_window(record, now_ms, spec.ttl);
         let failures = record.failures.saturating_add(1);
         (ran_out && failures >= i64::from(max)).then(|| Standing::Exhausted {
             failures: u32::try_from(failures).unwrap_or(u32::MAX),

@@ -227,6 +227,13 @@ fn holds(e: &Option<Record>, token: &str) -> bool {
     matches!(e, Some(e) if e.status == Status::InProgress && e.token.as_deref() == Some(token))
 }
 
+/// As [`holds`], or the claim's stall was counted as the last failure: its
+/// body may still record what it did.
+fn settles(e: &Option<Record>, token: &str) -> bool {
+    matches!(e, Some(e) if matches!(e.status, Status::InProgress | Status::Retry)
+        && e.token.as_deref() == Some(token))
+}
+
 impl LeaseStore for MemoryStore {
     fn store_name(&self) -> &'static str {
         "memory"
@@ -250,15 +257,16 @@ impl LeaseStore for MemoryStore {
                 && let Some(exhausted) = Standing::of_ran_out(e, spec, now)
             {
                 // The stalled claim was the last failure allowed: count it.
+                // It keeps its token: a body that finishes after all still
+                // records what it did.
                 e.status = Status::Retry;
-                e.token = None;
                 e.failures += 1;
                 e.last_error = Some(LEASE_RAN_OUT.to_owned());
                 e.updated_at_ms = now;
                 e.expires_at_ms = expiry(now, spec.ttl);
                 return Claim::Refused(exhausted);
             }
-            let carried = Carried::from(slot.as_ref(), now);
+            let carried = Carried::from(slot.as_ref(), now, spec.ttl);
             let token = uuid::Uuid::new_v4().simple().to_string();
             let mut record = Record::new(
                 spec.name,
@@ -285,7 +293,7 @@ impl LeaseStore for MemoryStore {
         outcome: &str,
     ) -> Result<bool, StoreError> {
         Ok(self.with_entry(spec, key, |slot, now| {
-            if !holds(slot, token) {
+            if !settles(slot, token) {
                 return false;
             }
             if let Some(e) = slot {
@@ -307,7 +315,7 @@ impl LeaseStore for MemoryStore {
         failure: Failure<'_>,
     ) -> Result<bool, StoreError> {
         Ok(self.with_entry(spec, key, |slot, now| {
-            if !holds(slot, token) {
+            if !settles(slot, token) {
                 return false;
             }
             if let Some(e) = slot {

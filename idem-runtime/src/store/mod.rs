@@ -239,6 +239,13 @@ impl Record {
     }
 }
 
+/// Whether the lease of a claim in progress ended less than `ttl` before
+/// `now`: its stall still counts as a failure. One that ended longer ago
+/// belongs to a window that is over.
+pub(crate) fn in_window(record: &Record, now: i64, ttl: std::time::Duration) -> bool {
+    record.expires_at_ms > now.saturating_sub(crate::clock::millis(ttl))
+}
+
 /// The last error a claim records when it takes over a claim whose lease
 /// ran out: that delivery's body never reported back.
 pub const LEASE_RAN_OUT: &str =
@@ -257,10 +264,12 @@ pub(crate) struct Carried {
 
 impl Carried {
     /// What a claim at `now` carries over from `previous`, which it may
-    /// replace (the caller checked [`Standing::of`](crate::Standing::of)).
-    pub(crate) fn from(previous: Option<&Record>, now: i64) -> Carried {
+    /// replace (the caller checked [`Standing::of`](crate::Standing::of)),
+    /// for a handler whose records last `ttl`. A stalled claim whose lease
+    /// ended a ttl ago or more ended its window: nothing of it is carried.
+    pub(crate) fn from(previous: Option<&Record>, now: i64, ttl: std::time::Duration) -> Carried {
         match previous {
-            Some(p) if p.status == Status::InProgress => Carried {
+            Some(p) if p.status == Status::InProgress && in_window(p, now, ttl) => Carried {
                 attempts: p.attempts + 1,
                 failures: p.failures + 1,
                 last_error: Some(LEASE_RAN_OUT.to_owned()),

@@ -60,6 +60,11 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 /// `ARGV[5]` the handler's `max_attempts` (or empty), `ARGV[6]` its ttl
 /// (ms), `ARGV[7]` the last error a claim whose lease ran out leaves.
 ///
+/// A claim that ran out counts as a failure while its lease ended less
+/// than a ttl ago; a claim of a handler with `max_attempts`, or one that
+/// carries failures, lives for its lease and a ttl (the lease ends at `l`),
+/// so that a consumer that stops inside it is counted.
+///
 /// Replies `{1}` claimed, `{2, outcome}` completed, `{3, ms left}` in
 /// progress, `{4, fingerprint}` recorded with another payload, `{5, error}`
 /// failed for good, `{6, failures, last error}` exhausted. The rules are
@@ -75,9 +80,9 @@ local lease = tonumber(ARGV[2])
 local s = h[1]
 local attempts, failures, last_error = 1, 0, false
 if s then
-  local left = nil
+  local left, ends = nil, nil
   if s == 'in_progress' then
-    local ends = tonumber(h[6]) or (now + redis.call('PTTL', KEYS[1]))
+    ends = tonumber(h[6]) or (now + redis.call('PTTL', KEYS[1]))
     left = ends - now
   end
   if left == nil or left > 0 then
@@ -88,13 +93,13 @@ if s then
     local f = tonumber(h[4]) or 0
     if ARGV[5] ~= '' and f >= tonumber(ARGV[5]) then return {6, f, h[5]} end
     attempts, failures, last_error = (tonumber(h[7]) or 1) + 1, f, h[5]
-  else
+  elseif ends + tonumber(ARGV[6]) > now then
     attempts = (tonumber(h[7]) or 1) + 1
     failures = (tonumber(h[4]) or 0) + 1
     last_error = ARGV[7]
     if ARGV[5] ~= '' and failures >= tonumber(ARGV[5]) then
       redis.call('HSET', KEYS[1], 's', 'retry', 'f', failures, 'e', last_error, 'u', ARGV[3])
-      redis.call('HDEL', KEYS[1], 't', 'l')
+      redis.call('HDEL', KEYS[1], 'l')
       redis.call('PEXPIRE', KEYS[1], ARGV[6])
       return {6, failures, last_error}
     end
@@ -105,8 +110,8 @@ redis.call('HSET', KEYS[1], 's', 'in_progress', 't', ARGV[1], 'c', ARGV[3], 'u',
   'l', now + lease, 'a', attempts, 'f', failures)
 if last_error then redis.call('HSET', KEYS[1], 'e', last_error) end
 if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'p', ARGV[4]) end
-if failures > 0 then
-  redis.call('PEXPIRE', KEYS[1], math.max(lease, tonumber(ARGV[6])))
+if failures > 0 or ARGV[5] ~= '' then
+  redis.call('PEXPIRE', KEYS[1], lease + tonumber(ARGV[6]))
 else
   redis.call('PEXPIRE', KEYS[1], lease)
 end
@@ -156,12 +161,17 @@ return 1
 ";
 
 /// Extends the lease of token `ARGV[1]` to `ARGV[2]` ms from now (`ARGV[3]`),
-/// never shortening the key's TTL (a claim that carries failures keeps them
-/// for the ttl).
+/// while the claim is in progress. A claim whose record outlives its lease
+/// (see `CLAIM`) keeps it for the ttl (`ARGV[4]` ms) past the new lease.
 const EXTEND: &str = r"
 if redis.call('HGET', KEYS[1], 't') ~= ARGV[1] then return 0 end
-if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if redis.call('HGET', KEYS[1], 's') ~= 'in_progress' then return 0 end
+local pttl = redis.call('PTTL', KEYS[1])
+local lease = tonumber(ARGV[2])
+if pttl > lease then
+  redis.call('PEXPIRE', KEYS[1], lease + tonumber(ARGV[4]))
+elseif pttl < lease then
+  redis.call('PEXPIRE', KEYS[1], lease)
 end
 redis.call('HSET', KEYS[1], 'u', ARGV[3], 'l', tonumber(ARGV[3]) + tonumber(ARGV[2]))
 return 1
@@ -217,9 +227,10 @@ struct Scripts {
 /// `c`/`u` (created and updated, ms since the epoch), `l` (when the lease
 /// of a claim in progress ends), `a` (attempts), `f` (failures), `e` (the
 /// last error's text), `p` (the payload fingerprint), with the key's own
-/// TTL: the lease while in progress (the ttl, for a claim that carries
-/// failures, so that they outlive a consumer that stops), the handler's
-/// `ttl` once completed or failed. The braces are a hash tag, so on Redis
+/// TTL: the lease while in progress (the lease and a ttl, for a claim of a
+/// handler with `max_attempts` or one that carries failures, so that a
+/// consumer that stops inside it is counted), the handler's `ttl` once
+/// completed or failed. The braces are a hash tag, so on Redis
 /// Cluster a record lives in one slot. A record written by the first
 /// release, without `l`, `a`, `f`, `e` and `p`, is read as one attempt, no
 /// failure, no fingerprint, its lease ending with its TTL.
@@ -869,7 +880,8 @@ impl LeaseStore for RedisStore {
             inv.key(self.redis_key(spec.name, key))
                 .arg(token)
                 .arg(millis(spec.lease).max(1))
-                .arg(self.clock.now_millis());
+                .arg(self.clock.now_millis())
+                .arg(millis(spec.ttl).max(1));
             self.run(&inv).await?
         };
         Ok(done == 1)

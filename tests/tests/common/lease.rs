@@ -33,6 +33,7 @@ use super::{AppError, Probe, Tally, eventually, together};
 #[allow(unused_imports)]
 pub(crate) use super::lease_ops::{
     a_claim_whose_lease_ran_out_counts_as_a_failure, a_final_error_is_recorded_and_replayed,
+    a_huge_error_text_is_cut_and_counted, a_stalled_last_attempt_that_finishes_is_recorded,
     deliveries_with_another_payload_are_mismatches_and_run_nothing,
     failures_are_counted_exactly_under_16_concurrent_consumers,
 };
@@ -1115,6 +1116,8 @@ macro_rules! scenarios {
             failures_are_counted_exactly_under_16_concurrent_consumers: Manual,
             a_final_error_is_recorded_and_replayed: Manual,
             a_claim_whose_lease_ran_out_counts_as_a_failure: Manual,
+            a_stalled_last_attempt_that_finishes_is_recorded: Manual,
+            a_huge_error_text_is_cut_and_counted: Manual,
         }
     };
 }

@@ -72,6 +72,37 @@ pub(crate) async fn flaky(msg: &Reserve, probe: &Probe) -> Result<i64, OpsError>
     )))
 }
 
+/// A body whose error text is as long as a whole HTTP response.
+#[idempotent(
+    key = "msg.order_id",
+    ttl = "1h",
+    lease = "1h",
+    store = "memory",
+    name = "lease_verbose",
+    max_attempts = 2
+)]
+pub(crate) async fn verbose(msg: &Reserve, probe: &Probe) -> Result<i64, OpsError> {
+    probe.hit();
+    Err(OpsError::Unavailable(format!(
+        "{} said: {}",
+        msg.order_id,
+        "é".repeat(50_000)
+    )))
+}
+
+/// A handler allowed one attempt (its claims are taken by hand below).
+#[idempotent(
+    key = "order_id",
+    ttl = "1h",
+    lease = "1h",
+    store = "memory",
+    name = "lease_once",
+    max_attempts = 1
+)]
+pub(crate) async fn once(msg: &Reserve) -> Result<i64, OpsError> {
+    Ok(msg.qty)
+}
+
 /// A body that refuses its SKU for good, and fails otherwise (the error
 /// is final only for `sku == "ghost"`).
 #[idempotent(
@@ -318,4 +349,74 @@ pub(crate) async fn a_claim_whose_lease_ran_out_counts_as_a_failure<F: LeaseFixt
         other => panic!("the stalled claim counts: {other:?}"),
     }
     assert_eq!(probe.runs(), 4);
+
+    // A first claim that stalls counts too: the next delivery runs as the
+    // second attempt, one failure on record.
+    let first = Reserve::new("s-2", "apple", 1, 1.0);
+    let Claim::Acquired { .. } = fx.store().claim(spec, &first.key(), None).await.unwrap() else {
+        panic!("a fresh key is claimed");
+    };
+    fx.run_out_lease("lease_flaky", &first.key()).await;
+    assert!(matches!(
+        flaky(fx.store(), &first, &probe).await,
+        Err(Error::Handler { .. })
+    ));
+    let record = fx.record("lease_flaky", &first.key()).await.unwrap();
+    assert_eq!(
+        (record.status, record.attempts, record.failures),
+        (Status::Retry, 2, 2),
+        "the stall and the failed body: {record:?}"
+    );
+}
+
+/// A stalled claim counted as the last failure allowed keeps its token: if
+/// its body finishes after all, its outcome is recorded, not lost.
+pub(crate) async fn a_stalled_last_attempt_that_finishes_is_recorded<F: LeaseFixture>(fx: Arc<F>) {
+    use idem_runtime::{Claim, LeaseStore};
+    let msg = Reserve::new("l-1", "apple", 7, 1.0);
+    let spec = idem_runtime::registry::find("lease_once").unwrap();
+    let Claim::Acquired { token } = fx.store().claim(spec, &msg.key(), None).await.unwrap() else {
+        panic!("the only attempt claims the key");
+    };
+    fx.run_out_lease("lease_once", &msg.key()).await;
+    // Another delivery finds the stall, the last failure allowed.
+    assert!(matches!(
+        once(fx.store(), &msg).await,
+        Err(Error::Exhausted { failures: 1, .. })
+    ));
+    // The stalled body finishes: its outcome is recorded.
+    assert!(
+        fx.store()
+            .complete(spec, &msg.key(), &token, "7")
+            .await
+            .unwrap()
+    );
+    assert_eq!(once(fx.store(), &msg).await.unwrap(), Outcome::Duplicate(7));
+}
+
+/// An error text as long as a whole HTTP response is cut, not refused by
+/// the store, and the failure is counted.
+pub(crate) async fn a_huge_error_text_is_cut_and_counted<F: LeaseFixture>(fx: Arc<F>) {
+    let probe = Probe::new();
+    let msg = Reserve::new("v-1", "apple", 1, 1.0);
+    for _ in 0..2 {
+        assert!(matches!(
+            verbose(fx.store(), &msg, &probe).await,
+            Err(Error::Handler { .. })
+        ));
+    }
+    let record = fx.record("lease_verbose", &msg.key()).await.unwrap();
+    let text = record.last_error.expect("the last error is kept");
+    assert!(text.len() <= 4_096, "{}", text.len());
+    assert!(
+        text.starts_with("warehouse unavailable: v-1 said: éé"),
+        "{text:.40}"
+    );
+    assert!(text.ends_with('…'));
+    assert_eq!((record.status, record.failures), (Status::Retry, 2));
+    assert!(matches!(
+        verbose(fx.store(), &msg, &probe).await,
+        Err(Error::Exhausted { failures: 2, .. })
+    ));
+    assert_eq!(probe.runs(), 2);
 }

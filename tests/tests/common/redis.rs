@@ -251,19 +251,23 @@ impl LeaseFixture for RedisFx {
         n.unwrap_or(0)
     }
 
-    /// A first claim's record lives as long as its lease: it expires. A
-    /// claim that carries failures keeps its record for the ttl, with the
-    /// lease's end in its `l` field: that moment is moved to now, as the
-    /// lease's time passing would.
+    /// A claim's record that lives as long as its lease expires. One that
+    /// outlives its lease (a handler with `max_attempts`, or a claim that
+    /// carries failures, keeps its record for the ttl) has the lease's end
+    /// in its `l` field: that moment is moved to now, as the lease's time
+    /// passing would.
     async fn run_out_lease(&self, handler: &str, key: &Key) {
         let rkey = self.rkey(handler, key);
-        let failures: Option<i64> = self.query(redis::cmd("HGET").arg(&rkey).arg("f")).await;
-        if failures.unwrap_or(0) == 0 {
-            return self.expire_now(handler, key).await;
-        }
+        let lease_end: Option<i64> = self.query(redis::cmd("HGET").arg(&rkey).arg("l")).await;
+        let pttl: i64 = self.query(redis::cmd("PTTL").arg(&rkey)).await;
         let now = super::lease::system_now_ms();
-        let _: i64 = self
-            .query(redis::cmd("HSET").arg(&rkey).arg("l").arg(now))
-            .await;
+        match lease_end {
+            Some(end) if pttl > end - now + 1_000 => {
+                let _: i64 = self
+                    .query(redis::cmd("HSET").arg(&rkey).arg("l").arg(now))
+                    .await;
+            }
+            _ => self.expire_now(handler, key).await,
+        }
     }
 }

@@ -42,6 +42,13 @@ pub trait Exec: Database {
         values: &'a Values<'a>,
     ) -> impl Future<Output = Result<Option<Record>, sqlx::Error>> + Send + 'a;
 
+    /// Runs `sql`, a statement of this crate without parameters, through
+    /// the text protocol (unprepared).
+    fn run_text<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'static str,
+    ) -> impl Future<Output = Result<Self::QueryResult, sqlx::Error>> + Send + 'a;
+
     /// The first column of every row `statement` returns, as text.
     fn texts<'a>(
         conn: &'a mut Self::Connection,
@@ -152,6 +159,7 @@ where
                 Param::Max => query.bind(values.max),
                 Param::Status => query.bind(values.status),
                 Param::Error => query.bind(values.error),
+                Param::Since => query.bind(values.since),
             };
         }
         query
@@ -174,6 +182,13 @@ where
             return Ok(None);
         };
         record(&row, 0, values.handler, values.key).map(Some)
+    }
+
+    fn run_text<'a>(
+        conn: &'a mut DB::Connection,
+        sql: &'static str,
+    ) -> impl Future<Output = Result<DB::QueryResult, sqlx::Error>> + Send + 'a {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(conn)
     }
 
     async fn texts<'a>(

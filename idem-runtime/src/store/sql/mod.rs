@@ -70,6 +70,14 @@ const CLAIM_RETRIES: usize = 8;
 /// victim and rolled it back.
 const DEADLOCK_RETRIES: usize = 3;
 
+/// Marks where a claim's body begins in its transaction (a handler that
+/// counts failures). Sent as text, not prepared: MySQL 8.0 does not prepare
+/// savepoint statements.
+const SAVEPOINT: &str = "SAVEPOINT idem_body";
+
+/// Undoes the body's writes, keeping the claim.
+const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT idem_body";
+
 /// When a transaction-mode handler writes its dedup row (PostgreSQL and
 /// MySQL; SQLite always claims first).
 ///
@@ -539,6 +547,25 @@ impl<D: Dialect> SqlStore<D> {
         Standing::of(&record, spec, values.fingerprint, left)
     }
 
+    /// The values of a claim of `key` for a delivery with `fingerprint`: as
+    /// [`stamped`](Self::stamped) for `hold`, with the handler's
+    /// `max_attempts` and the start of its window.
+    fn claim_values<'a>(
+        &self,
+        spec: &'a HandlerSpec,
+        key: &'a Key,
+        fingerprint: Option<&'a str>,
+        hold: Duration,
+    ) -> Result<Values<'a>, StoreError> {
+        let stamped = self.stamped(spec.name, key, hold)?;
+        Ok(Values {
+            fingerprint,
+            max: spec.max_attempts.map(i64::from),
+            since: stamped.now.saturating_sub(crate::clock::millis(spec.ttl)),
+            ..stamped
+        })
+    }
+
     /// When a transaction-mode call of `spec` writes its dedup row: first
     /// for a handler that counts failures, whose count must be read and
     /// held before its body runs; otherwise as the store says.
@@ -648,6 +675,7 @@ fn may_take(record: &Record, values: &Values<'_>) -> bool {
         _ => true,
     };
     let stall_exhausts = record.status == Status::InProgress
+        && record.expires_at_ms > values.since
         && values
             .max
             .is_some_and(|max| record.failures.saturating_add(1) >= max);
@@ -680,9 +708,7 @@ impl<D: Dialect> LeaseStore for SqlStore<D> {
             let token = uuid::Uuid::new_v4().simple().to_string();
             let values = Values {
                 token: Some(&token),
-                fingerprint,
-                max: spec.max_attempts.map(i64::from),
-                ..self.stamped(spec.name, key, spec.lease)?
+                ..self.claim_values(spec, key, fingerprint, spec.lease)?
             };
             let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
             match self.take(&mut conn, &self.sql.claim, &values).await {
@@ -698,8 +724,13 @@ impl<D: Dialect> LeaseStore for SqlStore<D> {
                             until: expiry(values.now, spec.ttl),
                             ..values
                         };
-                        if self.write(&self.sql.settle_ran_out, &settle, None).await? == 1 {
-                            return Ok(Claim::Refused(exhausted));
+                        match D::run(&mut conn, &self.sql.settle_ran_out, &settle).await {
+                            Ok(done) if D::rows_affected(&done) == 1 => {
+                                return Ok(Claim::Refused(exhausted));
+                            }
+                            Ok(_) => {}
+                            Err(e) if fault::<D>(&e) == Fault::Deadlock => {}
+                            Err(e) => return Err(self.err(e)),
                         }
                         continue;
                     }
@@ -851,17 +882,13 @@ impl<D: Dialect> TxStore for SqlStore<D> {
         if self.order_for(spec) == ClaimOrder::Last {
             return Ok(TxClaim::Fresh(tx));
         }
-        let values = Values {
-            fingerprint,
-            max: spec.max_attempts.map(i64::from),
-            ..self.stamped(spec.name, key, spec.ttl)?
-        };
+        let values = self.claim_values(spec, key, fingerprint, spec.ttl)?;
         let standing = match self.take(&mut tx, &self.sql.claim, &values).await {
             Ok(Taken::Key) => {
                 // A failure is to be counted in the claim row: the body's
                 // writes must be undoable without it.
                 if spec.max_attempts.is_some() {
-                    D::run(&mut tx, &self.sql.savepoint, &values)
+                    D::run_text(&mut tx, SAVEPOINT)
                         .await
                         .map_err(|e| self.err(e))?;
                 }
@@ -891,9 +918,7 @@ impl<D: Dialect> TxStore for SqlStore<D> {
     ) -> Result<TxCommit, StoreError> {
         let values = Values {
             outcome: Some(outcome),
-            fingerprint,
-            max: spec.max_attempts.map(i64::from),
-            ..self.stamped(spec.name, key, spec.ttl)?
+            ..self.claim_values(spec, key, fingerprint, spec.ttl)?
         };
         let taken = match self.order_for(spec) {
             // The claim row is this transaction's: record the outcome in it.
@@ -932,16 +957,14 @@ impl<D: Dialect> TxStore for SqlStore<D> {
             status,
             outcome,
             error: Some(failure.text()),
-            fingerprint,
-            max: spec.max_attempts.map(i64::from),
-            ..self.stamped(spec.name, key, spec.ttl)?
+            ..self.claim_values(spec, key, fingerprint, spec.ttl)?
         };
         if self.order_for(spec) == ClaimOrder::First && spec.max_attempts.is_some() {
             // The claim row holds the key throughout: undo the body's
             // writes, record the failure in the row, commit. No other
             // delivery runs between the failure and its count.
             let recorded = async {
-                D::run(&mut tx, &self.sql.rollback_to_savepoint, &values).await?;
+                D::run_text(&mut tx, ROLLBACK_TO_SAVEPOINT).await?;
                 self.write_claimed(&mut tx, &self.sql.fail_tx, &values)
                     .await
             }

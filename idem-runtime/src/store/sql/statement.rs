@@ -50,10 +50,14 @@ pub(crate) enum Param {
     Status,
     /// The text of a failure (text or NULL).
     Error,
+    /// The start of the handler's current window, ms since the epoch
+    /// (`:now` less the ttl): a stalled claim whose lease ended before it no
+    /// longer counts.
+    Since,
 }
 
 impl Param {
-    const ALL: [(&'static str, Param); 11] = [
+    const ALL: [(&'static str, Param); 12] = [
         ("handler", Param::Handler),
         ("key", Param::Key),
         ("token", Param::Token),
@@ -65,6 +69,7 @@ impl Param {
         ("max", Param::Max),
         ("status", Param::Status),
         ("error", Param::Error),
+        ("since", Param::Since),
     ];
 }
 
@@ -94,6 +99,8 @@ pub struct Values<'a> {
     pub status: &'a str,
     /// [`Param::Error`].
     pub error: Option<&'a str>,
+    /// [`Param::Since`].
+    pub since: i64,
 }
 
 /// One statement, rendered for its database, with the parameters to bind in
@@ -244,7 +251,7 @@ pub(crate) fn inserted(row: NewRow) -> String {
 pub(crate) fn claimable(cur: &str) -> String {
     format!(
         "(({cur}expires_at <= :now AND ({cur}status <> 'in_progress' OR :max IS NULL \
-            OR {cur}failures + 1 < :max)) \
+            OR {cur}expires_at <= :since OR {cur}failures + 1 < :max)) \
           OR ({cur}status = 'retry' \
           AND (:max IS NULL OR {cur}failures < :max) \
           AND ({cur}fingerprint IS NULL OR :fingerprint IS NULL OR {cur}fingerprint = :fingerprint)))"
@@ -265,7 +272,7 @@ pub(crate) fn take_over_assignments(cur: &str, row: NewRow) -> String {
         last_error,
     } = row;
     let retrying = format!("({cur}status = 'retry' AND {cur}expires_at > :now)");
-    let ran_out = format!("{cur}status = 'in_progress'");
+    let ran_out = format!("({cur}status = 'in_progress' AND {cur}expires_at > :since)");
     let lease_ran_out = crate::store::LEASE_RAN_OUT;
     format!(
         "attempts = CASE WHEN {retrying} OR {ran_out} THEN {cur}attempts + 1 ELSE 1 END,
@@ -313,19 +320,18 @@ pub(crate) struct Statements {
     pub(crate) select_latest: Statement,
     /// Records `:outcome` under the claim this transaction holds.
     pub(crate) complete_tx: Statement,
-    /// As `complete_tx`, if `:token` still holds the claim.
+    /// As `complete_tx`, if `:token` still holds the claim (or held the
+    /// claim whose stall was counted as the last failure).
     pub(crate) complete_lease: Statement,
     /// Records a failure (`:status`, `:outcome`, `:error`) under the claim
     /// `:token` holds.
     pub(crate) fail_lease: Statement,
     /// As `fail_lease`, under the claim this transaction holds.
     pub(crate) fail_tx: Statement,
-    /// Marks where a claim's body begins in its transaction.
-    pub(crate) savepoint: Statement,
-    /// Undoes the body's writes, keeping the claim.
-    pub(crate) rollback_to_savepoint: Statement,
     /// Counts a stalled claim (in progress, its lease run out) as a
-    /// failure, leaving the key for no one: its attempts are exhausted.
+    /// failure, leaving the key for no one: its attempts are exhausted. The
+    /// claim keeps its token, so that a body that finishes after all still
+    /// records what it did.
     pub(crate) settle_ran_out: Statement,
     /// Deletes the claim `:token` holds.
     pub(crate) release: Statement,
@@ -380,6 +386,11 @@ impl Statements {
         };
         let token_holds = "handler = :handler AND {key} = :key AND token = :token
                            AND status = 'in_progress'";
+        // A claim whose stall was counted as the last failure keeps its
+        // token: should its body finish after all, its outcome (or failure)
+        // is still recorded.
+        let token_settles = "handler = :handler AND {key} = :key AND token = :token
+                             AND status IN ('in_progress', 'retry')";
         Statements {
             table: table.to_owned(),
             create: D::create(table).into(),
@@ -396,19 +407,17 @@ impl Statements {
             complete_lease: render(&format!(
                 "UPDATE {{t}} SET status = 'completed', token = NULL, outcome = :outcome,
                                   updated_at = :now, expires_at = :until
-                 WHERE {token_holds}"
+                 WHERE {token_settles}"
             )),
-            fail_lease: render(&format!("{FAIL} WHERE {token_holds}")),
+            fail_lease: render(&format!("{FAIL} WHERE {token_settles}")),
             fail_tx: render(&format!(
                 "{FAIL} WHERE handler = :handler AND {{key}} = :key"
             )),
-            savepoint: render("SAVEPOINT idem_body"),
-            rollback_to_savepoint: render("ROLLBACK TO SAVEPOINT idem_body"),
             settle_ran_out: render(&format!(
-                "UPDATE {{t}} SET status = 'retry', token = NULL, failures = failures + 1,
+                "UPDATE {{t}} SET status = 'retry', failures = failures + 1,
                                   last_error = '{}', updated_at = :now, expires_at = :until
                  WHERE handler = :handler AND {{key}} = :key
-                   AND status = 'in_progress' AND expires_at <= :now",
+                   AND status = 'in_progress' AND expires_at <= :now AND expires_at > :since",
                 crate::store::LEASE_RAN_OUT
             )),
             release: render(&format!("DELETE FROM {{t}} WHERE {token_holds}")),
