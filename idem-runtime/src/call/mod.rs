@@ -171,3 +171,24 @@ impl Verdict {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{MAX_ERROR_TEXT, capped};
+
+    #[test]
+    fn failure_texts_are_cut_at_a_character_boundary() {
+        assert_eq!(capped("timeout".to_owned()), "timeout");
+        let exact = "a".repeat(MAX_ERROR_TEXT);
+        assert_eq!(capped(exact.clone()), exact);
+        // Two-byte characters across the limit: the cut never splits one.
+        for pad in 0..4 {
+            let text = format!("{}{}", "a".repeat(pad), "é".repeat(MAX_ERROR_TEXT));
+            let cut = capped(text.clone());
+            assert!(cut.len() <= MAX_ERROR_TEXT, "{}", cut.len());
+            assert!(cut.len() > MAX_ERROR_TEXT - 8, "{}", cut.len());
+            assert!(cut.ends_with('…'));
+            assert!(text.starts_with(cut.trim_end_matches('…')));
+        }
+    }
+}

@@ -173,6 +173,9 @@ impl Standing {
     /// assert_eq!(Standing::of_ran_out(&stalled, &SPEC, 29_999), None); // its lease holds
     /// stalled.failures = 1;
     /// assert_eq!(Standing::of_ran_out(&stalled, &SPEC, 30_000), None); // two failures: a third try
+    /// stalled.failures = 2;
+    /// // a stall whose lease ended a ttl ago belongs to a window that is over
+    /// assert_eq!(Standing::of_ran_out(&stalled, &SPEC, 30_000 + 3_600_000), None);
     /// ```
     pub fn of_ran_out(
         record: &crate::store::Record,
