@@ -248,6 +248,17 @@ pub(crate) fn in_window(record: &Record, now: i64, ttl: std::time::Duration) -> 
 
 /// The last error a claim records when it takes over a claim whose lease
 /// ran out: that delivery's body never reported back.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::store::{LEASE_RAN_OUT, Record};
+///
+/// fn stalled(record: &Record) -> bool {
+///     record.last_error.as_deref() == Some(LEASE_RAN_OUT)
+/// }
+/// # let _ = stalled;
+/// ```
 pub const LEASE_RAN_OUT: &str =
     "the lease ran out before the body finished (the consumer stopped, or stalled past its lease)";
 

@@ -55,6 +55,23 @@ use statement::{Statement, Statements, Take, Values};
 
 /// The version of the dedup table this release writes and reads: 1 was
 /// the first release's; 2 added `failures`, `last_error` and `fingerprint`.
+///
+/// # Examples
+///
+/// A start-up check that the table is this release's (`migrate()` upgrades
+/// it in place otherwise):
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// use idem_runtime::store::sql::SCHEMA_VERSION;
+///
+/// let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
+/// store.migrate().await?;
+/// assert_eq!(store.schema_version().await?, Some(SCHEMA_VERSION));
+/// # Ok(()) }
+/// ```
 pub const SCHEMA_VERSION: u32 = 2;
 
 /// The dedup table every SQL store uses unless told otherwise.
