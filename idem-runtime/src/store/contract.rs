@@ -287,6 +287,40 @@ impl Failure<'_> {
             Failure::Retry { error } | Failure::Final { error, .. } => error,
         }
     }
+
+    /// The status the record takes: [`Retry`](crate::store::Status::Retry)
+    /// or [`Failed`](crate::store::Status::Failed).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::{Failure, store::Status};
+    /// assert_eq!(Failure::Retry { error: "timeout" }.status(), Status::Retry);
+    /// ```
+    pub fn status(&self) -> crate::store::Status {
+        match self {
+            Failure::Retry { .. } => crate::store::Status::Retry,
+            Failure::Final { .. } => crate::store::Status::Failed,
+        }
+    }
+
+    /// What the record keeps as its outcome: the final error's JSON, or
+    /// nothing for a failure that may pass.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::Failure;
+    /// let last = Failure::Final { error: "unknown SKU", encoded: r#""pear""# };
+    /// assert_eq!(last.recorded(), Some(r#""pear""#));
+    /// assert_eq!(Failure::Retry { error: "timeout" }.recorded(), None);
+    /// ```
+    pub fn recorded(&self) -> Option<&str> {
+        match self {
+            Failure::Retry { .. } => None,
+            Failure::Final { encoded, .. } => Some(encoded),
+        }
+    }
 }
 
 /// A store that can run handlers in lease mode.

@@ -319,12 +319,8 @@ impl LeaseStore for MemoryStore {
                 return false;
             }
             if let Some(e) = slot {
-                let (status, outcome) = match failure {
-                    Failure::Retry { .. } => (Status::Retry, None),
-                    Failure::Final { encoded, .. } => (Status::Failed, Some(encoded.to_owned())),
-                };
-                e.status = status;
-                e.outcome = outcome;
+                e.status = failure.status();
+                e.outcome = failure.recorded().map(str::to_owned);
                 e.token = None;
                 e.failures += 1;
                 e.last_error = Some(failure.text().to_owned());

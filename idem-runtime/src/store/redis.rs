@@ -818,16 +818,12 @@ impl LeaseStore for RedisStore {
         token: &str,
         failure: Failure<'_>,
     ) -> Result<bool, StoreError> {
-        let (status, encoded) = match failure {
-            Failure::Retry { .. } => (Status::Retry, ""),
-            Failure::Final { encoded, .. } => (Status::Failed, encoded),
-        };
         let done: i64 = {
             let mut inv = self.scripts.fail.prepare_invoke();
             inv.key(self.redis_key(spec.name, key))
                 .arg(token)
-                .arg(status.as_str())
-                .arg(encoded)
+                .arg(failure.status().as_str())
+                .arg(failure.recorded().unwrap_or_default())
                 .arg(failure.text())
                 .arg(millis(spec.ttl).max(1))
                 .arg(self.clock.now_millis());

@@ -37,7 +37,7 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::registry::HandlerSpec;
 use crate::store::contract::{Claim, Failure, LeaseStore, Standing, TxClaim, TxCommit, TxStore};
-use crate::store::{Record, Status, Sweep, validate_table_name};
+use crate::store::{Record, Sweep, validate_table_name};
 
 mod dialect;
 mod exec;
@@ -491,6 +491,7 @@ impl<D: Dialect> SqlStore<D> {
         &self,
         conn: &mut D::Connection,
         take: &Take,
+        spec: &HandlerSpec,
         values: &Values<'_>,
     ) -> Result<Taken, sqlx::Error> {
         if D::rows_affected(&D::run(conn, &take.insert, values).await?) > 0 {
@@ -498,7 +499,7 @@ impl<D: Dialect> SqlStore<D> {
         }
         let standing = D::fetch(conn, &self.sql.select_latest, values).await?;
         match (&take.take_over, standing) {
-            (Some(take_over), Some(standing)) if may_take(&standing, values) => {
+            (Some(take_over), Some(standing)) if may_take(&standing, spec, values) => {
                 if D::rows_affected(&D::run(conn, take_over, values).await?) > 0 {
                     return Ok(Taken::Key);
                 }
@@ -684,29 +685,16 @@ fn millis_u64(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// Whether a claim with `values` may take the standing `record`: the rule
-/// of [`statement::claimable`], read from the record.
-fn may_take(record: &Record, values: &Values<'_>) -> bool {
-    let same_payload = match (record.fingerprint.as_deref(), values.fingerprint) {
-        (Some(recorded), Some(given)) => recorded == given,
-        _ => true,
-    };
-    let stall_exhausts = record.status == Status::InProgress
-        && record.expires_at_ms > values.since
-        && values
-            .max
-            .is_some_and(|max| record.failures.saturating_add(1) >= max);
-    (record.is_expired(values.now) && !stall_exhausts)
-        || (record.status == Status::Retry
-            && values.max.is_none_or(|max| record.failures < max)
-            && same_payload)
-}
-
-/// The status and recorded outcome of a failure.
-fn failure_row(failure: Failure<'_>) -> (&'static str, Option<&str>) {
-    match failure {
-        Failure::Retry { .. } => (Status::Retry.as_str(), None),
-        Failure::Final { encoded, .. } => (Status::Failed.as_str(), Some(encoded)),
+/// Whether a claim of `spec` with `values` may take the standing `record`:
+/// the rule of [`statement::claimable`], read from the record with the
+/// rules every store shares. An expired record may be taken unless it is a
+/// stalled claim whose failure exhausts the key; a live one unless it
+/// stands (a failure that may be retried does not).
+fn may_take(record: &Record, spec: &HandlerSpec, values: &Values<'_>) -> bool {
+    if record.is_expired(values.now) {
+        Standing::of_ran_out(record, spec, values.now).is_none()
+    } else {
+        Standing::of(record, spec, values.fingerprint, Duration::ZERO).is_none()
     }
 }
 
@@ -728,7 +716,7 @@ impl<D: Dialect> LeaseStore for SqlStore<D> {
                 ..self.claim_values(spec, key, fingerprint, spec.lease)?
             };
             let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-            match self.take(&mut conn, &self.sql.claim, &values).await {
+            match self.take(&mut conn, &self.sql.claim, spec, &values).await {
                 Ok(Taken::Key) => return Ok(Claim::Acquired { token }),
                 Ok(Taken::Lost(record)) => {
                     if let Some(exhausted) = record
@@ -794,11 +782,10 @@ impl<D: Dialect> LeaseStore for SqlStore<D> {
         token: &str,
         failure: Failure<'_>,
     ) -> Result<bool, StoreError> {
-        let (status, outcome) = failure_row(failure);
         let values = Values {
             token: Some(token),
-            status,
-            outcome,
+            status: failure.status().as_str(),
+            outcome: failure.recorded(),
             error: Some(failure.text()),
             ..self.stamped(spec.name, key, spec.ttl)?
         };
@@ -900,7 +887,7 @@ impl<D: Dialect> TxStore for SqlStore<D> {
             return Ok(TxClaim::Fresh(tx));
         }
         let values = self.claim_values(spec, key, fingerprint, spec.ttl)?;
-        let standing = match self.take(&mut tx, &self.sql.claim, &values).await {
+        let standing = match self.take(&mut tx, &self.sql.claim, spec, &values).await {
             Ok(Taken::Key) => {
                 // A failure is to be counted in the claim row: the body's
                 // writes must be undoable without it.
@@ -954,7 +941,7 @@ impl<D: Dialect> TxStore for SqlStore<D> {
             // Claim-last found a live row: this delivery is a duplicate.
             // Its body's writes roll back with the transaction.
             ClaimOrder::Last => {
-                self.take(&mut tx, &self.sql.claim_with_outcome, &values)
+                self.take(&mut tx, &self.sql.claim_with_outcome, spec, &values)
                     .await
             }
         };
@@ -969,10 +956,9 @@ impl<D: Dialect> TxStore for SqlStore<D> {
         fingerprint: Option<&str>,
         failure: Failure<'_>,
     ) -> Result<TxCommit, StoreError> {
-        let (status, outcome) = failure_row(failure);
         let values = Values {
-            status,
-            outcome,
+            status: failure.status().as_str(),
+            outcome: failure.recorded(),
             error: Some(failure.text()),
             ..self.claim_values(spec, key, fingerprint, spec.ttl)?
         };
@@ -999,7 +985,7 @@ impl<D: Dialect> TxStore for SqlStore<D> {
         tx.rollback().await.map_err(|e| self.err(e))?;
         let mut tx = self.begin().await?;
         let taken = self
-            .take(&mut tx, &self.sql.claim_with_failure, &values)
+            .take(&mut tx, &self.sql.claim_with_failure, spec, &values)
             .await;
         self.lost(tx, spec, &values, taken).await
     }
