@@ -215,6 +215,59 @@ async fn upgrade_under_load<T: OldTable>(old: Arc<T>) {
     assert_eq!(T::count(&store).await.unwrap(), total as i64 + 2);
 }
 
+/// The [`OldTable`] of a SQL store type `$Store` on the fixture `$Old`
+/// (fields `table` and `pool`): a store of this release from `$connect`
+/// (with `old` the fixture), the first release's DDL from `$ddl`, and its
+/// insert `$insert` (`{t}` the table; handler, key, status, token, outcome,
+/// created_at, updated_at, expires_at as parameters, in that order).
+macro_rules! old_table {
+    ($Old:ty, $Store:ty, |$old:ident| $connect:expr, $ddl:literal, $insert:literal) => {
+        impl OldTable for $Old {
+            type Store = $Store;
+
+            async fn store(&self) -> $Store {
+                let $old = self;
+                $connect.with_table(&self.table).unwrap()
+            }
+            async fn migrate(store: &$Store) -> Result<(), StoreError> {
+                store.migrate().await
+            }
+            async fn schema_version(store: &$Store) -> Result<Option<u32>, StoreError> {
+                store.schema_version().await
+            }
+            async fn record(store: &$Store, key: &Key) -> Result<Option<Record>, StoreError> {
+                store.record(SPEC.name, key).await
+            }
+            async fn count(store: &$Store) -> Result<i64, StoreError> {
+                store.count().await
+            }
+            async fn create_v1(&self) {
+                let ddl = include_str!($ddl).replace("{t}", &self.table);
+                sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
+                    .execute(&self.pool)
+                    .await
+                    .unwrap();
+            }
+            async fn insert_v1(&self, row: OldRow) {
+                let now = now_ms();
+                let sql = $insert.replace("{t}", &self.table);
+                sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .bind(SPEC.name)
+                    .bind(&row.key)
+                    .bind(row.status)
+                    .bind(&row.token)
+                    .bind(&row.outcome)
+                    .bind(now)
+                    .bind(now)
+                    .bind(row.expires_at)
+                    .execute(&self.pool)
+                    .await
+                    .unwrap();
+            }
+        }
+    };
+}
+
 // ---------------------------------------------------------------------------
 // SQLite
 
@@ -240,55 +293,14 @@ impl SqliteOld {
     }
 }
 
-impl OldTable for SqliteOld {
-    type Store = SqliteStore;
-
-    async fn store(&self) -> SqliteStore {
-        SqliteStore::open(&self.file)
-            .await
-            .unwrap()
-            .with_table(&self.table)
-            .unwrap()
-    }
-    async fn migrate(store: &SqliteStore) -> Result<(), StoreError> {
-        store.migrate().await
-    }
-    async fn schema_version(store: &SqliteStore) -> Result<Option<u32>, StoreError> {
-        store.schema_version().await
-    }
-    async fn record(store: &SqliteStore, key: &Key) -> Result<Option<Record>, StoreError> {
-        store.record(SPEC.name, key).await
-    }
-    async fn count(store: &SqliteStore) -> Result<i64, StoreError> {
-        store.count().await
-    }
-    async fn create_v1(&self) {
-        let ddl = include_str!("../fixtures/schema_v1/sqlite.sql").replace("{t}", &self.table);
-        sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
-            .execute(&self.pool)
-            .await
-            .unwrap();
-    }
-    async fn insert_v1(&self, row: OldRow) {
-        let now = now_ms();
-        let sql = format!(
-            "INSERT INTO {} (handler, key, status, token, outcome, attempts, created_at, updated_at, expires_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6, ?6, ?7)",
-            self.table
-        );
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(SPEC.name)
-            .bind(&row.key)
-            .bind(row.status)
-            .bind(&row.token)
-            .bind(&row.outcome)
-            .bind(now)
-            .bind(row.expires_at)
-            .execute(&self.pool)
-            .await
-            .unwrap();
-    }
-}
+old_table!(
+    SqliteOld,
+    SqliteStore,
+    |old| SqliteStore::open(&old.file).await.unwrap(),
+    "../fixtures/schema_v1/sqlite.sql",
+    "INSERT INTO {t} (handler, key, status, token, outcome, attempts, created_at, updated_at, expires_at)
+     VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?)"
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_upgrades_a_first_release_table_under_load() {
@@ -304,55 +316,14 @@ struct PgOld {
     _drop: DropTables,
 }
 
-impl OldTable for PgOld {
-    type Store = PgStore;
-
-    async fn store(&self) -> PgStore {
-        PgStore::connect(&pg_url())
-            .await
-            .unwrap()
-            .with_table(&self.table)
-            .unwrap()
-    }
-    async fn migrate(store: &PgStore) -> Result<(), StoreError> {
-        store.migrate().await
-    }
-    async fn schema_version(store: &PgStore) -> Result<Option<u32>, StoreError> {
-        store.schema_version().await
-    }
-    async fn record(store: &PgStore, key: &Key) -> Result<Option<Record>, StoreError> {
-        store.record(SPEC.name, key).await
-    }
-    async fn count(store: &PgStore) -> Result<i64, StoreError> {
-        store.count().await
-    }
-    async fn create_v1(&self) {
-        let ddl = include_str!("../fixtures/schema_v1/postgres.sql").replace("{t}", &self.table);
-        sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
-            .execute(&self.pool)
-            .await
-            .unwrap();
-    }
-    async fn insert_v1(&self, row: OldRow) {
-        let now = now_ms();
-        let sql = format!(
-            "INSERT INTO {} (handler, key, status, token, outcome, attempts, created_at, updated_at, expires_at)
-             VALUES ($1, $2, $3, $4, $5, 1, $6, $6, $7)",
-            self.table
-        );
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(SPEC.name)
-            .bind(&row.key)
-            .bind(row.status)
-            .bind(&row.token)
-            .bind(&row.outcome)
-            .bind(now)
-            .bind(row.expires_at)
-            .execute(&self.pool)
-            .await
-            .unwrap();
-    }
-}
+old_table!(
+    PgOld,
+    PgStore,
+    |_old| PgStore::connect(&pg_url()).await.unwrap(),
+    "../fixtures/schema_v1/postgres.sql",
+    "INSERT INTO {t} (handler, key, status, token, outcome, attempts, created_at, updated_at, expires_at)
+     VALUES ($1, $2, $3, $4, $5, 1, $6, $7, $8)"
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_upgrades_a_first_release_table_under_load() {
@@ -375,56 +346,14 @@ struct MySqlOld {
     _drop: DropMySqlTables,
 }
 
-impl OldTable for MySqlOld {
-    type Store = MySqlStore;
-
-    async fn store(&self) -> MySqlStore {
-        MySqlStore::connect(&mysql_url())
-            .await
-            .unwrap()
-            .with_table(&self.table)
-            .unwrap()
-    }
-    async fn migrate(store: &MySqlStore) -> Result<(), StoreError> {
-        store.migrate().await
-    }
-    async fn schema_version(store: &MySqlStore) -> Result<Option<u32>, StoreError> {
-        store.schema_version().await
-    }
-    async fn record(store: &MySqlStore, key: &Key) -> Result<Option<Record>, StoreError> {
-        store.record(SPEC.name, key).await
-    }
-    async fn count(store: &MySqlStore) -> Result<i64, StoreError> {
-        store.count().await
-    }
-    async fn create_v1(&self) {
-        let ddl = include_str!("../fixtures/schema_v1/mysql.sql").replace("{t}", &self.table);
-        sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
-            .execute(&self.pool)
-            .await
-            .unwrap();
-    }
-    async fn insert_v1(&self, row: OldRow) {
-        let now = now_ms();
-        let sql = format!(
-            "INSERT INTO {} (handler, `key`, status, token, outcome, attempts, created_at, updated_at, expires_at)
-             VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?)",
-            self.table
-        );
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(SPEC.name)
-            .bind(&row.key)
-            .bind(row.status)
-            .bind(&row.token)
-            .bind(&row.outcome)
-            .bind(now)
-            .bind(now)
-            .bind(row.expires_at)
-            .execute(&self.pool)
-            .await
-            .unwrap();
-    }
-}
+old_table!(
+    MySqlOld,
+    MySqlStore,
+    |_old| MySqlStore::connect(&mysql_url()).await.unwrap(),
+    "../fixtures/schema_v1/mysql.sql",
+    "INSERT INTO {t} (handler, `key`, status, token, outcome, attempts, created_at, updated_at, expires_at)
+     VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?)"
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mysql_upgrades_a_first_release_table_under_load() {

@@ -10,7 +10,7 @@ use idem_runtime::store::Status;
 use idem_runtime::{Error, Outcome, idempotent};
 
 use super::lease::{Effects, LeaseFixture};
-use super::ops::{Ends, OpsError, Reserve, Settled, redeliver};
+use super::ops::{Ends, OpsError, Reserve, Settled, redeliver, two_payloads};
 use super::{Probe, together};
 
 /// The body of the handlers below: counts its run, waits a little (so that
@@ -131,13 +131,7 @@ pub(crate) async fn deliveries_with_another_payload_are_mismatches_and_run_nothi
 ) {
     const N: usize = 24;
     let probe = Probe::new();
-    let payload = |i: usize| {
-        if i.is_multiple_of(2) {
-            Reserve::new("r-1", "apple", 2, 9.5)
-        } else {
-            Reserve::new("r-1", "apple", 2, 9.75)
-        }
-    };
+    let payload = two_payloads;
     let results = together(N, |i| {
         let (fx, probe, msg) = (Arc::clone(&fx), Arc::clone(&probe), payload(i));
         async move {

@@ -37,6 +37,13 @@ impl Reserve {
     }
 }
 
+/// The `i`th of concurrent deliveries of order `r-1` that carry two
+/// payloads, one price for even `i`, another for odd.
+pub(crate) fn two_payloads(i: usize) -> Reserve {
+    let price = if i.is_multiple_of(2) { 9.5 } else { 9.75 };
+    Reserve::new("r-1", "apple", 2, price)
+}
+
 /// The bodies' error: an unknown SKU is final, anything else may pass.
 #[derive(Debug, Clone, PartialEq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub(crate) enum OpsError {

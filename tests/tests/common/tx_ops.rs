@@ -8,7 +8,7 @@ use std::sync::Arc;
 use idem_runtime::{Error, Outcome, Status};
 use idem_tests::or_skip;
 
-use super::ops::{Ends, OpsError, Reserve, redeliver};
+use super::ops::{Ends, OpsError, Reserve, redeliver, two_payloads};
 use super::tx::{Open, StoreKind, TxHandlers};
 use super::{Probe, together};
 
@@ -20,13 +20,7 @@ pub(crate) async fn deliveries_with_another_payload_are_mismatches<F: TxHandlers
     const N: usize = 16;
     let db = Arc::new(or_skip!(F::open(kind, Open::Plain).await));
     let probe = Probe::new();
-    let payload = |i: usize| {
-        if i.is_multiple_of(2) {
-            Reserve::new("r-1", "apple", 2, 9.5)
-        } else {
-            Reserve::new("r-1", "apple", 2, 9.75)
-        }
-    };
+    let payload = two_payloads;
     let results = together(N, |i| {
         let (db, probe, msg) = (Arc::clone(&db), Arc::clone(&probe), payload(i));
         async move {
