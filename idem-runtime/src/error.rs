@@ -208,6 +208,22 @@ pub enum Error<E> {
         source: serde_json::Error,
     },
 
+    /// A batch handler's body returned another number of values than it
+    /// was given fresh messages, so no value can be matched to its message.
+    /// Nothing was recorded. Transaction mode: the body's writes were
+    /// rolled back. Lease mode: the body's effects happened, and the claims
+    /// are kept until their leases run out (other deliveries of those keys
+    /// get `InProgress` until then). A bug in the handler: fix the body.
+    #[error("handler `{handler}`: the batch body was given {fresh} fresh messages but returned {returned} values")]
+    OutcomeCount {
+        /// The handler's registered name.
+        handler: &'static str,
+        /// How many fresh messages the body was given.
+        fresh: usize,
+        /// How many values it returned.
+        returned: usize,
+    },
+
     /// A recorded outcome no longer decodes into the handler's return type
     /// (the type changed since it was recorded). The body did not run.
     #[error("handler `{handler}`: the recorded outcome for key {} does not decode: {source}", .key.shown())]
@@ -271,6 +287,7 @@ impl<E> Error<E> {
             | Error::KeyMissing { handler, .. }
             | Error::Unrecordable { handler, .. }
             | Error::Codec { handler, .. }
+            | Error::OutcomeCount { handler, .. }
             | Error::Config { handler, .. }
             | Error::Store { handler, .. } => handler,
         }
@@ -296,7 +313,7 @@ impl<E> Error<E> {
             | Error::Unrecordable { key, .. }
             | Error::Codec { key, .. } => Some(key),
             Error::Store { key, .. } => key.as_ref(),
-            Error::KeyMissing { .. } | Error::Config { .. } => None,
+            Error::KeyMissing { .. } | Error::Config { .. } | Error::OutcomeCount { .. } => None,
         }
     }
 
@@ -342,6 +359,7 @@ impl<E> Error<E> {
             Error::KeyMissing { .. } => "key_missing",
             Error::Unrecordable { .. } => "unrecordable",
             Error::Codec { .. } => "codec",
+            Error::OutcomeCount { .. } => "outcome_count",
             Error::Config { .. } => "config",
             Error::Store { .. } => "store",
         }
@@ -401,6 +419,16 @@ pub enum StoreError {
     /// read (a missing table is [`StoreError::MissingTable`]).
     #[error("schema: {0}")]
     Schema(String),
+
+    /// The store cannot do what the call asks of it (a store of your own
+    /// that does not implement an optional part of the contract).
+    #[error("the {store} store cannot {what}")]
+    Unsupported {
+        /// The store's name.
+        store: &'static str,
+        /// What it cannot do.
+        what: &'static str,
+    },
 
     /// Two handlers in this binary share a registered name, so their keys
     /// would collide: returned when a store is built; calls report it as

@@ -226,7 +226,8 @@ pub use idem_macros::idempotent;
 pub use key::{Key, KeyBuilder, KeyMissing, KeyPart, MAX_KEY_LEN, PartWriter};
 pub use outcome::Outcome;
 pub use store::contract::{
-    Claim, Failure, LeaseStore, Standing, StoreTransaction, TxClaim, TxCommit, TxStore,
+    BatchItem, Claim, Failure, Held, LeaseStore, Standing, StoreTransaction, TxBatch,
+    TxBatchCommit, TxClaim, TxCommit, TxStore,
 };
 pub use store::memory::MemoryStore;
 #[cfg(feature = "mysql")]

@@ -8,6 +8,9 @@
 
 pub mod stores;
 
+pub use crate::call::batch::{
+    Derived, Results, TxBatchBegin, TxBatchCall, TxBatchRun, TxBatchStep, run_lease_batch,
+};
 pub use crate::call::key_missing;
 pub use crate::call::lease::run_lease;
 pub use crate::call::tx::{TxBegin, TxCall, tx_begin, tx_finish};

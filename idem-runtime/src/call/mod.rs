@@ -11,6 +11,7 @@ use crate::registry::{self, HandlerSpec};
 use crate::store::contract::Standing;
 use crate::telemetry::finish;
 
+pub(crate) mod batch;
 pub(crate) mod lease;
 pub(crate) mod tx;
 

@@ -20,6 +20,7 @@ use std::time::Duration;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::registry::HandlerSpec;
+pub use crate::store::batch::{BatchItem, Held, TxBatch, TxBatchCommit};
 
 /// What a record says to a delivery that may not run its body: the answer
 /// a claim, a commit or a rollback returns instead of running or recording.
@@ -589,6 +590,193 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
         key: &Key,
         token: &str,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    /// Claims every key of a batch, answering for each in the order given,
+    /// as [`LeaseStore::claim`] does for one. The keys are distinct.
+    ///
+    /// The default claims one key after the other (and releases what it
+    /// took if a claim fails); the stores of this crate claim the whole
+    /// batch in one statement or one pipelined round trip.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use idem_runtime::registry::{HandlerSpec, Mode};
+    /// # use std::time::Duration;
+    /// # static SPEC: HandlerSpec = HandlerSpec {
+    /// #     name: "notify", function: "notify", key: "message_id",
+    /// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
+    /// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
+    /// #     fingerprint: None, max_attempts: None,
+    /// # };
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::{BatchItem, Claim, Held, Key, LeaseStore, MemoryStore};
+    ///
+    /// let store = MemoryStore::new();
+    /// let (a, b) = (Key::from_parts(&[&"m-1"])?, Key::from_parts(&[&"m-2"])?);
+    /// let Claim::Acquired { token } = store.claim(&SPEC, &a, None).await? else { panic!() };
+    /// store.complete(&SPEC, &a, &token, "1").await?;
+    ///
+    /// let items = [BatchItem { key: &a, fingerprint: None }, BatchItem { key: &b, fingerprint: None }];
+    /// let claims = store.claim_batch(&SPEC, &items).await?;
+    /// assert!(matches!(claims[0], Claim::Refused(_)));
+    /// let Claim::Acquired { token } = &claims[1] else { panic!() };
+    /// assert_eq!(store.complete_batch(&SPEC, &[(Held { key: &b, token }, "2")]).await?, [true]);
+    /// # Ok(()) }
+    /// ```
+    fn claim_batch(
+        &self,
+        spec: &'static HandlerSpec,
+        items: &[BatchItem<'_>],
+    ) -> impl Future<Output = Result<Vec<Claim>, StoreError>> + Send {
+        async move {
+            let mut claims = Vec::with_capacity(items.len());
+            for item in items {
+                match self.claim(spec, item.key, item.fingerprint).await {
+                    Ok(claim) => claims.push(claim),
+                    Err(e) => {
+                        let held = held(items, &claims);
+                        if let Err(e) = self.release_batch(spec, &held).await {
+                            tracing::warn!(error = %e, "could not release a batch's claims; they free themselves when their leases run out");
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            Ok(claims)
+        }
+    }
+
+    /// Records each claim's outcome, as [`LeaseStore::complete`] does for
+    /// one: per claim in the order given, `false` when its lease was lost.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use idem_runtime::registry::{HandlerSpec, Mode};
+    /// # use std::time::Duration;
+    /// # static SPEC: HandlerSpec = HandlerSpec {
+    /// #     name: "notify", function: "notify", key: "message_id",
+    /// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
+    /// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
+    /// #     fingerprint: None, max_attempts: None,
+    /// # };
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::{BatchItem, Claim, Held, Key, LeaseStore, MemoryStore};
+    ///
+    /// let store = MemoryStore::new();
+    /// let key = Key::from_parts(&[&"m-1"])?;
+    /// let claims = store.claim_batch(&SPEC, &[BatchItem { key: &key, fingerprint: None }]).await?;
+    /// let Claim::Acquired { token } = &claims[0] else { panic!() };
+    /// assert_eq!(store.complete_batch(&SPEC, &[(Held { key: &key, token }, "7")]).await?, [true]);
+    /// # Ok(()) }
+    /// ```
+    fn complete_batch(
+        &self,
+        spec: &'static HandlerSpec,
+        done: &[(Held<'_>, &str)],
+    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send {
+        async move {
+            let mut completed = Vec::with_capacity(done.len());
+            for (held, outcome) in done {
+                completed.push(self.complete(spec, held.key, held.token, outcome).await?);
+            }
+            Ok(completed)
+        }
+    }
+
+    /// Releases every claim given, as [`LeaseStore::release`] does for one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use idem_runtime::registry::{HandlerSpec, Mode};
+    /// # use std::time::Duration;
+    /// # static SPEC: HandlerSpec = HandlerSpec {
+    /// #     name: "notify", function: "notify", key: "message_id",
+    /// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
+    /// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
+    /// #     fingerprint: None, max_attempts: None,
+    /// # };
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::{BatchItem, Claim, Held, Key, LeaseStore, MemoryStore};
+    ///
+    /// let store = MemoryStore::new();
+    /// let key = Key::from_parts(&[&"m-1"])?;
+    /// let claims = store.claim_batch(&SPEC, &[BatchItem { key: &key, fingerprint: None }]).await?;
+    /// let Claim::Acquired { token } = &claims[0] else { panic!() };
+    /// store.release_batch(&SPEC, &[Held { key: &key, token }]).await?;
+    /// assert!(matches!(store.claim(&SPEC, &key, None).await?, Claim::Acquired { .. }));
+    /// # Ok(()) }
+    /// ```
+    fn release_batch(
+        &self,
+        spec: &'static HandlerSpec,
+        held: &[Held<'_>],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async move {
+            for held in held {
+                self.release(spec, held.key, held.token).await?;
+            }
+            Ok(())
+        }
+    }
+
+    /// Extends every claim given, as [`LeaseStore::extend`] does for one:
+    /// per claim in the order given, `false` when its lease was lost.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use idem_runtime::registry::{HandlerSpec, Mode};
+    /// # use std::time::Duration;
+    /// # static SPEC: HandlerSpec = HandlerSpec {
+    /// #     name: "notify", function: "notify", key: "message_id",
+    /// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
+    /// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
+    /// #     fingerprint: None, max_attempts: None,
+    /// # };
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::{BatchItem, Claim, Held, Key, LeaseStore, MemoryStore};
+    ///
+    /// let store = MemoryStore::new();
+    /// let key = Key::from_parts(&[&"m-1"])?;
+    /// let claims = store.claim_batch(&SPEC, &[BatchItem { key: &key, fingerprint: None }]).await?;
+    /// let Claim::Acquired { token } = &claims[0] else { panic!() };
+    /// assert_eq!(store.extend_batch(&SPEC, &[Held { key: &key, token }]).await?, [true]);
+    /// # Ok(()) }
+    /// ```
+    fn extend_batch(
+        &self,
+        spec: &'static HandlerSpec,
+        held: &[Held<'_>],
+    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send {
+        async move {
+            let mut extended = Vec::with_capacity(held.len());
+            for held in held {
+                extended.push(self.extend(spec, held.key, held.token).await?);
+            }
+            Ok(extended)
+        }
+    }
+}
+
+/// The claims `claims` holds of `items`, as [`Held`]s.
+pub(crate) fn held<'a>(items: &[BatchItem<'a>], claims: &'a [Claim]) -> Vec<Held<'a>> {
+    items
+        .iter()
+        .zip(claims)
+        .filter_map(|(item, claim)| match claim {
+            Claim::Acquired { token } => Some(Held {
+                key: item.key,
+                token,
+            }),
+            Claim::Refused(_) => None,
+        })
+        .collect()
 }
 
 /// The state of a key when a transaction-mode handler opens its transaction.
@@ -912,6 +1100,144 @@ pub trait TxStore: Send + Sync {
         key: &Key,
         fingerprint: Option<&str>,
     ) -> impl Future<Output = Result<Option<Standing>, StoreError>> + Send;
+    /// Begins a transaction for a batch and reads what stands for each of
+    /// its keys, in the order given: `None` for a fresh one. The keys are
+    /// distinct. The stores of this crate read the batch in one statement
+    /// and write its dedup rows at [`TxStore::commit_batch`], whatever
+    /// their [`ClaimOrder`](crate::ClaimOrder).
+    ///
+    /// The default reports [`StoreError::Unsupported`]: a store of your own
+    /// runs batch handlers once it implements the three batch methods.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use idem_runtime::registry::{HandlerSpec, Mode};
+    /// # use std::time::Duration;
+    /// # static SPEC: HandlerSpec = HandlerSpec {
+    /// #     name: "deduct_stock", function: "deduct_stock", key: "order_id",
+    /// #     ttl: Duration::from_secs(86_400), lease: Duration::from_secs(30),
+    /// #     store: "sqlite", mode: Mode::Transaction, module: "shop", file: "src/shop.rs", line: 1,
+    /// #     fingerprint: None, max_attempts: None,
+    /// # };
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
+    /// # store.migrate().await?;
+    /// use idem_runtime::{BatchItem, Key, TxBatchCommit, TxStore};
+    ///
+    /// let keys = [Key::from_parts(&[&17u64])?, Key::from_parts(&[&18u64])?];
+    /// let items: Vec<BatchItem<'_>> = keys.iter().map(|key| BatchItem { key, fingerprint: None }).collect();
+    /// let found = store.begin_batch(&SPEC, &items).await?;
+    /// assert_eq!(found.standings, [None, None]);
+    /// // ... the body runs both messages in `found.tx` ...
+    /// let outcomes = [Some("1"), Some("2")];
+    /// assert_eq!(store.commit_batch(found.tx, &SPEC, &items, &outcomes).await?, TxBatchCommit::Committed);
+    /// let again = store.begin_batch(&SPEC, &items).await?;
+    /// assert!(again.standings.iter().all(Option::is_some));
+    /// store.rollback_batch(again.tx).await?;
+    /// # Ok(()) }
+    /// ```
+    fn begin_batch(
+        &self,
+        spec: &'static HandlerSpec,
+        items: &[BatchItem<'_>],
+    ) -> impl Future<Output = Result<TxBatch<Self::Tx>, StoreError>> + Send {
+        let _ = (spec, items);
+        let store = self.store_name();
+        async move {
+            Err(StoreError::Unsupported {
+                store,
+                what: "run batch handlers in transaction mode",
+            })
+        }
+    }
+
+    /// Writes the dedup rows of the batch's fresh keys with their outcomes
+    /// (`outcomes` is aligned with `items`: `Some` for each key
+    /// [`TxStore::begin_batch`] found fresh) and commits them with the
+    /// body's writes, or rolls everything back and answers
+    /// [`TxBatchCommit::Taken`] when another delivery recorded one of those
+    /// keys meanwhile.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use idem_runtime::registry::{HandlerSpec, Mode};
+    /// # use std::time::Duration;
+    /// # static SPEC: HandlerSpec = HandlerSpec {
+    /// #     name: "deduct_stock", function: "deduct_stock", key: "order_id",
+    /// #     ttl: Duration::from_secs(86_400), lease: Duration::from_secs(30),
+    /// #     store: "sqlite", mode: Mode::Transaction, module: "shop", file: "src/shop.rs", line: 1,
+    /// #     fingerprint: None, max_attempts: None,
+    /// # };
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
+    /// # store.migrate().await?;
+    /// use idem_runtime::{BatchItem, Key, TxBatchCommit, TxStore};
+    ///
+    /// let key = Key::from_parts(&[&17u64])?;
+    /// let items = [BatchItem { key: &key, fingerprint: None }];
+    /// let first = store.begin_batch(&SPEC, &items).await?;
+    /// let second = store.begin_batch(&SPEC, &items).await;
+    /// # let _ = second;
+    /// assert_eq!(store.commit_batch(first.tx, &SPEC, &items, &[Some("1")]).await?, TxBatchCommit::Committed);
+    /// # Ok(()) }
+    /// ```
+    fn commit_batch(
+        &self,
+        tx: Self::Tx,
+        spec: &'static HandlerSpec,
+        items: &[BatchItem<'_>],
+        outcomes: &[Option<&str>],
+    ) -> impl Future<Output = Result<TxBatchCommit, StoreError>> + Send {
+        let _ = (tx, spec, items, outcomes);
+        let store = self.store_name();
+        async move {
+            Err(StoreError::Unsupported {
+                store,
+                what: "run batch handlers in transaction mode",
+            })
+        }
+    }
+
+    /// Rolls back a batch's transaction: its body failed, or nothing in it
+    /// was fresh.
+    ///
+    /// The default drops the transaction, which rolls it back for a
+    /// `sqlx::Transaction`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use idem_runtime::registry::{HandlerSpec, Mode};
+    /// # use std::time::Duration;
+    /// # static SPEC: HandlerSpec = HandlerSpec {
+    /// #     name: "deduct_stock", function: "deduct_stock", key: "order_id",
+    /// #     ttl: Duration::from_secs(86_400), lease: Duration::from_secs(30),
+    /// #     store: "sqlite", mode: Mode::Transaction, module: "shop", file: "src/shop.rs", line: 1,
+    /// #     fingerprint: None, max_attempts: None,
+    /// # };
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
+    /// # store.migrate().await?;
+    /// use idem_runtime::{BatchItem, Key, TxStore};
+    ///
+    /// let key = Key::from_parts(&[&17u64])?;
+    /// let found = store.begin_batch(&SPEC, &[BatchItem { key: &key, fingerprint: None }]).await?;
+    /// store.rollback_batch(found.tx).await?;
+    /// assert!(store.record("deduct_stock", &key).await?.is_none());
+    /// # Ok(()) }
+    /// ```
+    fn rollback_batch(&self, tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send {
+        drop(tx);
+        async { Ok(()) }
+    }
 }
 
 /// The transaction a [`TxStore`] hands to a transaction-mode body.
@@ -997,6 +1323,38 @@ impl<S: LeaseStore> LeaseStore for std::sync::Arc<S> {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         (**self).extend(spec, key, token)
     }
+
+    fn claim_batch(
+        &self,
+        spec: &'static HandlerSpec,
+        items: &[BatchItem<'_>],
+    ) -> impl Future<Output = Result<Vec<Claim>, StoreError>> + Send {
+        (**self).claim_batch(spec, items)
+    }
+
+    fn complete_batch(
+        &self,
+        spec: &'static HandlerSpec,
+        done: &[(Held<'_>, &str)],
+    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send {
+        (**self).complete_batch(spec, done)
+    }
+
+    fn release_batch(
+        &self,
+        spec: &'static HandlerSpec,
+        held: &[Held<'_>],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).release_batch(spec, held)
+    }
+
+    fn extend_batch(
+        &self,
+        spec: &'static HandlerSpec,
+        held: &[Held<'_>],
+    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send {
+        (**self).extend_batch(spec, held)
+    }
 }
 
 /// A shared store is a store: handlers take `&Arc<S>` as they take `&S`.
@@ -1046,5 +1404,27 @@ impl<S: TxStore> TxStore for std::sync::Arc<S> {
         fingerprint: Option<&str>,
     ) -> impl Future<Output = Result<Option<Standing>, StoreError>> + Send {
         (**self).rollback(tx, spec, key, fingerprint)
+    }
+
+    fn begin_batch(
+        &self,
+        spec: &'static HandlerSpec,
+        items: &[BatchItem<'_>],
+    ) -> impl Future<Output = Result<TxBatch<Self::Tx>, StoreError>> + Send {
+        (**self).begin_batch(spec, items)
+    }
+
+    fn commit_batch(
+        &self,
+        tx: Self::Tx,
+        spec: &'static HandlerSpec,
+        items: &[BatchItem<'_>],
+        outcomes: &[Option<&str>],
+    ) -> impl Future<Output = Result<TxBatchCommit, StoreError>> + Send {
+        (**self).commit_batch(tx, spec, items, outcomes)
+    }
+
+    fn rollback_batch(&self, tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).rollback_batch(tx)
     }
 }

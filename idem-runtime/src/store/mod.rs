@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use crate::error::StoreError;
 
+pub(crate) mod batch;
 pub(crate) mod contract;
 pub mod inspect;
 pub mod memory;
