@@ -214,7 +214,9 @@ pub enum Error<E> {
     /// rolled back. Lease mode: the body's effects happened, and the claims
     /// are kept until their leases run out (other deliveries of those keys
     /// get `InProgress` until then). A bug in the handler: fix the body.
-    #[error("handler `{handler}`: the batch body was given {fresh} fresh messages but returned {returned} values")]
+    #[error(
+        "handler `{handler}`: the batch body was given {fresh} fresh messages but returned {returned} values"
+    )]
     OutcomeCount {
         /// The handler's registered name.
         handler: &'static str,

@@ -110,10 +110,10 @@ impl<E> Plan<E> {
     /// fresh message's (or the first key's).
     fn lead(&self, fresh: &[usize]) -> Key {
         let u = fresh.first().copied().unwrap_or(0);
-        self.keys
-            .get(u)
-            .or_else(|| self.keys.first())
-            .map_or_else(|| crate::key::KeyBuilder::new().finish(), |(key, _)| key.clone())
+        self.keys.get(u).or_else(|| self.keys.first()).map_or_else(
+            || crate::key::KeyBuilder::new().finish(),
+            |(key, _)| key.clone(),
+        )
     }
 
     /// The messages the body runs: the first message of each fresh key,
@@ -421,7 +421,9 @@ impl BatchHeartbeat {
                             return;
                         }
                     }
-                    Err(e) => tracing::warn!(error = %e, "could not extend the batch's leases; will retry"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not extend the batch's leases; will retry")
+                    }
                 }
             }
         };

@@ -1181,10 +1181,10 @@ pub trait TxStore: Send + Sync {
     ///
     /// let key = Key::from_parts(&[&17u64])?;
     /// let items = [BatchItem { key: &key, fingerprint: None }];
-    /// let first = store.begin_batch(&SPEC, &items).await?;
-    /// let second = store.begin_batch(&SPEC, &items).await;
-    /// # let _ = second;
-    /// assert_eq!(store.commit_batch(first.tx, &SPEC, &items, &[Some("1")]).await?, TxBatchCommit::Committed);
+    /// let found = store.begin_batch(&SPEC, &items).await?;
+    /// assert_eq!(found.standings, [None]);
+    /// assert_eq!(store.commit_batch(found.tx, &SPEC, &items, &[Some("1")]).await?, TxBatchCommit::Committed);
+    /// assert_eq!(store.record("deduct_stock", &key).await?.unwrap().outcome.as_deref(), Some("1"));
     /// # Ok(()) }
     /// ```
     fn commit_batch(

@@ -208,6 +208,11 @@ impl Dialect for MySql {
     const SWEEP_BEGIN: Option<&'static str> =
         Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION");
     const LATEST_READ: &'static str = " LOCK IN SHARE MODE";
+    const BATCH_ROWS: &'static str = "JSON_TABLE(:rows, '$[*]' COLUMNS (
+            k VARCHAR(128) CHARACTER SET utf8mb4 PATH '$[0]',
+            f VARCHAR(32) CHARACTER SET ascii PATH '$[1]',
+            o LONGTEXT CHARACTER SET utf8mb4 PATH '$[2]',
+            t VARCHAR(32) CHARACTER SET ascii PATH '$[3]')) AS r";
     const ADDED_COLUMNS: &'static [(&'static str, &'static str)] = &[
         ("failures", "BIGINT NOT NULL DEFAULT 0"),
         ("last_error", "TEXT CHARACTER SET utf8mb4 NULL"),
@@ -251,6 +256,18 @@ impl Dialect for MySql {
         )
     }
 
+    fn insert_ignoring(select: &str) -> String {
+        format!("INSERT IGNORE INTO {{t}} ({COLUMNS}) {select}")
+    }
+
+    fn update_from_rows(assignments: &str, condition: &str) -> String {
+        format!(
+            "UPDATE {{t}} AS cur JOIN {} ON cur.handler = :handler AND cur.{{key}} = r.k
+             SET {assignments} WHERE {condition}",
+            Self::BATCH_ROWS
+        )
+    }
+
     fn take(row: NewRow) -> (String, Option<String>) {
         (
             format!(
@@ -261,7 +278,7 @@ impl Dialect for MySql {
                 "UPDATE {{t}} SET {}
                  WHERE handler = :handler AND {{key}} = :key AND {}",
                 take_over_assignments("", row),
-                claimable("")
+                claimable("", row.fingerprint)
             )),
         )
     }

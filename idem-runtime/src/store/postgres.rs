@@ -24,7 +24,7 @@ use crate::error::StoreError;
 use crate::registry;
 pub use crate::store::sql::ClaimOrder;
 use crate::store::sql::{
-    Dialect, Fault, NewRow, Placeholders, SqlStore, insert_or_take_over, reach,
+    COLUMNS, Dialect, Fault, NewRow, Placeholders, SqlStore, insert_or_take_over, reach,
 };
 
 /// The transaction a transaction-mode Postgres handler receives:
@@ -140,6 +140,8 @@ impl Dialect for Postgres {
     const BEGIN: Option<&'static str> = None;
     const SWEEP_BEGIN: Option<&'static str> = None;
     const LATEST_READ: &'static str = "";
+    const BATCH_ROWS: &'static str = "(SELECT v->>0 AS k, v->>1 AS f, v->>2 AS o, v->>3 AS t
+          FROM json_array_elements(:rows::json) AS e(v)) AS r";
     const ADDED_COLUMNS: &'static [(&'static str, &'static str)] = &[
         ("failures", "BIGINT NOT NULL DEFAULT 0"),
         ("last_error", "TEXT"),
@@ -178,6 +180,18 @@ impl Dialect for Postgres {
                 PRIMARY KEY (handler, key)
             );
             CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at);"
+        )
+    }
+
+    fn insert_ignoring(select: &str) -> String {
+        format!("INSERT INTO {{t}} ({COLUMNS}) {select} ON CONFLICT (handler, {{key}}) DO NOTHING")
+    }
+
+    fn update_from_rows(assignments: &str, condition: &str) -> String {
+        format!(
+            "UPDATE {{t}} AS cur SET {assignments} FROM {}
+             WHERE cur.handler = :handler AND cur.{{key}} = r.k AND {condition}",
+            Self::BATCH_ROWS
         )
     }
 

@@ -26,7 +26,7 @@ use sqlx::{AssertSqlSafe, Sqlite, Transaction};
 use crate::error::StoreError;
 use crate::registry;
 use crate::store::sql::{
-    ClaimOrder, Dialect, Fault, NewRow, Placeholders, SqlStore, insert_or_take_over,
+    COLUMNS, ClaimOrder, Dialect, Fault, NewRow, Placeholders, SqlStore, insert_or_take_over,
 };
 
 /// The transaction a transaction-mode SQLite handler receives:
@@ -154,6 +154,10 @@ impl Dialect for Sqlite {
     const BEGIN: Option<&'static str> = Some("BEGIN IMMEDIATE");
     const SWEEP_BEGIN: Option<&'static str> = None;
     const LATEST_READ: &'static str = "";
+    const BATCH_ROWS: &'static str = "(SELECT json_extract(value, '$[0]') AS k,
+                json_extract(value, '$[1]') AS f, json_extract(value, '$[2]') AS o,
+                json_extract(value, '$[3]') AS t
+          FROM json_each(:rows)) AS r";
     const ADDED_COLUMNS: &'static [(&'static str, &'static str)] = &[
         ("failures", "INTEGER NOT NULL DEFAULT 0"),
         ("last_error", "TEXT"),
@@ -188,6 +192,18 @@ impl Dialect for Sqlite {
                 PRIMARY KEY (handler, key)
             ) WITHOUT ROWID;
             CREATE INDEX IF NOT EXISTS {schema}{bare}_expires_at ON {bare} (expires_at);"
+        )
+    }
+
+    fn insert_ignoring(select: &str) -> String {
+        format!("INSERT INTO {{t}} ({COLUMNS}) {select} ON CONFLICT (handler, {{key}}) DO NOTHING")
+    }
+
+    fn update_from_rows(assignments: &str, condition: &str) -> String {
+        format!(
+            "UPDATE {{t}} AS cur SET {assignments} FROM {}
+             WHERE cur.handler = :handler AND cur.{{key}} = r.k AND {condition}",
+            Self::BATCH_ROWS
         )
     }
 

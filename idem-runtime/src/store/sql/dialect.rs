@@ -47,6 +47,20 @@ pub trait Dialect: Exec {
     /// with their types: `migrate` adds those a table lacks.
     const ADDED_COLUMNS: &'static [(&'static str, &'static str)];
 
+    /// A batch's rows, bound to `:rows` as a JSON array of `[key,
+    /// fingerprint, outcome, token]` arrays, as a table `r` with the text
+    /// columns `k`, `f`, `o` and `t` (NULL for a JSON null).
+    const BATCH_ROWS: &'static str;
+
+    /// Inserts what `select` yields into the table (in [`COLUMNS`](super::COLUMNS)'
+    /// order), leaving every row that stands alone: the statement affects
+    /// as many rows as it inserted.
+    fn insert_ignoring(select: &str) -> String;
+
+    /// Updates the table, as `cur`, from the batch's rows `r` matched on
+    /// `:handler` and the key: `assignments` where `condition` holds.
+    fn update_from_rows(assignments: &str, condition: &str) -> String;
+
     /// Creates the table `table` and its expiry index if they do not exist
     /// (one or more statements, no parameters), as this release writes it.
     fn create(table: &str) -> String;

@@ -160,6 +160,7 @@ where
                 Param::Status => query.bind(values.status),
                 Param::Error => query.bind(values.error),
                 Param::Since => query.bind(values.since),
+                Param::Rows => query.bind(values.rows),
             };
         }
         query

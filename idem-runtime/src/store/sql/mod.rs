@@ -36,9 +36,13 @@ use crate::clock::{Clock, SystemClock, expiry};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::registry::HandlerSpec;
-use crate::store::contract::{Claim, Failure, LeaseStore, Standing, TxClaim, TxCommit, TxStore};
+use crate::store::contract::{
+    BatchItem, Claim, Failure, Held, LeaseStore, Standing, TxBatch, TxBatchCommit, TxClaim,
+    TxCommit, TxStore,
+};
 use crate::store::{Record, Sweep, validate_table_name};
 
+mod batch;
 mod dialect;
 mod exec;
 mod inspect;
@@ -466,14 +470,7 @@ impl<D: Dialect> SqlStore<D> {
         key: &'a Key,
         hold: Duration,
     ) -> Result<Values<'a>, StoreError> {
-        if handler.len() > D::MAX_HANDLER_LEN {
-            return Err(StoreError::Schema(format!(
-                "handler name {handler:?} is {} bytes long; the {} store's table holds at most {}",
-                handler.len(),
-                D::STORE,
-                D::MAX_HANDLER_LEN
-            )));
-        }
+        self.check_handler(handler)?;
         let now = self.clock.now_millis();
         Ok(Values {
             handler,
@@ -482,6 +479,19 @@ impl<D: Dialect> SqlStore<D> {
             until: expiry(now, hold),
             ..Values::default()
         })
+    }
+
+    /// Refuses a handler name longer than the table holds.
+    fn check_handler(&self, handler: &str) -> Result<(), StoreError> {
+        if handler.len() > D::MAX_HANDLER_LEN {
+            return Err(StoreError::Schema(format!(
+                "handler name {handler:?} is {} bytes long; the {} store's table holds at most {}",
+                handler.len(),
+                D::STORE,
+                D::MAX_HANDLER_LEN
+            )));
+        }
+        Ok(())
     }
 
     /// Runs `take` on `conn`: inserts the claim row, or takes over one a
@@ -818,6 +828,38 @@ impl<D: Dialect> LeaseStore for SqlStore<D> {
         };
         Ok(self.write(&self.sql.extend, &values, None).await? == 1)
     }
+
+    async fn claim_batch(
+        &self,
+        spec: &'static HandlerSpec,
+        items: &[BatchItem<'_>],
+    ) -> Result<Vec<Claim>, StoreError> {
+        self.claim_rows(spec, items).await
+    }
+
+    async fn complete_batch(
+        &self,
+        spec: &'static HandlerSpec,
+        done: &[(Held<'_>, &str)],
+    ) -> Result<Vec<bool>, StoreError> {
+        self.complete_rows(spec, done).await
+    }
+
+    async fn release_batch(
+        &self,
+        spec: &'static HandlerSpec,
+        held: &[Held<'_>],
+    ) -> Result<(), StoreError> {
+        self.release_rows(spec, held).await
+    }
+
+    async fn extend_batch(
+        &self,
+        spec: &'static HandlerSpec,
+        held: &[Held<'_>],
+    ) -> Result<Vec<bool>, StoreError> {
+        self.extend_rows(spec, held).await
+    }
 }
 
 impl<D: Dialect> SqlStore<D> {
@@ -1027,6 +1069,28 @@ impl<D: Dialect> TxStore for SqlStore<D> {
                 Ok(None)
             }
         }
+    }
+
+    async fn begin_batch(
+        &self,
+        spec: &'static HandlerSpec,
+        items: &[BatchItem<'_>],
+    ) -> Result<TxBatch<Self::Tx>, StoreError> {
+        self.begin_rows(spec, items).await
+    }
+
+    async fn commit_batch(
+        &self,
+        tx: Self::Tx,
+        spec: &'static HandlerSpec,
+        items: &[BatchItem<'_>],
+        outcomes: &[Option<&str>],
+    ) -> Result<TxBatchCommit, StoreError> {
+        self.commit_rows(tx, spec, items, outcomes).await
+    }
+
+    async fn rollback_batch(&self, tx: Self::Tx) -> Result<(), StoreError> {
+        tx.rollback().await.map_err(|e| self.err(e))
     }
 }
 

@@ -54,10 +54,14 @@ pub(crate) enum Param {
     /// (`:now` less the ttl): a stalled claim whose lease ended before it no
     /// longer counts.
     Since,
+    /// A batch's rows: a JSON array of `[key, fingerprint, outcome,
+    /// token]` arrays (text or null), read as the table `r` of
+    /// [`Dialect::BATCH_ROWS`](super::Dialect::BATCH_ROWS).
+    Rows,
 }
 
 impl Param {
-    const ALL: [(&'static str, Param); 12] = [
+    const ALL: [(&'static str, Param); 13] = [
         ("handler", Param::Handler),
         ("key", Param::Key),
         ("token", Param::Token),
@@ -70,6 +74,7 @@ impl Param {
         ("status", Param::Status),
         ("error", Param::Error),
         ("since", Param::Since),
+        ("rows", Param::Rows),
     ];
 }
 
@@ -101,6 +106,8 @@ pub struct Values<'a> {
     pub error: Option<&'a str>,
     /// [`Param::Since`].
     pub since: i64,
+    /// [`Param::Rows`].
+    pub rows: &'a str,
 }
 
 /// One statement, rendered for its database, with the parameters to bind in
@@ -192,6 +199,9 @@ pub struct NewRow {
     pub failures: &'static str,
     /// The last error this claim writes (`NULL`: keep the carried one).
     pub last_error: &'static str,
+    /// The delivery's payload fingerprint (`:fingerprint`, or a batch row's
+    /// column).
+    pub fingerprint: &'static str,
 }
 
 /// A claim in progress, carrying its fencing token (lease mode, and
@@ -202,6 +212,7 @@ pub(crate) const CLAIMED: NewRow = NewRow {
     outcome: "NULL",
     failures: "0",
     last_error: "NULL",
+    fingerprint: ":fingerprint",
 };
 
 /// A claim written with its outcome (transaction mode claiming last).
@@ -211,6 +222,7 @@ pub(crate) const COMPLETED: NewRow = NewRow {
     outcome: ":outcome",
     failures: "0",
     last_error: "NULL",
+    fingerprint: ":fingerprint",
 };
 
 /// A claim written with a final failure (transaction mode, once the body's
@@ -221,6 +233,7 @@ pub(crate) const FAILED: NewRow = NewRow {
     outcome: ":outcome",
     failures: "1",
     last_error: ":error",
+    fingerprint: ":fingerprint",
 };
 
 /// The columns of the dedup table, in the order claims insert them.
@@ -229,16 +242,23 @@ pub(crate) const COLUMNS: &str = "handler, {key}, status, token, outcome, attemp
 
 /// The values a claim inserts, in [`COLUMNS`]' order.
 pub(crate) fn inserted(row: NewRow) -> String {
+    format!("({})", values_of(row, ":key"))
+}
+
+/// The values of `row` for the key `key` (`:key`, or a batch row's
+/// column), in [`COLUMNS`]' order, without parentheses.
+pub(crate) fn values_of(row: NewRow, key: &str) -> String {
     let NewRow {
         status,
         token,
         outcome,
         failures,
         last_error,
+        fingerprint,
     } = row;
     format!(
-        "(:handler, :key, {status}, {token}, {outcome}, 1, {failures}, {last_error}, \
-          :fingerprint, :now, :now, :until)"
+        ":handler, {key}, {status}, {token}, {outcome}, 1, {failures}, {last_error}, \
+          {fingerprint}, :now, :now, :until"
     )
 }
 
@@ -246,15 +266,17 @@ pub(crate) fn inserted(row: NewRow) -> String {
 /// `""` in an `UPDATE` of the row itself), may be taken by this claim: it
 /// has expired (unless it is a stalled claim whose failure would be the
 /// last one allowed, see [`Standing::of_ran_out`](crate::Standing::of_ran_out)),
-/// or its last delivery failed with attempts left and the same payload. [`Standing::of`](crate::Standing::of) is the same rule, read
-/// from a record.
-pub(crate) fn claimable(cur: &str) -> String {
+/// or its last delivery failed with attempts left and the same payload
+/// (the delivery's fingerprint is the SQL `fingerprint`: `:fingerprint`,
+/// or a batch row's column). [`Standing::of`](crate::Standing::of) is the
+/// same rule, read from a record.
+pub(crate) fn claimable(cur: &str, fingerprint: &str) -> String {
     format!(
         "(({cur}expires_at <= :now AND ({cur}status <> 'in_progress' OR :max IS NULL \
             OR {cur}expires_at <= :since OR {cur}failures + 1 < :max)) \
           OR ({cur}status = 'retry' \
           AND (:max IS NULL OR {cur}failures < :max) \
-          AND ({cur}fingerprint IS NULL OR :fingerprint IS NULL OR {cur}fingerprint = :fingerprint)))"
+          AND ({cur}fingerprint IS NULL OR {fingerprint} IS NULL OR {cur}fingerprint = {fingerprint})))"
     )
 }
 
@@ -270,6 +292,7 @@ pub(crate) fn take_over_assignments(cur: &str, row: NewRow) -> String {
         outcome,
         failures,
         last_error,
+        fingerprint,
     } = row;
     let retrying = format!("({cur}status = 'retry' AND {cur}expires_at > :now)");
     let ran_out = format!("({cur}status = 'in_progress' AND {cur}expires_at > :since)");
@@ -281,7 +304,7 @@ pub(crate) fn take_over_assignments(cur: &str, row: NewRow) -> String {
          last_error = CASE WHEN {retrying} THEN COALESCE({last_error}, {cur}last_error)
                            WHEN {ran_out} THEN COALESCE({last_error}, '{lease_ran_out}')
                            ELSE {last_error} END,
-         status = {status}, token = {token}, outcome = {outcome}, fingerprint = :fingerprint,
+         status = {status}, token = {token}, outcome = {outcome}, fingerprint = {fingerprint},
          created_at = :now, updated_at = :now, expires_at = :until"
     )
 }
@@ -346,6 +369,8 @@ pub(crate) struct Statements {
     /// The statements that add each column a table of an earlier release
     /// lacks: (column, statement).
     pub(crate) upgrades: Vec<(&'static str, Statement)>,
+    /// The statements of batches.
+    pub(crate) batch: super::batch::BatchStatements,
 }
 
 /// The columns of a record, in the order [`super::exec::Exec::fetch`]
@@ -434,6 +459,7 @@ impl Statements {
                     (*column, render(&add))
                 })
                 .collect(),
+            batch: super::batch::BatchStatements::new::<D>(table),
         }
     }
 }
@@ -450,7 +476,7 @@ pub(crate) fn insert_or_take_over(row: NewRow) -> String {
          WHERE {claimable}",
         values = inserted(row),
         assignments = take_over_assignments("cur.", row),
-        claimable = claimable("cur."),
+        claimable = claimable("cur.", row.fingerprint),
     )
 }
 

@@ -1,0 +1,480 @@
+//! Batches on the SQL stores: a whole batch's keys in one statement.
+//!
+//! A batch travels as one parameter, `:rows`: a JSON array of `[key,
+//! fingerprint, outcome, token]` arrays, which each database reads as a
+//! table ([`Dialect::BATCH_ROWS`]: PostgreSQL's `json_array_elements`,
+//! SQLite's `json_each`, MySQL's and MariaDB's `JSON_TABLE`). The statement
+//! text is fixed, whatever the batch holds.
+//!
+//! * A lease-mode batch inserts every key as a claim in progress in one
+//!   statement, in key order, leaving standing rows alone. When it inserted
+//!   them all (every key fresh) that is the whole claim; otherwise one read
+//!   of the batch's records says which claims are this batch's and what
+//!   stands against the others. A record a claim may take over (expired,
+//!   or a failure to retry) is taken one key at a time, by the single
+//!   claim.
+//! * A transaction-mode batch reads its records in one statement when it
+//!   begins and writes its dedup rows, completed with their outcomes, in
+//!   one statement at the commit (taking over expired rows one key at a
+//!   time). If another delivery recorded one of its fresh keys meanwhile,
+//!   the insert writes fewer rows than it should: everything rolls back
+//!   and the runtime begins the batch again.
+//! * Completion, extension and release are one statement each, fenced by
+//!   each row's token. A batch's completion keeps the token in the
+//!   completed row, so that a completion that wrote fewer rows than it was
+//!   given can read back which ones.
+//!
+//! Rows are inserted in key order, so two batches that share keys lock
+//! them in the same order instead of deadlocking; a deadlock that happens
+//! anyway (the body's own writes) rolls the batch back and begins it again.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use sqlx::Transaction;
+
+use super::statement::{CLAIMED, COMPLETED};
+use super::statement::{NewRow, Statement, Values, render, values_of};
+use super::{Dialect, Fault, SqlStore, Taken, fault, may_take};
+use crate::clock::expiry;
+use crate::error::StoreError;
+use crate::registry::HandlerSpec;
+use crate::store::Record;
+use crate::store::contract::{BatchItem, Claim, Held, LeaseStore, TxBatch, TxBatchCommit};
+
+/// A claim in progress, one per batch row: its token and fingerprint are
+/// the row's.
+const BATCH_CLAIMED: NewRow = NewRow {
+    token: "r.t",
+    fingerprint: "r.f",
+    ..CLAIMED
+};
+
+/// A dedup row written with its outcome, one per batch row, marked with
+/// the batch's token.
+const BATCH_COMPLETED: NewRow = NewRow {
+    token: "r.t",
+    outcome: "r.o",
+    fingerprint: "r.f",
+    ..COMPLETED
+};
+
+/// The batch statements of one store, built once per table.
+#[derive(Debug)]
+pub(crate) struct BatchStatements {
+    /// The records of the batch's keys: handler, key and the record's
+    /// columns.
+    select: Statement,
+    /// As `select`, reading the latest committed rows inside a
+    /// transaction ([`Dialect::LATEST_READ`]).
+    select_latest: Statement,
+    /// Inserts every row as a claim in progress.
+    insert_claims: Statement,
+    /// Inserts every row completed, with its outcome.
+    insert_completed: Statement,
+    /// Completes the claims the rows' tokens hold, keeping the tokens.
+    complete: Statement,
+    /// Moves the end of the leases the rows' tokens hold.
+    extend: Statement,
+    /// Deletes the claims the rows' tokens hold.
+    release: Statement,
+    /// The keys whose row the row's token holds with status `:status`.
+    held: Statement,
+}
+
+impl BatchStatements {
+    pub(crate) fn new<D: Dialect>(table: &str) -> Self {
+        let render = |template: &str| render::<D>(table, template);
+        let rows = D::BATCH_ROWS;
+        let insert = |row: NewRow| {
+            render(&D::insert_ignoring(&format!(
+                "SELECT {} FROM {rows} WHERE r.k IS NOT NULL ORDER BY r.k",
+                values_of(row, "r.k")
+            )))
+        };
+        let select = format!(
+            "SELECT handler, {{key}}, {{record}} FROM {{t}}
+             WHERE handler = :handler AND {{key}} IN (SELECT r.k FROM {rows})"
+        );
+        BatchStatements {
+            select_latest: render(&format!("{select}{}", D::LATEST_READ)),
+            select: render(&select),
+            insert_claims: insert(BATCH_CLAIMED),
+            insert_completed: insert(BATCH_COMPLETED),
+            complete: render(&D::update_from_rows(
+                "status = 'completed', outcome = r.o, updated_at = :now, expires_at = :until",
+                "cur.token = r.t AND cur.status IN ('in_progress', 'retry')",
+            )),
+            extend: render(&D::update_from_rows(
+                "updated_at = :now, expires_at = :until",
+                "cur.token = r.t AND cur.status = 'in_progress'",
+            )),
+            release: render(&format!(
+                "DELETE FROM {{t}} WHERE handler = :handler AND status = 'in_progress'
+                 AND ({{key}}, token) IN (SELECT r.k, r.t FROM {rows})"
+            )),
+            held: render(&format!(
+                "SELECT cur.{{key}} FROM {{t}} AS cur JOIN {rows}
+                   ON cur.handler = :handler AND cur.{{key}} = r.k
+                 WHERE cur.token = r.t AND cur.status = :status"
+            )),
+        }
+    }
+}
+
+/// One batch row: key, fingerprint, outcome, token.
+type Row<'a> = [Option<&'a str>; 4];
+
+/// The JSON a batch's rows are bound as.
+fn rows_json(rows: &[Row<'_>]) -> Result<String, StoreError> {
+    serde_json::to_string(rows).map_err(StoreError::backend)
+}
+
+impl<D: Dialect> SqlStore<D> {
+    /// The values of a batch statement of `spec`, read at this store's
+    /// clock, with rows `rows` and `until` `hold` from now.
+    fn batch_values<'a>(
+        &self,
+        spec: &'a HandlerSpec,
+        rows: &'a str,
+        hold: Duration,
+    ) -> Result<Values<'a>, StoreError> {
+        let now = self.clock.now_millis();
+        self.check_handler(spec.name)?;
+        Ok(Values {
+            handler: spec.name,
+            now,
+            until: expiry(now, hold),
+            max: spec.max_attempts.map(i64::from),
+            since: now.saturating_sub(crate::clock::millis(spec.ttl)),
+            rows,
+            ..Values::default()
+        })
+    }
+
+    /// The records of `items`' keys, by key.
+    async fn batch_records(
+        &self,
+        conn: &mut D::Connection,
+        spec: &HandlerSpec,
+        items: &[BatchItem<'_>],
+    ) -> Result<HashMap<String, Record>, sqlx::Error> {
+        self.batch_records_with(conn, &self.sql.batch.select, spec, items)
+            .await
+    }
+
+    /// The records `select` reads of `items`' keys, by key.
+    async fn batch_records_with(
+        &self,
+        conn: &mut D::Connection,
+        select: &Statement,
+        spec: &HandlerSpec,
+        items: &[BatchItem<'_>],
+    ) -> Result<HashMap<String, Record>, sqlx::Error> {
+        let rows: Vec<Row<'_>> = items
+            .iter()
+            .map(|i| [Some(i.key.as_str()), None, None, None])
+            .collect();
+        let json = rows_json(&rows).map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
+        let values = Values {
+            handler: spec.name,
+            rows: &json,
+            ..Values::default()
+        };
+        let records = D::records(conn, select, &values).await?;
+        Ok(records.into_iter().map(|r| (r.key.clone(), r)).collect())
+    }
+
+    /// The keys among `rows` whose row their token holds with `status`.
+    async fn batch_held(
+        &self,
+        spec: &HandlerSpec,
+        json: &str,
+        status: &'static str,
+    ) -> Result<HashSet<String>, StoreError> {
+        let values = Values {
+            handler: spec.name,
+            rows: json,
+            status,
+            ..Values::default()
+        };
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let cells = D::cells(&mut conn, &self.sql.batch.held, &values, 1)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(cells
+            .into_iter()
+            .filter_map(|c| c.texts.into_iter().next())
+            .collect())
+    }
+
+    /// Runs a fenced batch update and answers per row whether it took:
+    /// all of them when it wrote as many rows as it was given, otherwise
+    /// the rows their tokens still hold with `status`.
+    async fn fenced(
+        &self,
+        spec: &HandlerSpec,
+        statement: &Statement,
+        rows: &[Row<'_>],
+        hold: Duration,
+        status: &'static str,
+    ) -> Result<Vec<bool>, StoreError> {
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let json = rows_json(rows)?;
+        let values = self.batch_values(spec, &json, hold)?;
+        let wrote = self.write(statement, &values, None).await?;
+        if wrote == rows.len() as u64 {
+            return Ok(vec![true; rows.len()]);
+        }
+        let held = self.batch_held(spec, &json, status).await?;
+        Ok(rows
+            .iter()
+            .map(|[key, ..]| key.is_some_and(|k| held.contains(k)))
+            .collect())
+    }
+
+    pub(crate) async fn claim_rows(
+        &self,
+        spec: &'static HandlerSpec,
+        items: &[BatchItem<'_>],
+    ) -> Result<Vec<Claim>, StoreError> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        if spec.max_attempts.is_some() {
+            // A stalled claim's count is settled key by key (see `claim`).
+            let mut claims = Vec::with_capacity(items.len());
+            for item in items {
+                claims.push(self.claim(spec, item.key, item.fingerprint).await?);
+            }
+            return Ok(claims);
+        }
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let rows: Vec<Row<'_>> = items
+            .iter()
+            .map(|i| [Some(i.key.as_str()), i.fingerprint, None, Some(&token)])
+            .collect();
+        let json = rows_json(&rows)?;
+        let values = self.batch_values(spec, &json, spec.lease)?;
+        let inserted = self
+            .write(&self.sql.batch.insert_claims, &values, None)
+            .await?;
+        if inserted == items.len() as u64 {
+            return Ok(vec![Claim::Acquired { token }; items.len()]);
+        }
+        let records = {
+            let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+            self.batch_records(&mut conn, spec, items)
+                .await
+                .map_err(|e| self.err(e))?
+        };
+        let mut claims = Vec::with_capacity(items.len());
+        for item in items {
+            let record = records.get(item.key.as_str());
+            let ours = record.is_some_and(|r| {
+                r.token.as_deref() == Some(token.as_str())
+                    && r.status == crate::store::Status::InProgress
+            });
+            if ours {
+                claims.push(Claim::Acquired {
+                    token: token.clone(),
+                });
+                continue;
+            }
+            let at = Values {
+                fingerprint: item.fingerprint,
+                ..values
+            };
+            match self.standing(record.cloned(), spec, &at) {
+                Some(standing) => claims.push(Claim::Refused(standing)),
+                // Absent after all, expired, or a failure to retry: the
+                // single claim takes it over by the rules.
+                None => claims.push(self.claim(spec, item.key, item.fingerprint).await?),
+            }
+        }
+        Ok(claims)
+    }
+
+    pub(crate) async fn complete_rows(
+        &self,
+        spec: &'static HandlerSpec,
+        done: &[(Held<'_>, &str)],
+    ) -> Result<Vec<bool>, StoreError> {
+        let rows: Vec<Row<'_>> = done
+            .iter()
+            .map(|(h, outcome)| [Some(h.key.as_str()), None, Some(*outcome), Some(h.token)])
+            .collect();
+        self.fenced(spec, &self.sql.batch.complete, &rows, spec.ttl, "completed")
+            .await
+    }
+
+    pub(crate) async fn extend_rows(
+        &self,
+        spec: &'static HandlerSpec,
+        held: &[Held<'_>],
+    ) -> Result<Vec<bool>, StoreError> {
+        let rows: Vec<Row<'_>> = held
+            .iter()
+            .map(|h| [Some(h.key.as_str()), None, None, Some(h.token)])
+            .collect();
+        self.fenced(
+            spec,
+            &self.sql.batch.extend,
+            &rows,
+            spec.lease,
+            "in_progress",
+        )
+        .await
+    }
+
+    pub(crate) async fn release_rows(
+        &self,
+        spec: &'static HandlerSpec,
+        held: &[Held<'_>],
+    ) -> Result<(), StoreError> {
+        if held.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<Row<'_>> = held
+            .iter()
+            .map(|h| [Some(h.key.as_str()), None, None, Some(h.token)])
+            .collect();
+        let json = rows_json(&rows)?;
+        let values = self.batch_values(spec, &json, Duration::ZERO)?;
+        self.write(&self.sql.batch.release, &values, None).await?;
+        Ok(())
+    }
+
+    pub(crate) async fn begin_rows(
+        &self,
+        spec: &'static HandlerSpec,
+        items: &[BatchItem<'_>],
+    ) -> Result<TxBatch<Transaction<'static, D>>, StoreError> {
+        if spec.max_attempts.is_some() {
+            return Err(StoreError::Unsupported {
+                store: D::STORE,
+                what: "run a batch of a handler with max_attempts",
+            });
+        }
+        let mut tx = self.begin().await?;
+        let records = match self.batch_records(&mut tx, spec, items).await {
+            Ok(records) => records,
+            Err(e) => {
+                let _ = tx.rollback().await;
+                return Err(self.err(e));
+            }
+        };
+        let now = self.clock.now_millis();
+        let standings = items
+            .iter()
+            .map(|item| {
+                let values = Values {
+                    now,
+                    fingerprint: item.fingerprint,
+                    ..Values::default()
+                };
+                self.standing(records.get(item.key.as_str()).cloned(), spec, &values)
+            })
+            .collect();
+        Ok(TxBatch { tx, standings })
+    }
+
+    pub(crate) async fn commit_rows(
+        &self,
+        mut tx: Transaction<'static, D>,
+        spec: &'static HandlerSpec,
+        items: &[BatchItem<'_>],
+        outcomes: &[Option<&str>],
+    ) -> Result<TxBatchCommit, StoreError> {
+        let written = self.write_rows(&mut tx, spec, items, outcomes).await;
+        match written {
+            Ok(true) => {
+                tx.commit().await.map_err(|e| self.err(e))?;
+                Ok(TxBatchCommit::Committed)
+            }
+            Ok(false) => {
+                tx.rollback().await.map_err(|e| self.err(e))?;
+                Ok(TxBatchCommit::Taken)
+            }
+            Err(e) => {
+                let _ = tx.rollback().await;
+                match fault::<D>(&e) {
+                    // The database rolled the transaction back: begin again.
+                    Fault::Deadlock => Ok(TxBatchCommit::Taken),
+                    _ => Err(self.err(e)),
+                }
+            }
+        }
+    }
+
+    /// Writes the dedup rows of the fresh keys (those with an outcome) in
+    /// `tx`, marked with one token; `false` when one of them was taken
+    /// meanwhile.
+    async fn write_rows(
+        &self,
+        tx: &mut Transaction<'static, D>,
+        spec: &'static HandlerSpec,
+        items: &[BatchItem<'_>],
+        outcomes: &[Option<&str>],
+    ) -> Result<bool, sqlx::Error> {
+        let protocol = |e: StoreError| sqlx::Error::Protocol(e.to_string());
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let fresh: Vec<(&BatchItem<'_>, &str)> = items
+            .iter()
+            .zip(outcomes)
+            .filter_map(|(item, outcome)| Some((item, (*outcome)?)))
+            .collect();
+        if fresh.is_empty() {
+            return Ok(true);
+        }
+        let rows: Vec<Row<'_>> = fresh
+            .iter()
+            .map(|(item, outcome)| {
+                [
+                    Some(item.key.as_str()),
+                    item.fingerprint,
+                    Some(*outcome),
+                    Some(&token),
+                ]
+            })
+            .collect();
+        let json = rows_json(&rows).map_err(protocol)?;
+        let values = self.batch_values(spec, &json, spec.ttl).map_err(protocol)?;
+        let done = D::run(tx, &self.sql.batch.insert_completed, &values).await?;
+        if D::rows_affected(&done) == fresh.len() as u64 {
+            return Ok(true);
+        }
+        // Some keys have a row: this batch's own (a key it holds twice
+        // cannot be, the runtime sends distinct keys), one that expired or
+        // failed and may be taken over, or one another delivery recorded.
+        let fresh_items: Vec<BatchItem<'_>> = fresh.iter().map(|(item, _)| **item).collect();
+        let records = self
+            .batch_records_with(tx, &self.sql.batch.select_latest, spec, &fresh_items)
+            .await?;
+        for (item, outcome) in fresh {
+            let record = records.get(item.key.as_str());
+            if record.is_some_and(|r| r.token.as_deref() == Some(token.as_str())) {
+                continue;
+            }
+            let values = Values {
+                outcome: Some(outcome),
+                ..self
+                    .claim_values(spec, item.key, item.fingerprint, spec.ttl)
+                    .map_err(protocol)?
+            };
+            if record.is_some_and(|r| !may_take(r, spec, &values)) {
+                return Ok(false);
+            }
+            if !matches!(
+                self.take(tx, &self.sql.claim_with_outcome, spec, &values)
+                    .await?,
+                Taken::Key
+            ) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
