@@ -209,10 +209,10 @@ impl Dialect for MySql {
         Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION");
     const LATEST_READ: &'static str = " LOCK IN SHARE MODE";
     const BATCH_ROWS: &'static str = "JSON_TABLE(:rows, '$[*]' COLUMNS (
-            k VARCHAR(128) CHARACTER SET utf8mb4 PATH '$[0]',
-            f VARCHAR(32) CHARACTER SET ascii PATH '$[1]',
-            o LONGTEXT CHARACTER SET utf8mb4 PATH '$[2]',
-            t VARCHAR(32) CHARACTER SET ascii PATH '$[3]')) AS r";
+            k VARCHAR(128) CHARACTER SET utf8mb4 PATH '$.k',
+            f VARCHAR(32) CHARACTER SET ascii PATH '$.f',
+            o LONGTEXT CHARACTER SET utf8mb4 PATH '$.o',
+            t VARCHAR(32) CHARACTER SET ascii PATH '$.t')) AS r";
     const ADDED_COLUMNS: &'static [(&'static str, &'static str)] = &[
         ("failures", "BIGINT NOT NULL DEFAULT 0"),
         ("last_error", "TEXT CHARACTER SET utf8mb4 NULL"),
@@ -253,6 +253,20 @@ impl Dialect for MySql {
                 PRIMARY KEY (handler, `key`),
                 KEY idem_expires_at (expires_at)
             ) ENGINE = InnoDB"
+        )
+    }
+
+    fn in_batch(column: &str) -> String {
+        format!("{column} IN (SELECT r.k FROM {})", Self::BATCH_ROWS)
+    }
+
+    fn delete_from_rows(condition: &str) -> String {
+        // A join, not `IN (subquery)`: MariaDB runs the latter once per row
+        // of the handler.
+        format!(
+            "DELETE cur FROM {{t}} AS cur JOIN {} ON cur.handler = :handler AND cur.{{key}} = r.k
+             WHERE {condition}",
+            Self::BATCH_ROWS
         )
     }
 

@@ -140,8 +140,8 @@ impl Dialect for Postgres {
     const BEGIN: Option<&'static str> = None;
     const SWEEP_BEGIN: Option<&'static str> = None;
     const LATEST_READ: &'static str = "";
-    const BATCH_ROWS: &'static str = "(SELECT v->>0 AS k, v->>1 AS f, v->>2 AS o, v->>3 AS t
-          FROM json_array_elements(:rows::json) AS e(v)) AS r";
+    const BATCH_ROWS: &'static str =
+        "json_to_recordset(:rows::json) AS r(k text, f text, o text, t text)";
     const ADDED_COLUMNS: &'static [(&'static str, &'static str)] = &[
         ("failures", "BIGINT NOT NULL DEFAULT 0"),
         ("last_error", "TEXT"),
@@ -183,6 +183,22 @@ impl Dialect for Postgres {
         )
     }
 
+    fn in_batch(column: &str) -> String {
+        // An array the planner sees as one value: an index condition.
+        format!(
+            "{column} = ANY (ARRAY(SELECT e.v->>'k' FROM json_array_elements(:rows::json) AS e(v)))"
+        )
+    }
+
+    fn delete_from_rows(condition: &str) -> String {
+        format!(
+            "DELETE FROM {{t}} AS cur USING {}
+             WHERE cur.handler = :handler AND {} AND cur.{{key}} = r.k AND {condition}",
+            Self::BATCH_ROWS,
+            Self::in_batch("cur.{key}")
+        )
+    }
+
     fn insert_ignoring(select: &str) -> String {
         format!("INSERT INTO {{t}} ({COLUMNS}) {select} ON CONFLICT (handler, {{key}}) DO NOTHING")
     }
@@ -190,8 +206,9 @@ impl Dialect for Postgres {
     fn update_from_rows(assignments: &str, condition: &str) -> String {
         format!(
             "UPDATE {{t}} AS cur SET {assignments} FROM {}
-             WHERE cur.handler = :handler AND cur.{{key}} = r.k AND {condition}",
-            Self::BATCH_ROWS
+             WHERE cur.handler = :handler AND {} AND cur.{{key}} = r.k AND {condition}",
+            Self::BATCH_ROWS,
+            Self::in_batch("cur.{key}")
         )
     }
 

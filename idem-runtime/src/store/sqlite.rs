@@ -154,9 +154,9 @@ impl Dialect for Sqlite {
     const BEGIN: Option<&'static str> = Some("BEGIN IMMEDIATE");
     const SWEEP_BEGIN: Option<&'static str> = None;
     const LATEST_READ: &'static str = "";
-    const BATCH_ROWS: &'static str = "(SELECT json_extract(value, '$[0]') AS k,
-                json_extract(value, '$[1]') AS f, json_extract(value, '$[2]') AS o,
-                json_extract(value, '$[3]') AS t
+    const BATCH_ROWS: &'static str = "(SELECT json_extract(value, '$.k') AS k,
+                json_extract(value, '$.f') AS f, json_extract(value, '$.o') AS o,
+                json_extract(value, '$.t') AS t
           FROM json_each(:rows)) AS r";
     const ADDED_COLUMNS: &'static [(&'static str, &'static str)] = &[
         ("failures", "INTEGER NOT NULL DEFAULT 0"),
@@ -195,6 +195,20 @@ impl Dialect for Sqlite {
         )
     }
 
+    fn in_batch(column: &str) -> String {
+        format!("{column} IN (SELECT json_extract(value, '$.k') FROM json_each(:rows))")
+    }
+
+    fn delete_from_rows(condition: &str) -> String {
+        // No join in SQLite's DELETE: the rows are matched by a subquery.
+        format!(
+            "DELETE FROM {{t}} AS cur WHERE cur.handler = :handler AND {}
+             AND EXISTS (SELECT 1 FROM {} WHERE cur.{{key}} = r.k AND {condition})",
+            Self::in_batch("cur.{key}"),
+            Self::BATCH_ROWS
+        )
+    }
+
     fn insert_ignoring(select: &str) -> String {
         format!("INSERT INTO {{t}} ({COLUMNS}) {select} ON CONFLICT (handler, {{key}}) DO NOTHING")
     }
@@ -202,8 +216,9 @@ impl Dialect for Sqlite {
     fn update_from_rows(assignments: &str, condition: &str) -> String {
         format!(
             "UPDATE {{t}} AS cur SET {assignments} FROM {}
-             WHERE cur.handler = :handler AND cur.{{key}} = r.k AND {condition}",
-            Self::BATCH_ROWS
+             WHERE cur.handler = :handler AND {} AND cur.{{key}} = r.k AND {condition}",
+            Self::BATCH_ROWS,
+            Self::in_batch("cur.{key}")
         )
     }
 

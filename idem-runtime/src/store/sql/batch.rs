@@ -1,8 +1,8 @@
 //! Batches on the SQL stores: a whole batch's keys in one statement.
 //!
-//! A batch travels as one parameter, `:rows`: a JSON array of `[key,
-//! fingerprint, outcome, token]` arrays, which each database reads as a
-//! table ([`Dialect::BATCH_ROWS`]: PostgreSQL's `json_array_elements`,
+//! A batch travels as one parameter, `:rows`: a JSON array of `{"k", "f",
+//! "o", "t"}` objects (key, fingerprint, outcome, token), sorted by key,
+//! which each database reads as a table ([`Dialect::BATCH_ROWS`]: PostgreSQL's `json_array_elements`,
 //! SQLite's `json_each`, MySQL's and MariaDB's `JSON_TABLE`). The statement
 //! text is fixed, whatever the batch holds.
 //!
@@ -24,7 +24,7 @@
 //!   completed row, so that a completion that wrote fewer rows than it was
 //!   given can read back which ones.
 //!
-//! Rows are inserted in key order, so two batches that share keys lock
+//! Rows are sent, and so inserted, in key order, so two batches that share keys lock
 //! them in the same order instead of deadlocking; a deadlock that happens
 //! anyway (the body's own writes) rolls the batch back and begins it again.
 
@@ -88,13 +88,13 @@ impl BatchStatements {
         let rows = D::BATCH_ROWS;
         let insert = |row: NewRow| {
             render(&D::insert_ignoring(&format!(
-                "SELECT {} FROM {rows} WHERE r.k IS NOT NULL ORDER BY r.k",
+                "SELECT {} FROM {rows} WHERE r.k IS NOT NULL",
                 values_of(row, "r.k")
             )))
         };
         let select = format!(
-            "SELECT handler, {{key}}, {{record}} FROM {{t}}
-             WHERE handler = :handler AND {{key}} IN (SELECT r.k FROM {rows})"
+            "SELECT handler, {{key}}, {{record}} FROM {{t}} WHERE handler = :handler AND {}",
+            D::in_batch("{key}")
         );
         BatchStatements {
             select_latest: render(&format!("{select}{}", D::LATEST_READ)),
@@ -109,14 +109,14 @@ impl BatchStatements {
                 "updated_at = :now, expires_at = :until",
                 "cur.token = r.t AND cur.status = 'in_progress'",
             )),
-            release: render(&format!(
-                "DELETE FROM {{t}} WHERE handler = :handler AND status = 'in_progress'
-                 AND ({{key}}, token) IN (SELECT r.k, r.t FROM {rows})"
+            release: render(&D::delete_from_rows(
+                "cur.token = r.t AND cur.status = 'in_progress'",
             )),
             held: render(&format!(
                 "SELECT cur.{{key}} FROM {{t}} AS cur JOIN {rows}
-                   ON cur.handler = :handler AND cur.{{key}} = r.k
-                 WHERE cur.token = r.t AND cur.status = :status"
+                   ON cur.handler = :handler AND {} AND cur.{{key}} = r.k
+                 WHERE cur.token = r.t AND cur.status = :status",
+                D::in_batch("cur.{key}")
             )),
         }
     }
@@ -125,9 +125,26 @@ impl BatchStatements {
 /// One batch row: key, fingerprint, outcome, token.
 type Row<'a> = [Option<&'a str>; 4];
 
-/// The JSON a batch's rows are bound as.
+/// A batch row as it is sent: absent members read as NULL.
+#[derive(serde::Serialize)]
+struct Sent<'a> {
+    k: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    f: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    o: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    t: Option<&'a str>,
+}
+
+/// The JSON a batch's rows are bound as, sorted by key.
 fn rows_json(rows: &[Row<'_>]) -> Result<String, StoreError> {
-    serde_json::to_string(rows).map_err(StoreError::backend)
+    let mut sent: Vec<Sent<'_>> = rows
+        .iter()
+        .filter_map(|&[k, f, o, t]| Some(Sent { k: k?, f, o, t }))
+        .collect();
+    sent.sort_unstable_by(|a, b| a.k.cmp(b.k));
+    serde_json::to_string(&sent).map_err(StoreError::backend)
 }
 
 impl<D: Dialect> SqlStore<D> {

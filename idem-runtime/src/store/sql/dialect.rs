@@ -47,10 +47,16 @@ pub trait Dialect: Exec {
     /// with their types: `migrate` adds those a table lacks.
     const ADDED_COLUMNS: &'static [(&'static str, &'static str)];
 
-    /// A batch's rows, bound to `:rows` as a JSON array of `[key,
-    /// fingerprint, outcome, token]` arrays, as a table `r` with the text
-    /// columns `k`, `f`, `o` and `t` (NULL for a JSON null).
+    /// A batch's rows, bound to `:rows` as a JSON array of objects with
+    /// the text members `k` (key), `f` (fingerprint), `o` (outcome) and `t`
+    /// (token), as a table `r` with those columns (NULL where a member is
+    /// absent).
     const BATCH_ROWS: &'static str;
+
+    /// Whether `column` holds one of the batch's keys: a condition the
+    /// database answers from the primary key's index, one lookup per key,
+    /// whatever the size of the table.
+    fn in_batch(column: &str) -> String;
 
     /// Inserts what `select` yields into the table (in [`COLUMNS`](super::COLUMNS)'
     /// order), leaving every row that stands alone: the statement affects
@@ -60,6 +66,10 @@ pub trait Dialect: Exec {
     /// Updates the table, as `cur`, from the batch's rows `r` matched on
     /// `:handler` and the key: `assignments` where `condition` holds.
     fn update_from_rows(assignments: &str, condition: &str) -> String;
+
+    /// Deletes, from the table as `cur`, the rows of the batch's rows `r`
+    /// matched on `:handler` and the key where `condition` holds.
+    fn delete_from_rows(condition: &str) -> String;
 
     /// Creates the table `table` and its expiry index if they do not exist
     /// (one or more statements, no parameters), as this release writes it.

@@ -54,8 +54,8 @@ pub(crate) enum Param {
     /// (`:now` less the ttl): a stalled claim whose lease ended before it no
     /// longer counts.
     Since,
-    /// A batch's rows: a JSON array of `[key, fingerprint, outcome,
-    /// token]` arrays (text or null), read as the table `r` of
+    /// A batch's rows: a JSON array of `{"k", "f", "o", "t"}` objects (key,
+    /// fingerprint, outcome, token), read as the table `r` of
     /// [`Dialect::BATCH_ROWS`](super::Dialect::BATCH_ROWS).
     Rows,
 }
