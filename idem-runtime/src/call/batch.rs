@@ -151,12 +151,17 @@ fn answer<T, E>(
     errors: ErrorCodec<E>,
 ) -> Results<T, E> {
     let Plan { slots, keys, .. } = plan;
-    // The recorded values of the keys the body ran, for their repeats.
-    let recorded: Vec<Option<String>> = fates
+    // What stands against the repeats of each key, read before the first
+    // messages take their fates: the value the body recorded, or the
+    // record that turned the key away.
+    let repeats: Vec<Option<Standing>> = fates
         .iter()
         .map(|f| match f {
-            Fate::Ran(_, outcome) => Some(outcome.clone()),
-            _ => None,
+            Fate::Ran(_, outcome) => Some(Standing::Completed {
+                outcome: outcome.clone(),
+            }),
+            Fate::Refused(standing) => Some(standing.clone()),
+            Fate::Lost => None,
         })
         .collect();
     let mut fates: Vec<Option<Fate<T>>> = fates.into_iter().map(Some).collect();
@@ -185,13 +190,7 @@ fn answer<T, E>(
                             recorded: first.clone().unwrap_or_default(),
                         })
                     } else {
-                        match (&recorded[u], &fates[u]) {
-                            (Some(outcome), _) => Some(Standing::Completed {
-                                outcome: outcome.clone(),
-                            }),
-                            (None, Some(Fate::Refused(standing))) => Some(standing.clone()),
-                            _ => None,
-                        }
+                        repeats[u].clone()
                     };
                     match standing {
                         Some(standing) => {
