@@ -21,7 +21,9 @@ pub use core::option::Option;
 pub use core::result::Result;
 pub use core::time::Duration;
 pub use inventory;
+use std::borrow::Cow;
 pub use std::string::String;
+pub use std::vec::Vec;
 pub use tracing::Instrument;
 
 // ---------------------------------------------------------------------------
@@ -162,6 +164,194 @@ impl<T, E> HandlerResult for core::result::Result<T, E> {
     fn into_result(self) -> Self {
         self
     }
+}
+
+// ---------------------------------------------------------------------------
+// Batch handlers
+//
+// The body of a batch handler is given its fresh messages as a
+// `Cow<[M]>`, so `M` must be `Clone`. `batch_message::<M>()`, emitted on the
+// written `M`, says so. The batch calls are reached through
+// `(&BatchProbe::<M>::new()).idem_batch()`, which resolves to `CloneBatch`
+// when `M: Clone` (the method takes the probe itself) and to `AnyBatch`
+// otherwise (it takes a reference to the probe): the first gives `Batch`,
+// whose calls are the runtime's; the second gives `Unbatchable`, whose calls
+// take the same arguments and name no `Cow<[M]>`, so that a message type
+// without `Clone` is that one error, not also rustc's about `Cow<[M]>`.
+
+/// Requires `Clone` of a batch handler's message type, on that type.
+#[diagnostic::on_unimplemented(
+    message = "the messages of a batch handler must implement `Clone`: `{Self}` does not",
+    label = "the body is given only the batch's fresh messages, cloned out of it when some are not fresh",
+    note = "derive or implement `Clone` for `{Self}`, or take a batch of references (`&[&{Self}]`)"
+)]
+pub trait BatchMessage: Clone {}
+#[diagnostic::do_not_recommend]
+impl<M: Clone> BatchMessage for M {}
+
+/// Fails to compile, on `M`, when `M` is not `Clone`.
+pub fn batch_message<M: BatchMessage>() {}
+
+/// Stands for a batch handler's message type in the lookup above.
+pub struct BatchProbe<M>(core::marker::PhantomData<fn() -> M>);
+
+impl<M> BatchProbe<M> {
+    /// The probe of `M`.
+    pub fn new() -> Self {
+        BatchProbe(core::marker::PhantomData)
+    }
+}
+
+impl<M> Default for BatchProbe<M> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The lookup for messages that are `Clone`.
+pub trait CloneBatch<M> {
+    /// The batch calls.
+    fn idem_batch(&self) -> Batch<M>;
+}
+impl<M: Clone> CloneBatch<M> for BatchProbe<M> {
+    fn idem_batch(&self) -> Batch<M> {
+        Batch(core::marker::PhantomData)
+    }
+}
+
+/// The lookup for any other message type.
+pub trait AnyBatch<M> {
+    /// Stand-ins of the batch calls.
+    fn idem_batch(&self) -> Unbatchable<M>;
+}
+impl<M> AnyBatch<M> for &BatchProbe<M> {
+    fn idem_batch(&self) -> Unbatchable<M> {
+        Unbatchable(core::marker::PhantomData)
+    }
+}
+
+/// The batch calls of a handler whose messages are `M`.
+pub struct Batch<M>(core::marker::PhantomData<fn() -> M>);
+
+impl<M: Clone> Batch<M> {
+    /// [`run_lease_batch`].
+    #[allow(clippy::too_many_arguments)]
+    pub async fn run_lease<'m, S, T, E, B, F>(
+        self,
+        store: &S,
+        spec: &'static HandlerSpec,
+        msgs: &'m [M],
+        derived: Vec<Derived<E>>,
+        codec: Codec<T>,
+        errors: ErrorCodec<E>,
+        body: B,
+    ) -> Result<Results<T, E>, Error<E>>
+    where
+        S: LeaseStore,
+        B: FnOnce(Cow<'m, [M]>) -> F,
+        F: Future<Output = Result<Vec<T>, E>>,
+    {
+        run_lease_batch(store, spec, msgs, derived, codec, errors, body).await
+    }
+
+    /// [`TxBatchRun::fresh`].
+    pub fn fresh<'m, S: TxStore, T, E>(
+        &self,
+        run: &TxBatchRun<'_, S, T, E>,
+        msgs: &'m [M],
+        call: &TxBatchCall<S::Tx>,
+    ) -> Cow<'m, [M]> {
+        run.fresh(msgs, call)
+    }
+}
+
+/// Stand-ins of the batch calls for a message type without `Clone`, whose
+/// handler does not compile (see `batch_message`): they only let the rest
+/// of it type-check without more errors.
+pub struct Unbatchable<M>(core::marker::PhantomData<fn() -> M>);
+
+impl<M> Unbatchable<M> {
+    /// Never runs.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn run_lease<'m, S, T, E, B, F>(
+        self,
+        _store: &S,
+        _spec: &'static HandlerSpec,
+        _msgs: &'m [M],
+        _derived: Vec<Derived<E>>,
+        _codec: Codec<T>,
+        _errors: ErrorCodec<E>,
+        _body: B,
+    ) -> Result<Results<T, E>, Error<E>>
+    where
+        B: FnOnce(Unfresh<'m, M>) -> F,
+        F: Future<Output = Result<Vec<T>, E>>,
+    {
+        unreachable!("a batch handler whose messages are not `Clone` does not compile")
+    }
+
+    /// Never runs.
+    pub fn fresh<'m, S: TxStore, T, E>(
+        &self,
+        _run: &TxBatchRun<'_, S, T, E>,
+        msgs: &'m [M],
+        _call: &TxBatchCall<S::Tx>,
+    ) -> Unfresh<'m, M> {
+        Unfresh(msgs)
+    }
+}
+
+/// What the body of a handler that does not compile is given instead of a
+/// `Cow<[M]>`.
+pub struct Unfresh<'m, M>(&'m [M]);
+
+impl<M> core::ops::Deref for Unfresh<'_, M> {
+    type Target = [M];
+    fn deref(&self) -> &[M] {
+        self.0
+    }
+}
+
+/// The `Ok` type of a batch handler: a `Vec`, one value per fresh message.
+/// A batch handler whose `Ok` type is not written `Vec<T>` names `T`
+/// through this trait, on the written type.
+#[diagnostic::on_unimplemented(
+    message = "a batch handler returns one value per message it is given: its `Ok` type must be a `Vec`, not `{Self}`",
+    label = "not a `Vec`",
+    note = "the body gets the fresh messages as a slice and returns `Ok(values)`, one value per message in the same order, e.g. `Result<Vec<{Self}>, E>`"
+)]
+pub trait BatchValues {
+    /// The value of one message.
+    type Item;
+    /// The values.
+    fn into_vec(self) -> Vec<Self::Item>;
+}
+impl<T> BatchValues for Vec<T> {
+    type Item = T;
+    fn into_vec(self) -> Vec<T> {
+        self
+    }
+}
+
+/// The body's result with its `Ok` type as a `Vec`.
+pub fn batch_values<V: BatchValues, E>(result: Result<V, E>) -> Result<Vec<V::Item>, E> {
+    result.map(V::into_vec)
+}
+
+/// A parameter taken by value by a transaction-mode batch handler, whose
+/// body may run again: each run gets a copy.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is taken by value, but the body of a transaction-mode batch handler may run more than once",
+    label = "take this parameter by reference (`&{Self}`), or make its type `Copy`",
+    note = "when another delivery records a key of the batch before it commits, everything rolls back and the body runs again over the messages still fresh; each run gets a copy of the parameters taken by value, so their types must be `Copy`"
+)]
+pub trait RerunParam: Copy {}
+#[diagnostic::do_not_recommend]
+impl<T: Copy> RerunParam for T {}
+
+/// A copy of a by-value parameter, for one run of a batch body.
+pub fn rerun_copy<T: RerunParam>(value: &T) -> T {
+    *value
 }
 
 // ---------------------------------------------------------------------------
