@@ -12,7 +12,7 @@ use syn::spanned::Spanned;
 use syn::{Ident, Type};
 
 use crate::valid::{
-    Fingerprint, Handler, KeyTerm, StoreArg, StoreRef, Stub, mut_referent, unparenthesized,
+    Batch, Fingerprint, Handler, KeyTerm, StoreArg, StoreRef, Stub, mut_referent, unparenthesized,
 };
 
 pub(crate) fn expand(h: &Handler) -> TokenStream {
@@ -52,6 +52,15 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
         None => around(quote!(<), ret_ty, quote!(as #p::HandlerResult>::Err)),
     };
     let ok_span = h.ok_ty.as_ref().map_or(ret_ty.span(), Spanned::span);
+    // A batch handler's `T` is the item of its `Vec`: what one message gets.
+    let batch = h
+        .batch
+        .as_ref()
+        .map(|batch| (batch, BatchValue::of(h.ok_ty.as_ref(), ret_ty, &p)));
+    let (ok_ty, ok_span) = match &batch {
+        Some((_, value)) => (value.ty.clone(), value.span),
+        None => (ok_ty, ok_span),
+    };
     // Only `codec::<T>()` bounds the `Ok` type by serde's traits: the call
     // paths take the codec it makes and need no bounds of their own, so a
     // type serde cannot store is one error, on the user's type. The calls
@@ -62,7 +71,17 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
     let fingerprint = Ident::new("__idem_fingerprint", mixed);
 
     let receiver = h.receiver.as_ref().map(|r| quote!(#r,));
-    let params = h.params.iter().map(|p| &p.arg);
+    // A transaction-mode batch body rebinds the parameters it takes by
+    // value (see `rerun_copies`), so their `mut` goes with the copy.
+    let rebound = h.batch.is_some() && h.tx_param.is_some();
+    let params = h.params.iter().map(|p| {
+        let by_value = !matches!(unparenthesized(&p.arg.ty), Type::Reference(_));
+        if rebound && by_value && by_value_ident(&p.arg).is_some() {
+            without_mut(&p.arg)
+        } else {
+            p.arg.clone()
+        }
+    });
 
     let name = &h.name;
     let function = ident.to_string();
@@ -82,7 +101,12 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
         &p,
     );
 
-    let derive_key = derive_key(h, &p, &spec);
+    let derive_key = derive_key(
+        h,
+        &p,
+        &|root| quote!(#root),
+        &|text| quote!(return #p::key_missing(&#spec, #text);),
+    );
     // Only a body that reads its key borrows it.
     let key_borrow = h.key_param.as_ref().map(|_| quote!(let #key_ref = &#key;));
     let bind_key = h
@@ -91,12 +115,28 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
         .map(|param| bind_key(param, &key_ref, &p));
     let fake_return = fake_return(ret_ty);
 
-    let call = match &h.tx_param {
-        Some(tx_param) => {
+    let derived = Ident::new("__idem_derived", mixed);
+    let call = match (&batch, &h.tx_param) {
+        (Some((batch, value)), tx_param) => batch_call(BatchCall {
+            h,
+            batch,
+            tx_param: tx_param.as_ref(),
+            p: &p,
+            p_ok: &p_ok,
+            value,
+            err_ty: &err_ty,
+            store: &store,
+            spec: &spec,
+            derived: &derived,
+            codec: &codec,
+            errors: &errors,
+            via_trait,
+        }),
+        (None, Some(tx_param)) => {
             let call_state = Ident::new("__idem_call", mixed);
             let tx = Ident::new("__idem_tx", mixed);
             let result = Ident::new("__idem_result", mixed);
-            let bind_tx = bind(tx_param, &tx);
+            let bind_tx = bind(tx_param, quote!(#tx));
             let tx_begin = quote_spanned! {ok_span=>
                 #p_ok::tx_begin::<_, #ok_ty, #err_ty>(#store, &#spec, &#key, #fingerprint.as_deref(), #codec, #errors).await
             };
@@ -130,7 +170,7 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
                 #tx_finish
             }
         }
-        None => {
+        (None, None) => {
             let body = Ident::new("__idem_body", mixed);
             let run_lease = quote_spanned! {ok_span=>
                 #p_ok::run_lease::<_, #ok_ty, #err_ty, _>(#store, &#spec, &#key, #fingerprint.as_deref(), #codec, #errors, #body).await
@@ -156,7 +196,16 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
         }
     };
 
-    let output = output(&p, &ok_ty, &err_ty, via_trait.then_some(ret_ty));
+    let output = output(
+        &p,
+        &ok_ty,
+        &err_ty,
+        batch
+            .as_ref()
+            .and_then(|(_, value)| value.via.as_ref().map(ValuesVia::written))
+            .or(via_trait.then_some(ret_ty)),
+        h.batch.is_some(),
+    );
 
     // The error codec, written out rather than through a `macro_rules!` of
     // the runtime: inside a macro's expansion, an error type that is not
@@ -169,10 +218,20 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
     // A handler without `fingerprint` computes nothing.
     let fingerprint_value = match &h.fingerprint {
         Some(f) => {
-            let value = fingerprint_value(f, &p);
+            let value = fingerprint_value(f, &p, &|root| quote!(#root));
             quote!(#p::Option::Some(#value))
         }
         None => quote!(#p::Option::None),
+    };
+    let derive = match &h.batch {
+        Some(batch) => {
+            let derive = derive_batch(h, batch, &p, &spec, &err_ty);
+            quote!(let #derived = #derive;)
+        }
+        None => quote! {
+            let #key: #p::Key = #derive_key;
+            let #fingerprint: #p::Option<#p::String> = #fingerprint_value;
+        },
     };
     let fingerprint_text = match &h.fingerprint {
         Some(f) => {
@@ -213,11 +272,335 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
             #p::inventory::submit! { #spec }
             #make_codec
             #make_errors
-            let #key: #p::Key = #derive_key;
-            let #fingerprint: #p::Option<#p::String> = #fingerprint_value;
+            #derive
             #call
         }
     }
+}
+
+/// What a batch call is generated from.
+struct BatchCall<'a> {
+    h: &'a Handler,
+    batch: &'a Batch,
+    tx_param: Option<&'a syn::PatType>,
+    p: &'a TokenStream,
+    /// `__private` spanned on the value type, as the single calls are.
+    p_ok: &'a TokenStream,
+    /// `T`, the value of one message.
+    value: &'a BatchValue,
+    err_ty: &'a TokenStream,
+    store: &'a Ident,
+    spec: &'a Ident,
+    derived: &'a Ident,
+    codec: &'a Ident,
+    errors: &'a Ident,
+    via_trait: bool,
+}
+
+/// The call of a batch handler, after its keys are derived: lease mode
+/// hands the body to `run_lease_batch` as a closure over the fresh
+/// messages; transaction mode drives a `TxBatchRun`, running the body
+/// again when the batch begins again (see `rerun_copies`).
+///
+/// Both are reached through the lookup `__private` explains, after
+/// `batch_message::<M>()` checks `M: Clone` on the written `M`: a type
+/// without `Clone` is that one error, and the calls, stand-ins then,
+/// report nothing more.
+fn batch_call(c: BatchCall<'_>) -> TokenStream {
+    let BatchCall {
+        h,
+        batch,
+        tx_param,
+        p,
+        p_ok,
+        value,
+        err_ty,
+        store,
+        spec,
+        derived,
+        codec,
+        errors,
+        via_trait,
+    } = c;
+    let mixed = Span::mixed_site();
+    let (value_ty, ok_span) = (&value.ty, value.span);
+    let fresh = Ident::new("__idem_fresh", mixed);
+    let msgs = &batch.ident;
+    let calls = Ident::new("__idem_batch", mixed);
+    let elem = &batch.elem;
+    // `M: Clone`, checked on the written `M`; the calls are looked up as
+    // `__private` explains.
+    let check = {
+        let (first, last) = ends(elem);
+        let function = respan(quote!(#p::batch_message::<), first);
+        let close = respan(quote!(>), last);
+        let mut args = proc_macro2::Group::new(proc_macro2::Delimiter::Parenthesis, quote!());
+        args.set_span(last);
+        quote!(#function #elem #close #args;)
+    };
+    let lookup = quote! {
+        #check
+        let #calls = {
+            #[allow(unused_imports)]
+            use #p::{AnyBatch as _, CloneBatch as _};
+            (&#p::BatchProbe::<#elem>::new()).idem_batch()
+        };
+    };
+    let ret_ty = &h.ret_ty;
+    let block = &h.func.block.stmts;
+    let fake_return = fake_return(ret_ty);
+    let bind_msgs = bind(&batch.param, quote!(&*#fresh));
+    match tx_param {
+        None => {
+            let body = quote! {
+                async move {
+                    #bind_msgs
+                    #fake_return
+                    #(#block)*
+                }
+            };
+            let body = match (via_trait, &value.via) {
+                (false, None) => body,
+                _ => {
+                    let result = if via_trait {
+                        into_result(ret_ty, p, quote!(#body.await))
+                    } else {
+                        quote!(#body.await)
+                    };
+                    let values = value.values(p, result);
+                    quote!(async move { #values })
+                }
+            };
+            let run_lease = quote_spanned! {ok_span=>
+                #calls.run_lease::<_, #value_ty, #err_ty, _, _>(
+                    #store, &#spec, #msgs, #derived, #codec, #errors,
+                    move |#fresh| #body,
+                )
+                .await
+            };
+            quote! {
+                #lookup
+                #run_lease
+            }
+        }
+        Some(tx_param) => {
+            let run = Ident::new("__idem_run", mixed);
+            let call_state = Ident::new("__idem_call", mixed);
+            let tx = Ident::new("__idem_tx", mixed);
+            let result = Ident::new("__idem_result", mixed);
+            let span = Ident::new("__idem_span", mixed);
+            let bind_tx = bind(tx_param, quote!(#tx));
+            let copies = rerun_copies(h, batch, p);
+            let new = quote_spanned! {ok_span=>
+                #p_ok::TxBatchRun::<_, #value_ty, #err_ty>::new(#store, &#spec, #msgs.len(), #derived, #codec, #errors)
+            };
+            let result_value = if via_trait {
+                into_result(ret_ty, p, quote!(#result))
+            } else {
+                quote!(#result)
+            };
+            let result_value = value.values(p, result_value);
+            quote! {
+                #lookup
+                let mut #run = #new;
+                loop {
+                    let mut #call_state = match #run.begin().await {
+                        #p::Result::Ok(#p::TxBatchBegin::Fresh(call)) => call,
+                        #p::Result::Ok(#p::TxBatchBegin::Done(results)) => {
+                            return #p::Result::Ok(results);
+                        }
+                        #p::Result::Err(error) => return #p::Result::Err(error),
+                    };
+                    let #fresh = #calls.fresh(&#run, #msgs, &#call_state);
+                    let #span = #run.span();
+                    let #tx = #call_state.tx();
+                    // Not `async move`: the body may run again, so it
+                    // borrows what it does not copy (see `rerun_copies`).
+                    let #result: #ret_ty = #p::Instrument::instrument(
+                        async {
+                            #bind_tx
+                            #bind_msgs
+                            #copies
+                            #fake_return
+                            #(#block)*
+                        },
+                        #span,
+                    )
+                    .await;
+                    if let #p::TxBatchStep::Done(results) = #run.finish(#call_state, #result_value).await {
+                        return results;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The `T` of a batch handler's `Result<Vec<T>, E>`.
+struct BatchValue {
+    /// `T` itself where the `Ok` type is written `Vec<T>`; else
+    /// `<Ok as BatchValues>::Item`, spanned on the written type, so that an
+    /// `Ok` type that is no `Vec` is one error there.
+    ty: TokenStream,
+    /// Where errors about `T` go.
+    span: Span,
+    /// What names `T` through `BatchValues`; `None` for `Vec<T>`.
+    via: Option<ValuesVia>,
+}
+
+/// The written type a batch handler's `T` is named through.
+enum ValuesVia {
+    /// The `Ok` type of `Result<Ok, E>`, not written `Vec<T>`.
+    Ok(Type),
+    /// The return type, whose `Ok` type only `HandlerResult` names.
+    Return(Type),
+}
+
+impl ValuesVia {
+    /// The written type: where errors go.
+    fn written(&self) -> &Type {
+        match self {
+            ValuesVia::Ok(ty) | ValuesVia::Return(ty) => ty,
+        }
+    }
+}
+
+impl BatchValue {
+    fn of(ok: Option<&Type>, ret_ty: &Type, p: &TokenStream) -> BatchValue {
+        match ok {
+            Some(ok) => match vec_item(ok) {
+                Some(item) => BatchValue {
+                    ty: quote!(#item),
+                    span: item.span(),
+                    via: None,
+                },
+                None => BatchValue {
+                    ty: around(quote!(<), ok, quote!(as #p::BatchValues>::Item)),
+                    span: ok.span(),
+                    via: Some(ValuesVia::Ok(ok.clone())),
+                },
+            },
+            None => BatchValue {
+                ty: around(
+                    quote!(< <),
+                    ret_ty,
+                    quote!(as #p::HandlerResult>::Ok as #p::BatchValues>::Item),
+                ),
+                span: ret_ty.span(),
+                via: Some(ValuesVia::Return(ret_ty.clone())),
+            },
+        }
+    }
+
+    /// The body's `Result<Ok, E>` as a `Result<Vec<T>, E>`: as it is where
+    /// the `Ok` type is written `Vec<T>`, else through `batch_values`,
+    /// spanned on the written type as `around` does.
+    fn values(&self, p: &TokenStream, result: TokenStream) -> TokenStream {
+        let (function, written) = match &self.via {
+            None => return result,
+            Some(ValuesVia::Ok(ty)) => (around(quote!(#p::batch_values::<), ty, quote!(, _>)), ty),
+            Some(ValuesVia::Return(ty)) => (
+                around(
+                    quote!(#p::batch_values::< <),
+                    ty,
+                    quote!(as #p::HandlerResult>::Ok, _>),
+                ),
+                ty,
+            ),
+        };
+        let (_, last) = ends(written);
+        let mut args = proc_macro2::Group::new(proc_macro2::Delimiter::Parenthesis, result);
+        args.set_span(last);
+        quote!(#function #args)
+    }
+}
+
+/// `T` of a type written `Vec<T>` (or `std::vec::Vec<T>`, `alloc::vec::Vec<T>`).
+fn vec_item(ty: &Type) -> Option<&Type> {
+    let Type::Path(path) = unparenthesized(ty) else {
+        return None;
+    };
+    if path.qself.is_some() {
+        return None;
+    }
+    let segments: Vec<String> = path
+        .path
+        .segments
+        .iter()
+        .map(|s| s.ident.to_string())
+        .collect();
+    let vec = match segments.as_slice() {
+        [v] => path.path.leading_colon.is_none() && v == "Vec",
+        [root, m, v] => (root == "std" || root == "alloc") && m == "vec" && v == "Vec",
+        _ => false,
+    };
+    let last = path.path.segments.last()?;
+    match &last.arguments {
+        syn::PathArguments::AngleBracketed(a) if vec && a.args.len() == 1 => match a.args.first() {
+            Some(syn::GenericArgument::Type(item)) => Some(item),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The parameters a transaction-mode batch body takes by value, copied for
+/// each run of the body through `rerun_copy`, whose bound (`Copy`, spanned
+/// on the parameter's type) says to take a parameter by reference when its
+/// type is not `Copy`: a body that ran once and runs again after a
+/// rollback gets the parameters as they were passed. The references
+/// (`&T`, `&mut T`, `&self`) are borrowed by the body block, afresh each
+/// run.
+fn rerun_copies(h: &Handler, batch: &Batch, p: &TokenStream) -> TokenStream {
+    let copies = h.params.iter().filter_map(|param| {
+        let arg = &param.arg;
+        if *arg == batch.param || matches!(unparenthesized(&arg.ty), Type::Reference(_)) {
+            return None;
+        }
+        let ty = &arg.ty;
+        // `rerun_copy::<T>` as a `fn(&T) -> T`, spanned on `T` as `around`
+        // does, so that a type that is not `Copy` is reported there (a call
+        // would draw rustc's advice to borrow the argument instead of the
+        // trait's). A type holding `impl Trait` cannot be named: it is
+        // inferred from the call.
+        if holds_impl_trait(ty) {
+            let copy = respan(quote!(#p::rerun_copy), ty.span());
+            let (mutability, ident) = by_value_ident(arg)?;
+            return Some(quote!(let #mutability #ident = #copy(&#ident);));
+        }
+        let copy = Ident::new("__idem_copy", Span::mixed_site());
+        let function = around(quote!(#p::rerun_copy::<), ty, quote!(>));
+        let check = quote!(let #copy: fn(&#ty) -> #ty = #function;);
+        match by_value_ident(arg) {
+            Some((mutability, ident)) => Some(quote! {
+                #check
+                let #mutability #ident = #copy(&#ident);
+            }),
+            // A pattern (`(a, b): (u32, u32)`) binds its parts at the
+            // start; they are checked as a whole.
+            None => Some(check),
+        }
+    });
+    quote!(#(#copies)*)
+}
+
+/// The `mut` and name of a parameter whose pattern is a plain name.
+fn by_value_ident(arg: &syn::PatType) -> Option<(Option<syn::token::Mut>, &Ident)> {
+    match &*arg.pat {
+        syn::Pat::Ident(pi) if pi.by_ref.is_none() && pi.subpat.is_none() => {
+            Some((pi.mutability, &pi.ident))
+        }
+        _ => None,
+    }
+}
+
+/// The parameter without `mut` on its name.
+fn without_mut(arg: &syn::PatType) -> syn::PatType {
+    let mut arg = arg.clone();
+    if let syn::Pat::Ident(pi) = &mut *arg.pat {
+        pi.mutability = None;
+    }
+    arg
 }
 
 /// The rewritten function's store parameter type, and the checks the
@@ -392,22 +775,35 @@ fn error_codec(
 }
 
 /// The key derivation: one `part` call per field path, spanned on the key
-/// literal so a missing field or a float lands on the attribute.
-fn derive_key(h: &Handler, p: &TokenStream, spec: &Ident) -> TokenStream {
+/// literal so a missing field or a float lands on the attribute. `root`
+/// gives the expression a path starts from (a batch handler's paths read
+/// its element); `missing` is what a `None` part does.
+fn derive_key(
+    h: &Handler,
+    p: &TokenStream,
+    root: &dyn Fn(&Ident) -> TokenStream,
+    missing: &dyn Fn(&str) -> TokenStream,
+) -> TokenStream {
     let builder = Ident::new("__idem_builder", Span::mixed_site());
     let span = h.key_span;
     let parts = h.key.iter().map(|part| match part {
         KeyTerm::Const(text) => quote!(#builder.constant(#text);),
-        KeyTerm::Path { root, fields, text } => {
+        KeyTerm::Path {
+            root: name,
+            fields,
+            text,
+        } => {
             // `KeyPartProbe` picks the float check for float-like parts and
             // passes any other part on to `part`, which requires `KeyPart`.
             let probe = respan(quote!(#p::KeyPartProbe), span);
-            let access = quote_spanned!(span=> &(#root) #(.#fields)*);
+            let from = root(name);
+            let access = quote_spanned!(span=> &(#from) #(.#fields)*);
             let call =
                 quote_spanned!(span=> #builder.part((&#probe(#access)).idem_key_part().get()));
+            let missing = missing(text);
             quote! {
                 if #call.is_err() {
-                    return #p::key_missing(&#spec, #text);
+                    #missing
                 }
             }
         }
@@ -420,17 +816,79 @@ fn derive_key(h: &Handler, p: &TokenStream, spec: &Ident) -> TokenStream {
     }}
 }
 
+/// A batch handler's keys and fingerprints, one per message of the batch
+/// parameter, in order: `Ok((key, fingerprint))`, or `Err(KeyMissing)`
+/// for a message with a `None` part. Without `fingerprint`, `None`.
+fn derive_batch(
+    h: &Handler,
+    batch: &Batch,
+    p: &TokenStream,
+    spec: &Ident,
+    err_ty: &TokenStream,
+) -> TokenStream {
+    let mixed = Span::mixed_site();
+    let msg = Ident::new("__idem_msg", mixed);
+    let all = Ident::new("__idem_all", mixed);
+    let label = syn::Lifetime {
+        apostrophe: mixed,
+        ident: Ident::new("__idem_derive", mixed),
+    };
+    let msgs = &batch.ident;
+    let root = |name: &Ident| {
+        if name == msgs {
+            quote!(#msg)
+        } else {
+            quote!(#name)
+        }
+    };
+    // Bound first: `break 'label ::path` would read as a labeled loop to
+    // syn (and to prettyplease's readers).
+    let missing_var = Ident::new("__idem_missing", mixed);
+    let missing = |text: &str| {
+        quote! {
+            let #missing_var: #p::Derived<#err_ty> = #p::Result::Err(#p::Error::KeyMissing {
+                handler: #spec.name,
+                part: #text,
+            });
+            break #label #missing_var;
+        }
+    };
+    let key = derive_key(h, p, &root, &missing);
+    let fingerprint = match &h.fingerprint {
+        Some(f) => {
+            let value = fingerprint_value(f, p, &root);
+            quote!(#p::Option::Some(#value))
+        }
+        None => quote!(#p::Option::None),
+    };
+    let key_var = Ident::new("__idem_key", mixed);
+    quote! {{
+        let mut #all: #p::Vec<#p::Derived<#err_ty>> = #p::Vec::with_capacity(#msgs.len());
+        for #msg in #msgs {
+            #all.push(#label: {
+                let #key_var: #p::Key = #key;
+                #p::Result::Ok((#key_var, #fingerprint))
+            });
+        }
+        #all
+    }}
+}
+
 /// The fingerprint's digest: `fingerprint(&(part, part, ...))`, each part
 /// passed through `fingerprint_part` (which requires `Serialize`) spanned on
 /// the literal, so a part serde cannot write is one error there; for `*`,
 /// `fingerprint(msg)`. Always a tuple for parts, even of one, so that the
 /// digest of `qty` is that of the JSON array `[qty]`.
-fn fingerprint_value(f: &Fingerprint, p: &TokenStream) -> TokenStream {
+fn fingerprint_value(
+    f: &Fingerprint,
+    p: &TokenStream,
+    root: &dyn Fn(&Ident) -> TokenStream,
+) -> TokenStream {
     let span = f.span;
     let digest = respan(quote!(#p::fingerprint), span);
     let check = respan(quote!(#p::fingerprint_part), span);
     let parts = f.parts.iter().map(|part| {
-        let root = &part.root;
+        let root = root(&part.root);
         let fields = &part.fields;
         // The parentheses end the expression, so its span is the
         // literal's, not one reaching to the parameter's name.
@@ -466,7 +924,7 @@ fn bind_key(param: &syn::PatType, value: &Ident, p: &TokenStream) -> TokenStream
 /// the type as written (named lifetimes elided, since the binding is local).
 /// The annotation keeps the user's imports used and checks that the written
 /// type is what the store hands over, reporting a mismatch on that type.
-fn bind(param: &syn::PatType, value: &Ident) -> TokenStream {
+fn bind(param: &syn::PatType, value: TokenStream) -> TokenStream {
     struct Elide;
     impl syn::visit_mut::VisitMut for Elide {
         fn visit_lifetime_mut(&mut self, l: &mut syn::Lifetime) {
@@ -514,23 +972,37 @@ fn around(before: TokenStream, ty: &Type, after: TokenStream) -> TokenStream {
     quote!(#before #ty #after)
 }
 
-/// `Result<Outcome<T>, Error<E>>`. Where `T` or `E` is named through
-/// `HandlerResult`, spanned from the written type's first token to its last,
-/// as the projections inside it are.
+/// `Result<Outcome<T>, Error<E>>`, or for a batch handler
+/// `Result<Results<T, E>, Error<E>>` (one answer per message). Where `T`
+/// or `E` is named through a trait (`HandlerResult`, `BatchValues`),
+/// spanned from the written type `via`'s first token to its last, as the
+/// projections inside it are.
 fn output(
     p: &TokenStream,
     ok_ty: &TokenStream,
     err_ty: &TokenStream,
     via: Option<&Type>,
+    batch: bool,
 ) -> TokenStream {
     match via {
         Some(written) => {
             let (first, last) = ends(written);
-            let open = respan(quote!(#p::Result<#p::Outcome<), first);
-            let middle = respan(quote!(>, #p::Error<), last);
+            let open = respan(quote!(#p::Result<), first);
+            let answer = if batch {
+                let open = respan(quote!(#p::Results<), first);
+                let middle = respan(quote!(,), last);
+                let close = respan(quote!(>), last);
+                quote!(#open #ok_ty #middle #err_ty #close)
+            } else {
+                let open = respan(quote!(#p::Outcome<), first);
+                let close = respan(quote!(>), last);
+                quote!(#open #ok_ty #close)
+            };
+            let middle = respan(quote!(, #p::Error<), last);
             let close = respan(quote!(>>), last);
-            quote!(#open #ok_ty #middle #err_ty #close)
+            quote!(#open #answer #middle #err_ty #close)
         }
+        None if batch => quote!(#p::Result<#p::Results<#ok_ty, #err_ty>, #p::Error<#err_ty>>),
         None => quote!(#p::Result<#p::Outcome<#ok_ty>, #p::Error<#err_ty>>),
     }
 }
@@ -656,7 +1128,20 @@ pub(crate) fn stub(s: &Stub) -> TokenStream {
         _ => None,
     });
 
-    let output = output(&p, &ok_ty, &err_ty, via_trait);
+    // A batch handler's callers were written for its answer per message.
+    let value = s
+        .result
+        .as_ref()
+        .filter(|_| s.batch)
+        .map(|r| BatchValue::of(r.ok.as_ref(), &r.written, &p));
+    let (ok_ty, via) = match &value {
+        Some(value) => (
+            value.ty.clone(),
+            value.via.as_ref().map(ValuesVia::written).or(via_trait),
+        ),
+        None => (ok_ty, via_trait),
+    };
+    let output = output(&p, &ok_ty, &err_ty, via, s.batch);
 
     quote! {
         #(#attrs)*

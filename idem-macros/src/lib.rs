@@ -100,4 +100,16 @@ mod snapshot {
     fn fingerprint_expansion_is_current() {
         check("capture_payment");
     }
+
+    /// A batch handler in transaction mode.
+    #[test]
+    fn tx_batch_expansion_is_current() {
+        check("deduct_stock_batch");
+    }
+
+    /// A batch handler in lease mode, with a fingerprint.
+    #[test]
+    fn lease_batch_expansion_is_current() {
+        check("notify_batch");
+    }
 }
