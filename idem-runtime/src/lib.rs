@@ -96,7 +96,7 @@ pub use idem_grammar::{format_duration, parse_duration};
 /// | `name` | the handler's namespace in the store; defaults to the function's name |
 /// | `lease` | lease mode: how long a claim may stay in progress before another consumer may take it over (default `30s`) |
 /// | `fingerprint` | what must not change between deliveries of one key: parts in the key's grammar (`qty + price`), of any `serde::Serialize` type, or `"*"` for the whole message; another payload under a recorded key is [`Error::PayloadMismatch`] |
-/// | `max_attempts` | an integer from 1 to `u32::MAX`: how many deliveries of one key may fail; the next one gets [`Error::Exhausted`] without running the body |
+/// | `max_attempts` | an integer from 1 to `u32::MAX`: how many deliveries of one key may fail; the next one gets [`Error::Exhausted`] without running the body; not on a batch handler |
 /// | `crate` | the path of `idem_runtime` when it is renamed |
 ///
 /// The handler returns `Result<T, E>` or any alias of it (`io::Result<T>`,
@@ -125,6 +125,62 @@ pub use idem_grammar::{format_duration, parse_duration};
 /// Both cost nothing to a handler that does not ask for them: without
 /// `fingerprint` nothing is serialized or hashed, and without `max_attempts`
 /// a failed delivery leaves nothing behind.
+///
+/// # Batch handlers
+///
+/// A handler whose key reads a slice parameter, `msgs: &[M]`, takes a whole
+/// batch (a Kafka poll, a prefetch window): the key and the fingerprint are
+/// checked against `M`'s fields and derived for each message, the batch's
+/// keys are claimed at once, the body runs once, and every outcome is
+/// recorded at once. Its `Ok` type is a `Vec<T>`, and the rewritten function
+/// returns `Result<Vec<Result<Outcome<T>, Error<E>>>, Error<E>>`: one answer
+/// per message, in input order, each what a single call would answer.
+///
+/// * The body is given only the fresh messages, in input order, through the
+///   same parameter, and returns one value per message it was given, in the
+///   same order (another number is [`Error::OutcomeCount`]). `M` must be
+///   `Clone`: the fresh messages are cloned out of the batch unless all are
+///   fresh.
+/// * A key the batch holds twice runs once; the later message gets a
+///   `Duplicate` of the first's value (or [`Error::PayloadMismatch`] when a
+///   declared fingerprint differs). A message whose key has a `None` part
+///   gets [`Error::KeyMissing`]; the others run.
+/// * A body error fails the whole batch (the outer [`Error::Handler`]) and
+///   records nothing, so every message runs again when redelivered. It is
+///   never recorded as final ([`FinalError`] is not consulted), and
+///   `max_attempts` is a compile error: a failure belongs to no one message.
+/// * In transaction mode the body may run again, over the messages still
+///   fresh, when another delivery records one of the batch's keys before it
+///   commits: parameters beside the batch are taken by reference, or by value
+///   when `Copy`. A `&Key` parameter is refused (each message has its own).
+///
+/// ```standalone_crate
+/// use idem_runtime::{idempotent, Error, MemoryStore, Outcome};
+///
+/// #[derive(Clone)]
+/// struct OrderShipped { order_id: u64, region: Option<String> }
+///
+/// #[idempotent(key = "order_id + region", ttl = "1d", store = "memory")]
+/// async fn notify(msgs: &[OrderShipped]) -> Result<Vec<u64>, std::io::Error> {
+///     // only the fresh messages, in input order: one value each
+///     Ok(msgs.iter().map(|m| m.order_id * 10).collect())
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = MemoryStore::new();
+/// let eu = |order_id| OrderShipped { order_id, region: Some("eu".into()) };
+/// notify(&store, &[eu(3)]).await?;
+///
+/// let batch = [eu(1), eu(2), eu(1), eu(3), OrderShipped { order_id: 4, region: None }];
+/// let answers = notify(&store, &batch).await?;
+/// assert_eq!(answers[0].as_ref().unwrap(), &Outcome::Executed(10));
+/// assert_eq!(answers[1].as_ref().unwrap(), &Outcome::Executed(20));
+/// assert_eq!(answers[2].as_ref().unwrap(), &Outcome::Duplicate(10)); // twice in the batch
+/// assert_eq!(answers[3].as_ref().unwrap(), &Outcome::Duplicate(30)); // recorded before
+/// assert!(matches!(answers[4], Err(Error::KeyMissing { part: "region", .. })));
+/// # Ok(()) }
+/// ```
 ///
 /// # The key parameter
 ///
