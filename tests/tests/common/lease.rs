@@ -29,6 +29,15 @@ use idem_runtime::{Claim, Error, Key, LeaseStore, Outcome, idempotent};
 
 use super::{AppError, Probe, Tally, eventually, together};
 
+// The scenarios about batch handlers, with their handler.
+#[allow(unused_imports)]
+pub(crate) use super::lease_batch::{
+    a_batch_answers_each_message_in_input_order,
+    a_batch_body_answering_too_few_values_is_an_outcome_count_error,
+    a_failing_batch_records_nothing_and_its_redelivery_runs_it,
+    overlapping_batches_from_8_consumers_execute_every_key_once,
+};
+
 // The scenarios about failures and payloads, with their handlers.
 #[allow(unused_imports)]
 pub(crate) use super::lease_ops::{
@@ -1118,6 +1127,10 @@ macro_rules! scenarios {
             a_claim_whose_lease_ran_out_counts_as_a_failure: Manual,
             a_stalled_last_attempt_that_finishes_is_recorded: Manual,
             a_huge_error_text_is_cut_and_counted: Manual,
+            a_batch_answers_each_message_in_input_order: Manual,
+            a_failing_batch_records_nothing_and_its_redelivery_runs_it: Manual,
+            a_batch_body_answering_too_few_values_is_an_outcome_count_error: Manual,
+            overlapping_batches_from_8_consumers_execute_every_key_once: Manual,
         }
     };
 }

@@ -21,6 +21,7 @@
 mod sql;
 
 mod calls;
+mod lease_batch;
 mod lease_ops;
 mod memory;
 mod mysql;
@@ -34,6 +35,7 @@ pub(crate) mod lease;
 pub(crate) mod ops;
 pub(crate) mod stress;
 pub(crate) mod tx;
+mod tx_batch;
 mod tx_ops;
 
 // Each test binary uses some of these.

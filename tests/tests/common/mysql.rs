@@ -287,5 +287,6 @@ crate::common::tx::handlers! {
     MySqlDb, tx: MySqlTx, store: "mysql",
     names: { deduct: "mysql_deduct", unencodable: "mysql_unencodable", refund: "mysql_refund",
         reserve: "mysql_reserve", flaky: "mysql_flaky", unknown: "mysql_unknown",
+        batch: "mysql_deduct_batch",
     },
 }

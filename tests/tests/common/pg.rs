@@ -124,5 +124,6 @@ crate::common::tx::handlers! {
     PgDb, tx: PgTx, store: "postgres",
     names: { deduct: "pg_deduct", unencodable: "pg_unencodable", refund: "pg_refund",
         reserve: "pg_reserve", flaky: "pg_flaky", unknown: "pg_unknown",
+        batch: "pg_deduct_batch",
     },
 }

@@ -127,5 +127,6 @@ crate::common::tx::handlers! {
     Db, tx: SqliteTx, store: "sqlite",
     names: { deduct: "sqlite_deduct", unencodable: "sqlite_unencodable", refund: "sqlite_refund",
         reserve: "sqlite_reserve", flaky: "sqlite_flaky", unknown: "sqlite_unknown",
+        batch: "sqlite_deduct_batch",
     },
 }

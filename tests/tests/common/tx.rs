@@ -30,6 +30,15 @@ use idem_tests::or_skip;
 use super::ops::{OpsError, Reserve, Settled};
 use super::{AppError, Probe, T0, Tally, together};
 
+// The scenarios about batch handlers.
+#[allow(unused_imports)]
+pub(crate) use super::tx_batch::{
+    a_batch_body_answering_too_few_values_rolls_back,
+    a_batch_commits_each_fresh_message_with_its_writes_in_input_order,
+    a_failing_batch_rolls_back_every_write_and_records_nothing,
+    overlapping_batches_from_8_consumers_commit_every_key_once,
+};
+
 // The scenarios about failures and payloads.
 #[allow(unused_imports)]
 pub(crate) use super::tx_ops::{
@@ -254,10 +263,26 @@ pub(crate) trait TxHandlers: TxFixture {
         msg: &Reserve,
         probe: &Probe,
     ) -> impl Future<Output = Settled<i64>> + Send;
+
+    /// The registered name of [`deduct_batch`](Self::deduct_batch).
+    const DEDUCT_BATCH: &'static str;
+
+    /// A batch handler: a ledger row per fresh message through the
+    /// transaction (see [`deduct_batch_body`](super::tx_batch::deduct_batch_body)).
+    fn deduct_batch(
+        &self,
+        store: &Self::Store,
+        msgs: &[OrderPlaced],
+        probe: &Probe,
+    ) -> impl Future<Output = Batched<i64>> + Send;
 }
 
 /// What a delivery returns.
 pub(crate) type Delivered<T> = Result<Outcome<T>, Error<AppError>>;
+
+/// What a batch delivery returns: one answer per message, or the batch's
+/// error.
+pub(crate) type Batched<T> = Result<Vec<Delivered<T>>, Error<AppError>>;
 
 // ---------------------------------------------------------------------------
 // Messages and bodies
@@ -418,13 +443,15 @@ macro_rules! handlers {
         $Db:ident, tx: $Tx:ident, store: $store:tt,
         names: {
             deduct: $deduct:tt, unencodable: $unencodable:tt, refund: $refund:tt,
-            reserve: $reserve:tt, flaky: $flaky:tt, unknown: $unknown:tt $(,)?
+            reserve: $reserve:tt, flaky: $flaky:tt, unknown: $unknown:tt,
+            batch: $batch:tt $(,)?
         } $(,)?
     ) => {
         mod tx_handlers {
             use super::$Db;
             use crate::common::ops::{OpsError, Reserve};
             use crate::common::tx::{self, Deducted, OrderPlaced, Refund, Unencodable};
+            use crate::common::tx_batch;
             use crate::common::{AppError, Probe};
             use idem_runtime::{$Tx, idempotent};
 
@@ -493,6 +520,16 @@ macro_rules! handlers {
             ) -> Result<i64, OpsError> {
                 tx::unknown_sku_body(&mut **tx, msg, probe, db).await
             }
+
+            #[idempotent(key = "msgs.order_id + msgs.sku", ttl = "1h", store = $store, name = $batch)]
+            pub(crate) async fn deduct_batch(
+                tx: &mut $Tx<'_>,
+                msgs: &[OrderPlaced],
+                probe: &Probe,
+                db: &$Db,
+            ) -> Result<Vec<i64>, AppError> {
+                tx_batch::deduct_batch_body(&mut **tx, msgs, probe, db).await
+            }
         }
 
         impl crate::common::tx::TxHandlers for $Db {
@@ -557,6 +594,17 @@ macro_rules! handlers {
                 probe: &crate::common::Probe,
             ) -> impl std::future::Future<Output = crate::common::ops::Settled<i64>> + Send {
                 tx_handlers::unknown_sku(store, msg, probe, self)
+            }
+
+            const DEDUCT_BATCH: &'static str = $batch;
+
+            fn deduct_batch(
+                &self,
+                store: &Self::Store,
+                msgs: &[crate::common::tx::OrderPlaced],
+                probe: &crate::common::Probe,
+            ) -> impl std::future::Future<Output = crate::common::tx::Batched<i64>> + Send {
+                tx_handlers::deduct_batch(store, msgs, probe, self)
             }
         }
     };
@@ -1062,6 +1110,10 @@ macro_rules! suite {
             deliveries_with_another_payload_are_mismatches,
             failures_are_counted_exactly_under_16_concurrent_consumers,
             a_final_error_rolls_back_and_is_replayed,
+            a_batch_commits_each_fresh_message_with_its_writes_in_input_order,
+            a_failing_batch_rolls_back_every_write_and_records_nothing,
+            a_batch_body_answering_too_few_values_rolls_back,
+            overlapping_batches_from_8_consumers_commit_every_key_once,
         }
     };
 }

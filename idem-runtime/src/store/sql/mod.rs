@@ -50,12 +50,13 @@ mod statement;
 
 pub use dialect::Dialect;
 pub(crate) use dialect::Fault;
+pub(crate) use statement::COLUMNS;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) use statement::insert_or_take_over;
-#[cfg(feature = "mysql")]
-pub(crate) use statement::{COLUMNS, claimable, inserted, take_over_assignments};
 pub(crate) use statement::{NewRow, Placeholders};
 use statement::{Statement, Statements, Take, Values};
+#[cfg(feature = "mysql")]
+pub(crate) use statement::{claimable, inserted, take_over_assignments};
 
 /// The version of the dedup table this release writes and reads: 1 was
 /// the first release's; 2 added `failures`, `last_error` and `fingerprint`.
