@@ -214,4 +214,9 @@ impl Round {
     pub fn handled(&self) {
         self.done.fetch_add(1, Ordering::Relaxed);
     }
+
+    /// Counts `n` messages handled (a batch).
+    pub fn handled_many(&self, n: usize) {
+        self.done.fetch_add(n as u64, Ordering::Relaxed);
+    }
 }

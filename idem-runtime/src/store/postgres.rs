@@ -139,6 +139,10 @@ impl Dialect for Postgres {
     const MAX_HANDLER_LEN: usize = usize::MAX;
     const BEGIN: Option<&'static str> = None;
     const SWEEP_BEGIN: Option<&'static str> = None;
+    // The planner takes a batch's rows for a hundred and a fast-growing
+    // table's matches for a handful, and loops over the rows once per match
+    // (quadratic in the batch); a hash join is linear.
+    const BATCH_WRITE_BEGIN: Option<&'static str> = Some("BEGIN; SET LOCAL enable_nestloop = off");
     const LATEST_READ: &'static str = "";
     const BATCH_ROWS: &'static str =
         "json_to_recordset(:rows::json) AS r(k text, f text, o text, t text)";
@@ -187,6 +191,19 @@ impl Dialect for Postgres {
         // An array the planner sees as one value: an index condition.
         format!(
             "{column} = ANY (ARRAY(SELECT e.v->>'k' FROM json_array_elements(:rows::json) AS e(v)))"
+        )
+    }
+
+    fn select_from_rows(columns: &str, condition: &str) -> String {
+        // One primary-key lookup per row, whatever the statistics say: on a
+        // table that grew fast since its last ANALYZE, the planner of a join
+        // scans every row of the handler. `LIMIT 1` (the key is unique)
+        // keeps the subquery from being pulled up into such a join.
+        format!(
+            "SELECT {columns} FROM {} CROSS JOIN LATERAL
+               (SELECT * FROM {{t}} WHERE handler = :handler AND {{key}} = r.k LIMIT 1) AS cur
+             WHERE {condition}",
+            Self::BATCH_ROWS
         )
     }
 

@@ -92,10 +92,7 @@ impl BatchStatements {
                 values_of(row, "r.k")
             )))
         };
-        let select = format!(
-            "SELECT handler, {{key}}, {{record}} FROM {{t}} WHERE handler = :handler AND {}",
-            D::in_batch("{key}")
-        );
+        let select = D::select_from_rows("cur.handler, cur.{key}, {record}", "TRUE");
         BatchStatements {
             select_latest: render(&format!("{select}{}", D::LATEST_READ)),
             select: render(&select),
@@ -112,11 +109,9 @@ impl BatchStatements {
             release: render(&D::delete_from_rows(
                 "cur.token = r.t AND cur.status = 'in_progress'",
             )),
-            held: render(&format!(
-                "SELECT cur.{{key}} FROM {{t}} AS cur JOIN {rows}
-                   ON cur.handler = :handler AND {} AND cur.{{key}} = r.k
-                 WHERE cur.token = r.t AND cur.status = :status",
-                D::in_batch("cur.{key}")
+            held: render(&D::select_from_rows(
+                "cur.{key}",
+                "cur.token = r.t AND cur.status = :status",
             )),
         }
     }
@@ -241,7 +236,7 @@ impl<D: Dialect> SqlStore<D> {
         }
         let json = rows_json(rows)?;
         let values = self.batch_values(spec, &json, hold)?;
-        let wrote = self.write(statement, &values, None).await?;
+        let wrote = self.write(statement, &values, D::BATCH_WRITE_BEGIN).await?;
         if wrote == rows.len() as u64 {
             return Ok(vec![true; rows.len()]);
         }
@@ -360,7 +355,8 @@ impl<D: Dialect> SqlStore<D> {
             .collect();
         let json = rows_json(&rows)?;
         let values = self.batch_values(spec, &json, Duration::ZERO)?;
-        self.write(&self.sql.batch.release, &values, None).await?;
+        self.write(&self.sql.batch.release, &values, D::BATCH_WRITE_BEGIN)
+            .await?;
         Ok(())
     }
 

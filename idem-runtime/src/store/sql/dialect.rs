@@ -35,6 +35,12 @@ pub trait Dialect: Exec {
     /// one; `None` runs it on its own.
     const SWEEP_BEGIN: Option<&'static str>;
 
+    /// The statement that opens the transaction of a batch's completion,
+    /// extension or release (an update or delete joined to the batch's
+    /// rows), when one is needed to steer its plan; `None` runs it on its
+    /// own.
+    const BATCH_WRITE_BEGIN: Option<&'static str> = None;
+
     /// What a read of the record after a lost claim appends so that it sees
     /// the latest committed row, not the transaction's snapshot: empty where
     /// every statement reads the latest (PostgreSQL's `READ COMMITTED`,
@@ -57,6 +63,18 @@ pub trait Dialect: Exec {
     /// database answers from the primary key's index, one lookup per key,
     /// whatever the size of the table.
     fn in_batch(column: &str) -> String;
+
+    /// Reads `columns` of the table's rows, as `cur`, of the batch's rows
+    /// `r` matched on `:handler` and the key, where `condition` holds.
+    fn select_from_rows(columns: &str, condition: &str) -> String {
+        format!(
+            "SELECT {columns} FROM {{t}} AS cur JOIN {}
+               ON cur.handler = :handler AND {} AND cur.{{key}} = r.k
+             WHERE {condition}",
+            Self::BATCH_ROWS,
+            Self::in_batch("cur.{key}")
+        )
+    }
 
     /// Inserts what `select` yields into the table (in [`COLUMNS`](super::COLUMNS)'
     /// order), leaving every row that stands alone: the statement affects
