@@ -1,0 +1,145 @@
+//! Keys per second through a batch handler on Redis, against the same keys
+//! one call at a time and against the limit, a raw pipeline of `SET NX`,
+//! as ratios measured in one run.
+//!
+//! ```text
+//! cargo run --release -p idem-examples --example bench_batch_redis
+//! REDIS_URL=redis://... SECS=3 ROUNDS=5 TASKS=4 BATCH=1000 cargo run --release -p idem-examples --example bench_batch_redis
+//! ```
+//!
+//! Every key is fresh. `TASKS` consumers share one multiplexed connection
+//! per variant; the variants take turns round after round:
+//!
+//! * `raw pipeline`: the limit, `BATCH` `SET key 1 NX PX ttl` commands in
+//!   one pipeline (one round trip, no recorded outcome, no lease);
+//! * `idem batch`: a lease-mode batch handler with an empty body over
+//!   `BATCH` messages: the claims in one pipeline, the outcomes in another;
+//! * `idem one call at a time`: a lease-mode handler called once per
+//!   message (two round trips each).
+//!
+//! It prints each variant's median keys per second and its ratio to the raw
+//! pipeline, and ends with `idem batch/raw pipeline: <ratio>`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use idem_examples::{env, median, messages_per_second};
+use idem_runtime::{RedisStore, idempotent};
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Deserialize)]
+struct Msg {
+    id: u64,
+}
+
+#[idempotent(key = "id", ttl = "10m", store = "redis", name = "bench_batch_redis")]
+async fn batch(msgs: &[Msg]) -> Result<Vec<u64>, std::io::Error> {
+    Ok(msgs.iter().map(|m| m.id).collect())
+}
+
+#[idempotent(key = "id", ttl = "10m", store = "redis", name = "bench_batch_redis_single")]
+async fn single(msg: &Msg) -> Result<u64, std::io::Error> {
+    Ok(msg.id)
+}
+
+const VARIANTS: [&str; 3] = ["raw pipeline", "idem batch", "idem one call at a time"];
+
+#[allow(clippy::too_many_arguments)]
+async fn run(
+    variant: usize,
+    store: &RedisStore,
+    raw: &redis::aio::ConnectionManager,
+    prefix: &str,
+    secs: f64,
+    tasks: usize,
+    size: usize,
+    next: &Arc<AtomicU64>,
+) -> f64 {
+    messages_per_second(secs, tasks, |_, round| {
+        let (store, mut raw, next) = (store.clone(), raw.clone(), next.clone());
+        let prefix = prefix.to_owned();
+        async move {
+            while round.going() {
+                let first = next.fetch_add(size as u64, Ordering::Relaxed);
+                let msgs: Vec<Msg> = (first..first + size as u64).map(|id| Msg { id }).collect();
+                match variant {
+                    0 => {
+                        let mut pipe = redis::pipe();
+                        for m in &msgs {
+                            pipe.cmd("SET")
+                                .arg(format!("{prefix}:raw:{}", m.id))
+                                .arg(1)
+                                .arg("NX")
+                                .arg("PX")
+                                .arg(600_000);
+                        }
+                        let set: Vec<Option<String>> =
+                            pipe.query_async(&mut raw).await.expect("raw pipeline");
+                        assert!(set.iter().all(Option::is_some));
+                    }
+                    1 => {
+                        let results = batch(&store, &msgs).await.expect("batch call");
+                        assert!(results.iter().all(|r| matches!(r, Ok(o) if o.is_executed())));
+                    }
+                    _ => {
+                        for msg in &msgs {
+                            if !round.going() {
+                                break;
+                            }
+                            assert!(single(&store, msg).await.expect("call").is_executed());
+                            round.handled();
+                        }
+                        continue;
+                    }
+                }
+                round.handled_many(size);
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let secs: f64 = env("SECS", 3.0);
+    let rounds: usize = env("ROUNDS", 5);
+    let tasks: usize = env("TASKS", 4);
+    let size: usize = env("BATCH", 1000);
+    let prefix = format!("idem-bench-batch-{}", std::process::id());
+    let store = RedisStore::connect(&url).await?.with_prefix(&prefix)?;
+    let raw = redis::Client::open(url.as_str())?
+        .get_connection_manager()
+        .await?;
+    let next = Arc::new(AtomicU64::new(1));
+
+    println!(
+        "{tasks} consumers, batches of {size}, {rounds} rounds of {secs} s per variant, interleaved"
+    );
+    for v in 0..VARIANTS.len() {
+        run(v, &store, &raw, &prefix, 0.5, tasks, size, &next).await;
+    }
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); VARIANTS.len()];
+    for round in 0..rounds {
+        for i in 0..VARIANTS.len() {
+            let v = (i + round) % VARIANTS.len();
+            rates[v].push(run(v, &store, &raw, &prefix, secs, tasks, size, &next).await);
+        }
+    }
+    let medians: Vec<f64> = rates.iter().map(|r| median(r.clone())).collect();
+    for (i, name) in VARIANTS.iter().enumerate() {
+        println!(
+            "{name:<24} median {:>9.0} keys/s  {:.3} of the raw pipeline   rounds {:.0?}",
+            medians[i],
+            medians[i] / medians[0],
+            rates[i]
+        );
+    }
+    println!(
+        "idem batch / one call at a time: {:.1}x",
+        medians[1] / medians[2]
+    );
+    idem_examples::delete_redis_prefix(&url, &prefix).await?;
+    println!("idem batch/raw pipeline: {:.3}", medians[1] / medians[0]);
+    Ok(())
+}
