@@ -37,7 +37,12 @@ async fn batch(msgs: &[Msg]) -> Result<Vec<u64>, std::io::Error> {
     Ok(msgs.iter().map(|m| m.id).collect())
 }
 
-#[idempotent(key = "id", ttl = "10m", store = "redis", name = "bench_batch_redis_single")]
+#[idempotent(
+    key = "id",
+    ttl = "10m",
+    store = "redis",
+    name = "bench_batch_redis_single"
+)]
 async fn single(msg: &Msg) -> Result<u64, std::io::Error> {
     Ok(msg.id)
 }
@@ -79,7 +84,11 @@ async fn run(
                     }
                     1 => {
                         let results = batch(&store, &msgs).await.expect("batch call");
-                        assert!(results.iter().all(|r| matches!(r, Ok(o) if o.is_executed())));
+                        assert!(
+                            results
+                                .iter()
+                                .all(|r| matches!(r, Ok(o) if o.is_executed()))
+                        );
                     }
                     _ => {
                         for msg in &msgs {

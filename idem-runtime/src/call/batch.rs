@@ -351,8 +351,11 @@ where
     .await
 }
 
-/// Records a batch's outcomes, retrying a failing store for as long as its
-/// leases hold (see the single call's `complete_while_leased`).
+/// Records a batch's outcomes, retrying a failing store (with a growing
+/// pause, from 20 ms up to 500 ms) for one lease from the first failure,
+/// and no longer than the leases are known to hold: a store that keeps
+/// refusing (a statement too large for it) ends the call instead of
+/// retrying for as long as the heartbeat keeps the leases alive.
 async fn complete_while_leased<S: LeaseStore>(
     store: &S,
     spec: &'static HandlerSpec,
@@ -360,10 +363,15 @@ async fn complete_while_leased<S: LeaseStore>(
     heartbeat: &BatchHeartbeat,
 ) -> Result<Vec<bool>, StoreError> {
     let mut pause = Duration::from_millis(20);
+    let mut give_up: Option<Instant> = None;
     loop {
         match store.complete_batch(spec, done).await {
             Ok(completed) => return Ok(completed),
-            Err(e) if Instant::now() + pause < heartbeat.lease_ends(spec) => {
+            Err(e) => {
+                let deadline = *give_up.get_or_insert_with(|| Instant::now() + spec.lease);
+                if Instant::now() + pause >= deadline.min(heartbeat.lease_ends(spec)) {
+                    return Err(e);
+                }
                 tracing::warn!(
                     error = %e,
                     "the batch body succeeded but its outcomes could not be recorded; retrying while the leases hold"
@@ -371,7 +379,6 @@ async fn complete_while_leased<S: LeaseStore>(
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_millis(500));
             }
-            Err(e) => return Err(e),
         }
     }
 }
@@ -393,7 +400,7 @@ impl BatchHeartbeat {
     ) -> BatchHeartbeat {
         let period = (spec.lease / 3).max(Duration::from_millis(10));
         let renewed = Arc::new(Mutex::new(claimed));
-        let owned: Vec<(Key, String)> = holding
+        let mut owned: Vec<(Key, String)> = holding
             .iter()
             .map(|h| (h.key.clone(), h.token.to_owned()))
             .collect();
@@ -410,15 +417,21 @@ impl BatchHeartbeat {
                     .collect();
                 match store.extend_batch(spec, &held).await {
                     Ok(extended) => {
-                        if extended.iter().all(|e| *e) {
-                            *last.lock().unwrap_or_else(PoisonError::into_inner) = asked;
-                        } else {
+                        let lost = extended.iter().filter(|e| !**e).count();
+                        if lost > 0 {
+                            // Another consumer took these over; the others
+                            // are still this call's to keep.
                             tracing::warn!(
-                                lost = extended.iter().filter(|e| !**e).count(),
+                                lost,
                                 "leases lost while the batch body runs: another consumer took keys over"
                             );
+                            let mut kept = extended.iter();
+                            owned.retain(|_| kept.next().copied().unwrap_or(false));
+                        }
+                        if owned.is_empty() {
                             return;
                         }
+                        *last.lock().unwrap_or_else(PoisonError::into_inner) = asked;
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "could not extend the batch's leases; will retry")

@@ -276,28 +276,62 @@ impl<D: Dialect> SqlStore<D> {
         if inserted == items.len() as u64 {
             return Ok(vec![Claim::Acquired { token }; items.len()]);
         }
+        let mut claims = Vec::with_capacity(items.len());
+        let sorted = self
+            .sort_out(spec, items, &token, &values, &mut claims)
+            .await;
+        match sorted {
+            Ok(()) => Ok(claims),
+            Err(e) => {
+                // Free what this batch took before the failure: its own
+                // rows (the token fences them) and the single claims.
+                let mut held: Vec<Held<'_>> = items
+                    .iter()
+                    .map(|item| Held {
+                        key: item.key,
+                        token: &token,
+                    })
+                    .collect();
+                held.extend(super::super::contract::held(items, &claims));
+                if let Err(e) = self.release_rows(spec, &held).await {
+                    tracing::warn!(error = %e, "could not release a batch's claims; they free themselves when their leases run out");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// After a batch's insert took fewer keys than it holds: reads which
+    /// claims are the batch's (token `token`) and what stands against the
+    /// others, taking over one by one what a claim may take.
+    async fn sort_out(
+        &self,
+        spec: &'static HandlerSpec,
+        items: &[BatchItem<'_>],
+        token: &str,
+        values: &Values<'_>,
+        claims: &mut Vec<Claim>,
+    ) -> Result<(), StoreError> {
         let records = {
             let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
             self.batch_records(&mut conn, spec, items)
                 .await
                 .map_err(|e| self.err(e))?
         };
-        let mut claims = Vec::with_capacity(items.len());
         for item in items {
             let record = records.get(item.key.as_str());
             let ours = record.is_some_and(|r| {
-                r.token.as_deref() == Some(token.as_str())
-                    && r.status == crate::store::Status::InProgress
+                r.token.as_deref() == Some(token) && r.status == crate::store::Status::InProgress
             });
             if ours {
                 claims.push(Claim::Acquired {
-                    token: token.clone(),
+                    token: token.to_owned(),
                 });
                 continue;
             }
             let at = Values {
                 fingerprint: item.fingerprint,
-                ..values
+                ..*values
             };
             match self.standing(record.cloned(), spec, &at) {
                 Some(standing) => claims.push(Claim::Refused(standing)),
@@ -306,7 +340,7 @@ impl<D: Dialect> SqlStore<D> {
                 None => claims.push(self.claim(spec, item.key, item.fingerprint).await?),
             }
         }
-        Ok(claims)
+        Ok(())
     }
 
     pub(crate) async fn complete_rows(
