@@ -99,6 +99,16 @@ impl RedisFx {
         }
     }
 
+    /// Runs a script invocation on the raw connection (routed by its key on
+    /// a cluster).
+    pub(crate) async fn invoke<T: FromRedisValue>(&self, inv: &redis::ScriptInvocation<'_>) -> T {
+        let r = match &self.raw {
+            Raw::Single(c) => inv.invoke_async(&mut c.clone()).await,
+            Raw::Cluster(c) => inv.invoke_async(&mut c.clone()).await,
+        };
+        r.unwrap_or_else(|e| panic!("raw redis script failed: {e}"))
+    }
+
     /// The Redis key of `handler`'s record for `key`.
     pub(crate) fn rkey(&self, handler: &str, key: &Key) -> String {
         self.store.redis_key(handler, key)
@@ -248,7 +258,7 @@ impl LeaseFixture for RedisFx {
     /// A claim's record that lives as long as its lease expires. One that
     /// outlives its lease (a handler with `max_attempts`, or a claim that
     /// carries failures, keeps its record for the ttl) has the lease's end
-    /// in its value (`2|p|created|updated|<lease end>|...`): that moment is
+    /// in its value (`2|p|updated|<lease end>|...`): that moment is
     /// moved to now, as the lease's time passing would.
     async fn run_out_lease(&self, handler: &str, key: &Key) {
         let rkey = self.rkey(handler, key);
@@ -277,7 +287,7 @@ impl LeaseFixture for RedisFx {
 const LEASE_ENDS_AT: &str = r"
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
-local head, tail = string.match(v, '^(2|p|%-?%d+|%-?%d+|)%-?%d*(|.*)$')
+local head, tail = string.match(v, '^(2|p|[^|]*|)[^|]*(|.*)$')
 if not head then return 0 end
 redis.call('SET', KEYS[1], head .. ARGV[1] .. tail, 'KEEPTTL')
 return 1

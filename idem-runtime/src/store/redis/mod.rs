@@ -157,7 +157,7 @@ impl Scripts {
 /// slot):
 ///
 /// ```text
-/// 2|<status>|<created>|<updated>|<lease end>|<attempts>|<failures>|<token length>|<fingerprint length>|<error length>|<token><fingerprint><last error><outcome>
+/// 2|<status>|<updated>|<lease end>|<token length>|<token><created>|<attempts>|<failures>|<fingerprint length>|<error length>|<fingerprint><last error><outcome>
 /// ```
 ///
 /// `2` is the format; the status is one letter (`p` in progress, `c`
@@ -165,9 +165,11 @@ impl Scripts {
 /// milliseconds since the epoch; the lease end is empty unless the claim is
 /// in progress, and the error length when there is no last error. The
 /// lengths are in bytes, so no text is ever escaped, and the outcome (the
-/// result, or a final error, as JSON) takes the rest of the value. A
-/// completed record whose body returned `42`:
-/// `2|c|1700000000000|1700000000250||1|0|0|0||42`. The key's own TTL is
+/// result, or a final error, as JSON) takes the rest of the value. What a
+/// claim changes comes before the token, what it keeps after it: a
+/// completion checks the token and writes a new head before the same tail
+/// and the outcome. A completed record whose body returned `42`:
+/// `2|c|1700000000250||0|1700000000000|1|0|0||42`. The key's own TTL is
 /// the lease while in progress (the lease and a ttl for a claim of a
 /// handler with `max_attempts`, or one that carries failures, so that a
 /// consumer that stops inside it is counted), the handler's `ttl` once

@@ -2,15 +2,20 @@
 //! format, or a hash written by an earlier release, and how either reads
 //! as a [`Record`].
 //!
-//! The string, `2|s|created|updated|lease end|attempts|failures|token
-//! length|fingerprint length|error length|` followed by the token, the
-//! fingerprint, the last error and the outcome, each as many bytes as its
-//! length says (the outcome takes the rest, so it is never escaped). The
-//! status `s` is one letter: `p` in progress, `c` completed, `f` failed,
-//! `r` retry. Times are milliseconds since the epoch; the lease end is
-//! empty unless the record is in progress, and the error length is empty
-//! when there is no last error. The Lua scripts (`scripts.rs`) read and
-//! write the same format with one `string.match`.
+//! The string is `2|s|updated|lease end|token length|token`, then
+//! `created|attempts|failures|fingerprint length|error length|`, then the
+//! fingerprint, the last error and the outcome: each text is as many
+//! bytes as its length says (the outcome takes the rest, so it is never
+//! escaped). The status `s` is one letter: `p` in progress, `c`
+//! completed, `f` failed, `r` retry. Times are milliseconds since the
+//! epoch; the lease end is empty unless the record is in progress, and
+//! the error length is empty when there is no last error.
+//!
+//! What a claim changes (status, update, lease, token) comes first; what
+//! it keeps follows the token. A record that holds a token has no outcome
+//! yet, so a completion checks the token and writes a new head, the old
+//! tail as it is, and the outcome: the Lua scripts (`scripts.rs`) do it
+//! with one `string.match` of the head.
 
 use std::fmt::Write as _;
 
@@ -65,29 +70,24 @@ impl Parts<'_> {
                 + self.outcome.len(),
         );
         // Writing to a String cannot fail.
-        let _ = write!(
-            out,
-            "{TAG}{}|{}|{}|",
-            status_letter(self.status),
-            self.created,
-            self.updated
-        );
+        let _ = write!(out, "{TAG}{}|{}|", status_letter(self.status), self.updated);
         if let Some(end) = self.lease_end {
             let _ = write!(out, "{end}");
         }
         let _ = write!(
             out,
-            "|{}|{}|{}|{}|",
+            "|{}|{}{}|{}|{}|{}|",
+            self.token.len(),
+            self.token,
+            self.created,
             self.attempts,
             self.failures,
-            self.token.len(),
             self.fingerprint.len()
         );
         if let Some(error) = self.last_error {
             let _ = write!(out, "{}", error.len());
         }
         out.push('|');
-        out.push_str(self.token);
         out.push_str(self.fingerprint);
         out.push_str(self.last_error.unwrap_or_default());
         out.push_str(self.outcome);
@@ -131,9 +131,6 @@ pub(crate) fn decode(
     let body = value
         .strip_prefix(TAG.as_bytes())
         .ok_or_else(|| malformed("no format tag"))?;
-    let mut fields = body.splitn(10, |b| *b == b'|');
-    let mut next = || fields.next().ok_or_else(|| malformed("too few fields"));
-    let status = status_of(next()?).ok_or_else(|| malformed("unknown status"))?;
     let number = |field: &[u8]| -> Result<i64, StoreError> {
         std::str::from_utf8(field)
             .ok()
@@ -150,12 +147,28 @@ pub(crate) fn decode(
     let length = |field: &[u8]| -> Result<usize, StoreError> {
         usize::try_from(number(field)?).map_err(|_| malformed("a negative length"))
     };
-    let created = number(next()?)?;
+    let text = |part: &[u8]| -> Result<String, StoreError> {
+        String::from_utf8(part.to_vec()).map_err(|_| malformed("a part that is not UTF-8"))
+    };
+    // The head: status, update, lease end, token length; then the token.
+    let mut head = body.splitn(5, |b| *b == b'|');
+    let mut next = || head.next().ok_or_else(|| malformed("too few fields"));
+    let status = status_of(next()?).ok_or_else(|| malformed("unknown status"))?;
     let updated = number(next()?)?;
     let lease_end = optional(next()?)?;
+    let token_len = length(next()?)?;
+    let after = next()?;
+    let token = text(
+        after
+            .get(..token_len)
+            .ok_or_else(|| malformed("the token runs past the end"))?,
+    )?;
+    // The tail: created, attempts, failures, the two lengths; then the texts.
+    let mut tail = after[token_len..].splitn(6, |b| *b == b'|');
+    let mut next = || tail.next().ok_or_else(|| malformed("too few fields"));
+    let created = number(next()?)?;
     let attempts = number(next()?)?;
     let failures = number(next()?)?;
-    let token_len = length(next()?)?;
     let fingerprint_len = length(next()?)?;
     let error_len = optional(next()?)?
         .map(|n| usize::try_from(n).map_err(|_| malformed("a negative length")))
@@ -168,9 +181,8 @@ pub(crate) fn decode(
             .and_then(|end| rest.get(at..end))
             .ok_or_else(|| malformed("a part runs past the end"))?;
         at += part.len();
-        String::from_utf8(part.to_vec()).map_err(|_| malformed("a part that is not UTF-8"))
+        text(part)
     };
-    let token = take(Some(token_len))?;
     let fingerprint = take(Some(fingerprint_len))?;
     let last_error = error_len.map(|n| take(Some(n))).transpose()?;
     let outcome = take(None)?;
@@ -269,7 +281,7 @@ mod tests {
         let value = Parts::of(&claim).encode();
         assert_eq!(
             value,
-            format!("2|p|10|10|30010|1|0|32|0||{}", "0f".repeat(16))
+            format!("2|p|10|30010|32|{}10|1|0|0||", "0f".repeat(16))
         );
         assert_eq!(decode("h", "3:k-1", value.as_bytes(), 99).unwrap(), claim);
 
@@ -288,10 +300,11 @@ mod tests {
             "1",
             "hello",
             "2|",
-            "2|x|1|1||1|0|0|0||",
-            "2|c|1|1||1|0|99|0||short",
-            "2|c|1|1||1|0|-1|0||",
-            "2|c|one|1||1|0|0|0||",
+            "2|x|1||0|1|1|0|0||",
+            "2|c|1||99|short",
+            "2|c|1||-1|1|1|0|0||",
+            "2|c|one||0|1|1|0|0||",
+            "2|c|1||0|1|1|0|99||short",
             &good[..good.len() / 2],
         ] {
             // A cut value may still read (the outcome is the rest): only
@@ -300,9 +313,11 @@ mod tests {
                 assert!(matches!(e, StoreError::Schema(_)), "{bad:?}: {e:?}");
             }
         }
-        assert!(decode("h", "k", b"2|c|1|1||1|0|99|0||short", 0).is_err());
+        assert!(decode("h", "k", b"2|c|1||99|short", 0).is_err());
+        assert!(decode("h", "k", b"2|c|1||0|1|1|0|99||short", 0).is_err());
         assert!(decode("h", "k", &[b'2', b'|', b'c', b'|', 0xff], 0).is_err());
         // A multi-byte character cut by a length is refused, not split.
-        assert!(decode("h", "k", "2|c|1|1||1|0|0|0|1|é".as_bytes(), 0).is_err());
+        assert!(decode("h", "k", "2|c|1||0|1|1|0|0|1|é".as_bytes(), 0).is_err());
+        assert!(decode("h", "k", "2|p|1|5|1|é1|1|0|0||".as_bytes(), 0).is_err());
     }
 }
