@@ -10,10 +10,19 @@
 //! consumers, every message fresh. `raw` is the bare dedup step many
 //! consumers write by hand (`SET key 1 NX PX ttl`, one round trip, no
 //! recorded outcome, no lease); `idem` is a lease-mode handler with an empty
-//! body (claim with a fencing token, then record the outcome). It then counts
-//! the commands a fresh message and a duplicate send, from the server's
-//! `INFO commandstats`, and ends with `idem/raw: <ratio>`.
+//! body (claim with a fencing token, then record the outcome).
+//!
+//! Where the time goes, per message over the timed rounds of each variant:
+//! the server's CPU (`INFO cpu`, user + system of redis-server), the
+//! server's time per command (`INFO commandstats`: calls and µs per
+//! message; a script's µs include those of the commands it runs, which are
+//! listed as well), and this process's CPU (user + system, from
+//! `/proc/self/stat`, Linux only). Then the commands one fresh message and
+//! one duplicate send and the scripts run, from `MONITOR`, and the ratio,
+//! last: `idem/raw: <ratio>`. Other clients of the same Redis add to the
+//! server's figures.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -68,37 +77,173 @@ async fn run(
     .await
 }
 
-/// Client commands (round trips) of one call, from the server's statistics:
-/// top-level `EVALSHA`/`EVAL` and direct commands, not the ones a script runs.
-async fn round_trips<F: std::future::Future>(
-    admin: &mut redis::aio::ConnectionManager,
-    call: F,
-) -> u64 {
-    let stats = |info: String| -> u64 {
-        info.lines()
-            .filter_map(|l| {
-                let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-                if matches!(name, "evalsha" | "eval" | "script|load") {
-                    rest.split(',')
-                        .find_map(|f| f.strip_prefix("calls=")?.parse::<u64>().ok())
-                } else {
-                    None
+/// What the server and this process spent, read before and after a run.
+#[derive(Debug, Clone, Default)]
+struct Costs {
+    /// redis-server's user + system CPU, µs (`INFO cpu`).
+    server_cpu_us: f64,
+    /// Per command: calls and µs (`INFO commandstats`).
+    commands: BTreeMap<String, (u64, u64)>,
+    /// This process's user + system CPU, µs (`/proc/self/stat`).
+    client_cpu_us: f64,
+    /// Messages handled.
+    messages: u64,
+}
+
+impl Costs {
+    /// A snapshot now (`messages` left at 0).
+    async fn now(admin: &mut redis::aio::ConnectionManager) -> Costs {
+        let info: String = redis::cmd("INFO")
+            .arg("cpu")
+            .arg("commandstats")
+            .query_async(admin)
+            .await
+            .expect("INFO cpu commandstats");
+        let mut costs = Costs {
+            client_cpu_us: client_cpu_us().unwrap_or(f64::NAN),
+            ..Costs::default()
+        };
+        for line in info.lines() {
+            if let Some((name, value)) = line.split_once(':') {
+                if matches!(name, "used_cpu_sys" | "used_cpu_user") {
+                    costs.server_cpu_us += value.trim().parse::<f64>().unwrap_or(0.0) * 1e6;
                 }
+                if let Some(cmd) = name.strip_prefix("cmdstat_") {
+                    let field = |f: &str| {
+                        value
+                            .split(',')
+                            .find_map(|kv| kv.strip_prefix(f)?.parse::<u64>().ok())
+                            .unwrap_or(0)
+                    };
+                    costs
+                        .commands
+                        .insert(cmd.to_owned(), (field("calls="), field("usec=")));
+                }
+            }
+        }
+        costs
+    }
+
+    /// What was spent between `before` and `self`, for `messages`.
+    fn since(&self, before: &Costs, messages: u64) -> Costs {
+        let commands = self
+            .commands
+            .iter()
+            .map(|(cmd, &(calls, usec))| {
+                let (c0, u0) = before.commands.get(cmd).copied().unwrap_or((0, 0));
+                (cmd.clone(), (calls - c0, usec - u0))
             })
-            .sum()
+            .filter(|(cmd, (calls, _))| *calls > 0 && cmd != "info")
+            .collect();
+        Costs {
+            server_cpu_us: self.server_cpu_us - before.server_cpu_us,
+            commands,
+            client_cpu_us: self.client_cpu_us - before.client_cpu_us,
+            messages,
+        }
+    }
+
+    fn add(&mut self, other: &Costs) {
+        self.server_cpu_us += other.server_cpu_us;
+        self.client_cpu_us += other.client_cpu_us;
+        self.messages += other.messages;
+        for (cmd, (calls, usec)) in &other.commands {
+            let e = self.commands.entry(cmd.clone()).or_default();
+            e.0 += calls;
+            e.1 += usec;
+        }
+    }
+
+    /// Per message: `(server CPU µs, client CPU µs, [(command, calls, µs)])`,
+    /// commands by µs, most first.
+    fn per_message(&self) -> (f64, f64, Vec<(String, f64, f64)>) {
+        let n = self.messages.max(1) as f64;
+        let mut commands: Vec<(String, f64, f64)> = self
+            .commands
+            .iter()
+            .map(|(cmd, &(calls, usec))| (cmd.clone(), calls as f64 / n, usec as f64 / n))
+            .collect();
+        commands.sort_by(|a, b| b.2.total_cmp(&a.2));
+        (self.server_cpu_us / n, self.client_cpu_us / n, commands)
+    }
+}
+
+/// This process's user + system CPU time so far, in µs, from
+/// `/proc/self/stat` (Linux); `None` elsewhere.
+fn client_cpu_us() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command's `(name)`: state is field 3, utime 14, stime 15.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    Some(ticks * 1e6 / clock_ticks())
+}
+
+/// Clock ticks per second (`getconf CLK_TCK`, 100 on Linux).
+fn clock_ticks() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(100.0)
+    })
+}
+
+/// The commands the server ran for `call`, from `MONITOR`: those a client
+/// sent (round trips) and those a script ran, each as its name, for the
+/// keys under `prefix`.
+async fn commands_of<F: std::future::Future>(
+    url: &str,
+    prefix: &str,
+    call: F,
+) -> (Vec<String>, Vec<String>) {
+    use std::sync::atomic::AtomicBool;
+    let client = redis::Client::open(url).expect("redis url");
+    let mut conn = client.get_connection().expect("a monitor connection");
+    conn.send_packed_command(&redis::cmd("MONITOR").get_packed_command())
+        .expect("MONITOR");
+    let _ok = conn.recv_response().expect("MONITOR's OK");
+    conn.set_read_timeout(Some(std::time::Duration::from_millis(50)))
+        .expect("a read timeout");
+    let stop = Arc::new(AtomicBool::new(false));
+    let lines = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut lines = Vec::new();
+            loop {
+                match conn.recv_response() {
+                    Ok(redis::Value::SimpleString(line)) => lines.push(line),
+                    Ok(_) => {}
+                    Err(_) if stop.load(Ordering::SeqCst) => return lines,
+                    Err(_) => {}
+                }
+            }
+        })
     };
-    let before: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(admin)
-        .await
-        .expect("info");
     call.await;
-    let after: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(admin)
+    // MONITOR lines arrive after the commands ran; let them through.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    stop.store(true, Ordering::SeqCst);
+    let lines = tokio::task::spawn_blocking(move || lines.join().expect("monitor thread"))
         .await
-        .expect("info");
-    stats(after) - stats(before)
+        .expect("join");
+    let (mut sent, mut scripted) = (Vec::new(), Vec::new());
+    for line in lines.iter().filter(|l| l.contains(prefix)) {
+        // `<time> [<db> <client>] "CMD" "arg" ...`; a script's are `[<db> lua]`.
+        let Some((source, rest)) = line.split_once("] ") else {
+            continue;
+        };
+        let name = rest.split('"').nth(1).unwrap_or_default().to_uppercase();
+        if source.ends_with(" lua") {
+            scripted.push(name);
+        } else {
+            sent.push(name);
+        }
+    }
+    (sent, scripted)
 }
 
 #[tokio::main]
@@ -111,23 +256,31 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let store = RedisStore::connect(&url).await?.with_prefix(&prefix)?;
     let client = redis::Client::open(url.as_str())?;
     let raw = client.get_connection_manager().await?;
+    let mut admin = client.get_connection_manager().await?;
     let next = Arc::new(AtomicU64::new(1));
 
     println!("{tasks} consumers, {rounds} rounds of {secs} s per variant, interleaved");
     run(false, &store, &raw, &prefix, 1.0, tasks, &next).await;
     run(true, &store, &raw, &prefix, 1.0, tasks, &next).await;
     let (mut raw_tps, mut idem_tps) = (Vec::new(), Vec::new());
+    let (mut raw_costs, mut idem_costs) = (Costs::default(), Costs::default());
     for round in 0..rounds {
         for idem in if round % 2 == 0 {
             [false, true]
         } else {
             [true, false]
         } {
+            let (before, first) = (Costs::now(&mut admin).await, next.load(Ordering::SeqCst));
             let t = run(idem, &store, &raw, &prefix, secs, tasks, &next).await;
+            let spent = Costs::now(&mut admin)
+                .await
+                .since(&before, next.load(Ordering::SeqCst) - first);
             if idem {
-                idem_tps.push(t)
+                idem_tps.push(t);
+                idem_costs.add(&spent);
             } else {
-                raw_tps.push(t)
+                raw_tps.push(t);
+                raw_costs.add(&spent);
             }
         }
     }
@@ -135,9 +288,29 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("raw SET NX  median {r:>8.0} msg/s   rounds {raw_tps:.0?}");
     println!("idem        median {i:>8.0} msg/s   rounds {idem_tps:.0?}");
 
-    let mut admin = raw.clone();
+    // Where the time goes, per message, over every timed round.
+    let (raw_server, raw_client, raw_cmds) = raw_costs.per_message();
+    let (idem_server, idem_client, idem_cmds) = idem_costs.per_message();
+    println!(
+        "server CPU per message (redis-server user+sys, INFO cpu): raw {raw_server:.2} µs, idem {idem_server:.2} µs"
+    );
+    println!(
+        "client CPU per message (this process user+sys, /proc/self/stat): raw {raw_client:.2} µs, idem {idem_client:.2} µs"
+    );
+    println!(
+        "server command time per message (INFO commandstats: calls, µs; a script's µs include the commands it runs, listed too):"
+    );
+    for (name, cmds) in [("raw", &raw_cmds), ("idem", &idem_cmds)] {
+        let shown: Vec<String> = cmds
+            .iter()
+            .filter(|(_, calls, _)| *calls >= 0.001)
+            .map(|(cmd, calls, us)| format!("{cmd} {calls:.2} {us:.2} µs"))
+            .collect();
+        println!("  {name:<5} {}", shown.join(" | "));
+    }
+
     let id = next.fetch_add(1, Ordering::Relaxed);
-    let fresh = round_trips(&mut admin, async {
+    let fresh = commands_of(&url, &prefix, async {
         assert!(
             handle(&store, &Msg { id })
                 .await
@@ -146,7 +319,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     })
     .await;
-    let duplicate = round_trips(&mut admin, async {
+    let duplicate = commands_of(&url, &prefix, async {
         assert!(
             handle(&store, &Msg { id })
                 .await
@@ -155,8 +328,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     })
     .await;
+    for (what, (sent, scripted)) in [("fresh", &fresh), ("duplicate", &duplicate)] {
+        println!(
+            "idem {what}: sent {} (scripts ran {})",
+            sent.join(", "),
+            if scripted.is_empty() {
+                "nothing".to_owned()
+            } else {
+                scripted.join(", ")
+            }
+        );
+    }
     println!(
-        "round trips per message: raw 1; idem fresh {fresh}, duplicate {duplicate} (other clients' scripts would add to these)"
+        "round trips per message: raw 1; idem fresh {}, duplicate {} (from MONITOR)",
+        fresh.0.len(),
+        duplicate.0.len()
     );
 
     idem_examples::delete_redis_prefix(&url, &prefix).await?;

@@ -26,6 +26,18 @@ macro_rules! in_sequence {
     };
 }
 
+/// Runs each store-level scenario on a fixture of its own on the cluster.
+macro_rules! store_in_sequence {
+    ($urls:ident; $($scenario:ident,)*) => {
+        $(
+            run(&$urls, stringify!($scenario), |fx: Arc<RedisFx>| async move {
+                common::redis_store::$scenario(&fx).await
+            })
+            .await;
+        )*
+    };
+}
+
 /// Runs `scenario` on a fresh fixture (key prefix) on the cluster.
 async fn run<Fut: Future<Output = ()>>(
     urls: &[String],
@@ -54,6 +66,7 @@ fn lease_suite_on_a_three_master_cluster() {
 
     rt.block_on(async {
         lease::scenarios!(in_sequence! { urls; });
+        common::redis_store::redis_store_scenarios!(store_in_sequence! { urls; });
         run(
             &urls,
             "a_record_lives_in_the_slot_of_its_hash_tag",

@@ -18,6 +18,21 @@ use tokio::sync::Semaphore;
 
 common::lease::suite!(RedisFx);
 
+/// One `#[tokio::test]` per store-level scenario, on a fixture of its own.
+macro_rules! store_tests {
+    ($($scenario:ident,)*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $scenario() {
+                let fx = or_skip!(RedisFx::single(stringify!($scenario)).await);
+                common::redis_store::$scenario(&fx).await;
+            }
+        )*
+    };
+}
+
+common::redis_store::redis_store_scenarios!(store_tests! {});
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_prefix_guard_deletes_the_test_s_keys() {
     let prefix = idem_tests::unique_prefix("rl_guard");
@@ -500,4 +515,208 @@ async fn records_of_the_first_release_are_read_and_still_suppress_duplicates() {
             outcome: "7".into()
         })
     );
+}
+
+// ---------------------------------------------------------------------------
+// What a batch sends
+// ---------------------------------------------------------------------------
+
+/// The server's counts of what it did: commands by name, and read events
+/// (one per batch of bytes a client's socket delivered).
+#[derive(Debug, Default)]
+struct Counts {
+    calls: HashMap<String, u64>,
+    reads: u64,
+}
+
+impl Counts {
+    async fn of(conn: &mut redis::aio::MultiplexedConnection) -> Counts {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .arg("stats")
+            .query_async(conn)
+            .await
+            .unwrap();
+        let mut counts = Counts::default();
+        for line in info.lines() {
+            if let Some(reads) = line.strip_prefix("total_reads_processed:") {
+                counts.reads = reads.trim().parse().unwrap();
+            }
+            if let Some((cmd, rest)) = line
+                .strip_prefix("cmdstat_")
+                .and_then(|l| l.split_once(':'))
+            {
+                let calls = rest
+                    .split(',')
+                    .find_map(|f| f.strip_prefix("calls=")?.parse().ok())
+                    .unwrap();
+                counts.calls.insert(cmd.to_owned(), calls);
+            }
+        }
+        counts
+    }
+
+    /// Calls of `cmd` since `before`.
+    fn since(&self, before: &Counts, cmd: &str) -> u64 {
+        self.calls.get(cmd).copied().unwrap_or(0) - before.calls.get(cmd).copied().unwrap_or(0)
+    }
+}
+
+/// On a server of the test's own (no other client), a batch of 1,000
+/// claims is 1,000 `SET`s and no script, delivered in a handful of reads
+/// (one pipeline, not 1,000 round trips); its completion 1,000 script
+/// calls, as few reads; a batch in which ten keys hold a failure to retry
+/// runs the replacing script for those ten only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_is_one_pipeline_and_scripts_run_only_where_a_record_stands() {
+    use idem_runtime::registry::{HandlerSpec, Mode};
+    use idem_runtime::{BatchItem, Claim, Failure, Held, Key, LeaseStore};
+
+    static SPEC: HandlerSpec = HandlerSpec {
+        name: "rl_pipeline",
+        function: "rl_pipeline",
+        key: "id",
+        ttl: Duration::from_secs(3_600),
+        lease: Duration::from_secs(30),
+        store: "redis",
+        mode: Mode::Lease,
+        module: module_path!(),
+        file: file!(),
+        line: line!(),
+        fingerprint: None,
+        max_attempts: Some(3),
+    };
+    const KEYS: u64 = 1_000;
+    let server = or_skip!(RedisServer::start());
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let mut admin = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let keys: Vec<Key> = (0..KEYS).map(|i| Key::from_parts(&[&i]).unwrap()).collect();
+    let items: Vec<BatchItem<'_>> = keys
+        .iter()
+        .map(|key| BatchItem {
+            key,
+            fingerprint: None,
+        })
+        .collect();
+
+    // A server loads a script on its first call (`NOSCRIPT`, `SCRIPT
+    // LOAD`, the call again): warm the ones measured below up on a key of
+    // their own, a failure retried and completed.
+    let warm = Key::from_parts(&[&"warm-up"]).unwrap();
+    for _ in 0..2 {
+        let claims = store
+            .claim_batch(
+                &SPEC,
+                &[BatchItem {
+                    key: &warm,
+                    fingerprint: None,
+                }],
+            )
+            .await
+            .unwrap();
+        let Claim::Acquired { token } = &claims[0] else {
+            panic!("{claims:?}")
+        };
+        assert!(
+            store
+                .fail(&SPEC, &warm, token, Failure::Retry { error: "warm" })
+                .await
+                .unwrap()
+        );
+    }
+    let claims = store
+        .claim_batch(
+            &SPEC,
+            &[BatchItem {
+                key: &warm,
+                fingerprint: None,
+            }],
+        )
+        .await
+        .unwrap();
+    let Claim::Acquired { token } = &claims[0] else {
+        panic!("{claims:?}")
+    };
+    assert_eq!(
+        store
+            .complete_batch(&SPEC, &[(Held { key: &warm, token }, "0")])
+            .await
+            .unwrap(),
+        [true]
+    );
+
+    let before = Counts::of(&mut admin).await;
+    let claims = store.claim_batch(&SPEC, &items).await.unwrap();
+    let after = Counts::of(&mut admin).await;
+    assert_eq!(
+        (after.since(&before, "set"), after.since(&before, "evalsha")),
+        (KEYS, 0)
+    );
+    assert!(
+        after.reads - before.reads < 50,
+        "{} reads for one batch",
+        after.reads - before.reads
+    );
+
+    let tokens: Vec<&str> = claims
+        .iter()
+        .map(|c| match c {
+            Claim::Acquired { token } => token.as_str(),
+            other => panic!("a fresh key: {other:?}"),
+        })
+        .collect();
+    // Ten bodies fail (counted, one at a time), the others complete at once.
+    for i in 0..10 {
+        let failure = Failure::Retry { error: "timeout" };
+        assert!(
+            store
+                .fail(&SPEC, &keys[i], tokens[i], failure)
+                .await
+                .unwrap()
+        );
+    }
+    let done: Vec<(Held<'_>, &str)> = (10..keys.len())
+        .map(|i| {
+            (
+                Held {
+                    key: &keys[i],
+                    token: tokens[i],
+                },
+                "1",
+            )
+        })
+        .collect();
+    let before = Counts::of(&mut admin).await;
+    let completed = store.complete_batch(&SPEC, &done).await.unwrap();
+    let after = Counts::of(&mut admin).await;
+    assert!(completed.iter().all(|c| *c));
+    assert_eq!(after.since(&before, "evalsha"), KEYS - 10);
+    assert!(
+        after.reads - before.reads < 50,
+        "{} reads for one batch",
+        after.reads - before.reads
+    );
+
+    // The redelivery: ten retries take their keys over, the rest replay.
+    let before = Counts::of(&mut admin).await;
+    let again = store.claim_batch(&SPEC, &items).await.unwrap();
+    let after = Counts::of(&mut admin).await;
+    // (A script's own commands count too: each swap writes with one `SET`.)
+    assert_eq!(
+        (after.since(&before, "set"), after.since(&before, "evalsha")),
+        (KEYS + 10, 10)
+    );
+    assert!(
+        again[..10]
+            .iter()
+            .all(|c| matches!(c, Claim::Acquired { .. })),
+        "{:?}",
+        &again[..10]
+    );
+    assert!(again[10..].iter().all(|c| matches!(c, Claim::Refused(_))));
+    drop(server);
 }

@@ -1,12 +1,13 @@
-//! Lease mode: claim with a fencing token, run the body under a heartbeat,
-//! then complete or release.
+//! Lease mode: claim with a fencing token, run the body with its lease
+//! kept by the runtime's lease keeper (`keeper.rs`), then complete or
+//! release.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
+use super::keeper::Lease;
 use super::{Verdict, check_registry, refused, store_err};
 use crate::codec::{Codec, encode};
 use crate::error::{Error, StoreError};
@@ -17,8 +18,8 @@ use crate::registry::HandlerSpec;
 use crate::store::contract::{Claim, LeaseStore, Standing};
 use crate::telemetry::{body_latency, call_span, claim_latency, finish};
 
-/// Runs `body` under a lease on `key`: claim, body with heartbeat, complete or
-/// release.
+/// Runs `body` under a lease on `key`: claim, body with its lease kept,
+/// complete or release.
 #[doc(hidden)]
 pub async fn run_lease<S, T, E, F>(
     store: &S,
@@ -81,7 +82,7 @@ where
     };
     claim_latency(spec, claim_start);
 
-    let heartbeat = Heartbeat::start(store, spec, key, &token, claim_start).await;
+    let lease = Lease::keep(store, spec, key, &token, claim_start).await;
     let body_start = Instant::now();
     let result = body.await;
     body_latency(spec, body_start);
@@ -93,7 +94,7 @@ where
             // be encoded the claim is kept (not released) until its lease
             // runs out, rather than inviting an immediate second execution.
             let outcome = encode(spec, key, codec, &value)?;
-            match complete_while_leased(store, spec, key, &token, &outcome, &heartbeat).await {
+            match complete_while_leased(store, spec, key, &token, &outcome, &lease).await {
                 Ok(true) => Ok(Outcome::Executed(value)),
                 Ok(false) => Err(Error::LeaseLost {
                     handler: spec.name,
@@ -107,7 +108,7 @@ where
             }
         }
         Err(error) => {
-            drop(heartbeat);
+            drop(lease);
             let verdict = match Verdict::of(spec, errors, &error) {
                 Ok(verdict) => verdict,
                 Err(source) => {
@@ -151,20 +152,20 @@ where
 /// growing pause, from 20 ms up to 500 ms) for as long as this call's lease
 /// holds: once it runs out, another consumer may take the key over and run
 /// the body again, so the caller must learn that the effect happened without
-/// a record. The heartbeat keeps extending the lease meanwhile.
+/// a record. The keeper keeps extending the lease meanwhile.
 async fn complete_while_leased<S: LeaseStore>(
     store: &S,
     spec: &'static HandlerSpec,
     key: &Key,
     token: &str,
     outcome: &str,
-    heartbeat: &Heartbeat,
+    lease: &Lease,
 ) -> Result<bool, StoreError> {
     let mut pause = Duration::from_millis(20);
     loop {
         match store.complete(spec, key, token, outcome).await {
             Ok(completed) => return Ok(completed),
-            Err(e) if Instant::now() + pause < heartbeat.lease_ends(spec) => {
+            Err(e) if Instant::now() + pause < lease.ends(spec) => {
                 tracing::warn!(
                     error = %e,
                     "the body succeeded but its outcome could not be recorded; retrying while the lease holds"
@@ -186,79 +187,5 @@ async fn release_quietly<S: LeaseStore>(
     if let Err(e) = store.release(spec, key, token).await {
         // The lease runs out on its own; the key becomes claimable then.
         tracing::warn!(error = %e, "could not release the claim; it frees itself when its lease runs out");
-    }
-}
-
-/// A task of its own that extends the lease every third of it, from before
-/// the body starts until the outcome is recorded or the claim released; it
-/// stops when dropped (also when the call is).
-///
-/// It runs as a separate task so that a body that blocks its thread (a
-/// synchronous client, heavy computation) does not starve it on a
-/// multi-threaded runtime.
-struct Heartbeat {
-    _task: AbortOnDrop,
-    /// When the lease was last known to start: the claim, or the last
-    /// extension the store confirmed.
-    renewed: Arc<Mutex<Instant>>,
-}
-
-impl Heartbeat {
-    async fn start<S: LeaseStore>(
-        store: &S,
-        spec: &'static HandlerSpec,
-        key: &Key,
-        token: &str,
-        claimed: Instant,
-    ) -> Heartbeat {
-        let period = (spec.lease / 3).max(Duration::from_millis(10));
-        let renewed = Arc::new(Mutex::new(claimed));
-        let (store, key, token) = (store.clone(), key.clone(), token.to_owned());
-        let last = Arc::clone(&renewed);
-        let beat = async move {
-            let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                ticks.tick().await;
-                let asked = Instant::now();
-                match store.extend(spec, &key, &token).await {
-                    Ok(true) => {
-                        *last.lock().unwrap_or_else(PoisonError::into_inner) = asked;
-                    }
-                    Ok(false) => {
-                        tracing::warn!(
-                            "lease lost while the body runs: another consumer took the key over"
-                        );
-                        return;
-                    }
-                    Err(e) => tracing::warn!(error = %e, "could not extend the lease; will retry"),
-                }
-            }
-        };
-        let task = AbortOnDrop(tokio::spawn(beat.instrument(tracing::Span::current())));
-        // A task spawned from a worker waits in that worker's own slot, which
-        // no other worker takes: let it start (arm its timer) before a body
-        // that may block this thread runs. Its timer then wakes it on a free
-        // worker.
-        tokio::task::yield_now().await;
-        Heartbeat {
-            _task: task,
-            renewed,
-        }
-    }
-
-    /// The earliest the lease may end: it started no earlier than the last
-    /// renewal was asked for.
-    fn lease_ends(&self, spec: &HandlerSpec) -> Instant {
-        *self.renewed.lock().unwrap_or_else(PoisonError::into_inner) + spec.lease
-    }
-}
-
-/// Aborts a task when dropped: the heartbeat ends with its call.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }

@@ -12,6 +12,7 @@ use crate::store::contract::Standing;
 use crate::telemetry::finish;
 
 pub(crate) mod batch;
+pub(crate) mod keeper;
 pub(crate) mod lease;
 pub(crate) mod tx;
 

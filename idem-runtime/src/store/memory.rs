@@ -13,15 +13,14 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock, expiry};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::registry::HandlerSpec;
-use crate::store::contract::{Claim, Failure, LeaseStore, Standing};
+use crate::store::contract::{Claim, Failure, LeaseStore};
 use crate::store::inspect::{Forgot, Inspect, Query, Schema, Stats, Swept};
-use crate::store::{Carried, LEASE_RAN_OUT, Record, Status, Sweep};
+use crate::store::{ClaimPlan, Record, Status, Sweep, settle_stall};
 
 /// An in-process store behind a mutex: lease mode only, records live as long
 /// as the process. Expired records are replaced on access and deleted by
@@ -246,27 +245,19 @@ impl LeaseStore for MemoryStore {
         fingerprint: Option<&str>,
     ) -> Result<Claim, StoreError> {
         Ok(self.with_entry(spec, key, |slot, now| {
-            if let Some(e) = slot.as_ref().filter(|e| !e.is_expired(now)) {
-                let lease_left =
-                    Duration::from_millis(u64::try_from(e.expires_at_ms - now).unwrap_or(0));
-                if let Some(standing) = Standing::of(e, spec, fingerprint, lease_left) {
-                    return Claim::Refused(standing);
+            let carried = match ClaimPlan::of(slot.as_ref(), spec, fingerprint, now) {
+                ClaimPlan::Refused(standing) => return Claim::Refused(standing),
+                ClaimPlan::Exhausted(exhausted) => {
+                    // The stalled claim was the last failure allowed: count
+                    // it. It keeps its token: a body that finishes after all
+                    // still records what it did.
+                    if let Some(e) = slot.as_mut() {
+                        settle_stall(e, now, spec.ttl);
+                    }
+                    return Claim::Refused(exhausted);
                 }
-            }
-            if let Some(e) = slot.as_mut()
-                && let Some(exhausted) = Standing::of_ran_out(e, spec, now)
-            {
-                // The stalled claim was the last failure allowed: count it.
-                // It keeps its token: a body that finishes after all still
-                // records what it did.
-                e.status = Status::Retry;
-                e.failures += 1;
-                e.last_error = Some(LEASE_RAN_OUT.to_owned());
-                e.updated_at_ms = now;
-                e.expires_at_ms = expiry(now, spec.ttl);
-                return Claim::Refused(exhausted);
-            }
-            let carried = Carried::from(slot.as_ref(), now, spec.ttl);
+                ClaimPlan::Take(carried) => carried,
+            };
             let token = uuid::Uuid::new_v4().simple().to_string();
             let mut record = Record::new(
                 spec.name,

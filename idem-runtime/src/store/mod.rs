@@ -300,6 +300,59 @@ impl Carried {
     }
 }
 
+/// What a claim at `now` does with the record it finds: the one place the
+/// lease-mode claim rules are put together, for the stores that decide in
+/// the process (memory; Redis, which then writes its decision only if the
+/// record is still the one it read).
+pub(crate) enum ClaimPlan {
+    /// The record stands: [`Standing::of`](crate::Standing::of).
+    Refused(crate::Standing),
+    /// A claim whose lease ran out was the last failure allowed
+    /// ([`Standing::of_ran_out`](crate::Standing::of_ran_out)): the record
+    /// becomes a [`Status::Retry`] one with the stall counted (one more
+    /// failure, [`LEASE_RAN_OUT`]), keeping its token, and the delivery is
+    /// refused with this answer.
+    Exhausted(crate::Standing),
+    /// The key is free (absent, expired, its lease ran out, or a failure
+    /// that may be retried): claim it, carrying this over.
+    Take(Carried),
+}
+
+impl ClaimPlan {
+    /// The plan for a claim at `now` of a key whose record is `existing`,
+    /// for a delivery with payload `fingerprint`.
+    pub(crate) fn of(
+        existing: Option<&Record>,
+        spec: &crate::registry::HandlerSpec,
+        fingerprint: Option<&str>,
+        now: i64,
+    ) -> ClaimPlan {
+        if let Some(e) = existing.filter(|e| !e.is_expired(now)) {
+            let left = std::time::Duration::from_millis(
+                u64::try_from(e.expires_at_ms.saturating_sub(now)).unwrap_or(0),
+            );
+            if let Some(standing) = crate::Standing::of(e, spec, fingerprint, left) {
+                return ClaimPlan::Refused(standing);
+            }
+        }
+        if let Some(exhausted) = existing.and_then(|e| crate::Standing::of_ran_out(e, spec, now)) {
+            return ClaimPlan::Exhausted(exhausted);
+        }
+        ClaimPlan::Take(Carried::from(existing, now, spec.ttl))
+    }
+}
+
+/// `record`, a claim whose lease ran out, settled as the failure that
+/// exhausts its key (see [`ClaimPlan::Exhausted`]) at `now`, for a
+/// handler whose records last `ttl`.
+pub(crate) fn settle_stall(record: &mut Record, now: i64, ttl: std::time::Duration) {
+    record.status = Status::Retry;
+    record.failures += 1;
+    record.last_error = Some(LEASE_RAN_OUT.to_owned());
+    record.updated_at_ms = now;
+    record.expires_at_ms = crate::clock::expiry(now, ttl);
+}
+
 /// A store whose expired records can be deleted in batches.
 ///
 /// What a [`Sweeper`] runs. The memory and SQL stores implement it; Redis

@@ -33,6 +33,7 @@ mod sqlite;
 pub(crate) mod broker;
 pub(crate) mod lease;
 pub(crate) mod ops;
+pub(crate) mod redis_store;
 pub(crate) mod stress;
 pub(crate) mod tx;
 mod tx_batch;

@@ -99,6 +99,16 @@ impl RedisFx {
         }
     }
 
+    /// Runs a script invocation on the raw connection (routed by its key on
+    /// a cluster).
+    pub(crate) async fn invoke<T: FromRedisValue>(&self, inv: &redis::ScriptInvocation<'_>) -> T {
+        let r = match &self.raw {
+            Raw::Single(c) => inv.invoke_async(&mut c.clone()).await,
+            Raw::Cluster(c) => inv.invoke_async(&mut c.clone()).await,
+        };
+        r.unwrap_or_else(|e| panic!("raw redis script failed: {e}"))
+    }
+
     /// The Redis key of `handler`'s record for `key`.
     pub(crate) fn rkey(&self, handler: &str, key: &Key) -> String {
         self.store.redis_key(handler, key)
@@ -109,12 +119,6 @@ impl RedisFx {
             .query(redis::cmd("EXISTS").arg(self.rkey(handler, key)))
             .await;
         n == 1
-    }
-
-    /// One field of the record hash.
-    pub(crate) async fn field(&self, handler: &str, key: &Key, field: &str) -> Option<String> {
-        self.query(redis::cmd("HGET").arg(self.rkey(handler, key)).arg(field))
-            .await
     }
 
     /// The external effect of a body: a counter per message id, in Redis
@@ -243,7 +247,7 @@ impl LeaseFixture for RedisFx {
     }
 
     async fn token(&self, handler: &str, key: &Key) -> Token {
-        Token::Shown(self.field(handler, key, "t").await)
+        Token::Shown(self.record(handler, key).await.and_then(|r| r.token))
     }
 
     async fn effects(&self, id: &str) -> usize {
@@ -254,20 +258,37 @@ impl LeaseFixture for RedisFx {
     /// A claim's record that lives as long as its lease expires. One that
     /// outlives its lease (a handler with `max_attempts`, or a claim that
     /// carries failures, keeps its record for the ttl) has the lease's end
-    /// in its `l` field: that moment is moved to now, as the lease's time
-    /// passing would.
+    /// in its value (`2|p|updated|<lease end>|...`): that moment is
+    /// moved to now, as the lease's time passing would.
     async fn run_out_lease(&self, handler: &str, key: &Key) {
         let rkey = self.rkey(handler, key);
-        let lease_end: Option<i64> = self.query(redis::cmd("HGET").arg(&rkey).arg("l")).await;
+        let record = self.record(handler, key).await.expect("a claim to run out");
         let pttl: i64 = self.query(redis::cmd("PTTL").arg(&rkey)).await;
         let now = super::lease::system_now_ms();
-        match lease_end {
-            Some(end) if pttl > end - now + 1_000 => {
-                let _: i64 = self
-                    .query(redis::cmd("HSET").arg(&rkey).arg("l").arg(now))
-                    .await;
-            }
-            _ => self.expire_now(handler, key).await,
+        if pttl > record.expires_at_ms - now + 1_000 {
+            let moved: i64 = self
+                .query(
+                    redis::cmd("EVAL")
+                        .arg(LEASE_ENDS_AT)
+                        .arg(1)
+                        .arg(&rkey)
+                        .arg(now),
+                )
+                .await;
+            assert_eq!(moved, 1, "{rkey} holds no claim in progress");
+        } else {
+            self.expire_now(handler, key).await
         }
     }
 }
+
+/// Sets the lease end of the claim in progress `KEYS[1]` to `ARGV[1]`,
+/// keeping the key's TTL; 0 when the key holds no such record.
+const LEASE_ENDS_AT: &str = r"
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local head, tail = string.match(v, '^(2|p|[^|]*|)[^|]*(|.*)$')
+if not head then return 0 end
+redis.call('SET', KEYS[1], head .. ARGV[1] .. tail, 'KEEPTTL')
+return 1
+";

@@ -1,0 +1,410 @@
+//! The lease keeper: one task per tokio runtime that extends the leases
+//! of every lease-mode call in progress on that runtime, whatever its
+//! store, instead of a heartbeat task of each call's own.
+//!
+//! A lease needs extending only after a third of its length, and most
+//! bodies take milliseconds: a call registers its lease when it claims
+//! (a map insert under a mutex) and unregisters it when it ends (a map
+//! removal); only a body that outlives a third of its lease is ever
+//! extended. The keeper's task sleeps until the earliest renewal due,
+//! renews what is due through [`LeaseStore::extend`] (each renewal a task
+//! of its own, so a store that hangs delays no other lease), and sleeps
+//! again. While nothing is registered it keeps waking a lease period
+//! apart for a while, so that the next calls find it ready, and then ends;
+//! the next call starts it again.
+//!
+//! # Why one keeper per runtime
+//!
+//! The keeper could live in each store, or behind a method of
+//! [`LeaseStore`]; it lives beside the runtime instead, in a process-wide
+//! registry keyed by the runtime's [`Id`](tokio::runtime::Id):
+//!
+//! * every store gets it, a store of your own included, with nothing to
+//!   implement: a registered lease carries a clone of its store, so one
+//!   keeper serves stores of any type;
+//! * a store has no identity to key a keeper by (it is a handle, cloned
+//!   into every consumer task; a store of your own need not hold an
+//!   `Arc`), while a task belongs to a runtime: a keeper of one runtime
+//!   never extends a lease held on another, whose connections (and whose
+//!   shutdown) are that runtime's; tests and applications that run several
+//!   runtimes at once get one keeper each;
+//! * a runtime that shuts down drops its keeper's task with its other
+//!   tasks; a keeper with nothing to keep ends after
+//!   [`IDLE_LIMIT`], and the registry holds it weakly, so it is freed
+//!   when nothing refers to it any more (no call, no task).
+//!
+//! A body that blocks its thread still has its lease extended on a
+//! multi-threaded runtime: the keeper runs on another worker. When a
+//! registration needs the keeper to wake sooner than it planned (or starts
+//! it), the registering call yields once before its body, so that the
+//! keeper, woken on the call's own worker, re-arms its timer before a body
+//! that may block that worker runs.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use tracing::Instrument;
+
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::registry::HandlerSpec;
+use crate::store::contract::LeaseStore;
+
+/// How long a keeper with nothing to keep stays ready before its task
+/// ends.
+pub(crate) const IDLE_LIMIT: Duration = Duration::from_secs(30);
+
+/// The shortest time between two renewals of one lease.
+const MIN_PERIOD: Duration = Duration::from_millis(10);
+
+/// How often a lease of `spec` is extended: every third of it.
+pub(crate) fn period(spec: &HandlerSpec) -> Duration {
+    (spec.lease / 3).max(MIN_PERIOD)
+}
+
+type Renewal = Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send>>;
+
+/// What the keeper knows of a registered lease.
+trait Kept: Send + Sync {
+    /// Extends the lease once.
+    fn renew(self: Arc<Self>) -> Renewal;
+    /// The call's bookkeeping, shared with the call.
+    fn lease(&self) -> &LeaseState;
+}
+
+/// A registered lease of a store of type `S`.
+struct Entry<S> {
+    store: S,
+    spec: &'static HandlerSpec,
+    key: Key,
+    token: String,
+    state: LeaseState,
+}
+
+impl<S: LeaseStore> Kept for Entry<S> {
+    fn renew(self: Arc<Self>) -> Renewal {
+        Box::pin(async move { self.store.extend(self.spec, &self.key, &self.token).await })
+    }
+
+    fn lease(&self) -> &LeaseState {
+        &self.state
+    }
+}
+
+/// What a call and the keeper share about one lease.
+struct LeaseState {
+    period: Duration,
+    /// When the lease was last known to start: the claim, or the last
+    /// extension the store confirmed (when it was asked for).
+    renewed: Mutex<Instant>,
+    /// The call's span, for what the keeper logs about the lease.
+    span: tracing::Span,
+}
+
+/// A lease in the keeper's schedule.
+struct Slot {
+    due: Instant,
+    entry: Arc<dyn Kept>,
+    /// A renewal is under way.
+    renewing: bool,
+}
+
+/// When the keeper's task will next look at its schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Armed {
+    /// Its timer is set for then.
+    At(Instant),
+    /// It is running, or about to, and reads the schedule before it sleeps.
+    Busy,
+    /// No task serves the keeper.
+    Stopped,
+}
+
+struct State {
+    slots: HashMap<u64, Slot>,
+    next_id: u64,
+    armed: Armed,
+    /// Counts the tasks started, so that a task that ends knows whether it
+    /// still is the one serving the keeper.
+    task: u64,
+    /// The shortest renewal period registered since the task started: how
+    /// far apart an idle keeper wakes, so that a new lease is never due
+    /// before the keeper looks.
+    idle_period: Duration,
+    /// When the schedule last became empty.
+    idle_since: Option<Instant>,
+}
+
+/// One runtime's keeper.
+struct Keeper {
+    state: Mutex<State>,
+    wake: tokio::sync::Notify,
+}
+
+impl Keeper {
+    fn new() -> Keeper {
+        Keeper {
+            state: Mutex::new(State {
+                slots: HashMap::new(),
+                next_id: 0,
+                armed: Armed::Stopped,
+                task: 0,
+                idle_period: IDLE_LIMIT,
+                idle_since: None,
+            }),
+            wake: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every update of the state is complete before anything can panic.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The keeper of the current runtime, made on first use.
+fn current() -> Option<Arc<Keeper>> {
+    use std::cell::RefCell;
+    use tokio::runtime::{Handle, Id};
+
+    static KEEPERS: Mutex<Vec<(Id, Weak<Keeper>)>> = Mutex::new(Vec::new());
+    thread_local! {
+        static CACHED: RefCell<Option<(Id, Weak<Keeper>)>> = const { RefCell::new(None) };
+    }
+    let runtime = Handle::try_current().ok()?.id();
+    let cached = CACHED.with(|c| match &*c.borrow() {
+        Some((id, keeper)) if *id == runtime => keeper.upgrade(),
+        _ => None,
+    });
+    if let Some(keeper) = cached {
+        return Some(keeper);
+    }
+    let mut keepers = KEEPERS.lock().unwrap_or_else(PoisonError::into_inner);
+    keepers.retain(|(_, keeper)| keeper.strong_count() > 0);
+    let keeper = match keepers
+        .iter()
+        .find(|(id, _)| *id == runtime)
+        .and_then(|(_, keeper)| keeper.upgrade())
+    {
+        Some(keeper) => keeper,
+        None => {
+            let keeper = Arc::new(Keeper::new());
+            keepers.push((runtime, Arc::downgrade(&keeper)));
+            keeper
+        }
+    };
+    CACHED.with(|c| *c.borrow_mut() = Some((runtime, Arc::downgrade(&keeper))));
+    Some(keeper)
+}
+
+/// A call's registered lease: the keeper extends it every [`period`] until
+/// this is dropped.
+pub(crate) struct Lease {
+    kept: Option<(Arc<Keeper>, u64)>,
+    state: Arc<dyn Kept>,
+}
+
+impl Lease {
+    /// Registers the lease `token` holds on `key` since `claimed`, and
+    /// makes sure the current runtime's keeper will renew it in time. Off
+    /// a tokio runtime there is no keeper: the lease is not extended.
+    pub(crate) async fn keep<S: LeaseStore>(
+        store: &S,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        token: &str,
+        claimed: Instant,
+    ) -> Lease {
+        let period = period(spec);
+        let entry: Arc<dyn Kept> = Arc::new(Entry {
+            store: store.clone(),
+            spec,
+            key: key.clone(),
+            token: token.to_owned(),
+            state: LeaseState {
+                period,
+                renewed: Mutex::new(claimed),
+                span: tracing::Span::current(),
+            },
+        });
+        let Some(keeper) = current() else {
+            tracing::warn!("no tokio runtime: the lease is not extended while the body runs");
+            return Lease {
+                kept: None,
+                state: entry,
+            };
+        };
+        let due = claimed + period;
+        let (id, start, wake) = {
+            let mut state = keeper.lock();
+            let id = state.next_id;
+            state.next_id += 1;
+            state.slots.insert(
+                id,
+                Slot {
+                    due,
+                    entry: Arc::clone(&entry),
+                    renewing: false,
+                },
+            );
+            state.idle_period = state.idle_period.min(period);
+            state.idle_since = None;
+            let (start, wake) = match state.armed {
+                Armed::Stopped => (true, false),
+                Armed::At(at) if due < at => (false, true),
+                Armed::At(_) | Armed::Busy => (false, false),
+            };
+            if start || wake {
+                state.armed = Armed::Busy;
+            }
+            if start {
+                state.task += 1;
+            }
+            (id, start.then_some(state.task), wake)
+        };
+        if let Some(task) = start {
+            tokio::spawn(run(Serving {
+                keeper: Arc::clone(&keeper),
+                task,
+            }));
+        } else if wake {
+            keeper.wake.notify_one();
+        }
+        if start.is_some() || wake {
+            // The keeper's task was woken on this worker, which no other
+            // worker takes it from: let it run (and arm its timer) before a
+            // body that may block this thread.
+            tokio::task::yield_now().await;
+        }
+        Lease {
+            kept: Some((keeper, id)),
+            state: entry,
+        }
+    }
+
+    /// The earliest the lease may end: it started no earlier than the last
+    /// renewal was asked for.
+    pub(crate) fn ends(&self, spec: &HandlerSpec) -> Instant {
+        *self
+            .state
+            .lease()
+            .renewed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            + spec.lease
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some((keeper, id)) = &self.kept {
+            let mut state = keeper.lock();
+            state.slots.remove(id);
+            if state.slots.is_empty() {
+                state.idle_since = Some(Instant::now());
+            }
+        }
+    }
+}
+
+/// The keeper's task `task`: when it ends, also when its runtime drops
+/// it at shutdown, the keeper is served by no task (unless a later one
+/// serves it already).
+struct Serving {
+    keeper: Arc<Keeper>,
+    task: u64,
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let mut state = self.keeper.lock();
+        if state.task == self.task {
+            state.armed = Armed::Stopped;
+        }
+    }
+}
+
+/// The keeper's task: renews what is due, then sleeps until the next
+/// renewal due (or a registration that is due sooner wakes it).
+async fn run(serving: Serving) {
+    let keeper = &serving.keeper;
+    loop {
+        let now = Instant::now();
+        let (due, wake_at) = {
+            let mut state = keeper.lock();
+            let mut due = Vec::new();
+            let mut next: Option<Instant> = None;
+            for (id, slot) in &mut state.slots {
+                if slot.renewing {
+                    continue;
+                }
+                if slot.due <= now {
+                    slot.renewing = true;
+                    due.push((*id, Arc::clone(&slot.entry)));
+                } else {
+                    next = Some(next.map_or(slot.due, |n| n.min(slot.due)));
+                }
+            }
+            let renewing = state.slots.values().any(|slot| slot.renewing);
+            if next.is_none() && !renewing {
+                let idle_since = *state.idle_since.get_or_insert(now);
+                if now.duration_since(idle_since) >= IDLE_LIMIT {
+                    // Nothing to keep for a while: end. The next
+                    // registration starts a task again.
+                    state.armed = Armed::Stopped;
+                    return;
+                }
+                next = Some(now + state.idle_period);
+            }
+            let wake_at = next.unwrap_or(now + state.idle_period);
+            state.armed = Armed::At(wake_at);
+            (due, wake_at)
+        };
+        for (id, entry) in due {
+            let span = entry.lease().span.clone();
+            tokio::spawn(renew(Arc::clone(keeper), id, entry).instrument(span));
+        }
+        tokio::select! {
+            () = tokio::time::sleep_until(wake_at.into()) => {}
+            () = keeper.wake.notified() => {}
+        }
+        keeper.lock().armed = Armed::Busy;
+    }
+}
+
+/// Extends one lease, and schedules its next renewal a period after this
+/// one was asked for.
+async fn renew(keeper: Arc<Keeper>, id: u64, entry: Arc<dyn Kept>) {
+    let asked = Instant::now();
+    let renewed = Arc::clone(&entry).renew().await;
+    let lease = entry.lease();
+    let mut state = keeper.lock();
+    if !state.slots.contains_key(&id) {
+        // The call ended meanwhile: whatever the store said is no news.
+        return;
+    }
+    match renewed {
+        Ok(true) => {
+            *lease.renewed.lock().unwrap_or_else(PoisonError::into_inner) = asked;
+        }
+        Ok(false) => {
+            state.slots.remove(&id);
+            tracing::warn!("lease lost while the body runs: another consumer took the key over");
+            return;
+        }
+        Err(e) => tracing::warn!(error = %e, "could not extend the lease; will retry"),
+    }
+    let due = asked + lease.period;
+    if let Some(slot) = state.slots.get_mut(&id) {
+        slot.due = due;
+        slot.renewing = false;
+    }
+    if matches!(state.armed, Armed::At(at) if due < at) {
+        state.armed = Armed::Busy;
+        drop(state);
+        keeper.wake.notify_one();
+    }
+}

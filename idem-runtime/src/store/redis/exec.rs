@@ -1,0 +1,227 @@
+//! How the Redis store sends commands: one at a time, or many in as few
+//! round trips as the connection allows.
+//!
+//! A batch on one server is one pipeline. On Redis Cluster, redis-rs
+//! routes a pipeline by its first key and refuses one whose keys are in
+//! different slots (`CROSSSLOT`), and a batch's records are in as many
+//! slots as it has keys (each record's hash tag is its own key): so a
+//! batch is split into one pipeline per slot, all sent at once over the
+//! cluster connection, which multiplexes them on its node connections.
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+
+use super::{Conn, Lua, RedisStore, backend};
+use crate::error::StoreError;
+
+/// A command's reply, or the error the server answered it with.
+pub(super) type Reply = Result<Value, RedisError>;
+
+/// A server's answer as a [`Reply`].
+fn reply(value: Value) -> Reply {
+    match value {
+        Value::ServerError(e) => Err(e.into()),
+        value => Ok(value),
+    }
+}
+
+/// Whether the server answered `e`, rather than the connection failing.
+fn answered(e: &RedisError) -> bool {
+    e.code().is_some()
+}
+
+fn no_script(r: &Reply) -> bool {
+    matches!(r, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
+}
+
+/// Whether a cluster node sent the command elsewhere or asked for it
+/// again later: it did not run, and the cluster connection, given the
+/// command on its own, follows the redirect or waits and retries.
+fn redirected(r: &Reply) -> bool {
+    matches!(r, Err(e) if matches!(
+        e.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+        )
+    ))
+}
+
+/// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the
+/// text between the first `{` and the first `}` after it, when not
+/// empty), or of the whole key, modulo 16384.
+pub(super) fn slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|b| *b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.iter().position(|b| *b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16(tagged.unwrap_or(key)) & 0x3fff
+}
+
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for byte in data {
+        crc ^= u16::from(*byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 == 0 {
+                crc << 1
+            } else {
+                (crc << 1) ^ 0x1021
+            };
+        }
+    }
+    crc
+}
+
+impl RedisStore {
+    /// Sends one command. A reply is `Ok` whatever it says, server errors
+    /// included; `Err` when the connection failed or timed out.
+    pub(super) async fn send(&self, cmd: &Cmd) -> Result<Reply, StoreError> {
+        let sent = match &self.conn {
+            Conn::Single(c) => c.clone().req_packed_command(cmd).await,
+            Conn::Cluster(c) => c.clone().req_packed_command(cmd).await,
+        };
+        match sent {
+            Ok(value) => Ok(reply(value)),
+            Err(e) if answered(&e) => Ok(Err(e)),
+            Err(e) => Err(backend(e)),
+        }
+    }
+
+    /// Sends one script call (`lua.on(key)` and its arguments), loading the
+    /// script first if the server lacks it.
+    pub(super) async fn call(&self, lua: &Lua, cmd: &Cmd) -> Result<Reply, StoreError> {
+        let first = self.send(cmd).await?;
+        if !no_script(&first) {
+            return Ok(first);
+        }
+        self.load(lua).await?;
+        self.send(cmd).await
+    }
+
+    /// Loads `lua` (on every master of a cluster).
+    async fn load(&self, lua: &Lua) -> Result<(), StoreError> {
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(&lua.code);
+        match self.send(&load).await? {
+            Ok(_) => Ok(()),
+            Err(e) => Err(backend(e)),
+        }
+    }
+
+    /// Sends `cmds`, each on one key, and answers each one's reply in
+    /// order, in one pipelined round trip (one per slot on a cluster, sent
+    /// at once). A script call the server could not run because it lacks
+    /// the script runs again once the store's scripts are loaded; on a
+    /// cluster, a command a node redirected runs again on its own.
+    pub(super) async fn send_all(&self, cmds: &[Cmd]) -> Result<Vec<Reply>, StoreError> {
+        if cmds.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut replies = match &self.conn {
+            Conn::Single(c) => pipeline(&mut c.clone(), cmds.iter()).await?,
+            Conn::Cluster(c) => per_slot(c, cmds).await?,
+        };
+        if replies.iter().any(no_script) {
+            for lua in self.scripts.all() {
+                self.load(lua).await?;
+            }
+        }
+        let again: Vec<usize> = (0..replies.len())
+            .filter(|&i| no_script(&replies[i]) || redirected(&replies[i]))
+            .collect();
+        for i in again {
+            replies[i] = self.send(&cmds[i]).await?;
+        }
+        Ok(replies)
+    }
+}
+
+/// `cmds` in one pipeline on `conn`, each one's reply in order.
+async fn pipeline<'c, C: ConnectionLike>(
+    conn: &mut C,
+    cmds: impl Iterator<Item = &'c Cmd>,
+) -> Result<Vec<Reply>, StoreError> {
+    let mut pipe = redis::pipe();
+    for cmd in cmds {
+        pipe.add_command(cmd.clone());
+    }
+    let n = pipe.len();
+    let values = conn
+        .req_packed_commands(&pipe, 0, n)
+        .await
+        .map_err(backend)?;
+    if values.len() != n {
+        return Err(StoreError::Schema(format!(
+            "a pipeline of {n} commands answered {} replies",
+            values.len()
+        )));
+    }
+    Ok(values.into_iter().map(reply).collect())
+}
+
+/// `cmds` in one pipeline per slot, all sent at once on the cluster.
+async fn per_slot(
+    conn: &redis::cluster_async::ClusterConnection,
+    cmds: &[Cmd],
+) -> Result<Vec<Reply>, StoreError> {
+    let mut slots: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
+    for (i, cmd) in cmds.iter().enumerate() {
+        // Every command here names its key first (`SET key`, `EVALSHA sha
+        // 1 key`): the key is the first argument after the command's name
+        // and, for a script, its sha and key count.
+        let key = cmd
+            .args_iter()
+            .filter_map(|arg| match arg {
+                redis::Arg::Simple(bytes) => Some(bytes),
+                _ => None,
+            })
+            .nth(if is_script(cmd) { 3 } else { 1 })
+            .unwrap_or_default();
+        slots.entry(slot(key)).or_default().push(i);
+    }
+    let sent = slots.values().map(|members| {
+        let mut conn = conn.clone();
+        async move { pipeline(&mut conn, members.iter().map(|&i| &cmds[i])).await }
+    });
+    let answers = futures_util::future::join_all(sent).await;
+    let mut replies: Vec<Option<Reply>> = (0..cmds.len()).map(|_| None).collect();
+    for (members, answer) in slots.values().zip(answers) {
+        for (&i, r) in members.iter().zip(answer?) {
+            replies[i] = Some(r);
+        }
+    }
+    replies
+        .into_iter()
+        .map(|r| r.ok_or_else(|| StoreError::Schema("a pipeline lost a reply".into())))
+        .collect()
+}
+
+fn is_script(cmd: &Cmd) -> bool {
+    matches!(
+        cmd.args_iter().next(),
+        Some(redis::Arg::Simple(name)) if name.eq_ignore_ascii_case(b"EVALSHA")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slot;
+
+    #[test]
+    fn slots_are_those_redis_computes() {
+        // Values from `CLUSTER KEYSLOT` (Redis's own examples and records'
+        // keys, tags with braces inside included).
+        assert_eq!(slot(b"foo"), 12182);
+        assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
+        assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
+        assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
+        assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
+        assert_eq!(slot(b"foo{bar}{zap}"), slot(b"bar"));
+        assert_eq!(slot(b"123456789"), 0x31c3 & 0x3fff);
+    }
+}

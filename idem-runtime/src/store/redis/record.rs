@@ -1,0 +1,323 @@
+//! How the Redis store keeps a record: one string value in this release's
+//! format, or a hash written by an earlier release, and how either reads
+//! as a [`Record`].
+//!
+//! The string is `2|s|updated|lease end|token length|token`, then
+//! `created|attempts|failures|fingerprint length|error length|`, then the
+//! fingerprint, the last error and the outcome: each text is as many
+//! bytes as its length says (the outcome takes the rest, so it is never
+//! escaped). The status `s` is one letter: `p` in progress, `c`
+//! completed, `f` failed, `r` retry. Times are milliseconds since the
+//! epoch; the lease end is empty unless the record is in progress, and
+//! the error length is empty when there is no last error.
+//!
+//! What a claim changes (status, update, lease, token) comes first; what
+//! it keeps follows the token. A record that holds a token has no outcome
+//! yet, so a completion checks the token and writes a new head, the old
+//! tail as it is, and the outcome: the Lua scripts (`scripts.rs`) do it
+//! with one `string.match` of the head.
+
+use std::fmt::Write as _;
+
+use crate::error::StoreError;
+use crate::store::{Record, Status};
+
+/// The first bytes of every string record of this format.
+pub(crate) const TAG: &str = "2|";
+
+/// The letter a status is written as.
+pub(crate) fn status_letter(status: Status) -> char {
+    match status {
+        Status::InProgress => 'p',
+        Status::Completed => 'c',
+        Status::Failed => 'f',
+        Status::Retry => 'r',
+    }
+}
+
+fn status_of(letter: &[u8]) -> Option<Status> {
+    match letter {
+        b"p" => Some(Status::InProgress),
+        b"c" => Some(Status::Completed),
+        b"f" => Some(Status::Failed),
+        b"r" => Some(Status::Retry),
+        _ => None,
+    }
+}
+
+/// The parts of a record as the string format holds them.
+pub(crate) struct Parts<'a> {
+    pub(crate) status: Status,
+    pub(crate) created: i64,
+    pub(crate) updated: i64,
+    /// When the lease of a claim in progress ends.
+    pub(crate) lease_end: Option<i64>,
+    pub(crate) attempts: i64,
+    pub(crate) failures: i64,
+    pub(crate) token: &'a str,
+    pub(crate) fingerprint: &'a str,
+    pub(crate) last_error: Option<&'a str>,
+    pub(crate) outcome: &'a str,
+}
+
+impl Parts<'_> {
+    /// The record's string value.
+    pub(crate) fn encode(&self) -> String {
+        let mut out = String::with_capacity(
+            64 + self.token.len()
+                + self.fingerprint.len()
+                + self.last_error.map_or(0, str::len)
+                + self.outcome.len(),
+        );
+        // Writing to a String cannot fail.
+        let _ = write!(out, "{TAG}{}|{}|", status_letter(self.status), self.updated);
+        if let Some(end) = self.lease_end {
+            let _ = write!(out, "{end}");
+        }
+        let _ = write!(
+            out,
+            "|{}|{}{}|{}|{}|{}|",
+            self.token.len(),
+            self.token,
+            self.created,
+            self.attempts,
+            self.failures,
+            self.fingerprint.len()
+        );
+        if let Some(error) = self.last_error {
+            let _ = write!(out, "{}", error.len());
+        }
+        out.push('|');
+        out.push_str(self.fingerprint);
+        out.push_str(self.last_error.unwrap_or_default());
+        out.push_str(self.outcome);
+        out
+    }
+
+    /// The string value of `record`; its `expires_at_ms` is the lease's end
+    /// when it is in progress.
+    pub(crate) fn of(record: &Record) -> Parts<'_> {
+        Parts {
+            status: record.status,
+            created: record.created_at_ms,
+            updated: record.updated_at_ms,
+            lease_end: (record.status == Status::InProgress).then_some(record.expires_at_ms),
+            attempts: record.attempts,
+            failures: record.failures,
+            token: record.token.as_deref().unwrap_or_default(),
+            fingerprint: record.fingerprint.as_deref().unwrap_or_default(),
+            last_error: record.last_error.as_deref(),
+            outcome: record.outcome.as_deref().unwrap_or_default(),
+        }
+    }
+}
+
+fn malformed(why: &str) -> StoreError {
+    StoreError::Schema(format!(
+        "a Redis record that is not in idem's format: {why}"
+    ))
+}
+
+/// Reads a string record of `handler`'s `key`. A record in progress
+/// expires when its lease ends; any other at `expires_at_ms` (what the
+/// key's TTL says, or `i64::MAX` when the caller only knows the key is
+/// there).
+pub(crate) fn decode(
+    handler: &str,
+    key: &str,
+    value: &[u8],
+    expires_at_ms: i64,
+) -> Result<Record, StoreError> {
+    let body = value
+        .strip_prefix(TAG.as_bytes())
+        .ok_or_else(|| malformed("no format tag"))?;
+    let number = |field: &[u8]| -> Result<i64, StoreError> {
+        std::str::from_utf8(field)
+            .ok()
+            .and_then(|s| s.parse::<i64>().ok())
+            .ok_or_else(|| malformed("a number that does not read"))
+    };
+    let optional = |field: &[u8]| -> Result<Option<i64>, StoreError> {
+        if field.is_empty() {
+            Ok(None)
+        } else {
+            number(field).map(Some)
+        }
+    };
+    let length = |field: &[u8]| -> Result<usize, StoreError> {
+        usize::try_from(number(field)?).map_err(|_| malformed("a negative length"))
+    };
+    let text = |part: &[u8]| -> Result<String, StoreError> {
+        String::from_utf8(part.to_vec()).map_err(|_| malformed("a part that is not UTF-8"))
+    };
+    // The head: status, update, lease end, token length; then the token.
+    let mut head = body.splitn(5, |b| *b == b'|');
+    let mut next = || head.next().ok_or_else(|| malformed("too few fields"));
+    let status = status_of(next()?).ok_or_else(|| malformed("unknown status"))?;
+    let updated = number(next()?)?;
+    let lease_end = optional(next()?)?;
+    let token_len = length(next()?)?;
+    let after = next()?;
+    let token = text(
+        after
+            .get(..token_len)
+            .ok_or_else(|| malformed("the token runs past the end"))?,
+    )?;
+    // The tail: created, attempts, failures, the two lengths; then the texts.
+    let mut tail = after[token_len..].splitn(6, |b| *b == b'|');
+    let mut next = || tail.next().ok_or_else(|| malformed("too few fields"));
+    let created = number(next()?)?;
+    let attempts = number(next()?)?;
+    let failures = number(next()?)?;
+    let fingerprint_len = length(next()?)?;
+    let error_len = optional(next()?)?
+        .map(|n| usize::try_from(n).map_err(|_| malformed("a negative length")))
+        .transpose()?;
+    let rest = next()?;
+    let mut at: usize = 0;
+    let mut take = |n: Option<usize>| -> Result<String, StoreError> {
+        let end = n.map_or(Some(rest.len()), |n| at.checked_add(n));
+        let part = end
+            .and_then(|end| rest.get(at..end))
+            .ok_or_else(|| malformed("a part runs past the end"))?;
+        at += part.len();
+        text(part)
+    };
+    let fingerprint = take(Some(fingerprint_len))?;
+    let last_error = error_len.map(|n| take(Some(n))).transpose()?;
+    let outcome = take(None)?;
+    let expires_at_ms = match (status, lease_end) {
+        (Status::InProgress, Some(end)) => end,
+        _ => expires_at_ms,
+    };
+    let mut record = Record::new(handler, key, status, created, expires_at_ms);
+    record.updated_at_ms = updated;
+    record.attempts = attempts;
+    record.failures = failures;
+    record.token = (!token.is_empty()).then_some(token);
+    record.fingerprint = (!fingerprint.is_empty()).then_some(fingerprint);
+    record.last_error = last_error;
+    record.outcome = matches!(status, Status::Completed | Status::Failed).then_some(outcome);
+    Ok(record)
+}
+
+/// A record of an earlier release, from its hash's fields `s`, `o`, `c`,
+/// `u`, `l`, `a`, `f`, `e`, `p`, `t` (in this order, as the `READ` script
+/// reads them) and
+/// the key's TTL, read at `now`: a hash of the first release has no `l`,
+/// `a`, `f`, `e` or `p`, and reads as one attempt, no failure, no
+/// fingerprint, its lease ending with its TTL.
+pub(crate) fn read_hash(
+    handler: &str,
+    key: &str,
+    fields: Vec<Option<String>>,
+    pttl: i64,
+    now: i64,
+) -> Result<Option<Record>, StoreError> {
+    let [
+        status,
+        outcome,
+        created,
+        updated,
+        lease_end,
+        attempts,
+        failures,
+        last_error,
+        fingerprint,
+        token,
+    ]: [Option<String>; 10] = fields
+        .try_into()
+        .map_err(|_| StoreError::Schema("unexpected HMGET reply".into()))?;
+    let Some(status) = status else {
+        return Ok(None);
+    };
+    let status = Status::parse(&status)
+        .ok_or_else(|| StoreError::Schema(format!("unknown status {status:?}")))?;
+    let num = |v: &Option<String>| v.as_deref().and_then(|s| s.parse::<i64>().ok());
+    let expires_at_ms = match (status, num(&lease_end)) {
+        (Status::InProgress, Some(end)) => end,
+        _ => now.saturating_add(pttl.max(0)),
+    };
+    let mut record = Record::new(
+        handler,
+        key,
+        status,
+        num(&created).unwrap_or(0),
+        expires_at_ms,
+    );
+    record.outcome = outcome;
+    record.updated_at_ms = num(&updated).unwrap_or(record.created_at_ms);
+    record.attempts = num(&attempts).unwrap_or(1);
+    record.failures = num(&failures).unwrap_or(0);
+    record.last_error = last_error;
+    record.fingerprint = fingerprint;
+    record.token = token;
+    Ok(Some(record))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Record {
+        let mut r = Record::new("h", "3:k-1", Status::Completed, 1_700_000_000_000, 5);
+        r.updated_at_ms = 1_700_000_000_250;
+        r.attempts = 3;
+        r.failures = 2;
+        r.last_error = Some("a|b|2|é".into());
+        r.fingerprint = Some("ab12|".into());
+        r.outcome = Some(r#"{"x":"|2|c|"}"#.into());
+        r
+    }
+
+    #[test]
+    fn a_record_reads_back_as_written_whatever_its_texts_hold() {
+        let r = sample();
+        let value = Parts::of(&r).encode();
+        assert_eq!(decode("h", "3:k-1", value.as_bytes(), 5).unwrap(), r);
+
+        let mut claim = Record::new("h", "3:k-1", Status::InProgress, 10, 30_010);
+        claim.token = Some("0f".repeat(16));
+        let value = Parts::of(&claim).encode();
+        assert_eq!(
+            value,
+            format!("2|p|10|30010|32|{}10|1|0|0||", "0f".repeat(16))
+        );
+        assert_eq!(decode("h", "3:k-1", value.as_bytes(), 99).unwrap(), claim);
+
+        // An empty last error is one, and differs from none.
+        let mut empty = sample();
+        empty.last_error = Some(String::new());
+        let back = decode("h", "3:k-1", Parts::of(&empty).encode().as_bytes(), 5).unwrap();
+        assert_eq!(back.last_error.as_deref(), Some(""));
+    }
+
+    #[test]
+    fn what_is_not_a_record_is_a_schema_error_not_a_panic() {
+        let good = Parts::of(&sample()).encode();
+        for bad in [
+            "",
+            "1",
+            "hello",
+            "2|",
+            "2|x|1||0|1|1|0|0||",
+            "2|c|1||99|short",
+            "2|c|1||-1|1|1|0|0||",
+            "2|c|one||0|1|1|0|0||",
+            "2|c|1||0|1|1|0|99||short",
+            &good[..good.len() / 2],
+        ] {
+            // A cut value may still read (the outcome is the rest): only
+            // what cannot read must say so.
+            if let Err(e) = decode("h", "k", bad.as_bytes(), 0) {
+                assert!(matches!(e, StoreError::Schema(_)), "{bad:?}: {e:?}");
+            }
+        }
+        assert!(decode("h", "k", b"2|c|1||99|short", 0).is_err());
+        assert!(decode("h", "k", b"2|c|1||0|1|1|0|99||short", 0).is_err());
+        assert!(decode("h", "k", &[b'2', b'|', b'c', b'|', 0xff], 0).is_err());
+        // A multi-byte character cut by a length is refused, not split.
+        assert!(decode("h", "k", "2|c|1||0|1|1|0|0|1|é".as_bytes(), 0).is_err());
+        assert!(decode("h", "k", "2|p|1|5|1|é1|1|0|0||".as_bytes(), 0).is_err());
+    }
+}

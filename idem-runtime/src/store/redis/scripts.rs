@@ -1,0 +1,248 @@
+//! The Lua scripts of the Redis store. Each runs on one key (`KEYS[1]`),
+//! so it runs on Redis Cluster too.
+//!
+//! A claim is no script at all on the common path: `SET key value NX PX
+//! ms GET` takes an absent key, or answers the record that stands, from
+//! which the process decides ([`ClaimPlan`](crate::store::ClaimPlan)).
+//! The scripts here are what must read and write in one step: a claim
+//! that replaces a record ([`SWAP`], only if the record is still the one
+//! the claim read), and the completion, failure, release, extension and
+//! deletion of a claim, which check its fencing token first.
+//!
+//! [`PRELUDE`] reads a record in either format (this release's string, or
+//! an earlier release's hash, see `record.rs`) into one Lua table, and
+//! writes the string format back; every script that checks a token starts
+//! with it, so a claim of an earlier release is completed, failed,
+//! released or extended like any other. [`HASH_CLAIM`] is the claim of a
+//! key that still holds a hash: the previous release's claim script,
+//! whose rules it keeps, writing this release's format when it claims.
+
+/// `parse(v)`, `load(key, now)` and `encode(r)`: a record as a table with
+/// `s` (status letter), `t` (token, `''` when none), `c`/`u` (created and
+/// updated, as text), `l` (lease end, text or `nil`), `a`/`f` (attempts
+/// and failures, numbers), `e` (last error or `nil`), `p` (fingerprint,
+/// `''` when none) and `o` (outcome or `nil`).
+pub(crate) const PRELUDE: &str = r"
+local function parse(v)
+  local s, u, l, tl, at = string.match(v, '^2|(%a)|([^|]*)|([^|]*)|([^|]*)|()')
+  tl = tonumber(tl)
+  if not tl then error('idem: the value of ' .. KEYS[1] .. ' is not a record') end
+  local t = string.sub(v, at, at + tl - 1)
+  local c, a, f, pl, el, bt = string.match(v, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|()', at + tl)
+  a, f, pl = tonumber(a), tonumber(f), tonumber(pl)
+  if not (s and a and f and pl) then
+    error('idem: the value of ' .. KEYS[1] .. ' is not a record')
+  end
+  local r = {s = s, u = u, t = t, c = c, a = a, f = f}
+  if l ~= '' then r.l = l end
+  r.p = string.sub(v, bt, bt + pl - 1)
+  bt = bt + pl
+  if el ~= '' then
+    el = tonumber(el)
+    r.e = string.sub(v, bt, bt + el - 1)
+    bt = bt + el
+  end
+  if s == 'c' or s == 'f' then r.o = string.sub(v, bt) end
+  return r
+end
+local letters = {in_progress = 'p', completed = 'c', failed = 'f', retry = 'r'}
+local function load(k, now)
+  local v = redis.pcall('GET', k)
+  if type(v) == 'table' then
+    local h = redis.call('HMGET', k, 's', 't', 'o', 'c', 'u', 'l', 'a', 'f', 'e', 'p')
+    if not h[1] then return nil end
+    local r = {s = letters[h[1]] or '?', t = h[2] or '', c = h[4] or '0',
+      a = tonumber(h[7]) or 1, f = tonumber(h[8]) or 0, p = h[10] or ''}
+    r.u = h[5] or r.c
+    if h[3] then r.o = h[3] end
+    if h[9] then r.e = h[9] end
+    if h[6] then r.l = h[6] end
+    if r.s == 'p' and not r.l then
+      r.l = tostring(tonumber(now) + redis.call('PTTL', k))
+    end
+    return r
+  end
+  if not v then return nil end
+  return parse(v)
+end
+local function encode(r)
+  local e = r.e
+  return '2|' .. r.s .. '|' .. r.u .. '|' .. (r.l or '') .. '|' .. #r.t .. '|' .. r.t ..
+    r.c .. '|' .. string.format('%d|%d|%d|', r.a, r.f, #r.p) .. (e and #e or '') .. '|' ..
+    r.p .. (e or '') .. (r.o or '')
+end
+";
+
+/// Writes `ARGV[2]` for `ARGV[3]` ms if the key still holds `ARGV[1]`
+/// (`''`: if it is still absent). Replies `{1}` written, `{0, value}`
+/// not written with what the key holds now (nil: nothing), `{2}` the key
+/// holds a hash.
+pub(crate) const SWAP: &str = r"
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'table' then return {2} end
+if (v or '') ~= ARGV[1] then return {0, v} end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return {1}
+";
+
+/// Completes the claim of token `ARGV[1]` with outcome `ARGV[2]`, kept for
+/// `ARGV[3]` ms; `ARGV[4]` is now. Returns 1, or 0 when another claim holds
+/// the key or completed it. A key that expired with nobody taking it over
+/// is recorded all the same, as the SQL stores do: the body's effect
+/// happened. Failures and the last error stay: a success resets nothing.
+///
+/// The common case, a string record, is read with one `string.match` of
+/// its head: a record that holds the token has no outcome yet, so the
+/// completed record is a new head, the old tail as it is, and the outcome
+/// (without [`PRELUDE`]'s tables, half the script's time); an absent key
+/// or a hash takes the general way.
+pub(crate) const COMPLETE: &str = r"
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'string' then
+  local tl, at = string.match(v, '^2|%a|[^|]*|[^|]*|(%d+)|()')
+  if not tl then error('idem: the value of ' .. KEYS[1] .. ' is not a record') end
+  tl = tonumber(tl)
+  if tl == 0 or string.sub(v, at, at + tl - 1) ~= ARGV[1] then return 0 end
+  redis.call('SET', KEYS[1], '2|c|' .. ARGV[4] .. '||0|' .. string.sub(v, at + tl) .. ARGV[2],
+    'PX', ARGV[3])
+  return 1
+end
+local r = load(KEYS[1], ARGV[4])
+if r then
+  if r.t ~= ARGV[1] then return 0 end
+else
+  r = {c = ARGV[4], a = 1, f = 0, p = ''}
+end
+r.s, r.t, r.u, r.l, r.o = 'c', '', ARGV[4], nil, ARGV[2]
+redis.call('SET', KEYS[1], encode(r), 'PX', ARGV[3])
+return 1
+";
+
+/// Records a failure under the claim of token `ARGV[1]`: status letter
+/// `ARGV[2]` (`r` retry or `f` failed), recorded error `ARGV[3]` (JSON, or
+/// empty), text `ARGV[4]`, kept for `ARGV[5]` ms; `ARGV[6]` is now.
+/// Returns 1, or 0 when the token no longer holds the key.
+pub(crate) const FAIL: &str = r"
+local r = load(KEYS[1], ARGV[6])
+if not r or r.t ~= ARGV[1] then return 0 end
+r.s, r.t, r.u, r.l, r.f, r.e = ARGV[2], '', ARGV[6], nil, r.f + 1, ARGV[4]
+if ARGV[3] ~= '' then r.o = ARGV[3] else r.o = nil end
+redis.call('SET', KEYS[1], encode(r), 'PX', ARGV[5])
+return 1
+";
+
+/// Deletes the record if token `ARGV[1]` still holds it in progress;
+/// `ARGV[2]` is now.
+pub(crate) const RELEASE: &str = r"
+local r = load(KEYS[1], ARGV[2])
+if not r or r.t ~= ARGV[1] or r.s ~= 'p' then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+";
+
+/// Extends the lease of token `ARGV[1]` at `ARGV[2]` (now) to end at
+/// `ARGV[3]`, while the claim is in progress: the key lives `ARGV[4]` ms
+/// (the lease), or `ARGV[5]` ms (the lease and a ttl) for a claim that
+/// carries failures or whose handler counts them (`ARGV[6]` is `1`), so
+/// that a consumer that stops inside it is counted.
+pub(crate) const EXTEND: &str = r"
+local r = load(KEYS[1], ARGV[2])
+if not r or r.t ~= ARGV[1] or r.s ~= 'p' then return 0 end
+r.u, r.l = ARGV[2], ARGV[3]
+local px = ARGV[4]
+if r.f > 0 or ARGV[6] == '1' then px = ARGV[5] end
+redis.call('SET', KEYS[1], encode(r), 'PX', px)
+return 1
+";
+
+/// Deletes the record `KEYS[1]` unless `ARGV[1]` is `0` (not forced) and
+/// a live claim holds it: in progress, its lease not over at `ARGV[2]`
+/// (now, ms). Returns 1 deleted, 0 absent, 2 refused.
+pub(crate) const FORGET: &str = r"
+local r = load(KEYS[1], ARGV[2])
+if not r then return 0 end
+if ARGV[1] == '0' and r.s == 'p' and tonumber(r.l or '0') > tonumber(ARGV[2]) then
+  return 2
+end
+redis.call('DEL', KEYS[1])
+return 1
+";
+
+/// The record as it is stored, with the key's TTL: `{0}` none, `{1,
+/// value, pttl}` a string record, `{2, fields, pttl}` a hash (the fields
+/// `record::read_hash` reads, in its order).
+pub(crate) const READ: &str = r"
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'table' then
+  return {2, redis.call('HMGET', KEYS[1], 's', 'o', 'c', 'u', 'l', 'a', 'f', 'e', 'p', 't'),
+    redis.call('PTTL', KEYS[1])}
+end
+if not v then return {0} end
+return {1, v, redis.call('PTTL', KEYS[1])}
+";
+
+/// The claim of a key that holds a hash of an earlier release: its rules
+/// are the previous release's claim script's, unchanged. Claims `KEYS[1]`
+/// with token `ARGV[1]` for a lease of `ARGV[2]` ms; `ARGV[3]` is now
+/// (ms), `ARGV[4]` the delivery's fingerprint (or empty), `ARGV[5]` the
+/// handler's `max_attempts` (or empty), `ARGV[6]` its ttl (ms), `ARGV[7]`
+/// the last error a claim whose lease ran out leaves.
+///
+/// A claim that ran out counts as a failure while its lease ended less
+/// than a ttl ago; a claim of a handler with `max_attempts`, or one that
+/// carries failures, lives for its lease and a ttl, so that a consumer
+/// that stops inside it is counted. A claim that takes the key writes this
+/// release's string format; a refusal leaves the hash as it is, and so
+/// does the count of a stall that exhausts the key (it keeps its token).
+///
+/// Replies `{1}` claimed, `{2, outcome}` completed, `{3, ms left}` in
+/// progress, `{4, fingerprint}` recorded with another payload, `{5, error}`
+/// failed for good, `{6, failures, last error}` exhausted, `{7, value}`
+/// the key holds no hash (any more): its string value, or nil.
+///
+/// A hash written by the first release has no `l` (lease end), `a`, `f`,
+/// `e` or `p`: its lease ends with the key's TTL, and it carries one
+/// attempt, no failure and no fingerprint.
+pub(crate) const HASH_CLAIM: &str = r"
+if redis.call('TYPE', KEYS[1])['ok'] ~= 'hash' then
+  return {7, redis.call('GET', KEYS[1])}
+end
+local h = redis.call('HMGET', KEYS[1], 's', 'o', 'p', 'f', 'e', 'l', 'a')
+local now = tonumber(ARGV[3])
+local lease = tonumber(ARGV[2])
+local s = h[1]
+local attempts, failures, last_error = 1, 0, false
+if s then
+  local left, ends = nil, nil
+  if s == 'in_progress' then
+    ends = tonumber(h[6]) or (now + redis.call('PTTL', KEYS[1]))
+    left = ends - now
+  end
+  if left == nil or left > 0 then
+    if h[3] and ARGV[4] ~= '' and h[3] ~= ARGV[4] then return {4, h[3]} end
+    if s == 'completed' then return {2, h[2]} end
+    if s == 'failed' then return {5, h[2]} end
+    if s == 'in_progress' then return {3, left} end
+    local f = tonumber(h[4]) or 0
+    if ARGV[5] ~= '' and f >= tonumber(ARGV[5]) then return {6, f, h[5]} end
+    attempts, failures, last_error = (tonumber(h[7]) or 1) + 1, f, h[5]
+  elseif ends + tonumber(ARGV[6]) > now then
+    attempts = (tonumber(h[7]) or 1) + 1
+    failures = (tonumber(h[4]) or 0) + 1
+    last_error = ARGV[7]
+    if ARGV[5] ~= '' and failures >= tonumber(ARGV[5]) then
+      redis.call('HSET', KEYS[1], 's', 'retry', 'f', failures, 'e', last_error, 'u', ARGV[3])
+      redis.call('HDEL', KEYS[1], 'l')
+      redis.call('PEXPIRE', KEYS[1], ARGV[6])
+      return {6, failures, last_error}
+    end
+  end
+end
+local r = {s = 'p', t = ARGV[1], c = ARGV[3], u = ARGV[3], l = string.format('%d', now + lease),
+  a = attempts, f = failures, p = ARGV[4]}
+if last_error then r.e = last_error end
+local px = lease
+if failures > 0 or ARGV[5] ~= '' then px = lease + tonumber(ARGV[6]) end
+redis.call('SET', KEYS[1], encode(r), 'PX', px)
+return {1}
+";
