@@ -111,12 +111,22 @@ impl<E> std::fmt::Display for ErrorDisplay<'_, E> {
     }
 }
 
+/// A key's digest, computed only when a subscriber records the span's
+/// field (a SHA-256 per call otherwise, with or without a subscriber).
+struct Digest<'a>(&'a Key);
+
+impl std::fmt::Display for Digest<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.digest())
+    }
+}
+
 /// The span of one call: handler, key digest and (once known) result.
 pub(crate) fn call_span(spec: &HandlerSpec, key: &Key) -> tracing::Span {
     tracing::info_span!(
         "idempotent",
         handler = spec.name,
-        key = %key.digest(),
+        key = %Digest(key),
         result = tracing::field::Empty,
     )
 }

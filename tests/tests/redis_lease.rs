@@ -653,7 +653,7 @@ async fn a_batch_is_one_pipeline_and_scripts_run_only_where_a_record_stands() {
     let claims = store.claim_batch(&SPEC, &items).await.unwrap();
     let after = Counts::of(&mut admin).await;
     assert_eq!(
-        (after.since(&before, "set"), after.since(&before, "evalsha")),
+        (after.since(&before, "set"), after.since(&before, "fcall")),
         (KEYS, 0)
     );
     assert!(
@@ -694,7 +694,7 @@ async fn a_batch_is_one_pipeline_and_scripts_run_only_where_a_record_stands() {
     let completed = store.complete_batch(&SPEC, &done).await.unwrap();
     let after = Counts::of(&mut admin).await;
     assert!(completed.iter().all(|c| *c));
-    assert_eq!(after.since(&before, "evalsha"), KEYS - 10);
+    assert_eq!(after.since(&before, "fcall"), KEYS - 10);
     assert!(
         after.reads - before.reads < 50,
         "{} reads for one batch",
@@ -707,7 +707,7 @@ async fn a_batch_is_one_pipeline_and_scripts_run_only_where_a_record_stands() {
     let after = Counts::of(&mut admin).await;
     // (A script's own commands count too: each swap writes with one `SET`.)
     assert_eq!(
-        (after.since(&before, "set"), after.since(&before, "evalsha")),
+        (after.since(&before, "set"), after.since(&before, "fcall")),
         (KEYS + 10, 10)
     );
     assert!(

@@ -40,7 +40,6 @@
 //! keeper, woken on the call's own worker, re-arms its timer before a body
 //! that may block that worker runs.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -106,6 +105,8 @@ struct LeaseState {
 
 /// A lease in the keeper's schedule.
 struct Slot {
+    /// Tells this lease from an earlier one in the same place.
+    generation: u64,
     due: Instant,
     entry: Arc<dyn Kept>,
     /// A renewal is under way.
@@ -123,9 +124,81 @@ enum Armed {
     Stopped,
 }
 
+/// Where a lease is in the schedule: its place, and its generation there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SlotId {
+    index: usize,
+    generation: u64,
+}
+
+/// The schedule: leases in places that are reused (no hashing, no
+/// allocation once it has grown to the calls in flight).
+#[derive(Default)]
+struct Schedule {
+    slots: Vec<Option<Slot>>,
+    free: Vec<usize>,
+    generations: u64,
+    live: usize,
+}
+
+impl Schedule {
+    fn insert(&mut self, due: Instant, entry: Arc<dyn Kept>) -> SlotId {
+        self.generations += 1;
+        let slot = Slot {
+            generation: self.generations,
+            due,
+            entry,
+            renewing: false,
+        };
+        let index = match self.free.pop() {
+            Some(index) => {
+                self.slots[index] = Some(slot);
+                index
+            }
+            None => {
+                self.slots.push(Some(slot));
+                self.slots.len() - 1
+            }
+        };
+        self.live += 1;
+        SlotId {
+            index,
+            generation: self.generations,
+        }
+    }
+
+    fn get_mut(&mut self, id: SlotId) -> Option<&mut Slot> {
+        self.slots
+            .get_mut(id.index)?
+            .as_mut()
+            .filter(|slot| slot.generation == id.generation)
+    }
+
+    fn remove(&mut self, id: SlotId) {
+        if self.get_mut(id).is_some() {
+            self.slots[id.index] = None;
+            self.free.push(id.index);
+            self.live -= 1;
+        }
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = (SlotId, &mut Slot)> {
+        self.slots
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(index, slot)| {
+                let slot = slot.as_mut()?;
+                let id = SlotId {
+                    index,
+                    generation: slot.generation,
+                };
+                Some((id, slot))
+            })
+    }
+}
+
 struct State {
-    slots: HashMap<u64, Slot>,
-    next_id: u64,
+    slots: Schedule,
     armed: Armed,
     /// Counts the tasks started, so that a task that ends knows whether it
     /// still is the one serving the keeper.
@@ -134,7 +207,7 @@ struct State {
     /// far apart an idle keeper wakes, so that a new lease is never due
     /// before the keeper looks.
     idle_period: Duration,
-    /// When the schedule last became empty.
+    /// Since when the keeper has found its schedule empty.
     idle_since: Option<Instant>,
 }
 
@@ -148,8 +221,7 @@ impl Keeper {
     fn new() -> Keeper {
         Keeper {
             state: Mutex::new(State {
-                slots: HashMap::new(),
-                next_id: 0,
+                slots: Schedule::default(),
                 armed: Armed::Stopped,
                 task: 0,
                 idle_period: IDLE_LIMIT,
@@ -203,7 +275,7 @@ fn current() -> Option<Arc<Keeper>> {
 /// A call's registered lease: the keeper extends it every [`period`] until
 /// this is dropped.
 pub(crate) struct Lease {
-    kept: Option<(Arc<Keeper>, u64)>,
+    kept: Option<(Arc<Keeper>, SlotId)>,
     state: Arc<dyn Kept>,
 }
 
@@ -240,16 +312,7 @@ impl Lease {
         let due = claimed + period;
         let (id, start, wake) = {
             let mut state = keeper.lock();
-            let id = state.next_id;
-            state.next_id += 1;
-            state.slots.insert(
-                id,
-                Slot {
-                    due,
-                    entry: Arc::clone(&entry),
-                    renewing: false,
-                },
-            );
+            let id = state.slots.insert(due, Arc::clone(&entry));
             state.idle_period = state.idle_period.min(period);
             state.idle_since = None;
             let (start, wake) = match state.armed {
@@ -301,11 +364,7 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         if let Some((keeper, id)) = &self.kept {
-            let mut state = keeper.lock();
-            state.slots.remove(id);
-            if state.slots.is_empty() {
-                state.idle_since = Some(Instant::now());
-            }
+            keeper.lock().slots.remove(*id);
         }
     }
 }
@@ -337,18 +396,23 @@ async fn run(serving: Serving) {
             let mut state = keeper.lock();
             let mut due = Vec::new();
             let mut next: Option<Instant> = None;
-            for (id, slot) in &mut state.slots {
+            let mut renewing = false;
+            for (id, slot) in state.slots.iter_mut() {
                 if slot.renewing {
+                    renewing = true;
                     continue;
                 }
                 if slot.due <= now {
                     slot.renewing = true;
-                    due.push((*id, Arc::clone(&slot.entry)));
+                    renewing = true;
+                    due.push((id, Arc::clone(&slot.entry)));
                 } else {
                     next = Some(next.map_or(slot.due, |n| n.min(slot.due)));
                 }
             }
-            let renewing = state.slots.values().any(|slot| slot.renewing);
+            if state.slots.live > 0 {
+                state.idle_since = None;
+            }
             if next.is_none() && !renewing {
                 let idle_since = *state.idle_since.get_or_insert(now);
                 if now.duration_since(idle_since) >= IDLE_LIMIT {
@@ -377,12 +441,12 @@ async fn run(serving: Serving) {
 
 /// Extends one lease, and schedules its next renewal a period after this
 /// one was asked for.
-async fn renew(keeper: Arc<Keeper>, id: u64, entry: Arc<dyn Kept>) {
+async fn renew(keeper: Arc<Keeper>, id: SlotId, entry: Arc<dyn Kept>) {
     let asked = Instant::now();
     let renewed = Arc::clone(&entry).renew().await;
     let lease = entry.lease();
     let mut state = keeper.lock();
-    if !state.slots.contains_key(&id) {
+    if state.slots.get_mut(id).is_none() {
         // The call ended meanwhile: whatever the store said is no news.
         return;
     }
@@ -391,14 +455,14 @@ async fn renew(keeper: Arc<Keeper>, id: u64, entry: Arc<dyn Kept>) {
             *lease.renewed.lock().unwrap_or_else(PoisonError::into_inner) = asked;
         }
         Ok(false) => {
-            state.slots.remove(&id);
+            state.slots.remove(id);
             tracing::warn!("lease lost while the body runs: another consumer took the key over");
             return;
         }
         Err(e) => tracing::warn!(error = %e, "could not extend the lease; will retry"),
     }
     let due = asked + lease.period;
-    if let Some(slot) = state.slots.get_mut(&id) {
+    if let Some(slot) = state.slots.get_mut(id) {
         slot.due = due;
         slot.renewing = false;
     }

@@ -11,7 +11,7 @@
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
-use super::{Conn, Lua, RedisStore, backend};
+use super::{Conn, RedisStore, backend};
 use crate::error::StoreError;
 
 /// A command's reply, or the error the server answered it with.
@@ -30,8 +30,11 @@ fn answered(e: &RedisError) -> bool {
     e.code().is_some()
 }
 
+/// Whether the server lacks the store's library (it never had it, or lost
+/// it: a restart without persistence, a new cluster node).
 fn no_script(r: &Reply) -> bool {
-    matches!(r, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
+    matches!(r, Err(e) if e.code() == Some("ERR")
+        && e.detail().is_some_and(|d| d.starts_with("Function not found")))
 }
 
 /// Whether a cluster node sent the command elsewhere or asked for it
@@ -92,21 +95,22 @@ impl RedisStore {
         }
     }
 
-    /// Sends one script call (`lua.on(key)` and its arguments), loading the
-    /// script first if the server lacks it.
-    pub(super) async fn call(&self, lua: &Lua, cmd: &Cmd) -> Result<Reply, StoreError> {
+    /// Sends one function call (`Lua::on` and its arguments), loading the
+    /// store's library first if the server lacks it.
+    pub(super) async fn call(&self, cmd: &Cmd) -> Result<Reply, StoreError> {
         let first = self.send(cmd).await?;
         if !no_script(&first) {
             return Ok(first);
         }
-        self.load(lua).await?;
+        self.load().await?;
         self.send(cmd).await
     }
 
-    /// Loads `lua` (on every master of a cluster).
-    async fn load(&self, lua: &Lua) -> Result<(), StoreError> {
-        let mut load = redis::cmd("SCRIPT");
-        load.arg("LOAD").arg(&lua.code);
+    /// Loads the store's library (on every master of a cluster). Loading it
+    /// again where it is replaces it with itself.
+    async fn load(&self) -> Result<(), StoreError> {
+        let mut load = redis::cmd("FUNCTION");
+        load.arg("LOAD").arg("REPLACE").arg(&self.scripts.library);
         match self.send(&load).await? {
             Ok(_) => Ok(()),
             Err(e) => Err(backend(e)),
@@ -115,9 +119,9 @@ impl RedisStore {
 
     /// Sends `cmds`, each on one key, and answers each one's reply in
     /// order, in one pipelined round trip (one per slot on a cluster, sent
-    /// at once). A script call the server could not run because it lacks
-    /// the script runs again once the store's scripts are loaded; on a
-    /// cluster, a command a node redirected runs again on its own.
+    /// at once). A function call the server could not run because it lacks
+    /// the library runs again once the library is loaded; on a cluster, a
+    /// command a node redirected runs again on its own.
     pub(super) async fn send_all(&self, cmds: &[Cmd]) -> Result<Vec<Reply>, StoreError> {
         if cmds.is_empty() {
             return Ok(Vec::new());
@@ -127,9 +131,7 @@ impl RedisStore {
             Conn::Cluster(c) => per_slot(c, cmds).await?,
         };
         if replies.iter().any(no_script) {
-            for lua in self.scripts.all() {
-                self.load(lua).await?;
-            }
+            self.load().await?;
         }
         let again: Vec<usize> = (0..replies.len())
             .filter(|&i| no_script(&replies[i]) || redirected(&replies[i]))
@@ -171,9 +173,9 @@ async fn per_slot(
 ) -> Result<Vec<Reply>, StoreError> {
     let mut slots: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
     for (i, cmd) in cmds.iter().enumerate() {
-        // Every command here names its key first (`SET key`, `EVALSHA sha
+        // Every command here names its key first (`SET key`, `FCALL name
         // 1 key`): the key is the first argument after the command's name
-        // and, for a script, its sha and key count.
+        // and, for a function, its name and key count.
         let key = cmd
             .args_iter()
             .filter_map(|arg| match arg {
@@ -204,7 +206,7 @@ async fn per_slot(
 fn is_script(cmd: &Cmd) -> bool {
     matches!(
         cmd.args_iter().next(),
-        Some(redis::Arg::Simple(name)) if name.eq_ignore_ascii_case(b"EVALSHA")
+        Some(redis::Arg::Simple(name)) if name.eq_ignore_ascii_case(b"FCALL")
     )
 }
 

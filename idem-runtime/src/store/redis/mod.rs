@@ -84,31 +84,30 @@ impl std::fmt::Debug for Conn {
     }
 }
 
-/// A script with the text it was made of (to load it where it is missing).
+/// One of the store's Lua functions, by its name in the store's library.
 #[derive(Debug)]
 struct Lua {
-    script: Script,
-    code: String,
+    name: String,
 }
 
 impl Lua {
-    fn new(code: String) -> Lua {
-        Lua {
-            script: Script::new(&code),
-            code,
-        }
-    }
-
-    /// `EVALSHA <sha> 1 key`, for the arguments to follow.
+    /// `FCALL <name> 1 key`, for the arguments to follow (room made for
+    /// eight in all, and the usual sizes, so the command is not grown).
     fn on(&self, key: &str) -> Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.script.get_hash()).arg(1).arg(key);
+        let mut cmd = Cmd::with_capacity(8, 160 + self.name.len() + key.len());
+        cmd.arg("FCALL").arg(&self.name).arg(1).arg(key);
         cmd
     }
 }
 
+/// The store's Lua functions, in one library (`FUNCTION LOAD`) named by
+/// its content, `idem_<16 hex digits>`: a server holds the library of each
+/// release that used it, side by side, and loads it again if it lost it
+/// (a restart without persistence, a new cluster node).
 #[derive(Debug)]
 struct Scripts {
+    /// The library's source, as `FUNCTION LOAD` takes it.
+    library: String,
     swap: Lua,
     hash_claim: Lua,
     complete: Lua,
@@ -121,31 +120,46 @@ struct Scripts {
 
 impl Scripts {
     fn new() -> Scripts {
-        let with_prelude = |body: &str| Lua::new(format!("{}{body}", scripts::PRELUDE));
-        Scripts {
-            swap: Lua::new(scripts::SWAP.to_owned()),
-            hash_claim: with_prelude(scripts::HASH_CLAIM),
-            complete: with_prelude(scripts::COMPLETE),
-            fail: with_prelude(scripts::FAIL),
-            release: with_prelude(scripts::RELEASE),
-            extend: with_prelude(scripts::EXTEND),
-            forget: with_prelude(scripts::FORGET),
-            read: Lua::new(scripts::READ.to_owned()),
+        use std::fmt::Write as _;
+        const VERSION: &str = "@version@";
+        let complete = format!("{}{}", scripts::COMPLETE_STRING, scripts::COMPLETE);
+        let functions = [
+            ("swap", scripts::SWAP),
+            ("hash_claim", scripts::HASH_CLAIM),
+            ("complete", complete.as_str()),
+            ("fail", scripts::FAIL),
+            ("release", scripts::RELEASE),
+            ("extend", scripts::EXTEND),
+            ("forget", scripts::FORGET),
+            ("read", scripts::READ),
+        ];
+        let mut body = String::from(scripts::PRELUDE);
+        for (name, code) in functions {
+            // Writing to a String cannot fail.
+            let _ = write!(
+                body,
+                "redis.register_function('idem_{VERSION}_{name}', function(KEYS, ARGV)\n{code}\nend)\n"
+            );
         }
-    }
-
-    /// Every script.
-    fn all(&self) -> [&Lua; 8] {
-        [
-            &self.swap,
-            &self.hash_claim,
-            &self.complete,
-            &self.fail,
-            &self.release,
-            &self.extend,
-            &self.forget,
-            &self.read,
-        ]
+        let version = Script::new(&body).get_hash()[..16].to_owned();
+        let library = format!(
+            "#!lua name=idem_{version}\n{}",
+            body.replace(VERSION, &version)
+        );
+        let lua = |name: &str| Lua {
+            name: format!("idem_{version}_{name}"),
+        };
+        Scripts {
+            library,
+            swap: lua("swap"),
+            hash_claim: lua("hash_claim"),
+            complete: lua("complete"),
+            fail: lua("fail"),
+            release: lua("release"),
+            extend: lua("extend"),
+            forget: lua("forget"),
+            read: lua("read"),
+        }
     }
 }
 /// The Redis store: lease mode with fencing tokens and native expiry.
@@ -183,15 +197,20 @@ impl Scripts {
 ///   shares ([`Standing::of`], [`Standing::of_ran_out`]). A duplicate
 ///   learns the recorded outcome in that one round trip. A record the
 ///   claim may take over (a failure that may be retried, a lease that ran
-///   out on a record kept for counting) is replaced by a script that
+///   out on a record kept for counting) is replaced by a function that
 ///   writes only if the record is still the one the claim read: one more
 ///   round trip, for those keys only.
-/// * Completion, failure, release and lease extension are one script each
-///   that compares the token: a consumer whose lease ran out and was
+/// * Completion, failure, release and lease extension are one Lua function
+///   each that compares the token: a consumer whose lease ran out and was
 ///   taken over gets [`Error::LeaseLost`](crate::Error::LeaseLost) instead
 ///   of overwriting the newer claim. A completion that finds the key gone
 ///   (its lease ran out and nobody took it over) records the outcome all
-///   the same: the body's effect happened.
+///   the same: the body's effect happened. The functions are one library,
+///   `idem_<16 hex digits of its content>`, that the store loads where it
+///   is missing (`FUNCTION LOAD`, on every master of a cluster): a Redis
+///   keeps the library of each release that used it (`FUNCTION DELETE`
+///   an old one once no consumer of that release runs). Redis 7.0 or
+///   later.
 /// * A fresh message costs two round trips (claim, complete), a duplicate
 ///   one. The batch methods of [`LeaseStore`] cost one pipelined round trip
 ///   per batch (on a cluster, one pipeline per slot, sent at once).
@@ -206,7 +225,7 @@ impl Scripts {
 /// key's TTL). This release honours them until they expire:
 ///
 /// * a claim that meets a hash (`SET ... GET` answers `WRONGTYPE`) runs the
-///   previous release's claim rules on it in a script: a completed,
+///   previous release's claim rules on it in a function: a completed,
 ///   failed, exhausted or live hash refuses the claim as it did, and stays
 ///   a hash, so consumers of the previous release still read it during a
 ///   rolling upgrade; a claim that takes the key over writes this format;
@@ -421,12 +440,12 @@ impl RedisStore {
     /// The record of the stored key `key` under `handler`, if any.
     async fn read(&self, handler: &str, key: &str) -> Result<Option<Record>, StoreError> {
         let cmd = self.scripts.read.on(&self.redis_key_of(handler, key));
-        let reply = self.call(&self.scripts.read, &cmd).await?;
+        let reply = self.call(&cmd).await?;
         read_reply(handler, key, reply, self.clock.now_millis())
     }
 
     /// Claims `key` (see [`Claiming`]): `SET ... NX PX ... GET`, then, when
-    /// the record found may be replaced or is a hash, the script that does
+    /// the record found may be replaced or is a hash, the function that does
     /// it, until the claim is taken or refused.
     async fn claim_one(&self, claiming: &Claiming<'_>) -> Result<Claim, StoreError> {
         let mut step = claiming.after_set(self.send(&claiming.set()).await?)?;
@@ -435,11 +454,11 @@ impl RedisStore {
                 Step::Done(claim) => return Ok(claim),
                 Step::Swap(swap) => {
                     let cmd = claiming.swap(&self.scripts, &swap);
-                    claiming.after_swap(swap, self.call(&self.scripts.swap, &cmd).await?)?
+                    claiming.after_swap(swap, self.call(&cmd).await?)?
                 }
                 Step::Hash => {
                     let cmd = claiming.hash_claim(&self.scripts);
-                    claiming.after_hash(self.call(&self.scripts.hash_claim, &cmd).await?)?
+                    claiming.after_hash(self.call(&cmd).await?)?
                 }
             };
         }
@@ -447,7 +466,7 @@ impl RedisStore {
     }
 }
 
-/// The record a `READ` script replied, at `now`.
+/// The record a `READ` function replied, at `now`.
 fn read_reply(
     handler: &str,
     key: &str,
@@ -487,7 +506,10 @@ fn new_token() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let seed = *SEED.get_or_init(|| uuid::Uuid::new_v4().as_u64_pair().0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!("{seed:016x}{n:016x}")
+    let mut token = String::with_capacity(32);
+    record::push_hex(&mut token, seed);
+    record::push_hex(&mut token, n);
+    token
 }
 
 /// One claim in the making: the key, the new token, the moment, and what
@@ -591,9 +613,11 @@ impl<'a> Claiming<'a> {
 
     /// `SET key <claim> NX PX <lease> GET`.
     fn set(&self) -> Cmd {
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(&self.rkey)
-            .arg(self.value(1, 0, None))
+        let value = self.value(1, 0, None);
+        let mut cmd = Cmd::with_capacity(7, 32 + self.rkey.len() + value.len());
+        cmd.arg("SET")
+            .arg(&self.rkey)
+            .arg(value)
             .arg("NX")
             .arg("PX")
             .arg(self.px(0))
@@ -747,7 +771,7 @@ impl<'a> Claiming<'a> {
     }
 }
 
-/// A script's `{tag, ...}` reply as the tag and the rest.
+/// A function's `{tag, ...}` reply as the tag and the rest.
 fn int_tagged(reply: &Value) -> Option<(i64, &[Value])> {
     match reply {
         Value::Array(parts) => match parts.split_first() {
@@ -767,11 +791,11 @@ fn bytes(v: &Value) -> Result<Option<Vec<u8>>, StoreError> {
     }
 }
 
-/// Whether a script answered `1`.
+/// Whether a function answered `1`.
 fn one(reply: exec::Reply) -> Result<bool, StoreError> {
     match reply.map_err(backend)? {
         Value::Int(n) => Ok(n == 1),
-        other => Err(reply_err("a script", &other)),
+        other => Err(reply_err("a function", &other)),
     }
 }
 
@@ -780,7 +804,16 @@ impl RedisStore {
     fn redis_key_of(&self, handler: &str, key: &str) -> String {
         // The handler name is length-prefixed like the key's parts, so no two
         // (handler, key) pairs share a Redis key whatever the name holds.
-        format!("{}:{{{}:{}|{}}}", self.prefix, handler.len(), handler, key)
+        let mut rkey = String::with_capacity(self.prefix.len() + handler.len() + key.len() + 8);
+        rkey.push_str(&self.prefix);
+        rkey.push_str(":{");
+        record::push_int(&mut rkey, i64::try_from(handler.len()).unwrap_or(i64::MAX));
+        rkey.push(':');
+        rkey.push_str(handler);
+        rkey.push('|');
+        rkey.push_str(key);
+        rkey.push('}');
+        rkey
     }
 
     /// The handler and the stored key of a Redis key of this store's
@@ -1008,7 +1041,7 @@ impl LeaseStore for RedisStore {
             .arg(failure.text())
             .arg(millis(spec.ttl).max(1))
             .arg(self.clock.now_millis());
-        one(self.call(&self.scripts.fail, &cmd).await?)
+        one(self.call(&cmd).await?)
     }
 
     async fn complete(
@@ -1019,7 +1052,7 @@ impl LeaseStore for RedisStore {
         outcome: &str,
     ) -> Result<bool, StoreError> {
         let cmd = self.complete_cmd(spec, key, token, outcome);
-        one(self.call(&self.scripts.complete, &cmd).await?)
+        one(self.call(&cmd).await?)
     }
 
     async fn release(
@@ -1029,7 +1062,7 @@ impl LeaseStore for RedisStore {
         token: &str,
     ) -> Result<(), StoreError> {
         let cmd = self.release_cmd(spec, key, token);
-        answered(self.call(&self.scripts.release, &cmd).await?).map(drop)
+        answered(self.call(&cmd).await?).map(drop)
     }
 
     async fn extend(
@@ -1039,12 +1072,12 @@ impl LeaseStore for RedisStore {
         token: &str,
     ) -> Result<bool, StoreError> {
         let cmd = self.extend_cmd(spec, key, token);
-        one(self.call(&self.scripts.extend, &cmd).await?)
+        one(self.call(&cmd).await?)
     }
 
     /// One pipelined round trip of `SET ... NX PX ... GET`, one per key;
     /// then, for the keys whose record may be replaced or is a hash only,
-    /// one more of the scripts that do it.
+    /// one more of the functions that do it.
     async fn claim_batch(
         &self,
         spec: &'static HandlerSpec,
@@ -1078,7 +1111,7 @@ impl LeaseStore for RedisStore {
         }
     }
 
-    /// One pipelined round trip of completion scripts.
+    /// One pipelined round trip of completion functions.
     async fn complete_batch(
         &self,
         spec: &'static HandlerSpec,
@@ -1091,7 +1124,7 @@ impl LeaseStore for RedisStore {
         self.send_all(&cmds).await?.into_iter().map(one).collect()
     }
 
-    /// One pipelined round trip of release scripts.
+    /// One pipelined round trip of release functions.
     async fn release_batch(
         &self,
         spec: &'static HandlerSpec,
@@ -1107,7 +1140,7 @@ impl LeaseStore for RedisStore {
         Ok(())
     }
 
-    /// One pipelined round trip of extension scripts.
+    /// One pipelined round trip of extension functions.
     async fn extend_batch(
         &self,
         spec: &'static HandlerSpec,
@@ -1194,7 +1227,7 @@ impl Inspect for RedisStore {
         let mut cmd = self.scripts.forget.on(&self.redis_key_of(handler, key));
         cmd.arg(if force { "1" } else { "0" })
             .arg(self.clock.now_millis());
-        let done = answered(self.call(&self.scripts.forget, &cmd).await?)?;
+        let done = answered(self.call(&cmd).await?)?;
         Ok(match done {
             Value::Int(1) => Forgot::Deleted(record),
             Value::Int(2) => Forgot::Refused(self.read(handler, key).await?.unwrap_or(record)),

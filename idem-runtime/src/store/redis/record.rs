@@ -17,8 +17,6 @@
 //! tail as it is, and the outcome: the Lua scripts (`scripts.rs`) do it
 //! with one `string.match` of the head.
 
-use std::fmt::Write as _;
-
 use crate::error::StoreError;
 use crate::store::{Record, Status};
 
@@ -45,6 +43,43 @@ fn status_of(letter: &[u8]) -> Option<Status> {
     }
 }
 
+/// Appends `n` in decimal (no formatting machinery: this runs for every
+/// record and key written).
+pub(crate) fn push_int(out: &mut String, n: i64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut rest = n.unsigned_abs();
+    loop {
+        at -= 1;
+        // `rest % 10` is below 10.
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    if n < 0 {
+        out.push('-');
+    }
+    for d in &digits[at..] {
+        out.push(char::from(*d));
+    }
+}
+
+/// Appends `n` as 16 lowercase hex digits.
+pub(crate) fn push_hex(out: &mut String, n: u64) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for shift in (0..16).rev() {
+        // A nibble indexes the 16 digits.
+        out.push(char::from(HEX[((n >> (shift * 4)) & 0xf) as usize]));
+    }
+}
+
+/// A length as the format writes it.
+fn push_len(out: &mut String, n: usize) {
+    push_int(out, i64::try_from(n).unwrap_or(i64::MAX));
+}
+
 /// The parts of a record as the string format holds them.
 pub(crate) struct Parts<'a> {
     pub(crate) status: Status,
@@ -69,23 +104,28 @@ impl Parts<'_> {
                 + self.last_error.map_or(0, str::len)
                 + self.outcome.len(),
         );
-        // Writing to a String cannot fail.
-        let _ = write!(out, "{TAG}{}|{}|", status_letter(self.status), self.updated);
+        out.push_str(TAG);
+        out.push(status_letter(self.status));
+        out.push('|');
+        push_int(&mut out, self.updated);
+        out.push('|');
         if let Some(end) = self.lease_end {
-            let _ = write!(out, "{end}");
+            push_int(&mut out, end);
         }
-        let _ = write!(
-            out,
-            "|{}|{}{}|{}|{}|{}|",
-            self.token.len(),
-            self.token,
-            self.created,
-            self.attempts,
-            self.failures,
-            self.fingerprint.len()
-        );
+        out.push('|');
+        push_len(&mut out, self.token.len());
+        out.push('|');
+        out.push_str(self.token);
+        push_int(&mut out, self.created);
+        out.push('|');
+        push_int(&mut out, self.attempts);
+        out.push('|');
+        push_int(&mut out, self.failures);
+        out.push('|');
+        push_len(&mut out, self.fingerprint.len());
+        out.push('|');
         if let Some(error) = self.last_error {
-            let _ = write!(out, "{}", error.len());
+            push_len(&mut out, error.len());
         }
         out.push('|');
         out.push_str(self.fingerprint);
@@ -290,6 +330,18 @@ mod tests {
         empty.last_error = Some(String::new());
         let back = decode("h", "3:k-1", Parts::of(&empty).encode().as_bytes(), 5).unwrap();
         assert_eq!(back.last_error.as_deref(), Some(""));
+    }
+
+    #[test]
+    fn numbers_are_written_as_decimal_and_hex() {
+        for n in [0, 7, -7, 10, 1_700_000_000_000, i64::MAX, i64::MIN] {
+            let mut out = String::new();
+            push_int(&mut out, n);
+            assert_eq!(out, n.to_string());
+        }
+        let mut out = String::new();
+        push_hex(&mut out, 0x00ab_cdef_0123_4567);
+        assert_eq!(out, "00abcdef01234567");
     }
 
     #[test]

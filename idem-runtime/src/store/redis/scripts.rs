@@ -1,37 +1,43 @@
-//! The Lua scripts of the Redis store. Each runs on one key (`KEYS[1]`),
-//! so it runs on Redis Cluster too.
+//! The Lua code of the Redis store: the bodies of the functions of its
+//! library (`FUNCTION LOAD`, called with `FCALL`; `mod.rs` puts the
+//! library together, each body in a function of `KEYS` and `ARGV`). Each
+//! runs on one key (`KEYS[1]`), so it runs on Redis Cluster too. A
+//! function costs the server less than an `EVALSHA` of the same script
+//! (it is found by name, not by its SHA), and the library's shared code
+//! runs once, when the library loads, not at each call.
 //!
-//! A claim is no script at all on the common path: `SET key value NX PX
+//! A claim is no function at all on the common path: `SET key value NX PX
 //! ms GET` takes an absent key, or answers the record that stands, from
 //! which the process decides ([`ClaimPlan`](crate::store::ClaimPlan)).
-//! The scripts here are what must read and write in one step: a claim
-//! that replaces a record ([`SWAP`], only if the record is still the one
-//! the claim read), and the completion, failure, release, extension and
+//! The functions are what must read and write in one step: a claim that
+//! replaces a record ([`SWAP`], only if the record is still the one the
+//! claim read), and the completion, failure, release, extension and
 //! deletion of a claim, which check its fencing token first.
 //!
 //! [`PRELUDE`] reads a record in either format (this release's string, or
 //! an earlier release's hash, see `record.rs`) into one Lua table, and
-//! writes the string format back; every script that checks a token starts
-//! with it, so a claim of an earlier release is completed, failed,
-//! released or extended like any other. [`HASH_CLAIM`] is the claim of a
-//! key that still holds a hash: the previous release's claim script,
-//! whose rules it keeps, writing this release's format when it claims.
+//! writes the string format back; every function that checks a token uses
+//! it, so a claim of an earlier release is completed, failed, released or
+//! extended like any other. [`HASH_CLAIM`] is the claim of a key that still
+//! holds a hash: the previous release's claim script, whose rules it keeps,
+//! writing this release's format when it claims.
 
-/// `parse(v)`, `load(key, now)` and `encode(r)`: a record as a table with
+/// The library's shared code, run once when it loads: `parse(v, key)`,
+/// `load(key, now)` and `encode(r)`, a record as a table with
 /// `s` (status letter), `t` (token, `''` when none), `c`/`u` (created and
 /// updated, as text), `l` (lease end, text or `nil`), `a`/`f` (attempts
 /// and failures, numbers), `e` (last error or `nil`), `p` (fingerprint,
 /// `''` when none) and `o` (outcome or `nil`).
 pub(crate) const PRELUDE: &str = r"
-local function parse(v)
+local function parse(v, k)
   local s, u, l, tl, at = string.match(v, '^2|(%a)|([^|]*)|([^|]*)|([^|]*)|()')
   tl = tonumber(tl)
-  if not tl then error('idem: the value of ' .. KEYS[1] .. ' is not a record') end
+  if not tl then error('idem: the value of ' .. k .. ' is not a record') end
   local t = string.sub(v, at, at + tl - 1)
   local c, a, f, pl, el, bt = string.match(v, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|()', at + tl)
   a, f, pl = tonumber(a), tonumber(f), tonumber(pl)
   if not (s and a and f and pl) then
-    error('idem: the value of ' .. KEYS[1] .. ' is not a record')
+    error('idem: the value of ' .. k .. ' is not a record')
   end
   local r = {s = s, u = u, t = t, c = c, a = a, f = f}
   if l ~= '' then r.l = l end
@@ -63,7 +69,7 @@ local function load(k, now)
     return r
   end
   if not v then return nil end
-  return parse(v)
+  return parse(v, k)
 end
 local function encode(r)
   local e = r.e
@@ -91,12 +97,24 @@ return {1}
 /// is recorded all the same, as the SQL stores do: the body's effect
 /// happened. Failures and the last error stay: a success resets nothing.
 ///
-/// The common case, a string record, is read with one `string.match` of
-/// its head: a record that holds the token has no outcome yet, so the
-/// completed record is a new head, the old tail as it is, and the outcome
-/// (without [`PRELUDE`]'s tables, half the script's time); an absent key
-/// or a hash takes the general way.
+/// The function is [`COMPLETE_STRING`], then this.
 pub(crate) const COMPLETE: &str = r"
+local r = load(KEYS[1], ARGV[4])
+if r then
+  if r.t ~= ARGV[1] then return 0 end
+else
+  r = {c = ARGV[4], a = 1, f = 0, p = ''}
+end
+r.s, r.t, r.u, r.l, r.o = 'c', '', ARGV[4], nil, ARGV[2]
+redis.call('SET', KEYS[1], encode(r), 'PX', ARGV[3])
+return 1
+";
+
+/// The common case of [`COMPLETE`], a string record, read with one
+/// `string.match` of its head: a record that holds the token has no
+/// outcome yet, so the completed record is a new head, the old tail as it
+/// is, and the outcome. An absent key or a hash falls through.
+pub(crate) const COMPLETE_STRING: &str = r"
 local v = redis.pcall('GET', KEYS[1])
 if type(v) == 'string' then
   local tl, at = string.match(v, '^2|%a|[^|]*|[^|]*|(%d+)|()')
@@ -107,15 +125,6 @@ if type(v) == 'string' then
     'PX', ARGV[3])
   return 1
 end
-local r = load(KEYS[1], ARGV[4])
-if r then
-  if r.t ~= ARGV[1] then return 0 end
-else
-  r = {c = ARGV[4], a = 1, f = 0, p = ''}
-end
-r.s, r.t, r.u, r.l, r.o = 'c', '', ARGV[4], nil, ARGV[2]
-redis.call('SET', KEYS[1], encode(r), 'PX', ARGV[3])
-return 1
 ";
 
 /// Records a failure under the claim of token `ARGV[1]`: status letter
