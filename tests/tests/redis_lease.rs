@@ -563,10 +563,11 @@ impl Counts {
 }
 
 /// On a server of the test's own (no other client), a batch of 1,000
-/// claims is 1,000 `SET`s and no script, delivered in a handful of reads
-/// (one pipeline, not 1,000 round trips); its completion 1,000 script
+/// claims is 1,000 `SET`s and no function, delivered in a handful of reads
+/// (one pipeline, not 1,000 round trips); its completion 1,000 function
 /// calls, as few reads; a batch in which ten keys hold a failure to retry
-/// runs the replacing script for those ten only.
+/// runs the replacing function for those ten only. The first pipeline on
+/// a server without the store's library loads it once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_is_one_pipeline_and_scripts_run_only_where_a_record_stands() {
     use idem_runtime::registry::{HandlerSpec, Mode};
@@ -603,51 +604,53 @@ async fn a_batch_is_one_pipeline_and_scripts_run_only_where_a_record_stands() {
         })
         .collect();
 
-    // A server loads a script on its first call (`NOSCRIPT`, `SCRIPT
-    // LOAD`, the call again): warm the ones measured below up on a key of
-    // their own, a failure retried and completed.
-    let warm = Key::from_parts(&[&"warm-up"]).unwrap();
-    for _ in 0..2 {
-        let claims = store
-            .claim_batch(
-                &SPEC,
-                &[BatchItem {
-                    key: &warm,
-                    fingerprint: None,
-                }],
-            )
-            .await
-            .unwrap();
-        let Claim::Acquired { token } = &claims[0] else {
-            panic!("{claims:?}")
-        };
-        assert!(
-            store
-                .fail(&SPEC, &warm, token, Failure::Retry { error: "warm" })
-                .await
-                .unwrap()
-        );
-    }
-    let claims = store
-        .claim_batch(
-            &SPEC,
-            &[BatchItem {
-                key: &warm,
-                fingerprint: None,
-            }],
-        )
-        .await
-        .unwrap();
-    let Claim::Acquired { token } = &claims[0] else {
-        panic!("{claims:?}")
-    };
+    // The server has no library yet: the first pipeline that calls a
+    // function is answered `Function not found`, loads the library once,
+    // and sends those calls again.
+    let warm: Vec<Key> = ["warm-1", "warm-2"]
+        .iter()
+        .map(|id| Key::from_parts(&[id]).unwrap())
+        .collect();
+    let warm_items: Vec<BatchItem<'_>> = warm
+        .iter()
+        .map(|key| BatchItem {
+            key,
+            fingerprint: None,
+        })
+        .collect();
+    let before = Counts::of(&mut admin).await;
+    let claims = store.claim_batch(&SPEC, &warm_items).await.unwrap();
+    let held: Vec<(Held<'_>, &str)> = warm
+        .iter()
+        .zip(&claims)
+        .map(|(key, claim)| match claim {
+            Claim::Acquired { token } => (Held { key, token }, "0"),
+            other => panic!("a fresh key: {other:?}"),
+        })
+        .collect();
     assert_eq!(
-        store
-            .complete_batch(&SPEC, &[(Held { key: &warm, token }, "0")])
-            .await
-            .unwrap(),
-        [true]
+        store.complete_batch(&SPEC, &held).await.unwrap(),
+        [true, true]
     );
+    let after = Counts::of(&mut admin).await;
+    assert_eq!(after.since(&before, "function|load"), 1);
+    // A failure retried: its claim replaces the record (the swap).
+    let claims = store.claim_batch(&SPEC, &warm_items[..1]).await;
+    assert!(matches!(claims.unwrap()[0], Claim::Refused(_)));
+    let retried = Key::from_parts(&[&"warm-3"]).unwrap();
+    let Claim::Acquired { token } = store.claim(&SPEC, &retried, None).await.unwrap() else {
+        panic!("a fresh key")
+    };
+    let failure = Failure::Retry { error: "warm" };
+    assert!(store.fail(&SPEC, &retried, &token, failure).await.unwrap());
+    let item = [BatchItem {
+        key: &retried,
+        fingerprint: None,
+    }];
+    let Claim::Acquired { token } = &store.claim_batch(&SPEC, &item).await.unwrap()[0] else {
+        panic!("the failure may be retried")
+    };
+    assert!(store.complete(&SPEC, &retried, token, "0").await.unwrap());
 
     let before = Counts::of(&mut admin).await;
     let claims = store.claim_batch(&SPEC, &items).await.unwrap();
@@ -705,7 +708,7 @@ async fn a_batch_is_one_pipeline_and_scripts_run_only_where_a_record_stands() {
     let before = Counts::of(&mut admin).await;
     let again = store.claim_batch(&SPEC, &items).await.unwrap();
     let after = Counts::of(&mut admin).await;
-    // (A script's own commands count too: each swap writes with one `SET`.)
+    // (A function's own commands count too: each swap writes with one `SET`.)
     assert_eq!(
         (after.since(&before, "set"), after.since(&before, "fcall")),
         (KEYS + 10, 10)

@@ -115,7 +115,6 @@ struct Scripts {
     release: Lua,
     extend: Lua,
     forget: Lua,
-    read: Lua,
 }
 
 impl Scripts {
@@ -131,7 +130,6 @@ impl Scripts {
             ("release", scripts::RELEASE),
             ("extend", scripts::EXTEND),
             ("forget", scripts::FORGET),
-            ("read", scripts::READ),
         ];
         let mut body = String::from(scripts::PRELUDE);
         for (name, code) in functions {
@@ -158,7 +156,6 @@ impl Scripts {
             release: lua("release"),
             extend: lua("extend"),
             forget: lua("forget"),
-            read: lua("read"),
         }
     }
 }
@@ -437,11 +434,21 @@ impl RedisStore {
         self.read(handler, key.as_str()).await
     }
 
-    /// The record of the stored key `key` under `handler`, if any.
+    /// The record of the stored key `key` under `handler`, if any: read
+    /// with plain commands (no function to load), so a user allowed only
+    /// to read, or a replica, can be inspected.
     async fn read(&self, handler: &str, key: &str) -> Result<Option<Record>, StoreError> {
-        let cmd = self.scripts.read.on(&self.redis_key_of(handler, key));
-        let reply = self.call(&cmd).await?;
-        read_reply(handler, key, reply, self.clock.now_millis())
+        let rkey = self.redis_key_of(handler, key);
+        // A hash turned into a string between two commands reads again.
+        for _ in 0..3 {
+            let replies = self.send_all(&read_cmds(&rkey)).await?;
+            if let Some(record) = read_replies(handler, key, replies, self.clock.now_millis())? {
+                return Ok(record);
+            }
+        }
+        Err(StoreError::Schema(format!(
+            "{rkey} kept changing while it was read"
+        )))
     }
 
     /// Claims `key` (see [`Claiming`]): `SET ... NX PX ... GET`, then, when
@@ -466,33 +473,64 @@ impl RedisStore {
     }
 }
 
-/// The record a `READ` function replied, at `now`.
-fn read_reply(
+/// The commands that read a record in either format: `GET` (a string
+/// record), `HMGET` (a hash of an earlier release; the fields
+/// [`read_hash`] takes, in its order) and `PTTL`. The one that meets the
+/// other type answers `WRONGTYPE`.
+fn read_cmds(rkey: &str) -> [Cmd; 3] {
+    let mut get = redis::cmd("GET");
+    get.arg(rkey);
+    let mut hmget = redis::cmd("HMGET");
+    hmget
+        .arg(rkey)
+        .arg(&["s", "o", "c", "u", "l", "a", "f", "e", "p", "t"]);
+    let mut pttl = redis::cmd("PTTL");
+    pttl.arg(rkey);
+    [get, hmget, pttl]
+}
+
+/// The record the replies to [`read_cmds`] read at `now`: `Some(None)`
+/// for no record, `None` when the key changed type between the commands.
+fn read_replies(
     handler: &str,
     key: &str,
-    reply: exec::Reply,
+    replies: Vec<exec::Reply>,
     now: i64,
-) -> Result<Option<Record>, StoreError> {
-    let reply = reply.map_err(backend)?;
-    let Value::Array(parts) = &reply else {
-        return Err(reply_err("a read", &reply));
+) -> Result<Option<Option<Record>>, StoreError> {
+    let wrong_type = |r: &exec::Reply| matches!(r, Err(e) if e.code() == Some("WRONGTYPE"));
+    let [get, hmget, pttl]: [exec::Reply; 3] = replies
+        .try_into()
+        .map_err(|_| StoreError::Schema("a read lost a reply".into()))?;
+    let pttl = match pttl.map_err(backend)? {
+        Value::Int(ms) => ms,
+        other => return Err(reply_err("a read", &other)),
     };
-    let pttl = |v: &Value| match v {
-        Value::Int(ms) => Ok(*ms),
-        other => Err(reply_err("a read", other)),
-    };
-    match parts.as_slice() {
-        [Value::Int(0)] => Ok(None),
-        [Value::Int(1), Value::BulkString(value), ttl] => {
-            let expires = now.saturating_add(pttl(ttl)?.max(0));
-            record::decode(handler, key, value, expires).map(Some)
+    match (get, hmget) {
+        (Ok(Value::BulkString(value)), _) => {
+            let expires = now.saturating_add(pttl.max(0));
+            record::decode(handler, key, &value, expires).map(|r| Some(Some(r)))
         }
-        [Value::Int(2), fields, ttl] => {
+        (Ok(Value::Nil), Ok(fields)) => {
             let fields: Vec<Option<String>> =
-                redis::from_redis_value_ref(fields).map_err(StoreError::backend)?;
-            read_hash(handler, key, fields, pttl(ttl)?, now)
+                redis::from_redis_value(fields).map_err(StoreError::backend)?;
+            if fields.iter().all(Option::is_none) {
+                Ok(Some(None))
+            } else {
+                // Nil to GET, fields to HMGET: a hash that appeared between.
+                Ok(None)
+            }
         }
-        _ => Err(reply_err("a read", &reply)),
+        (get, Ok(fields)) if wrong_type(&get) => {
+            let fields: Vec<Option<String>> =
+                redis::from_redis_value(fields).map_err(StoreError::backend)?;
+            read_hash(handler, key, fields, pttl, now).map(Some)
+        }
+        // Nil to GET and a string to HMGET, or a type neither expected:
+        // it changed between the commands.
+        (Ok(Value::Nil), hmget) if wrong_type(&hmget) => Ok(None),
+        (get, hmget) if wrong_type(&get) && wrong_type(&hmget) => Ok(None),
+        (Ok(Value::Nil), Err(e)) | (Err(e), _) => Err(backend(e)),
+        (Ok(other), _) => Err(reply_err("a read", &other)),
     }
 }
 
@@ -906,12 +944,17 @@ impl RedisStore {
         for batch in found.chunks(SCAN_COUNT) {
             let cmds: Vec<Cmd> = batch
                 .iter()
-                .map(|(handler, key)| self.scripts.read.on(&self.redis_key_of(handler, key)))
+                .flat_map(|(handler, key)| read_cmds(&self.redis_key_of(handler, key)))
                 .collect();
-            let replies = self.send_all(&cmds).await?;
+            let mut replies = self.send_all(&cmds).await?.into_iter();
             let now = self.clock.now_millis();
-            for ((handler, key), reply) in batch.iter().zip(replies) {
-                records.extend(read_reply(handler, key, reply, now)?);
+            for (handler, key) in batch {
+                let three: Vec<exec::Reply> = replies.by_ref().take(3).collect();
+                match read_replies(handler, key, three, now)? {
+                    Some(record) => records.extend(record),
+                    // It changed type while the batch was read.
+                    None => records.extend(self.read(handler, key).await?),
+                }
             }
         }
         Ok(records)

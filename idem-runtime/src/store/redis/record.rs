@@ -242,9 +242,8 @@ pub(crate) fn decode(
 }
 
 /// A record of an earlier release, from its hash's fields `s`, `o`, `c`,
-/// `u`, `l`, `a`, `f`, `e`, `p`, `t` (in this order, as the `READ` script
-/// reads them) and
-/// the key's TTL, read at `now`: a hash of the first release has no `l`,
+/// `u`, `l`, `a`, `f`, `e`, `p`, `t` (in this order) and the key's TTL,
+/// read at `now`: a hash of the first release has no `l`,
 /// `a`, `f`, `e` or `p`, and reads as one attempt, no failure, no
 /// fingerprint, its lease ending with its TTL.
 pub(crate) fn read_hash(

@@ -177,19 +177,6 @@ redis.call('DEL', KEYS[1])
 return 1
 ";
 
-/// The record as it is stored, with the key's TTL: `{0}` none, `{1,
-/// value, pttl}` a string record, `{2, fields, pttl}` a hash (the fields
-/// `record::read_hash` reads, in its order).
-pub(crate) const READ: &str = r"
-local v = redis.pcall('GET', KEYS[1])
-if type(v) == 'table' then
-  return {2, redis.call('HMGET', KEYS[1], 's', 'o', 'c', 'u', 'l', 'a', 'f', 'e', 'p', 't'),
-    redis.call('PTTL', KEYS[1])}
-end
-if not v then return {0} end
-return {1, v, redis.call('PTTL', KEYS[1])}
-";
-
 /// The claim of a key that holds a hash of an earlier release: its rules
 /// are the previous release's claim script's, unchanged. Claims `KEYS[1]`
 /// with token `ARGV[1]` for a lease of `ARGV[2]` ms; `ARGV[3]` is now
