@@ -297,7 +297,7 @@ pub use store::postgres::{PgStore, PgTx};
 pub use store::redis::RedisStore;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql"))))]
-pub use store::sql::ClaimOrder;
+pub use store::sql::{ClaimOrder, RoundTrips};
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use store::sqlite::{SqliteStore, SqliteTx};

@@ -14,8 +14,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::stress::{self, Crash, Effect, StressFixture};
-use idem_runtime::{ClaimOrder, Key, MySqlStore, StoreError};
+use common::stress::{self, Crash, Effect, StressFixture, Way};
+use idem_runtime::{Key, MySqlStore, StoreError};
 use idem_tests::{DropMySqlTables, mysql_pool, mysql_url, unique_table};
 use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Executor as _, MySql, Transaction};
@@ -26,7 +26,7 @@ struct MySqlStress {
 }
 
 /// A store on `pool` over the dedup table `dedup`, claiming in `order`.
-fn store_for(pool: MySqlPool, dedup: &str, order: ClaimOrder) -> MySqlStore {
+fn store_for(pool: MySqlPool, dedup: &str, Way(order, _): Way) -> MySqlStore {
     MySqlStore::from_pool(pool)
         .with_table(dedup)
         .expect("valid table")
@@ -55,7 +55,7 @@ impl StressFixture for MySqlStress {
         DropMySqlTables::new(tables)
     }
 
-    fn store_on_admin(&self, dedup: &str, order: ClaimOrder) -> MySqlStore {
+    fn store_on_admin(&self, dedup: &str, order: Way) -> MySqlStore {
         store_for(self.admin.clone(), dedup, order)
     }
 
@@ -63,7 +63,7 @@ impl StressFixture for MySqlStress {
         store.migrate().await
     }
 
-    async fn consumer(dedup: &str, order: ClaimOrder) -> (MySqlStore, u64) {
+    async fn consumer(dedup: &str, order: Way) -> (MySqlStore, u64) {
         let pool = MySqlPoolOptions::new()
             .max_connections(1)
             .connect(&mysql_url())
@@ -76,14 +76,14 @@ impl StressFixture for MySqlStress {
         (store_for(pool, dedup, order), id)
     }
 
-    async fn connect(dedup: &str, order: ClaimOrder) -> Result<MySqlStore, StoreError> {
+    async fn connect(dedup: &str, order: Way) -> Result<MySqlStore, StoreError> {
         Ok(MySqlStore::connect(&mysql_url())
             .await?
             .with_table(dedup)?
-            .with_claim_order(order))
+            .with_claim_order(order.0))
     }
 
-    async fn lock_waiting(dedup: &str, order: ClaimOrder) -> Option<MySqlStore> {
+    async fn lock_waiting(dedup: &str, order: Way) -> Option<MySqlStore> {
         let pool = mysql_pool(2, 1).await?;
         Some(store_for(pool, dedup, order).with_lock_timeout(Self::LOCK_TIMEOUT))
     }
@@ -189,12 +189,12 @@ stress::handlers! {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn contention_claim_last_applies_each_message_once() {
-    stress::contention::<MySqlStress>(ClaimOrder::Last).await;
+    stress::contention::<MySqlStress>(Way::LAST).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn contention_claim_first_applies_each_message_once() {
-    stress::contention::<MySqlStress>(ClaimOrder::First).await;
+    stress::contention::<MySqlStress>(Way::FIRST).await;
 }
 
 /// The child side of the crash tests: run by the parent as a separate process
@@ -209,14 +209,14 @@ async fn crash_child() {
 /// holds the key: the redelivery waits and is told to come back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_inside_the_body_leaves_nothing_and_redelivery_runs_once() {
-    stress::crash::<MySqlStress>(Crash::InsideBody, ClaimOrder::Last).await;
-    stress::crash::<MySqlStress>(Crash::InsideBody, ClaimOrder::First).await;
+    stress::crash::<MySqlStress>(Crash::InsideBody, Way::LAST).await;
+    stress::crash::<MySqlStress>(Crash::InsideBody, Way::FIRST).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_after_commit_before_ack_makes_redelivery_a_duplicate() {
-    stress::crash::<MySqlStress>(Crash::AfterCommit, ClaimOrder::Last).await;
-    stress::crash::<MySqlStress>(Crash::AfterCommit, ClaimOrder::First).await;
+    stress::crash::<MySqlStress>(Crash::AfterCommit, Way::LAST).await;
+    stress::crash::<MySqlStress>(Crash::AfterCommit, Way::FIRST).await;
 }
 
 /// `KILL CONNECTION` on the consumer's connection while the body is parked

@@ -9,9 +9,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::stress::{self, Crash, Effect, Setup, StressFixture};
+use common::stress::{self, Crash, Effect, Setup, StressFixture, Way};
 use idem_runtime::clock::ManualClock;
-use idem_runtime::{ClaimOrder, Error, Key, Outcome, PgStore, PgTx, StoreError, idempotent};
+use idem_runtime::{Error, Key, Outcome, PgStore, PgTx, StoreError, idempotent};
 use idem_tests::{DropTables, or_skip, pg_pool, pg_url, unique_table};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
@@ -23,11 +23,12 @@ struct PgStress {
 }
 
 /// A store on `pool` over the dedup table `dedup`, claiming in `order`.
-fn store_for(pool: PgPool, dedup: &str, order: ClaimOrder) -> PgStore {
+fn store_for(pool: PgPool, dedup: &str, Way(order, trips): Way) -> PgStore {
     PgStore::from_pool(pool)
         .with_table(dedup)
         .expect("valid table")
         .with_claim_order(order)
+        .with_round_trips(trips)
 }
 
 impl StressFixture for PgStress {
@@ -51,7 +52,7 @@ impl StressFixture for PgStress {
         DropTables::new(tables)
     }
 
-    fn store_on_admin(&self, dedup: &str, order: ClaimOrder) -> PgStore {
+    fn store_on_admin(&self, dedup: &str, order: Way) -> PgStore {
         store_for(self.admin.clone(), dedup, order)
     }
 
@@ -59,7 +60,7 @@ impl StressFixture for PgStress {
         store.migrate().await
     }
 
-    async fn consumer(dedup: &str, order: ClaimOrder) -> (PgStore, i32) {
+    async fn consumer(dedup: &str, order: Way) -> (PgStore, i32) {
         let pool = PgPoolOptions::new()
             .max_connections(1)
             .connect(&pg_url())
@@ -72,14 +73,15 @@ impl StressFixture for PgStress {
         (store_for(pool, dedup, order), pid)
     }
 
-    async fn connect(dedup: &str, order: ClaimOrder) -> Result<PgStore, StoreError> {
+    async fn connect(dedup: &str, Way(order, trips): Way) -> Result<PgStore, StoreError> {
         Ok(PgStore::connect(&pg_url())
             .await?
             .with_table(dedup)?
-            .with_claim_order(order))
+            .with_claim_order(order)
+            .with_round_trips(trips))
     }
 
-    async fn lock_waiting(dedup: &str, order: ClaimOrder) -> Option<PgStore> {
+    async fn lock_waiting(dedup: &str, order: Way) -> Option<PgStore> {
         let pool = PgPoolOptions::new()
             .max_connections(2)
             .after_connect(|conn, _| {
@@ -198,12 +200,17 @@ stress::handlers! {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn contention_claim_last_applies_each_message_once() {
-    stress::contention::<PgStress>(ClaimOrder::Last).await;
+    stress::contention::<PgStress>(Way::LAST).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn contention_claim_last_merged_applies_each_message_once() {
+    stress::contention::<PgStress>(Way::LAST_MERGED).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn contention_claim_first_applies_each_message_once() {
-    stress::contention::<PgStress>(ClaimOrder::First).await;
+    stress::contention::<PgStress>(Way::FIRST).await;
 }
 
 /// The child side of the crash tests: run by the parent as a separate process
@@ -217,14 +224,16 @@ async fn crash_child() {
 /// Postgres rolls back whatever the killed consumer had not committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_inside_the_body_leaves_nothing_and_redelivery_runs_once() {
-    stress::crash::<PgStress>(Crash::InsideBody, ClaimOrder::Last).await;
-    stress::crash::<PgStress>(Crash::InsideBody, ClaimOrder::First).await;
+    stress::crash::<PgStress>(Crash::InsideBody, Way::LAST).await;
+    stress::crash::<PgStress>(Crash::InsideBody, Way::FIRST).await;
+    stress::crash::<PgStress>(Crash::InsideBody, Way::LAST_MERGED).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_after_commit_before_ack_makes_redelivery_a_duplicate() {
-    stress::crash::<PgStress>(Crash::AfterCommit, ClaimOrder::Last).await;
-    stress::crash::<PgStress>(Crash::AfterCommit, ClaimOrder::First).await;
+    stress::crash::<PgStress>(Crash::AfterCommit, Way::LAST).await;
+    stress::crash::<PgStress>(Crash::AfterCommit, Way::FIRST).await;
+    stress::crash::<PgStress>(Crash::AfterCommit, Way::LAST_MERGED).await;
 }
 
 /// `pg_terminate_backend` on the consumer's connection while the body is
@@ -265,7 +274,7 @@ async fn steady_stream_keeps_the_table_the_size_of_the_window() {
     let _cleanup = DropTables::new(&[&dedup]);
     let clock = ManualClock::starting_now();
     let store = fx
-        .store_on_admin(&dedup, ClaimOrder::Last)
+        .store_on_admin(&dedup, Way::LAST)
         .with_clock(clock.clone());
     store.migrate().await.expect("migrate");
     // 100 messages a simulated second for 60 s; the window is 10 s, so the
@@ -351,7 +360,7 @@ enum TakeError {
 /// consumer would retry a processed message forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_whose_body_fails_gets_the_recorded_outcome() {
-    for order in [ClaimOrder::Last, ClaimOrder::First] {
+    for order in [Way::LAST, Way::FIRST, Way::LAST_MERGED] {
         let Setup {
             fx,
             table,

@@ -1,23 +1,42 @@
 //! Transaction mode on PostgreSQL: the transaction suite (`common/tx.rs`)
-//! against the server of `DATABASE_URL`, once for each `ClaimOrder`. The
-//! business tables live in Postgres and the bodies write them through the
-//! handler's transaction; each test has its own tables and drops them.
+//! against the server of `DATABASE_URL`, once for each `ClaimOrder` and
+//! each way of sending the dedup row (`RoundTrips`). The business tables
+//! live in Postgres and the bodies write them through the handler's
+//! transaction; each test has its own tables and drops them.
 
 mod common;
 
 use common::tx::StoreKind;
-use idem_runtime::ClaimOrder;
+use idem_runtime::{ClaimOrder, RoundTrips};
 
-/// `ClaimOrder::Last` (the default): the dedup row is inserted with the
-/// outcome after the body; a duplicate's body runs and is rolled back.
+/// `ClaimOrder::Last`: the dedup row is inserted with the outcome after the
+/// body, as a statement of its own; a duplicate's body runs and is rolled
+/// back.
 mod claim_last {
-    use super::{ClaimOrder, StoreKind};
-    crate::common::tx::suite!(crate::common::PgDb, StoreKind::Pg(ClaimOrder::Last));
+    use super::{ClaimOrder, RoundTrips, StoreKind};
+    crate::common::tx::suite!(
+        crate::common::PgDb,
+        StoreKind::Pg(ClaimOrder::Last, RoundTrips::Separate)
+    );
+}
+
+/// `ClaimOrder::Last` with `RoundTrips::Merged`: the dedup row and outcome
+/// travel in the `COMMIT`'s message, which stops before the `COMMIT` when
+/// the row is taken.
+mod claim_last_merged {
+    use super::{ClaimOrder, RoundTrips, StoreKind};
+    crate::common::tx::suite!(
+        crate::common::PgDb,
+        StoreKind::Pg(ClaimOrder::Last, RoundTrips::Merged)
+    );
 }
 
 /// `ClaimOrder::First`: the claim is inserted before the body; a duplicate
 /// is turned away before its body runs.
 mod claim_first {
-    use super::{ClaimOrder, StoreKind};
-    crate::common::tx::suite!(crate::common::PgDb, StoreKind::Pg(ClaimOrder::First));
+    use super::{ClaimOrder, RoundTrips, StoreKind};
+    crate::common::tx::suite!(
+        crate::common::PgDb,
+        StoreKind::Pg(ClaimOrder::First, RoundTrips::Separate)
+    );
 }

@@ -23,8 +23,10 @@ use sqlx::{AssertSqlSafe, Postgres, Transaction};
 use crate::error::StoreError;
 use crate::registry;
 pub use crate::store::sql::ClaimOrder;
+pub use crate::store::sql::RoundTrips;
 use crate::store::sql::{
-    COLUMNS, Dialect, Fault, NewRow, Placeholders, SqlStore, insert_or_take_over, reach,
+    COLUMNS, Dialect, Fault, Literals, NewRow, Placeholders, SqlStore, WithCommit,
+    insert_or_take_over, reach,
 };
 
 /// The transaction a transaction-mode Postgres handler receives:
@@ -146,6 +148,28 @@ impl Dialect for Postgres {
     const LATEST_READ: &'static str = "";
     const BATCH_ROWS: &'static str =
         "json_to_recordset(:rows::json) AS r(k text, f text, o text, t text)";
+    // A data-modifying CTE runs once whatever reads it. When it took no
+    // row, the select casts a text that is no number, at run time (it
+    // reads the CTE, so there is nothing to fold beforehand): the error
+    // (invalid_text_representation) says in the server's log what happened.
+    const WITH_COMMIT: Option<WithCommit> = Some(WithCommit {
+        fail_unless_taken: |insert| {
+            format!(
+                "WITH taken AS ({insert} RETURNING 1)
+                 SELECT CAST('idem found a record of this key standing, nothing is committed ('
+                             || (SELECT count(*) FROM taken) || ' taken)' AS bigint)
+                 WHERE NOT EXISTS (SELECT 1 FROM taken)"
+            )
+        },
+        literals: Literals {
+            // Hex digits in a plain literal: nothing to escape, whatever
+            // `standard_conforming_strings` says.
+            text: |hex| format!("convert_from(decode('{hex}', 'hex'), 'UTF8')"),
+            null_text: "NULL::text",
+            integer: |n| format!("({n})::bigint"),
+            null_integer: "NULL::bigint",
+        },
+    });
     const ADDED_COLUMNS: &'static [(&'static str, &'static str)] = &[
         ("failures", "BIGINT NOT NULL DEFAULT 0"),
         ("last_error", "TEXT"),
@@ -251,6 +275,10 @@ impl Dialect for Postgres {
             // undefined_table: `relation "idem_keys" does not exist`
             // undefined_column
             Some("42703") => Fault::MissingColumn,
+            // invalid_text_representation: only the store's own statements
+            // reach `fault`, and only the claim sent with the COMMIT casts
+            // a text (see WITH_COMMIT).
+            Some("22P02") => Fault::NotTaken,
             Some("42P01") => Fault::MissingTable(
                 db.message()
                     .split('"')
@@ -388,6 +416,27 @@ impl SqlStore<Postgres> {
     /// ```
     pub fn with_claim_order(self, order: ClaimOrder) -> Self {
         self.set_claim_order(order)
+    }
+
+    /// How transaction-mode handlers send their dedup row: in the
+    /// `COMMIT`'s message, or as a statement of its own (see
+    /// [`RoundTrips`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://postgres@127.0.0.1/test")?;
+    /// use idem_runtime::{PgStore, RoundTrips};
+    ///
+    /// // the database is across a network: save the dedup row's round trip
+    /// let store = PgStore::from_pool(pool).with_round_trips(RoundTrips::Merged);
+    /// assert_eq!(store.round_trips(), RoundTrips::Merged);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_round_trips(self, trips: RoundTrips) -> Self {
+        self.set_round_trips(trips)
     }
     /// Creates the dedup table and its expiry index if they do not exist.
     /// Safe to call from several processes at once: the creation runs under

@@ -4,7 +4,7 @@
 use std::str::FromStr;
 
 use idem_runtime::clock::ManualClock;
-use idem_runtime::{ClaimOrder, PgStore};
+use idem_runtime::{ClaimOrder, PgStore, RoundTrips};
 use idem_tests::{DropTables, pg_pool, pg_url, unique_table};
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -33,7 +33,7 @@ impl PgDb {
     /// The suites' constructor: `None` (after saying why) when the server is
     /// unreachable, which `IDEM_REQUIRE_SERVICES=1` turns into a failure.
     async fn open_with(kind: StoreKind, how: Open) -> Option<PgDb> {
-        let StoreKind::Pg(order) = kind else {
+        let StoreKind::Pg(order, trips) = kind else {
             panic!("a PostgreSQL fixture needs a PostgreSQL kind, not {kind:?}")
         };
         let pool = pg_pool(POOL).await?;
@@ -55,7 +55,8 @@ impl PgDb {
         let mut store = PgStore::from_pool(pool)
             .with_table(&dedup)
             .expect("valid table name")
-            .with_claim_order(order);
+            .with_claim_order(order)
+            .with_round_trips(trips);
         let mut manual = None;
         match how {
             Open::Clock(clock) => {
@@ -92,11 +93,12 @@ impl PgDb {
             .with_table(self.store.table())
             .expect("valid table name")
             .with_claim_order(self.order())
+            .with_round_trips(self.store.round_trips())
     }
 
     fn order(&self) -> ClaimOrder {
         match self.kind {
-            StoreKind::Pg(order) => order,
+            StoreKind::Pg(order, _) => order,
             other => unreachable!("a PostgreSQL fixture opened as {other:?}"),
         }
     }
@@ -116,7 +118,7 @@ sql_suites!(
     store: PgStore,
     conn: sqlx::PgConnection,
     // The claim order only concerns transaction mode.
-    lease_kind: StoreKind::Pg(ClaimOrder::Last),
+    lease_kind: StoreKind::Pg(ClaimOrder::Last, RoundTrips::Separate),
 );
 
 // One set for both claim orders: the order is the store's, not the handler's.

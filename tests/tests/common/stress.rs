@@ -23,7 +23,39 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idem_runtime::{ClaimOrder, Error, Key, Outcome, StoreError, TxStore};
+use idem_runtime::{ClaimOrder, Error, Key, Outcome, RoundTrips, StoreError, TxStore};
+
+/// How a consumer's transaction-mode handlers write their dedup row: the
+/// claim order, and how the row travels (a store that cannot merge it
+/// into the `COMMIT` sends it on its own whatever this says).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Way(pub(crate) ClaimOrder, pub(crate) RoundTrips);
+
+impl Way {
+    /// Claiming last, the row a statement of its own.
+    pub(crate) const LAST: Way = Way(ClaimOrder::Last, RoundTrips::Separate);
+    /// Claiming first.
+    pub(crate) const FIRST: Way = Way(ClaimOrder::First, RoundTrips::Separate);
+    /// Claiming last, the row in the `COMMIT`'s message.
+    pub(crate) const LAST_MERGED: Way = Way(ClaimOrder::Last, RoundTrips::Merged);
+
+    /// The name a crash test's child reads back.
+    fn name(self) -> &'static str {
+        match self {
+            Way::FIRST => "first",
+            Way::LAST_MERGED => "last_merged",
+            _ => "last",
+        }
+    }
+
+    fn named(name: &str) -> Way {
+        match name {
+            "first" => Way::FIRST,
+            "last_merged" => Way::LAST_MERGED,
+            _ => Way::LAST,
+        }
+    }
+}
 use idem_tests::{or_skip, unique_table};
 use serde::{Deserialize, Serialize};
 
@@ -55,23 +87,23 @@ pub(crate) trait StressFixture: Sized + Send + Sync + 'static {
     /// Drops `tables` when the returned value goes.
     fn drop_later(tables: &[&str]) -> Self::Cleanup;
     /// A store on the admin pool over `dedup`, claiming in `order`.
-    fn store_on_admin(&self, dedup: &str, order: ClaimOrder) -> Self::Store;
+    fn store_on_admin(&self, dedup: &str, order: Way) -> Self::Store;
     /// Creates the store's table.
     fn migrate(store: &Self::Store) -> impl Future<Output = Result<(), StoreError>> + Send;
     /// A consumer of its own: a store on a single connection over `dedup`,
     /// and the server's id of that connection.
     fn consumer(
         dedup: &str,
-        order: ClaimOrder,
+        order: Way,
     ) -> impl Future<Output = (Self::Store, Self::ConnId)> + Send;
     /// A store that makes its own pool from the URL, as a process would.
     fn connect(
         dedup: &str,
-        order: ClaimOrder,
+        order: Way,
     ) -> impl Future<Output = Result<Self::Store, StoreError>> + Send;
     /// A store whose claims wait on a row lock at most
     /// [`LOCK_TIMEOUT`](Self::LOCK_TIMEOUT), and know it.
-    async fn lock_waiting(dedup: &str, order: ClaimOrder) -> Option<Self::Store>;
+    async fn lock_waiting(dedup: &str, order: Way) -> Option<Self::Store>;
     /// Kills the connection `id` from the admin pool.
     async fn kill(&self, id: Self::ConnId);
     /// Whether a store refuses `table` as its table's name.
@@ -265,7 +297,7 @@ pub(crate) struct Setup<F: StressFixture> {
 }
 
 /// The usual start of a test, or `None` (skip) without a server.
-pub(crate) async fn setup<F: StressFixture>(name: &str, order: ClaimOrder) -> Option<Setup<F>> {
+pub(crate) async fn setup<F: StressFixture>(name: &str, order: Way) -> Option<Setup<F>> {
     let fx = F::admin().await?;
     let dedup = unique_table(&format!("{}_{name}", F::PREFIX));
     let table = fx.business_table().await;
@@ -286,7 +318,7 @@ pub(crate) async fn setup<F: StressFixture>(name: &str, order: ClaimOrder) -> Op
 
 /// 16 consumers on their own connections deliver the same 1,000 messages,
 /// each 3 to 5 times, at the same moment.
-pub(crate) async fn contention<F: StressHandlers>(order: ClaimOrder) {
+pub(crate) async fn contention<F: StressHandlers>(order: Way) {
     let Setup {
         fx,
         dedup,
@@ -374,10 +406,7 @@ pub(crate) async fn crash_child<F: StressHandlers>() {
     };
     let dedup = std::env::var("IDEM_CRASH_DEDUP").expect("dedup table");
     let table = std::env::var("IDEM_CRASH_TABLE").expect("business table");
-    let order = match std::env::var("IDEM_CRASH_ORDER").as_deref() {
-        Ok("first") => ClaimOrder::First,
-        _ => ClaimOrder::Last,
-    };
+    let order = Way::named(&std::env::var("IDEM_CRASH_ORDER").unwrap_or_default());
     let store = F::connect(&dedup, order).await.expect("child connects");
     let msg = Effect {
         park: if mode == "inside_body" {
@@ -396,7 +425,7 @@ pub(crate) async fn crash_child<F: StressHandlers>() {
 
 /// Runs `crash_child` in a new process, waits until it prints READY (parked
 /// where `mode` says), and kills it with SIGKILL.
-fn run_and_kill(mode: &str, dedup: &str, table: &str, order: ClaimOrder) {
+fn run_and_kill(mode: &str, dedup: &str, table: &str, order: Way) {
     let exe = std::env::current_exe().expect("test binary");
     let mut child = Command::new(exe)
         .args([
@@ -409,14 +438,7 @@ fn run_and_kill(mode: &str, dedup: &str, table: &str, order: ClaimOrder) {
         .env("IDEM_CRASH_MODE", mode)
         .env("IDEM_CRASH_DEDUP", dedup)
         .env("IDEM_CRASH_TABLE", table)
-        .env(
-            "IDEM_CRASH_ORDER",
-            if order == ClaimOrder::First {
-                "first"
-            } else {
-                "last"
-            },
-        )
+        .env("IDEM_CRASH_ORDER", order.name())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -449,7 +471,7 @@ pub(crate) enum Crash {
 /// A consumer process is SIGKILLed where `crash` says; the redelivery runs
 /// the body again if nothing committed, or is a duplicate if it did, and the
 /// effect stands exactly once.
-pub(crate) async fn crash<F: StressHandlers>(crash: Crash, order: ClaimOrder) {
+pub(crate) async fn crash<F: StressHandlers>(crash: Crash, order: Way) {
     let Setup {
         fx,
         dedup,
@@ -514,10 +536,12 @@ pub(crate) async fn crash<F: StressHandlers>(crash: Crash, order: ClaimOrder) {
 /// stays.
 pub(crate) async fn killed_connection<F: StressHandlers>() {
     for (order, read_after_release) in [
-        (ClaimOrder::Last, false),
-        (ClaimOrder::First, false),
-        (ClaimOrder::Last, true),
-        (ClaimOrder::First, true),
+        (Way::LAST, false),
+        (Way::FIRST, false),
+        (Way::LAST_MERGED, false),
+        (Way::LAST, true),
+        (Way::FIRST, true),
+        (Way::LAST_MERGED, true),
     ] {
         let Setup {
             fx,
@@ -559,7 +583,7 @@ pub(crate) async fn killed_connection<F: StressHandlers>() {
 /// the lock timeout with `InProgress`, and leaves no effect; once the other
 /// transaction is gone the delivery runs.
 pub(crate) async fn claim_waiting_past_the_lock_timeout<F: StressHandlers>() {
-    for order in [ClaimOrder::Last, ClaimOrder::First] {
+    for order in [Way::LAST, Way::FIRST, Way::LAST_MERGED] {
         let Setup {
             fx,
             dedup,
@@ -626,7 +650,7 @@ pub(crate) async fn migrate_from_many_connections_at_once<F: StressHandlers>() {
     for _ in 0..8 {
         let dedup = dedup.clone();
         tasks.push(tokio::spawn(async move {
-            let store = F::connect(&dedup, ClaimOrder::Last).await?;
+            let store = F::connect(&dedup, Way::LAST).await?;
             F::migrate(&store).await
         }));
     }
@@ -650,7 +674,7 @@ pub(crate) async fn migrate_from_many_connections_at_once<F: StressHandlers>() {
             "expires_at"
         ]
     );
-    let store = fx.store_on_admin(&dedup, ClaimOrder::Last);
+    let store = fx.store_on_admin(&dedup, Way::LAST);
     assert!(
         F::apply_effect(&store, &Effect::new(&table, 1))
             .await

@@ -24,7 +24,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::clock::ManualClock;
-use idem_runtime::{ClaimOrder, Error, Key, Outcome, Record, Status, StoreError, TxStore};
+use idem_runtime::{
+    ClaimOrder, Error, Key, Outcome, Record, RoundTrips, Status, StoreError, TxStore,
+};
 use idem_tests::or_skip;
 
 use super::ops::{OpsError, Reserve, Settled};
@@ -55,7 +57,8 @@ pub(crate) use super::tx_ops::{
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum StoreKind {
     Sqlite,
-    Pg(ClaimOrder),
+    /// PostgreSQL, claiming in this order, sending the dedup row so.
+    Pg(ClaimOrder, RoundTrips),
     MySql(ClaimOrder),
 }
 
@@ -68,7 +71,7 @@ impl StoreKind {
     pub(crate) fn duplicate_runs_body(self) -> bool {
         matches!(
             self,
-            StoreKind::Pg(ClaimOrder::Last) | StoreKind::MySql(ClaimOrder::Last)
+            StoreKind::Pg(ClaimOrder::Last, _) | StoreKind::MySql(ClaimOrder::Last)
         )
     }
 
@@ -81,7 +84,7 @@ impl StoreKind {
                 let secs = wanted.as_secs() + u64::from(wanted.subsec_nanos() > 0);
                 Duration::from_secs(secs.max(1))
             }
-            StoreKind::Sqlite | StoreKind::Pg(_) => wanted,
+            StoreKind::Sqlite | StoreKind::Pg(..) => wanted,
         }
     }
 
@@ -99,10 +102,10 @@ impl StoreKind {
     pub(crate) fn waited(self) -> Waited {
         match self {
             StoreKind::Sqlite => Waited::StoreTimeout,
-            StoreKind::Pg(ClaimOrder::First) | StoreKind::MySql(ClaimOrder::First) => {
+            StoreKind::Pg(ClaimOrder::First, _) | StoreKind::MySql(ClaimOrder::First) => {
                 Waited::InProgress
             }
-            StoreKind::Pg(ClaimOrder::Last) | StoreKind::MySql(ClaimOrder::Last) => {
+            StoreKind::Pg(ClaimOrder::Last, _) | StoreKind::MySql(ClaimOrder::Last) => {
                 Waited::BodyLockTimeout
             }
         }
@@ -114,7 +117,7 @@ impl StoreKind {
     /// SQLSTATE, HY000, says nothing of its own).
     pub(crate) fn is_lock_timeout(self, e: &dyn sqlx::error::DatabaseError) -> bool {
         match self {
-            StoreKind::Pg(_) => e.code().as_deref() == Some("55P03"),
+            StoreKind::Pg(..) => e.code().as_deref() == Some("55P03"),
             StoreKind::MySql(_) => e
                 .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
                 .is_some_and(|e| e.number() == 1205),

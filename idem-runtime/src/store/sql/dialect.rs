@@ -8,7 +8,7 @@
 //! [`super::SqlStore`].
 
 use super::exec::Exec;
-use super::statement::{NewRow, Placeholders};
+use super::statement::{Literals, NewRow, Placeholders};
 
 /// The SQL databases a [`SqlStore`](super::SqlStore) runs on: implemented
 /// for sqlx's [`Sqlite`](sqlx::Sqlite), [`Postgres`](sqlx::Postgres) and
@@ -48,6 +48,12 @@ pub trait Dialect: Exec {
     /// `REPEATABLE READ` would otherwise answer from the snapshot of the
     /// body's first read (claiming last), older than the row that beat it.
     const LATEST_READ: &'static str;
+
+    /// How a claim-last dedup row travels in the `COMMIT`'s message, when
+    /// the store sends it so ([`RoundTrips::Merged`](super::RoundTrips)):
+    /// `None` where the database cannot make a statement of that message
+    /// fail when it takes no key, so that the `COMMIT` after it never runs.
+    const WITH_COMMIT: Option<WithCommit> = None;
 
     /// The columns this release added to the table of the first release,
     /// with their types: `migrate` adds those a table lacks.
@@ -116,6 +122,18 @@ pub trait Dialect: Exec {
     fn rows_affected(done: &Self::QueryResult) -> u64;
 }
 
+/// What a dialect needs to send a claim-last dedup row in the message of
+/// the `COMMIT`: see [`Dialect::WITH_COMMIT`].
+#[derive(Debug, Clone, Copy)]
+pub struct WithCommit {
+    /// Wraps the claim statement (an upsert that affects no row when a
+    /// record stands that it may not take) into one that fails, with an
+    /// error the dialect reads as [`Fault::NotTaken`], when it affects none.
+    pub fail_unless_taken: fn(&str) -> String,
+    /// How values are written into the message.
+    pub literals: Literals,
+}
+
 /// A database error, as the store acts on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fault {
@@ -132,6 +150,9 @@ pub enum Fault {
     MissingTable(String),
     /// A column is missing: a table of an earlier release, not migrated.
     MissingColumn,
+    /// A claim sent with the `COMMIT` took no key: a record stands
+    /// ([`WithCommit::fail_unless_taken`]); nothing after it ran.
+    NotTaken,
     /// Anything else.
     Other,
 }

@@ -49,6 +49,14 @@ pub trait Exec: Database {
         sql: &'static str,
     ) -> impl Future<Output = Result<Self::QueryResult, sqlx::Error>> + Send + 'a;
 
+    /// Runs `message`, one or more statements of this crate with their
+    /// values written in ([`Inline`](super::statement::Inline)), through
+    /// the text protocol in one round trip.
+    fn run_message<'a>(
+        conn: &'a mut Self::Connection,
+        message: sqlx::AssertSqlSafe<String>,
+    ) -> impl Future<Output = Result<Self::QueryResult, sqlx::Error>> + Send + 'a;
+
     /// The first column of every row `statement` returns, as text.
     fn texts<'a>(
         conn: &'a mut Self::Connection,
@@ -190,6 +198,13 @@ where
         sql: &'static str,
     ) -> impl Future<Output = Result<DB::QueryResult, sqlx::Error>> + Send + 'a {
         sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(conn)
+    }
+
+    fn run_message<'a>(
+        conn: &'a mut DB::Connection,
+        message: sqlx::AssertSqlSafe<String>,
+    ) -> impl Future<Output = Result<DB::QueryResult, sqlx::Error>> + Send + 'a {
+        sqlx::raw_sql(message).execute(conn)
     }
 
     async fn texts<'a>(

@@ -49,11 +49,11 @@ mod inspect;
 mod statement;
 
 pub use dialect::Dialect;
-pub(crate) use dialect::Fault;
+pub(crate) use dialect::{Fault, WithCommit};
 pub(crate) use statement::COLUMNS;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) use statement::insert_or_take_over;
-pub(crate) use statement::{NewRow, Placeholders};
+pub(crate) use statement::{Literals, NewRow, Placeholders};
 use statement::{Statement, Statements, Take, Values};
 #[cfg(feature = "mysql")]
 pub(crate) use statement::{claimable, inserted, take_over_assignments};
@@ -128,6 +128,42 @@ pub enum ClaimOrder {
     First,
 }
 
+/// How a transaction-mode handler's dedup row travels to the database
+/// (PostgreSQL; SQLite and MySQL always send it as its own statement).
+///
+/// In either way the invariant holds: the row, the body's writes and the
+/// outcome commit together or not at all.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://postgres@127.0.0.1/test")?;
+/// use idem_runtime::{PgStore, RoundTrips};
+///
+/// // the database sits on the same host: a round trip costs less than a statement
+/// let store = PgStore::from_pool(pool).with_round_trips(RoundTrips::Separate);
+/// assert_eq!(store.round_trips(), RoundTrips::Separate);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RoundTrips {
+    /// Claiming last, the dedup row and its outcome go in the message that
+    /// carries the `COMMIT`, as one unprepared statement with its values
+    /// written in (text as hex digits the database decodes): a fresh
+    /// message costs the round trips of its business transaction and no
+    /// more. The statement is parsed and planned each time, which costs
+    /// the database a little CPU. Handlers claiming first (and those with
+    /// `max_attempts`) send their statements on their own.
+    Merged,
+    /// The dedup row is a prepared statement of its own: one more round
+    /// trip per fresh message, the least CPU. For a database on the same
+    /// host, where a round trip costs less than parsing a statement.
+    #[default]
+    Separate,
+}
+
 /// A SQL store: the dedup table in a SQLite, PostgreSQL or MySQL/MariaDB
 /// database, through sqlx. Use it by its names [`SqliteStore`](crate::SqliteStore),
 /// [`PgStore`](crate::PgStore) and [`MySqlStore`](crate::MySqlStore); each
@@ -168,6 +204,7 @@ pub struct SqlStore<D: Dialect> {
     /// the store was told, or, on SQLite, what the connections report.
     lock_timeout_ms: Arc<AtomicU64>,
     order: ClaimOrder,
+    trips: RoundTrips,
 }
 
 impl<D: Dialect> Clone for SqlStore<D> {
@@ -178,6 +215,7 @@ impl<D: Dialect> Clone for SqlStore<D> {
             clock: Arc::clone(&self.clock),
             lock_timeout_ms: Arc::clone(&self.lock_timeout_ms),
             order: self.order,
+            trips: self.trips,
         }
     }
 }
@@ -200,6 +238,7 @@ impl<D: Dialect> SqlStore<D> {
             clock: Arc::new(SystemClock),
             lock_timeout_ms: Arc::new(AtomicU64::new(millis_u64(lock_timeout))),
             order,
+            trips: RoundTrips::default(),
         }
     }
 
@@ -459,6 +498,36 @@ impl<D: Dialect> SqlStore<D> {
     pub(crate) fn set_claim_order(mut self, order: ClaimOrder) -> Self {
         self.order = order;
         self
+    }
+
+    /// Sets how transaction-mode handlers send their dedup row.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn set_round_trips(mut self, trips: RoundTrips) -> Self {
+        self.trips = trips;
+        self
+    }
+
+    /// How transaction-mode handlers send their dedup row: what the store
+    /// was told, on a database that can merge it into the `COMMIT`
+    /// ([`RoundTrips::Separate`] on one that cannot).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// use idem_runtime::{RoundTrips, SqliteStore};
+    ///
+    /// let store = SqliteStore::open(dir.path().join("idem.db")).await?;
+    /// assert_eq!(store.round_trips(), RoundTrips::Separate);
+    /// # Ok(()) }
+    /// ```
+    pub fn round_trips(&self) -> RoundTrips {
+        match self.sql.claim_with_commit {
+            Some(_) => self.trips,
+            None => RoundTrips::Separate,
+        }
     }
 
     /// The values of a statement on `key` of `handler`, read at this store's
@@ -912,6 +981,49 @@ impl<D: Dialect> SqlStore<D> {
     }
 }
 
+impl<D: Dialect> SqlStore<D> {
+    /// Claims last with the outcome, commits and begins again, in one
+    /// message (`message`, [`RoundTrips::Merged`]). The `BEGIN` it ends with
+    /// leaves the connection where sqlx believes it is, inside `tx`'s
+    /// transaction: dropping `tx` queues its `ROLLBACK` of nothing, which
+    /// leaves with the ping the pool sends when the connection returns, in
+    /// the background. A claim that takes no key fails, the rest of the
+    /// message is skipped, and the call rolls back and answers with what
+    /// stands, as when claiming last on its own.
+    async fn commit_merged(
+        &self,
+        mut tx: Transaction<'static, D>,
+        message: &statement::Inline,
+        spec: &HandlerSpec,
+        values: &Values<'_>,
+    ) -> Result<TxCommit, StoreError> {
+        let Err(e) = D::run_message(&mut tx, message.text(values)).await else {
+            drop(tx);
+            return Ok(TxCommit::Committed);
+        };
+        // The message stopped at the statement that failed: nothing of
+        // the transaction committed (should the `COMMIT` itself have
+        // failed, the server rolled it back).
+        tx.rollback().await.map_err(|e| self.err(e))?;
+        let standing = match fault::<D>(&e) {
+            Fault::NotTaken => {
+                let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+                let record = D::fetch(&mut conn, &self.sql.select, values)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                self.standing(record, spec, values)
+            }
+            Fault::LockWait | Fault::Deadlock => None,
+            _ => return Err(self.err(e)),
+        };
+        Ok(TxCommit::Refused(standing.unwrap_or(
+            Standing::InProgress {
+                retry_after: self.lock_timeout(),
+            },
+        )))
+    }
+}
+
 impl<D: Dialect> TxStore for SqlStore<D> {
     type Tx = Transaction<'static, D>;
 
@@ -981,12 +1093,17 @@ impl<D: Dialect> TxStore for SqlStore<D> {
                     }
                 }
             }
-            // Claim-last found a live row: this delivery is a duplicate.
-            // Its body's writes roll back with the transaction.
-            ClaimOrder::Last => {
-                self.take(&mut tx, &self.sql.claim_with_outcome, spec, &values)
-                    .await
-            }
+            ClaimOrder::Last => match (&self.sql.claim_with_commit, self.trips) {
+                (Some(message), RoundTrips::Merged) => {
+                    return self.commit_merged(tx, message, spec, &values).await;
+                }
+                // Claim-last found a live row: this delivery is a duplicate.
+                // Its body's writes roll back with the transaction.
+                _ => {
+                    self.take(&mut tx, &self.sql.claim_with_outcome, spec, &values)
+                        .await
+                }
+            },
         };
         self.lost(tx, spec, &values, taken).await
     }

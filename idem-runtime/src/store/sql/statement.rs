@@ -123,25 +123,11 @@ impl Statement {
     /// [`Param`]). An unknown `:name` is a bug in this crate's SQL: it
     /// panics, so every test that builds a store finds it.
     pub(crate) fn new(style: Placeholders, template: &str) -> Statement {
+        let (pieces, tail) = split(template);
         let mut sql = String::with_capacity(template.len());
         let mut params: Vec<Param> = Vec::new();
-        let mut rest = template;
-        while let Some(at) = rest.find(':') {
-            sql.push_str(&rest[..at]);
-            let after = &rest[at + 1..];
-            // `::` is PostgreSQL's cast (`column_name::text`), not a parameter.
-            if let Some(cast) = after.strip_prefix(':') {
-                sql.push_str("::");
-                rest = cast;
-                continue;
-            }
-            let len = after
-                .find(|c: char| !c.is_ascii_lowercase())
-                .unwrap_or(after.len());
-            let name = &after[..len];
-            let Some(&(_, param)) = Param::ALL.iter().find(|(n, _)| *n == name) else {
-                panic!("unknown statement parameter `:{name}` in {template}");
-            };
+        for (text, param) in pieces {
+            sql.push_str(&text);
             match style {
                 Placeholders::Question => {
                     sql.push('?');
@@ -163,9 +149,8 @@ impl Statement {
                     sql.push_str(&n.to_string());
                 }
             }
-            rest = &after[len..];
         }
-        sql.push_str(rest);
+        sql.push_str(&tail);
         Statement {
             sql: sql.into(),
             params: params.into(),
@@ -182,6 +167,122 @@ impl Statement {
     pub(crate) fn params(&self) -> &[Param] {
         &self.params
     }
+}
+
+/// Splits `template` at its `:name` parameters: the text before each one
+/// with the parameter, and the text after the last. `::` is PostgreSQL's
+/// cast (`column_name::text`), not a parameter.
+fn split(template: &str) -> (Vec<(String, Param)>, String) {
+    let mut pieces = Vec::new();
+    let mut text = String::new();
+    let mut rest = template;
+    while let Some(at) = rest.find(':') {
+        text.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        if let Some(cast) = after.strip_prefix(':') {
+            text.push_str("::");
+            rest = cast;
+            continue;
+        }
+        let len = after
+            .find(|c: char| !c.is_ascii_lowercase())
+            .unwrap_or(after.len());
+        let name = &after[..len];
+        let Some(&(_, param)) = Param::ALL.iter().find(|(n, _)| *n == name) else {
+            panic!("unknown statement parameter `:{name}` in {template}");
+        };
+        pieces.push((std::mem::take(&mut text), param));
+        rest = &after[len..];
+    }
+    text.push_str(rest);
+    (pieces, text)
+}
+
+/// How a database writes values as literals, for the statements a store
+/// sends unprepared in one message with others (see [`Inline`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Literals {
+    /// Text, given as the lowercase hex digits of its UTF-8 bytes: an
+    /// expression of the database's that decodes them
+    /// (`convert_from(decode('6869', 'hex'), 'UTF8')` on PostgreSQL).
+    pub text: fn(&str) -> String,
+    /// A text `NULL`, typed where the database needs it.
+    pub null_text: &'static str,
+    /// An integer.
+    pub integer: fn(i64) -> String,
+    /// An integer `NULL`.
+    pub null_integer: &'static str,
+}
+
+/// A statement whose values are written into its text as literals, for a
+/// message of several statements sent through the text protocol in one
+/// round trip (which takes no bound parameters).
+///
+/// Nothing a user wrote reaches the text as SQL: every text value is
+/// written as the hex digits of its bytes, decoded by the database
+/// ([`Literals::text`]), and every number as the decimal digits of an
+/// `i64`. The rest is this crate's SQL and a validated table name.
+#[derive(Debug)]
+pub(crate) struct Inline {
+    pieces: Box<[(Box<str>, Param)]>,
+    tail: Box<str>,
+    literals: Literals,
+}
+
+impl Inline {
+    /// `template` (`:name` parameters, as for [`Statement::new`]) with its
+    /// values to be written by `literals`.
+    pub(crate) fn new(template: &str, literals: Literals) -> Inline {
+        let (pieces, tail) = split(template);
+        Inline {
+            pieces: pieces
+                .into_iter()
+                .map(|(text, param)| (text.into_boxed_str(), param))
+                .collect(),
+            tail: tail.into(),
+            literals,
+        }
+    }
+
+    /// The statement's text with `values` written in.
+    pub(crate) fn text(&self, values: &Values<'_>) -> AssertSqlSafe<String> {
+        let lit = &self.literals;
+        let text =
+            |v: Option<&str>| v.map_or_else(|| lit.null_text.to_owned(), |v| (lit.text)(&hex(v)));
+        let mut sql = String::with_capacity(self.tail.len() + 64 * self.pieces.len());
+        for (before, param) in &self.pieces {
+            sql.push_str(before);
+            sql.push_str(&match param {
+                Param::Handler => text(Some(values.handler)),
+                Param::Key => text(Some(values.key)),
+                Param::Token => text(values.token),
+                Param::Outcome => text(values.outcome),
+                Param::Fingerprint => text(values.fingerprint),
+                Param::Status => text(Some(values.status)),
+                Param::Error => text(values.error),
+                Param::Rows => text(Some(values.rows)),
+                Param::Now => (lit.integer)(values.now),
+                Param::Until => (lit.integer)(values.until),
+                Param::Batch => (lit.integer)(values.batch),
+                Param::Since => (lit.integer)(values.since),
+                Param::Max => values
+                    .max
+                    .map_or_else(|| lit.null_integer.to_owned(), lit.integer),
+            });
+        }
+        sql.push_str(&self.tail);
+        AssertSqlSafe(sql)
+    }
+}
+
+/// The lowercase hex digits of `text`'s UTF-8 bytes.
+fn hex(text: &str) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(text.len() * 2);
+    for byte in text.bytes() {
+        let _ = write!(out, "{byte:02x}");
+    }
+    out
 }
 
 /// What a claim writes into the row it takes: as SQL fragments of the
@@ -335,6 +436,11 @@ pub(crate) struct Statements {
     pub(crate) claim_with_outcome: Take,
     /// Takes an absent or expired key as `failed` ([`FAILED`]).
     pub(crate) claim_with_failure: Take,
+    /// As `claim_with_outcome`, then `COMMIT` and `BEGIN`, in one message
+    /// with its values written in; failing, and committing nothing, when
+    /// it takes no key. `None` where the dialect cannot
+    /// ([`Dialect::WITH_COMMIT`]).
+    pub(crate) claim_with_commit: Option<Inline>,
     /// The record of `:handler`, `:key`: the columns
     /// [`super::exec::Exec::fetch`] reads, in its order.
     pub(crate) select: Statement,
@@ -391,11 +497,16 @@ const SELECT: &str = "SELECT {record} FROM {t} WHERE handler = :handler AND {key
 /// (`key` is reserved in MySQL), `{record}` the columns of a record
 /// ([`RECORD`]), `:name` a parameter.
 pub(crate) fn render<D: Dialect>(table: &str, template: &str) -> Statement {
-    let text = template
+    Statement::new(D::PLACEHOLDERS, &expand::<D>(table, template))
+}
+
+/// `template` with its `{t}`, `{key}` and `{record}` written out (see
+/// [`render`]).
+fn expand<D: Dialect>(table: &str, template: &str) -> String {
+    template
         .replace("{record}", RECORD)
         .replace("{key}", D::KEY)
-        .replace("{t}", table);
-    Statement::new(D::PLACEHOLDERS, &text)
+        .replace("{t}", table)
 }
 
 impl Statements {
@@ -422,6 +533,11 @@ impl Statements {
             claim: take(CLAIMED),
             claim_with_outcome: take(COMPLETED),
             claim_with_failure: take(FAILED),
+            claim_with_commit: D::WITH_COMMIT.map(|with| {
+                let (insert, _) = D::take(COMPLETED);
+                let message = format!("{}; COMMIT; BEGIN", (with.fail_unless_taken)(&insert));
+                Inline::new(&expand::<D>(table, &message), with.literals)
+            }),
             select: render(SELECT),
             select_latest: render(&format!("{SELECT}{}", D::LATEST_READ)),
             complete_tx: render(
@@ -515,6 +631,33 @@ mod tests {
             "SELECT column_name::text FROM c WHERE k = $1 AND n = 1::bigint"
         );
         assert_eq!(pg.params(), [Param::Key]);
+    }
+
+    #[test]
+    fn inline_writes_text_as_hex_and_numbers_as_digits() {
+        use super::{Inline, Literals, Values};
+        let literals = Literals {
+            text: |hex| format!("decode('{hex}')"),
+            null_text: "NULL::text",
+            integer: |n| format!("({n})::bigint"),
+            null_integer: "NULL::bigint",
+        };
+        let inline = Inline::new(
+            "INSERT INTO t VALUES (:key, :outcome, :token, :now, :max, :key::text); COMMIT",
+            literals,
+        );
+        let values = Values {
+            key: "x'); DROP TABLE t; --",
+            outcome: Some("é"),
+            now: -7,
+            ..Values::default()
+        };
+        assert_eq!(
+            inline.text(&values).0,
+            "INSERT INTO t VALUES (decode('7827293b2044524f50205441424c4520743b202d2d'), \
+             decode('c3a9'), NULL::text, (-7)::bigint, NULL::bigint, \
+             decode('7827293b2044524f50205441424c4520743b202d2d')::text); COMMIT"
+        );
     }
 
     #[test]
