@@ -213,6 +213,11 @@ async fn contention_claim_first_applies_each_message_once() {
     stress::contention::<PgStress>(Way::FIRST).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn contention_claim_first_merged_applies_each_message_once() {
+    stress::contention::<PgStress>(Way::FIRST_MERGED).await;
+}
+
 /// The child side of the crash tests: run by the parent as a separate process
 /// of this test binary, killed with SIGKILL where it parks.
 #[tokio::test]
@@ -227,6 +232,7 @@ async fn sigkill_inside_the_body_leaves_nothing_and_redelivery_runs_once() {
     stress::crash::<PgStress>(Crash::InsideBody, Way::LAST).await;
     stress::crash::<PgStress>(Crash::InsideBody, Way::FIRST).await;
     stress::crash::<PgStress>(Crash::InsideBody, Way::LAST_MERGED).await;
+    stress::crash::<PgStress>(Crash::InsideBody, Way::FIRST_MERGED).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -234,6 +240,7 @@ async fn sigkill_after_commit_before_ack_makes_redelivery_a_duplicate() {
     stress::crash::<PgStress>(Crash::AfterCommit, Way::LAST).await;
     stress::crash::<PgStress>(Crash::AfterCommit, Way::FIRST).await;
     stress::crash::<PgStress>(Crash::AfterCommit, Way::LAST_MERGED).await;
+    stress::crash::<PgStress>(Crash::AfterCommit, Way::FIRST_MERGED).await;
 }
 
 /// `pg_terminate_backend` on the consumer's connection while the body is

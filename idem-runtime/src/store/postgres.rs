@@ -153,11 +153,11 @@ impl Dialect for Postgres {
     // reads the CTE, so there is nothing to fold beforehand): the error
     // (invalid_text_representation) says in the server's log what happened.
     const WITH_COMMIT: Option<WithCommit> = Some(WithCommit {
-        fail_unless_taken: |insert| {
+        fail_unless_written: |insert| {
             format!(
                 "WITH taken AS ({insert} RETURNING 1)
-                 SELECT CAST('idem found a record of this key standing, nothing is committed ('
-                             || (SELECT count(*) FROM taken) || ' taken)' AS bigint)
+                 SELECT CAST('idem wrote no dedup row, a record stands or the claim is gone, nothing is committed ('
+                             || (SELECT count(*) FROM taken) || ' rows)' AS bigint)
                  WHERE NOT EXISTS (SELECT 1 FROM taken)"
             )
         },

@@ -38,12 +38,15 @@ impl Way {
     pub(crate) const FIRST: Way = Way(ClaimOrder::First, RoundTrips::Separate);
     /// Claiming last, the row in the `COMMIT`'s message.
     pub(crate) const LAST_MERGED: Way = Way(ClaimOrder::Last, RoundTrips::Merged);
+    /// Claiming first, the outcome in the `COMMIT`'s message.
+    pub(crate) const FIRST_MERGED: Way = Way(ClaimOrder::First, RoundTrips::Merged);
 
     /// The name a crash test's child reads back.
     fn name(self) -> &'static str {
         match self {
             Way::FIRST => "first",
             Way::LAST_MERGED => "last_merged",
+            Way::FIRST_MERGED => "first_merged",
             _ => "last",
         }
     }
@@ -52,6 +55,7 @@ impl Way {
         match name {
             "first" => Way::FIRST,
             "last_merged" => Way::LAST_MERGED,
+            "first_merged" => Way::FIRST_MERGED,
             _ => Way::LAST,
         }
     }
@@ -539,6 +543,7 @@ pub(crate) async fn killed_connection<F: StressHandlers>() {
         (Way::LAST, false),
         (Way::FIRST, false),
         (Way::LAST_MERGED, false),
+        (Way::FIRST_MERGED, false),
         (Way::LAST, true),
         (Way::FIRST, true),
         (Way::LAST_MERGED, true),

@@ -126,10 +126,12 @@ pub trait Dialect: Exec {
 /// the `COMMIT`: see [`Dialect::WITH_COMMIT`].
 #[derive(Debug, Clone, Copy)]
 pub struct WithCommit {
-    /// Wraps the claim statement (an upsert that affects no row when a
-    /// record stands that it may not take) into one that fails, with an
-    /// error the dialect reads as [`Fault::NotTaken`], when it affects none.
-    pub fail_unless_taken: fn(&str) -> String,
+    /// Wraps a dedup statement (the claim-last upsert, which affects no row
+    /// when a record stands that it may not take, or the claim-first
+    /// completion, which affects none when the claim row is gone) into one
+    /// that fails, with an error the dialect reads as [`Fault::NotTaken`],
+    /// when it affects none.
+    pub fail_unless_written: fn(&str) -> String,
     /// How values are written into the message.
     pub literals: Literals,
 }
@@ -150,8 +152,9 @@ pub enum Fault {
     MissingTable(String),
     /// A column is missing: a table of an earlier release, not migrated.
     MissingColumn,
-    /// A claim sent with the `COMMIT` took no key: a record stands
-    /// ([`WithCommit::fail_unless_taken`]); nothing after it ran.
+    /// A dedup statement sent with the `COMMIT` wrote no row
+    /// ([`WithCommit::fail_unless_written`]): a record stands, or the claim
+    /// row is gone. Nothing after it in the message ran.
     NotTaken,
     /// Anything else.
     Other,

@@ -149,13 +149,15 @@ pub enum ClaimOrder {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RoundTrips {
-    /// Claiming last, the dedup row and its outcome go in the message that
+    /// The statement that records the outcome goes in the message that
     /// carries the `COMMIT`, as one unprepared statement with its values
-    /// written in (text as hex digits the database decodes): a fresh
-    /// message costs the round trips of its business transaction and no
-    /// more. The statement is parsed and planned each time, which costs
-    /// the database a little CPU. Handlers claiming first (and those with
-    /// `max_attempts`) send their statements on their own.
+    /// written in (text as hex digits the database decodes). Claiming last
+    /// (the default order), that statement is the dedup row itself: a
+    /// fresh message costs the round trips of its business transaction and
+    /// no more. Claiming first, the claim before the body remains a round
+    /// trip of its own; the outcome's `UPDATE` rides with the `COMMIT`. The
+    /// statement is parsed and planned each time, which costs the database
+    /// a little CPU.
     Merged,
     /// The dedup row is a prepared statement of its own: one more round
     /// trip per fresh message, the least CPU. For a database on the same
@@ -948,10 +950,7 @@ impl<D: Dialect> SqlStore<D> {
         if D::rows_affected(&done) == 1 {
             return Ok(());
         }
-        Err(sqlx::Error::Protocol(format!(
-            "the claim row of this transaction is gone before its commit (on {}): the database ended the transaction (a deadlock victim, an implicit commit) while the body ran; nothing was recorded",
-            self.sql.table
-        )))
+        Err(self.claim_row_gone())
     }
 
     /// Settles a claim-last (or claim-again) statement that lost: rolls the
@@ -982,29 +981,57 @@ impl<D: Dialect> SqlStore<D> {
 }
 
 impl<D: Dialect> SqlStore<D> {
-    /// Claims last with the outcome, commits and begins again, in one
-    /// message (`message`, [`RoundTrips::Merged`]). The `BEGIN` it ends with
-    /// leaves the connection where sqlx believes it is, inside `tx`'s
-    /// transaction: dropping `tx` queues its `ROLLBACK` of nothing, which
-    /// leaves with the ping the pool sends when the connection returns, in
-    /// the background. A claim that takes no key fails, the rest of the
-    /// message is skipped, and the call rolls back and answers with what
-    /// stands, as when claiming last on its own.
-    async fn commit_merged(
+    /// The message of `statement` (in [`RoundTrips::Merged`]) when the
+    /// store sends it so.
+    fn merged<'s>(
+        &self,
+        statement: &'s Option<statement::Inline>,
+    ) -> Option<&'s statement::Inline> {
+        statement
+            .as_ref()
+            .filter(|_| self.trips == RoundTrips::Merged)
+    }
+
+    /// Sends `message`: a dedup statement, `COMMIT` and `BEGIN`, in one
+    /// round trip. The `BEGIN` it ends with leaves the connection where
+    /// sqlx believes it is, inside `tx`'s transaction: dropping `tx` queues
+    /// its `ROLLBACK` of nothing, which leaves with the ping the pool sends
+    /// when the connection returns, in the background. When the dedup
+    /// statement writes no row it fails ([`Fault::NotTaken`]), the rest of
+    /// the message is skipped, and this rolls the transaction back and
+    /// returns the error: nothing committed (should the `COMMIT` itself
+    /// have failed, the server rolled back).
+    async fn send_with_commit(
         &self,
         mut tx: Transaction<'static, D>,
+        message: &statement::Inline,
+        values: &Values<'_>,
+    ) -> Result<(), StoreFailure> {
+        let Err(e) = D::run_message(&mut tx, message.text(values)).await else {
+            drop(tx);
+            return Ok(());
+        };
+        tx.rollback()
+            .await
+            .map_err(|e| StoreFailure::Store(self.err(e)))?;
+        Err(StoreFailure::Sent(e))
+    }
+
+    /// Claims last with the outcome and commits, in one message
+    /// ([`RoundTrips::Merged`]); when a record stands, rolls back and
+    /// answers with it, as claiming last on its own does.
+    async fn commit_claim_merged(
+        &self,
+        tx: Transaction<'static, D>,
         message: &statement::Inline,
         spec: &HandlerSpec,
         values: &Values<'_>,
     ) -> Result<TxCommit, StoreError> {
-        let Err(e) = D::run_message(&mut tx, message.text(values)).await else {
-            drop(tx);
-            return Ok(TxCommit::Committed);
+        let e = match self.send_with_commit(tx, message, values).await {
+            Ok(()) => return Ok(TxCommit::Committed),
+            Err(StoreFailure::Store(e)) => return Err(e),
+            Err(StoreFailure::Sent(e)) => e,
         };
-        // The message stopped at the statement that failed: nothing of
-        // the transaction committed (should the `COMMIT` itself have
-        // failed, the server rolled it back).
-        tx.rollback().await.map_err(|e| self.err(e))?;
         let standing = match fault::<D>(&e) {
             Fault::NotTaken => {
                 let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
@@ -1022,6 +1049,23 @@ impl<D: Dialect> SqlStore<D> {
             },
         )))
     }
+
+    /// The error of a claim row gone before its commit (see
+    /// [`write_claimed`](Self::write_claimed)).
+    fn claim_row_gone(&self) -> sqlx::Error {
+        sqlx::Error::Protocol(format!(
+            "the claim row of this transaction is gone before its commit (on {}): the database ended the transaction (a deadlock victim, an implicit commit) while the body ran; nothing was recorded",
+            self.sql.table
+        ))
+    }
+}
+
+/// Why a message sent with the `COMMIT` committed nothing.
+enum StoreFailure {
+    /// The message failed (and the transaction was rolled back).
+    Sent(sqlx::Error),
+    /// The rollback after it failed too.
+    Store(StoreError),
 }
 
 impl<D: Dialect> TxStore for SqlStore<D> {
@@ -1081,6 +1125,17 @@ impl<D: Dialect> TxStore for SqlStore<D> {
         };
         let taken = match self.order_for(spec) {
             // The claim row is this transaction's: record the outcome in it.
+            ClaimOrder::First if self.merged(&self.sql.complete_with_commit).is_some() => {
+                let message = self.merged(&self.sql.complete_with_commit).expect("merged");
+                return match self.send_with_commit(tx, message, &values).await {
+                    Ok(()) => Ok(TxCommit::Committed),
+                    Err(StoreFailure::Store(e)) => Err(e),
+                    Err(StoreFailure::Sent(e)) if fault::<D>(&e) == Fault::NotTaken => {
+                        Err(self.err(self.claim_row_gone()))
+                    }
+                    Err(StoreFailure::Sent(e)) => Err(self.err(e)),
+                };
+            }
             ClaimOrder::First => {
                 match self
                     .write_claimed(&mut tx, &self.sql.complete_tx, &values)
@@ -1093,13 +1148,13 @@ impl<D: Dialect> TxStore for SqlStore<D> {
                     }
                 }
             }
-            ClaimOrder::Last => match (&self.sql.claim_with_commit, self.trips) {
-                (Some(message), RoundTrips::Merged) => {
-                    return self.commit_merged(tx, message, spec, &values).await;
+            ClaimOrder::Last => match self.merged(&self.sql.claim_with_commit) {
+                Some(message) => {
+                    return self.commit_claim_merged(tx, message, spec, &values).await;
                 }
                 // Claim-last found a live row: this delivery is a duplicate.
                 // Its body's writes roll back with the transaction.
-                _ => {
+                None => {
                     self.take(&mut tx, &self.sql.claim_with_outcome, spec, &values)
                         .await
                 }

@@ -441,6 +441,9 @@ pub(crate) struct Statements {
     /// it takes no key. `None` where the dialect cannot
     /// ([`Dialect::WITH_COMMIT`]).
     pub(crate) claim_with_commit: Option<Inline>,
+    /// As `complete_tx`, then `COMMIT` and `BEGIN`, in one message; failing,
+    /// and committing nothing, when the claim row is gone.
+    pub(crate) complete_with_commit: Option<Inline>,
     /// The record of `:handler`, `:key`: the columns
     /// [`super::exec::Exec::fetch`] reads, in its order.
     pub(crate) select: Statement,
@@ -489,6 +492,11 @@ const FAIL: &str = "UPDATE {t} SET status = :status, token = NULL, outcome = :ou
                     failures = failures + 1, last_error = :error,
                     updated_at = :now, expires_at = :until";
 
+/// Records `:outcome` under the claim this transaction holds.
+const COMPLETE_TX: &str = "UPDATE {t} SET status = 'completed', token = NULL, outcome = :outcome,
+                                   updated_at = :now, expires_at = :until
+                           WHERE handler = :handler AND {key} = :key";
+
 /// The record of `:handler`, `:key`.
 const SELECT: &str = "SELECT {record} FROM {t} WHERE handler = :handler AND {key} = :key";
 
@@ -535,16 +543,16 @@ impl Statements {
             claim_with_failure: take(FAILED),
             claim_with_commit: D::WITH_COMMIT.map(|with| {
                 let (insert, _) = D::take(COMPLETED);
-                let message = format!("{}; COMMIT; BEGIN", (with.fail_unless_taken)(&insert));
+                let message = format!("{}; COMMIT; BEGIN", (with.fail_unless_written)(&insert));
+                Inline::new(&expand::<D>(table, &message), with.literals)
+            }),
+            complete_with_commit: D::WITH_COMMIT.map(|with| {
+                let message = format!("{}; COMMIT; BEGIN", (with.fail_unless_written)(COMPLETE_TX));
                 Inline::new(&expand::<D>(table, &message), with.literals)
             }),
             select: render(SELECT),
             select_latest: render(&format!("{SELECT}{}", D::LATEST_READ)),
-            complete_tx: render(
-                "UPDATE {t} SET status = 'completed', token = NULL, outcome = :outcome,
-                                updated_at = :now, expires_at = :until
-                 WHERE handler = :handler AND {key} = :key",
-            ),
+            complete_tx: render(COMPLETE_TX),
             complete_lease: render(&format!(
                 "UPDATE {{t}} SET status = 'completed', token = NULL, outcome = :outcome,
                                   updated_at = :now, expires_at = :until
