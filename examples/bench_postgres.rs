@@ -1,15 +1,17 @@
 //! What an idempotent Postgres handler costs against the same business
-//! transaction without idem, as ratios measured in one run.
+//! transaction without idem, as ratios measured in one run, with the
+//! database on loopback and behind a network's latency.
 //!
 //! ```text
 //! cargo run --release -p idem-examples --example bench_postgres
-//! DATABASE_URL=postgres://... SECS=5 ROUNDS=5 TASKS=8 cargo run --release -p idem-examples --example bench_postgres
+//! DELAYS_US=0,125,250 SECS=5 ROUNDS=5 TASKS=8 cargo run --release -p idem-examples --example bench_postgres
+//! DATABASE_URL=postgres://... DELAYS_US=0 SECS=3 cargo run --release -p idem-examples --example bench_postgres
 //! ```
 //!
 //! The business transaction is the one of `shared/bench/pg-limit`: deduct one
-//! unit from one of 10,000 stock rows (`BEGIN; UPDATE ...; COMMIT`). Three
-//! variants run interleaved, round after round, each for `SECS` seconds with
-//! `TASKS` concurrent consumers on a pool of as many connections:
+//! unit from one of 10,000 stock rows (`BEGIN; UPDATE ...; COMMIT`). These
+//! variants run with `TASKS` concurrent consumers on a pool of as many
+//! connections:
 //!
 //! * `bare`: the business transaction alone;
 //! * `idem (claim last)`: the same body in an `#[idempotent]` handler that
@@ -20,20 +22,38 @@
 //! * `idem + max_attempts`: with `max_attempts = 5`, which claims first and
 //!   takes a savepoint after the claim: the cost of counting failures.
 //!
-//! Every message is fresh (a new message id). It prints each variant's median
-//! throughput and its ratio to `bare`, then counts the statements a fresh
-//! message and a duplicate cost, and ends with the line `idem/bare: <ratio>`
-//! for the default order.
+//! The idem variants are the entries of [`IDEM`] (a handler, a table, the
+//! store's options); the first is the default whose ratio ends the output.
+//!
+//! Each variant runs under every network setting of `DELAYS_US` (default
+//! `0,125,250`): `0` connects directly, any other value connects through a
+//! [`DelayProxy`] that delays every chunk by that many microseconds in each
+//! direction (less its own latency, measured at start), so a round trip
+//! costs twice that more. Each setting has its
+//! own pool, and the idem stores use it too. Every (setting, variant) pair
+//! runs for `SECS` seconds per round, interleaved, `ROUNDS` rounds, in an
+//! order rotated each round.
+//!
+//! Every message is fresh (a new message id). Before the rounds it prints
+//! what each proxy adds to a ping-pong (its precision on this machine). It
+//! prints a table per setting: each variant's median throughput, its ratio
+//! to `bare` under the same setting and to itself connected directly. Then
+//! it counts the statements (round trips) a fresh message and a duplicate
+//! cost, and ends with the line `idem/bare at 250us: <ratio>` for the
+//! default variant (at the largest delay when 250 is not among `DELAYS_US`).
 
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
+use idem_examples::delay_proxy::{DelayProxy, added_round_trip, own_latency};
 use idem_examples::{env, median, messages_per_second, statement_log};
-use idem_runtime::ClaimOrder;
-use idem_runtime::{PgStore, PgTx, idempotent};
+use idem_runtime::{ClaimOrder, Outcome, PgStore, PgTx, idempotent};
 use serde::Deserialize;
-use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{AssertSqlSafe, PgPool};
 
 #[derive(Debug, Deserialize)]
 struct Deduct {
@@ -90,40 +110,160 @@ async fn deduct_bare(pool: &PgPool, msg: &Deduct) -> Result<(), sqlx::Error> {
     tx.commit().await
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Variant {
-    Bare,
-    Idem(ClaimOrder),
+/// The `#[idempotent]` handler an idem variant calls.
+#[derive(Clone, Copy, Debug)]
+enum Handler {
+    /// `deduct_idem`: the outcome recorded, nothing more.
+    Plain,
+    /// `deduct_fingerprinted`: with `fingerprint = "sku"`.
     Fingerprinted,
+    /// `deduct_counted`: with `max_attempts = 5`.
     Counted,
 }
 
+impl Handler {
+    async fn call(self, store: &PgStore, msg: &Deduct) -> Result<Outcome<i64>, String> {
+        match self {
+            Handler::Plain => deduct_idem(store, msg).await,
+            Handler::Fingerprinted => deduct_fingerprinted(store, msg).await,
+            Handler::Counted => deduct_counted(store, msg).await,
+        }
+        .map_err(|e| e.to_string())
+    }
+}
+
+/// One idem variant: a handler on a store of its own table and options.
+struct IdemVariant {
+    label: &'static str,
+    handler: Handler,
+    table: &'static str,
+    /// The store's options, applied to a store on the setting's pool.
+    options: fn(PgStore) -> PgStore,
+}
+
+/// The idem variants; the first is the default, whose ratio ends the output.
+/// A new store option is one more entry here.
+const IDEM: &[IdemVariant] = &[
+    IdemVariant {
+        label: "idem (claim last)",
+        handler: Handler::Plain,
+        table: "bench_idem_last",
+        options: |store| store,
+    },
+    IdemVariant {
+        label: "idem (claim first)",
+        handler: Handler::Plain,
+        table: "bench_idem_first",
+        options: |store| store.with_claim_order(ClaimOrder::First),
+    },
+    IdemVariant {
+        label: "idem + fingerprint",
+        handler: Handler::Fingerprinted,
+        table: "bench_idem_fingerprint",
+        options: |store| store,
+    },
+    IdemVariant {
+        label: "idem + max_attempts",
+        handler: Handler::Counted,
+        table: "bench_idem_counted",
+        options: |store| store,
+    },
+];
+
+/// A variant: `bare`, or an entry of [`IDEM`] by index.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Variant {
+    Bare,
+    Idem(usize),
+}
+
 impl Variant {
+    fn all() -> Vec<Variant> {
+        std::iter::once(Variant::Bare)
+            .chain((0..IDEM.len()).map(Variant::Idem))
+            .collect()
+    }
+
     fn label(self) -> &'static str {
         match self {
             Variant::Bare => "bare",
-            Variant::Idem(ClaimOrder::Last) => "idem (claim last)",
-            Variant::Idem(ClaimOrder::First) => "idem (claim first)",
-            Variant::Fingerprinted => "idem + fingerprint",
-            Variant::Counted => "idem + max_attempts",
+            Variant::Idem(i) => IDEM[i].label,
         }
+    }
+}
+
+/// One network setting: its pool (direct or through a proxy) and a store
+/// per idem variant on that pool.
+struct Network {
+    delay_us: u64,
+    pool: PgPool,
+    stores: Vec<PgStore>,
+    /// Kept alive while the pool is in use.
+    _proxy: Option<DelayProxy>,
+}
+
+impl Network {
+    fn label(&self) -> String {
+        if self.delay_us == 0 {
+            "direct".into()
+        } else {
+            format!("{}us", self.delay_us)
+        }
+    }
+
+    async fn connect(
+        delay_us: u64,
+        options: &PgConnectOptions,
+        upstream: SocketAddr,
+        own: Duration,
+        tasks: usize,
+    ) -> Result<Network, Box<dyn std::error::Error>> {
+        let (options, proxy) = if delay_us == 0 {
+            (options.clone(), None)
+        } else {
+            let proxy =
+                DelayProxy::start_compensated(upstream, Duration::from_micros(delay_us), own)?;
+            let options = options
+                .clone()
+                .host(&proxy.addr().ip().to_string())
+                .port(proxy.addr().port());
+            (options, Some(proxy))
+        };
+        let pool = PgPoolOptions::new()
+            .max_connections(tasks as u32)
+            .min_connections(tasks as u32)
+            // No liveness ping before each transaction: no variant pays it.
+            .test_before_acquire(false)
+            .connect_with(options)
+            .await?;
+        let mut stores = Vec::new();
+        for v in IDEM {
+            stores.push((v.options)(
+                PgStore::from_pool(pool.clone()).with_table(v.table)?,
+            ));
+        }
+        Ok(Network {
+            delay_us,
+            pool,
+            stores,
+            _proxy: proxy,
+        })
     }
 }
 
 /// Runs one variant for `secs` with `tasks` consumers; returns messages/s.
 async fn run(
     variant: Variant,
-    pool: &PgPool,
-    stores: &[PgStore; 2],
+    net: &Network,
     secs: f64,
     tasks: usize,
     next_id: &Arc<AtomicU64>,
 ) -> f64 {
     messages_per_second(secs, tasks, |t, round| {
-        let (pool, next_id) = (pool.clone(), next_id.clone());
-        let store = match variant {
-            Variant::Idem(ClaimOrder::First) => stores[1].clone(),
-            _ => stores[0].clone(),
+        let (pool, next_id) = (net.pool.clone(), next_id.clone());
+        let idem = match variant {
+            Variant::Bare => None,
+            Variant::Idem(i) => Some((IDEM[i].handler, net.stores[i].clone())),
         };
         async move {
             let mut sku = (t as i64 * 1237) % 10_000;
@@ -133,23 +273,9 @@ async fn run(
                     sku: sku + 1,
                 };
                 sku = (sku + 7919) % 10_000;
-                match variant {
-                    Variant::Bare => deduct_bare(&pool, &msg)
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| e.to_string()),
-                    Variant::Idem(_) => deduct_idem(&store, &msg)
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| e.to_string()),
-                    Variant::Fingerprinted => deduct_fingerprinted(&store, &msg)
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| e.to_string()),
-                    Variant::Counted => deduct_counted(&store, &msg)
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| e.to_string()),
+                match &idem {
+                    None => deduct_bare(&pool, &msg).await.map_err(|e| e.to_string()),
+                    Some((handler, store)) => handler.call(store, &msg).await.map(drop),
                 }
                 .unwrap_or_else(|e| panic!("{}: {e}", variant.label()));
                 round.handled();
@@ -165,6 +291,20 @@ async fn statements_of<F: std::future::Future>(call: F) -> usize {
     statement_log::with_begin(statement_log::statements_of(call).await).len()
 }
 
+/// `DELAYS_US`: microseconds each way, comma-separated; 0 is direct.
+fn delays() -> Result<Vec<u64>, Box<dyn std::error::Error>> {
+    let spec = std::env::var("DELAYS_US").unwrap_or_else(|_| "0,125,250".into());
+    let delays = spec
+        .split(',')
+        .map(|d| d.trim().parse::<u64>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("DELAYS_US={spec}: {e}"))?;
+    if delays.is_empty() {
+        return Err("DELAYS_US is empty".into());
+    }
+    Ok(delays)
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("DATABASE_URL")
@@ -172,69 +312,109 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let secs: f64 = env("SECS", 5.0);
     let rounds: usize = env("ROUNDS", 5);
     let tasks: usize = env("TASKS", 8);
+    let delays = delays()?;
 
-    let pool = PgPoolOptions::new()
-        .max_connections(tasks as u32)
-        .min_connections(tasks as u32)
-        // No liveness ping before each transaction: neither variant pays it.
-        .test_before_acquire(false)
-        .connect(&url)
-        .await?;
+    let options = PgConnectOptions::from_str(&url)?;
+    let upstream = (options.get_host(), options.get_port())
+        .to_socket_addrs()?
+        .next()
+        .ok_or("DATABASE_URL: the host resolves to no address")?;
+
+    // The proxy's own latency, which it takes off the delay, and its
+    // precision on this machine.
+    let own = tokio::task::spawn_blocking(|| own_latency(1000)).await??;
+    for &d in delays.iter().filter(|&&d| d > 0) {
+        let delay = Duration::from_micros(d);
+        let m = tokio::task::spawn_blocking(move || added_round_trip(delay, own, 1000)).await??;
+        println!("proxy check: {m}");
+    }
+
+    let mut nets = Vec::new();
+    for &d in &delays {
+        nets.push(Network::connect(d, &options, upstream, own, tasks).await?);
+    }
+    let direct = delays.iter().position(|&d| d == 0);
+    // Set up and count statements without a delay when there is a direct
+    // setting.
+    let setup = &nets[direct.unwrap_or(0)];
     sqlx::raw_sql(
-        "DROP TABLE IF EXISTS bench_inventory, bench_idem_last, bench_idem_first;
+        "DROP TABLE IF EXISTS bench_inventory;
          CREATE TABLE bench_inventory (sku BIGINT PRIMARY KEY, stock BIGINT NOT NULL);
          INSERT INTO bench_inventory SELECT g, 1000000000 FROM generate_series(1, 10000) g;",
     )
-    .execute(&pool)
+    .execute(&setup.pool)
     .await?;
-    let last = PgStore::from_pool(pool.clone()).with_table("bench_idem_last")?;
-    let first = PgStore::from_pool(pool.clone())
-        .with_table("bench_idem_first")?
-        .with_claim_order(ClaimOrder::First);
-    last.migrate().await?;
-    first.migrate().await?;
-    let stores = [last, first];
+    for (v, store) in IDEM.iter().zip(&setup.stores) {
+        // The tables are the constants of `IDEM`.
+        sqlx::raw_sql(AssertSqlSafe(format!("DROP TABLE IF EXISTS {}", v.table)))
+            .execute(&setup.pool)
+            .await?;
+        store.migrate().await?;
+    }
     let next_id = Arc::new(AtomicU64::new(1));
 
-    let variants = [
-        Variant::Bare,
-        Variant::Idem(ClaimOrder::Last),
-        Variant::Idem(ClaimOrder::First),
-        Variant::Fingerprinted,
-        Variant::Counted,
-    ];
-    println!("{tasks} consumers, {rounds} rounds of {secs} s per variant, interleaved");
+    let variants = Variant::all();
+    // Every (setting, variant) pair, the unit of interleaving.
+    let pairs: Vec<(usize, usize)> = (0..nets.len())
+        .flat_map(|n| (0..variants.len()).map(move |v| (n, v)))
+        .collect();
+    let settings: Vec<String> = nets.iter().map(Network::label).collect();
+    println!(
+        "{tasks} consumers, {rounds} rounds of {secs} s per variant and network setting \
+         ({}), interleaved",
+        settings.join(", ")
+    );
     // Warm-up: connections, prepared statements, caches.
-    for v in variants {
-        run(v, &pool, &stores, 1.0, tasks, &next_id).await;
+    for &(n, v) in &pairs {
+        run(variants[v], &nets[n], 1.0, tasks, &next_id).await;
     }
-    let mut tps: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+    let mut tps: Vec<Vec<f64>> = vec![Vec::new(); pairs.len()];
     for round in 1..=rounds {
-        // Rotate the order each round so drift does not favour one variant.
-        for i in 0..variants.len() {
-            let k = (i + round) % variants.len();
-            let t = run(variants[k], &pool, &stores, secs, tasks, &next_id).await;
-            tps[k].push(t);
+        // Rotate the order each round so drift does not favour one pair.
+        for i in 0..pairs.len() {
+            let k = (i + round) % pairs.len();
+            let (n, v) = pairs[k];
+            tps[k].push(run(variants[v], &nets[n], secs, tasks, &next_id).await);
         }
     }
-    let bare = median(tps[0].clone());
-    println!(
-        "{:<20} {:>12} {:>8}   rounds",
-        "variant", "median msg/s", "/bare"
-    );
-    for (v, t) in variants.iter().zip(&tps) {
-        let m = median(t.clone());
-        let rounds: Vec<String> = t.iter().map(|x| format!("{x:.0}")).collect();
-        println!(
-            "{:<20} {:>12.0} {:>8.3}   {}",
-            v.label(),
-            m,
-            m / bare,
-            rounds.join(" ")
-        );
-    }
+    let medians: Vec<f64> = tps.iter().map(|t| median(t.clone())).collect();
+    let at = |n: usize, v: usize| medians[n * variants.len() + v];
 
-    // Statements a message costs.
+    for (n, net) in nets.iter().enumerate() {
+        println!();
+        if net.delay_us == 0 {
+            println!("direct:");
+        } else {
+            println!(
+                "{} us each way (+{:.2} ms per round trip):",
+                net.delay_us,
+                2.0 * net.delay_us as f64 / 1000.0
+            );
+        }
+        println!(
+            "{:<20} {:>12} {:>8} {:>8}   rounds",
+            "variant", "median msg/s", "/bare", "/direct"
+        );
+        for (v, variant) in variants.iter().enumerate() {
+            let m = at(n, v);
+            let vs_direct = direct.map_or(f64::NAN, |d| m / at(d, v));
+            let rounds: Vec<String> = tps[n * variants.len() + v]
+                .iter()
+                .map(|x| format!("{x:.0}"))
+                .collect();
+            println!(
+                "{:<20} {:>12.0} {:>8.3} {:>8.3}   {}",
+                variant.label(),
+                m,
+                m / at(n, 0),
+                vs_direct,
+                rounds.join(" ")
+            );
+        }
+    }
+    println!();
+
+    // Statements a message costs; the same under every setting.
     let _guard = tracing::subscriber::set_default(statement_log::StatementLog);
     let fresh = |id| Deduct {
         message_id: id,
@@ -242,56 +422,52 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let id = next_id.fetch_add(10, Ordering::Relaxed) as i64;
     let bare_n = statements_of(async {
-        deduct_bare(&pool, &fresh(id)).await.expect("bare");
+        deduct_bare(&setup.pool, &fresh(id)).await.expect("bare");
     })
     .await;
-    let mut report = Vec::new();
-    for (store, name) in [(&stores[0], "claim last"), (&stores[1], "claim first")] {
+    let mut report = vec![format!("bare {bare_n}")];
+    for (v, store) in IDEM.iter().zip(&setup.stores) {
         let id = next_id.fetch_add(1, Ordering::Relaxed) as i64;
         let f = statements_of(async {
-            assert!(
-                deduct_idem(store, &fresh(id))
-                    .await
-                    .expect("fresh")
-                    .is_executed()
-            );
+            let out = v.handler.call(store, &fresh(id)).await;
+            assert!(out.expect("fresh").is_executed());
         })
         .await;
         let d = statements_of(async {
-            assert!(
-                deduct_idem(store, &fresh(id))
-                    .await
-                    .expect("dup")
-                    .is_duplicate()
-            );
+            let out = v.handler.call(store, &fresh(id)).await;
+            assert!(out.expect("duplicate").is_duplicate());
         })
         .await;
-        report.push(format!("{name}: fresh {f}, duplicate {d}"));
+        report.push(format!("{}: fresh {f}, duplicate {d}", v.label));
     }
-    let id = next_id.fetch_add(1, Ordering::Relaxed) as i64;
-    let fingerprinted = statements_of(async {
-        let out = deduct_fingerprinted(&stores[0], &fresh(id)).await;
-        assert!(out.expect("fresh").is_executed());
-    })
-    .await;
-    let id = next_id.fetch_add(1, Ordering::Relaxed) as i64;
-    let counted = statements_of(async {
-        let out = deduct_counted(&stores[0], &fresh(id)).await;
-        assert!(out.expect("fresh").is_executed());
-    })
-    .await;
-    report.push(format!(
-        "+ fingerprint: fresh {fingerprinted}; + max_attempts: fresh {counted}"
-    ));
     drop(_guard);
     println!(
-        "statements (= round trips) per message: bare {bare_n}; {}",
+        "statements (= round trips) per message: {}",
         report.join("; ")
     );
-    let ratio = median(tps[1].clone()) / bare;
-    println!("idem/bare: {ratio:.3}");
-    sqlx::raw_sql("DROP TABLE IF EXISTS bench_inventory, bench_idem_last, bench_idem_first")
-        .execute(&pool)
-        .await?;
+
+    // The default variant's ratio under every setting, the key one last:
+    // 250 us each way, or the largest delay asked for.
+    let key = delays
+        .iter()
+        .position(|&d| d == 250)
+        .unwrap_or_else(|| (0..delays.len()).max_by_key(|&n| delays[n]).unwrap_or(0));
+    for n in (0..nets.len()).filter(|&n| n != key).chain([key]) {
+        let ratio = at(n, 1) / at(n, 0);
+        if delays[n] == 0 {
+            println!("idem/bare direct: {ratio:.3}");
+        } else {
+            println!("idem/bare at {}us: {ratio:.3}", delays[n]);
+        }
+    }
+
+    let mut tables = vec!["bench_inventory"];
+    tables.extend(IDEM.iter().map(|v| v.table));
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "DROP TABLE IF EXISTS {}",
+        tables.join(", ")
+    )))
+    .execute(&setup.pool)
+    .await?;
     Ok(())
 }

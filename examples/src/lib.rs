@@ -1,9 +1,12 @@
 //! Pieces shared by the examples: a throw-away database file, Redis clean-up,
-//! and the benchmarks' medians and settings.
+//! the benchmarks' medians and settings, and a TCP proxy that delays traffic
+//! like a network ([`delay_proxy`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+pub mod delay_proxy;
 
 /// A fresh SQLite file under the system's temp directory, removed (with its
 /// WAL files) when dropped.
