@@ -14,9 +14,14 @@
 //! connections:
 //!
 //! * `bare`: the business transaction alone;
-//! * `idem (claim last)`: the same body in an `#[idempotent]` handler that
-//!   records its outcome, the store's default order;
-//! * `idem (claim first)`: the same with `ClaimOrder::First`;
+//! * `idem, claim last, merged`: the same body in an `#[idempotent]` handler
+//!   that records its outcome, the store's defaults: the dedup row with the
+//!   outcome travels in the `COMMIT`'s message (`RoundTrips::Merged`);
+//! * `idem, claim last, separate`: the dedup row as a prepared statement of
+//!   its own (`RoundTrips::Separate`);
+//! * `idem, claim first, merged` and `idem, claim first, separate`: the same
+//!   with `ClaimOrder::First` (the outcome's `UPDATE` with the `COMMIT`, or
+//!   on its own);
 //! * `idem + fingerprint`: claim last, with `fingerprint = "sku"`: the cost
 //!   of a payload fingerprint (a digest per message, one more column);
 //! * `idem + max_attempts`: with `max_attempts = 5`, which claims first and
@@ -50,7 +55,7 @@ use std::time::Duration;
 
 use idem_examples::delay_proxy::{DelayProxy, added_round_trip, own_latency};
 use idem_examples::{env, median, messages_per_second, statement_log};
-use idem_runtime::{ClaimOrder, Outcome, PgStore, PgTx, idempotent};
+use idem_runtime::{ClaimOrder, Outcome, PgStore, PgTx, RoundTrips, idempotent};
 use serde::Deserialize;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, PgPool};
@@ -145,16 +150,36 @@ struct IdemVariant {
 /// A new store option is one more entry here.
 const IDEM: &[IdemVariant] = &[
     IdemVariant {
-        label: "idem (claim last)",
+        label: "idem, claim last, merged",
         handler: Handler::Plain,
-        table: "bench_idem_last",
-        options: |store| store,
+        table: "bench_idem_last_merged",
+        options: |store| store.with_round_trips(RoundTrips::Merged),
     },
     IdemVariant {
-        label: "idem (claim first)",
+        label: "idem, claim last, separate",
+        handler: Handler::Plain,
+        table: "bench_idem_last",
+        options: |store| store.with_round_trips(RoundTrips::Separate),
+    },
+    IdemVariant {
+        label: "idem, claim first, merged",
+        handler: Handler::Plain,
+        table: "bench_idem_first_merged",
+        options: |store| {
+            store
+                .with_claim_order(ClaimOrder::First)
+                .with_round_trips(RoundTrips::Merged)
+        },
+    },
+    IdemVariant {
+        label: "idem, claim first, separate",
         handler: Handler::Plain,
         table: "bench_idem_first",
-        options: |store| store.with_claim_order(ClaimOrder::First),
+        options: |store| {
+            store
+                .with_claim_order(ClaimOrder::First)
+                .with_round_trips(RoundTrips::Separate)
+        },
     },
     IdemVariant {
         label: "idem + fingerprint",

@@ -162,9 +162,11 @@ impl Dialect for Postgres {
             )
         },
         literals: Literals {
-            // Hex digits in a plain literal: nothing to escape, whatever
-            // `standard_conforming_strings` says.
-            text: |hex| format!("convert_from(decode('{hex}', 'hex'), 'UTF8')"),
+            // A constant the planner uses like any other (an index key), of
+            // escapes alone. The server refuses `U&'...'` when
+            // `standard_conforming_strings` is off: the call then fails,
+            // nothing is read otherwise.
+            text: |escaped| format!("U&'{escaped}'"),
             null_text: "NULL::text",
             integer: |n| format!("({n})::bigint"),
             null_integer: "NULL::bigint",

@@ -202,9 +202,10 @@ fn split(template: &str) -> (Vec<(String, Param)>, String) {
 /// sends unprepared in one message with others (see [`Inline`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Literals {
-    /// Text, given as the lowercase hex digits of its UTF-8 bytes: an
-    /// expression of the database's that decodes them
-    /// (`convert_from(decode('6869', 'hex'), 'UTF8')` on PostgreSQL).
+    /// Text, given as one escape per character, `\XXXX` (4 hex digits)
+    /// or `\+XXXXXX` (6, beyond the Basic Multilingual Plane): a literal
+    /// of the database's that reads such escapes (`U&'\0068\0069'` on
+    /// PostgreSQL).
     pub text: fn(&str) -> String,
     /// A text `NULL`, typed where the database needs it.
     pub null_text: &'static str,
@@ -218,10 +219,10 @@ pub struct Literals {
 /// message of several statements sent through the text protocol in one
 /// round trip (which takes no bound parameters).
 ///
-/// Nothing a user wrote reaches the text as SQL: every text value is
-/// written as the hex digits of its bytes, decoded by the database
-/// ([`Literals::text`]), and every number as the decimal digits of an
-/// `i64`. The rest is this crate's SQL and a validated table name.
+/// Nothing a user wrote reaches the text as SQL: every character of a text
+/// value is written as a Unicode escape of hex digits, read by the
+/// database ([`Literals::text`]), and every number as the decimal digits
+/// of an `i64`. The rest is this crate's SQL and a validated table name.
 #[derive(Debug)]
 pub(crate) struct Inline {
     pieces: Box<[(Box<str>, Param)]>,
@@ -247,8 +248,9 @@ impl Inline {
     /// The statement's text with `values` written in.
     pub(crate) fn text(&self, values: &Values<'_>) -> AssertSqlSafe<String> {
         let lit = &self.literals;
-        let text =
-            |v: Option<&str>| v.map_or_else(|| lit.null_text.to_owned(), |v| (lit.text)(&hex(v)));
+        let text = |v: Option<&str>| {
+            v.map_or_else(|| lit.null_text.to_owned(), |v| (lit.text)(&escaped(v)))
+        };
         let mut sql = String::with_capacity(self.tail.len() + 64 * self.pieces.len());
         for (before, param) in &self.pieces {
             sql.push_str(before);
@@ -275,12 +277,15 @@ impl Inline {
     }
 }
 
-/// The lowercase hex digits of `text`'s UTF-8 bytes.
-fn hex(text: &str) -> String {
+/// `text` as one Unicode escape per character (see [`Literals::text`]).
+fn escaped(text: &str) -> String {
     use std::fmt::Write;
-    let mut out = String::with_capacity(text.len() * 2);
-    for byte in text.bytes() {
-        let _ = write!(out, "{byte:02x}");
+    let mut out = String::with_capacity(text.len() * 5);
+    for c in text.chars() {
+        let _ = match u32::from(c) {
+            n @ 0..=0xFFFF => write!(out, "\\{n:04x}"),
+            n => write!(out, "\\+{n:06x}"),
+        };
     }
     out
 }
@@ -642,29 +647,27 @@ mod tests {
     }
 
     #[test]
-    fn inline_writes_text_as_hex_and_numbers_as_digits() {
+    fn inline_writes_text_as_escapes_and_numbers_as_digits() {
         use super::{Inline, Literals, Values};
         let literals = Literals {
-            text: |hex| format!("decode('{hex}')"),
+            text: |escaped| format!("U&'{escaped}'"),
             null_text: "NULL::text",
             integer: |n| format!("({n})::bigint"),
             null_integer: "NULL::bigint",
         };
         let inline = Inline::new(
-            "INSERT INTO t VALUES (:key, :outcome, :token, :now, :max, :key::text); COMMIT",
+            "INSERT INTO t VALUES (:key, :outcome, :token, :now, :max); COMMIT",
             literals,
         );
         let values = Values {
-            key: "x'); DROP TABLE t; --",
-            outcome: Some("é"),
+            key: "x'; --",
+            outcome: Some("é🦀"),
             now: -7,
             ..Values::default()
         };
         assert_eq!(
             inline.text(&values).0,
-            "INSERT INTO t VALUES (decode('7827293b2044524f50205441424c4520743b202d2d'), \
-             decode('c3a9'), NULL::text, (-7)::bigint, NULL::bigint, \
-             decode('7827293b2044524f50205441424c4520743b202d2d')::text); COMMIT"
+            r"INSERT INTO t VALUES (U&'\0078\0027\003b\0020\002d\002d', U&'\00e9\+01f980', NULL::text, (-7)::bigint, NULL::bigint); COMMIT"
         );
     }
 
