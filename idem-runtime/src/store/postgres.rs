@@ -26,7 +26,7 @@ pub use crate::store::sql::ClaimOrder;
 pub use crate::store::sql::RoundTrips;
 use crate::store::sql::{
     COLUMNS, Dialect, Fault, Literals, NewRow, Placeholders, SqlStore, WithCommit,
-    insert_or_take_over, reach,
+    insert_or_refuse, insert_or_take_over, reach,
 };
 
 /// The transaction a transaction-mode Postgres handler receives:
@@ -148,17 +148,17 @@ impl Dialect for Postgres {
     const LATEST_READ: &'static str = "";
     const BATCH_ROWS: &'static str =
         "json_to_recordset(:rows::json) AS r(k text, f text, o text, t text)";
-    // A data-modifying CTE runs once whatever reads it. When it took no
-    // row, the select casts a text that is no number, at run time (it
-    // reads the CTE, so there is nothing to fold beforehand): the error
-    // (invalid_text_representation) says in the server's log what happened.
     const WITH_COMMIT: Option<WithCommit> = Some(WithCommit {
-        fail_unless_written: |insert| {
+        claim_or_fail: insert_or_refuse,
+        // A data-modifying CTE runs once whatever reads it. When it wrote
+        // no row, the select casts a text that is no number, at run time
+        // (it reads the CTE, so there is nothing to fold beforehand).
+        written_or_fail: |update| {
             format!(
-                "WITH taken AS ({insert} RETURNING 1)
-                 SELECT CAST('idem wrote no dedup row, a record stands or the claim is gone, nothing is committed ('
-                             || (SELECT count(*) FROM taken) || ' rows)' AS bigint)
-                 WHERE NOT EXISTS (SELECT 1 FROM taken)"
+                "WITH written AS ({update} RETURNING 1)
+                 SELECT CAST('idem found no claim row to record the outcome in, nothing is committed ('
+                             || (SELECT count(*) FROM written) || ' rows)' AS bigint)
+                 WHERE NOT EXISTS (SELECT 1 FROM written)"
             )
         },
         literals: Literals {
@@ -278,8 +278,8 @@ impl Dialect for Postgres {
             // undefined_column
             Some("42703") => Fault::MissingColumn,
             // invalid_text_representation: only the store's own statements
-            // reach `fault`, and only the claim sent with the COMMIT casts
-            // a text (see WITH_COMMIT).
+            // reach `fault`, and only those sent with the COMMIT cast a
+            // text (see WITH_COMMIT).
             Some("22P02") => Fault::NotTaken,
             Some("42P01") => Fault::MissingTable(
                 db.message()

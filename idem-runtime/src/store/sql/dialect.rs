@@ -126,12 +126,14 @@ pub trait Dialect: Exec {
 /// the `COMMIT`: see [`Dialect::WITH_COMMIT`].
 #[derive(Debug, Clone, Copy)]
 pub struct WithCommit {
-    /// Wraps a dedup statement (the claim-last upsert, which affects no row
-    /// when a record stands that it may not take, or the claim-first
-    /// completion, which affects none when the claim row is gone) into one
-    /// that fails, with an error the dialect reads as [`Fault::NotTaken`],
-    /// when it affects none.
-    pub fail_unless_written: fn(&str) -> String,
+    /// The claim-last statement that writes `row`: as the dialect's
+    /// [`take`](Dialect::take), but failing, with an error the dialect
+    /// reads as [`Fault::NotTaken`], when a record stands that it may not
+    /// take.
+    pub claim_or_fail: fn(NewRow) -> String,
+    /// Wraps an update of the claim row (the claim-first completion) into
+    /// a statement that fails in the same way when it updates no row.
+    pub written_or_fail: fn(&str) -> String,
     /// How values are written into the message.
     pub literals: Literals,
 }
@@ -153,7 +155,7 @@ pub enum Fault {
     /// A column is missing: a table of an earlier release, not migrated.
     MissingColumn,
     /// A dedup statement sent with the `COMMIT` wrote no row
-    /// ([`WithCommit::fail_unless_written`]): a record stands, or the claim
+    /// ([`WithCommit::claim_or_fail`], [`WithCommit::written_or_fail`]): a record stands, or the claim
     /// row is gone. Nothing after it in the message ran.
     NotTaken,
     /// Anything else.

@@ -51,6 +51,8 @@ mod statement;
 pub use dialect::Dialect;
 pub(crate) use dialect::{Fault, WithCommit};
 pub(crate) use statement::COLUMNS;
+#[cfg(feature = "postgres")]
+pub(crate) use statement::insert_or_refuse;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) use statement::insert_or_take_over;
 pub(crate) use statement::{Literals, NewRow, Placeholders};

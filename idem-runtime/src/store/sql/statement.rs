@@ -547,12 +547,11 @@ impl Statements {
             claim_with_outcome: take(COMPLETED),
             claim_with_failure: take(FAILED),
             claim_with_commit: D::WITH_COMMIT.map(|with| {
-                let (insert, _) = D::take(COMPLETED);
-                let message = format!("{}; COMMIT; BEGIN", (with.fail_unless_written)(&insert));
+                let message = format!("{}; COMMIT; BEGIN", (with.claim_or_fail)(COMPLETED));
                 Inline::new(&expand::<D>(table, &message), with.literals)
             }),
             complete_with_commit: D::WITH_COMMIT.map(|with| {
-                let message = format!("{}; COMMIT; BEGIN", (with.fail_unless_written)(COMPLETE_TX));
+                let message = format!("{}; COMMIT; BEGIN", (with.written_or_fail)(COMPLETE_TX));
                 Inline::new(&expand::<D>(table, &message), with.literals)
             }),
             select: render(SELECT),
@@ -603,6 +602,27 @@ pub(crate) fn insert_or_take_over(row: NewRow) -> String {
         "INSERT INTO {{t}} AS cur ({COLUMNS}) VALUES {values}
          ON CONFLICT (handler, {{key}}) DO UPDATE SET {assignments}
          WHERE {claimable}",
+        values = inserted(row),
+        assignments = take_over_assignments("cur.", row),
+        claimable = claimable("cur.", row.fingerprint),
+    )
+}
+
+/// As [`insert_or_take_over`], but a row the claim may not take fails the
+/// statement instead of being left alone: its `handler` is assigned a
+/// text cast to a number, at run time (it reads the row, so nothing folds
+/// it beforehand), an error that says in the server's log what happened.
+/// No `WHERE`, no CTE around it: it plans in a third of the time of one
+/// that counts the rows it took.
+#[cfg(feature = "postgres")]
+pub(crate) fn insert_or_refuse(row: NewRow) -> String {
+    format!(
+        "INSERT INTO {{t}} AS cur ({COLUMNS}) VALUES {values}
+         ON CONFLICT (handler, {{key}}) DO UPDATE SET
+           handler = CASE WHEN {claimable} THEN cur.handler
+                     ELSE CAST(CAST('idem found a record of this key standing ('
+                               || cur.status || '), nothing is committed' AS bigint) AS text) END,
+           {assignments}",
         values = inserted(row),
         assignments = take_over_assignments("cur.", row),
         claimable = claimable("cur.", row.fingerprint),
