@@ -199,6 +199,14 @@ pub type MySqlStore = SqlStore<MySql>;
 impl Dialect for MySql {
     const STORE: &'static str = "mysql";
     const PLACEHOLDERS: Placeholders = Placeholders::Question;
+    // `UTC_TIMESTAMP(3)` is the statement's start (as `NOW()`, unlike
+    // `SYSDATE()`), in UTC whatever the session's `time_zone`, counted from
+    // the epoch without a time-zone conversion: `UNIX_TIMESTAMP(NOW(3))`
+    // would convert the session's local time back, ambiguous in the hour a
+    // daylight-saving zone repeats. (No `:` in it: statements read `:name`
+    // as a parameter.)
+    const NOW: &'static str =
+        "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(3)) DIV 1000)";
     // `KEY` is a reserved word in MySQL.
     const KEY: &'static str = "`key`";
     const MAX_HANDLER_LEN: usize = 128;
@@ -304,7 +312,7 @@ impl Dialect for MySql {
         // and on an uncommitted claim's index entry just past the expired
         // ones, while holding the rows it deleted so far.
         "DELETE cur FROM
-            (SELECT handler, {key} FROM {t} WHERE expires_at <= :now
+            (SELECT handler, {key} FROM {t} WHERE expires_at <= {now}
              ORDER BY expires_at LIMIT :batch FOR UPDATE SKIP LOCKED) AS expired
          STRAIGHT_JOIN {t} AS cur FORCE INDEX (PRIMARY)
             ON cur.handler = expired.handler AND cur.{key} = expired.{key}"

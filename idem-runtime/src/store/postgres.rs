@@ -135,6 +135,10 @@ pub type PgStore = SqlStore<Postgres>;
 impl Dialect for Postgres {
     const STORE: &'static str = "postgres";
     const PLACEHOLDERS: Placeholders = Placeholders::Dollar;
+    // The time the server received the statement: constant within it (and,
+    // unlike `now()`, not the transaction's start, which a claim inside a
+    // transaction-mode body would see long past).
+    const NOW: &'static str = "(extract(epoch from statement_timestamp()) * 1000)::bigint";
     const KEY: &'static str = "key";
     const MAX_HANDLER_LEN: usize = usize::MAX;
     const BEGIN: Option<&'static str> = None;
@@ -236,7 +240,7 @@ impl Dialect for Postgres {
     fn sweep() -> String {
         // Rows another transaction holds are skipped, not waited for.
         "DELETE FROM {t} WHERE ctid = ANY (ARRAY(
-            SELECT ctid FROM {t} WHERE expires_at <= :now
+            SELECT ctid FROM {t} WHERE expires_at <= {now}
             ORDER BY expires_at LIMIT :batch FOR UPDATE SKIP LOCKED))"
             .to_owned()
     }
