@@ -146,9 +146,12 @@ const MIGRATE_LOCK_WAIT: Duration = Duration::from_secs(30);
 /// compare byte for byte, so `A` and `a` (merged by the default
 /// case-insensitive collations) and `a` and `a ` (merged by `PAD SPACE`
 /// collations such as `utf8mb4_bin`) stay apart. Times are `BIGINT`
-/// milliseconds of the consumer's clock. Expired rows are reclaimed at claim
-/// time and deleted by [`sweep_expired`] in batches on the `expires_at`
-/// index: it locks a batch of expired rows with `FOR UPDATE SKIP LOCKED`
+/// milliseconds since the epoch of the server's clock, read in each
+/// statement (`UTC_TIMESTAMP(3)`, the statement's start, whatever the
+/// session's `time_zone`): leases and expiry are computed in SQL from the
+/// lease and the ttl, never from the consumer's clock. Expired rows are
+/// reclaimed at claim time and deleted by [`sweep_expired`] in batches on
+/// the `expires_at` index: it locks a batch of expired rows with `FOR UPDATE SKIP LOCKED`
 /// (skipping those a claim is taking over) and deletes them by primary key,
 /// in a `READ COMMITTED` transaction, which takes no gap locks. So a sweep
 /// never waits on a claim, and a claim waits on a sweep only for a key the

@@ -92,10 +92,13 @@ pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 ///   ON CONFLICT DO UPDATE ... WHERE expired` carrying a fencing token;
 ///   completion, release and lease extension compare the token.
 ///
-/// Times are the consumer's clock in milliseconds since the epoch (keep
-/// consumers' clocks in sync with NTP, as leases assume anyway). Expired rows
-/// are reclaimed at claim time and deleted by [`sweep_expired`] in bounded
-/// batches on the `expires_at` index.
+/// Times are the server's clock in milliseconds since the epoch, read in
+/// each statement (`statement_timestamp()`, constant within it): leases,
+/// expiry and the record's times are computed in SQL from the lease and the
+/// ttl, never from the consumer's clock, so a consumer whose clock is off
+/// neither takes over a live lease nor writes times into the future. Expired
+/// rows are reclaimed at claim time and deleted by [`sweep_expired`] in
+/// bounded batches on the `expires_at` index.
 ///
 /// A claim that waits on another transaction holding the same key gives up
 /// after the connection's `lock_timeout` (5 s when the store made the pool)

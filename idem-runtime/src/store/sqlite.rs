@@ -109,6 +109,13 @@ pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// for up to the busy timeout (5 s unless the pool says otherwise), then fail
 /// with [`StoreError::Timeout`].
 ///
+/// Times are milliseconds since the epoch, read in each statement from
+/// SQLite's own `'now'` (the same within a statement), and leases and expiry
+/// are computed in SQL, as on the server databases. SQLite runs inside the
+/// consumer, so its clock is the consumer's host's: consumers of one
+/// database file share a host (WAL mode needs one), and so share one
+/// clock.
+///
 /// [`sweep_expired`]: SqliteStore::sweep_expired
 ///
 /// # Examples
