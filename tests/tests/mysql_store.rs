@@ -18,7 +18,11 @@ use idem_runtime::{
     TxClaim, TxCommit, TxStore, idempotent,
 };
 use idem_tests::{DropMySqlTables, mysql_pool, mysql_url, or_skip, unique_table};
+use sqlx::mysql::MySqlPoolOptions;
 use sqlx::{AssertSqlSafe, MySqlPool};
+
+/// A fixed moment (2023-11-14T22:13:20Z), for a session whose clock stands.
+const T0: i64 = 1_700_000_000_000;
 
 const fn spec(name: &'static str, mode: Mode) -> HandlerSpec {
     HandlerSpec {
@@ -98,14 +102,31 @@ impl My {
 // Lease mode
 
 /// Extension, release and completion compare the fencing token. An
-/// extension within the same millisecond of the database's clock changes no
-/// column, and still holds the lease: sqlx sets `CLIENT_FOUND_ROWS`, so
-/// MySQL counts the row it found.
+/// extension within the same millisecond changes no column, and still holds
+/// the lease: sqlx sets `CLIENT_FOUND_ROWS`, so MySQL counts the row it found.
+/// The store's one connection has its clock stopped at T0 (`SET timestamp`,
+/// which `UTC_TIMESTAMP()` follows), so time moves only with the shift.
 #[tokio::test]
 async fn lease_tokens_guard_extension_release_and_completion() {
     let my = or_skip!(My::open("release", 5).await);
+    let stopped = MySqlPoolOptions::new()
+        .max_connections(1)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::raw_sql(AssertSqlSafe(format!("SET timestamp = {}", T0 / 1_000)))
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            })
+        })
+        .connect(&mysql_url())
+        .await
+        .expect("MariaDB was reachable a moment ago");
     let shift = TimeShift::new();
-    let store = my.store.clone().with_time_shift(shift.clone());
+    let store = MySqlStore::from_pool(stopped)
+        .with_table(&my.table)
+        .expect("a valid table name")
+        .with_time_shift(shift.clone());
     assert_eq!(LeaseStore::store_name(&store), "mysql");
     assert_eq!(TxStore::store_name(&store), "mysql");
     let k = key("m-2");
@@ -120,26 +141,11 @@ async fn lease_tokens_guard_extension_release_and_completion() {
         .await
         .unwrap()
         .expect("a record");
-    // From the database's time, 10 s on: the lease's 30 s from there.
-    assert!(r.updated_at_ms >= r.created_at_ms + 10_000, "{r:?}");
-    assert_eq!(r.expires_at_ms, r.updated_at_ms + 30_000);
-    // Extending again and again still holds the lease, also when an
-    // extension falls in the same millisecond of the database's clock as
-    // the one before (and so changes nothing): more extensions than
-    // milliseconds went by make sure some did (statements on loopback take
-    // a fraction of one).
-    let started = Instant::now();
-    let mut extensions: u128 = 0;
-    // Their times span at most the elapsed milliseconds, plus two partial ones.
-    while extensions <= started.elapsed().as_millis() + 2 && extensions < 5_000 {
-        assert!(store.extend(&LEASE, &k, &token).await.unwrap());
-        extensions += 1;
-    }
-    assert!(
-        extensions > started.elapsed().as_millis() + 2,
-        "{extensions} extensions in {:?}: none need have shared a millisecond",
-        started.elapsed()
-    );
+    assert_eq!(r.created_at_ms, T0);
+    assert_eq!(r.expires_at_ms, T0 + 10_000 + 30_000);
+    assert_eq!(r.updated_at_ms, T0 + 10_000);
+    // Extending again within the same millisecond still holds the lease.
+    assert!(store.extend(&LEASE, &k, &token).await.unwrap());
 
     store.release(&LEASE, &k, "someone else's").await.unwrap();
     assert!(store.record(LEASE.name, &k).await.unwrap().is_some());
