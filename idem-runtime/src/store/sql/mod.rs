@@ -117,7 +117,8 @@ const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT idem_body";
 /// # Examples
 ///
 /// ```
-/// use idem_runtime::ClaimOrder;
+/// // `idem_runtime::ClaimOrder` with the feature `postgres` or `mysql`
+/// use idem_runtime::store::sql::ClaimOrder;
 /// assert_eq!(ClaimOrder::default(), ClaimOrder::Last);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
