@@ -1092,6 +1092,7 @@ impl<D: Dialect> TxStore for SqlStore<D> {
         // The rollback went through: the transaction's connection was fine.
         // A failure to read the record now is no reason to call the body's
         // failure a store failure; the body's error stands.
+        self.check_handler(spec.name)?;
         match self.found(spec.name, key).await {
             Ok(found) => Ok(self.standing(found, spec, fingerprint).filter(|s| {
                 matches!(
