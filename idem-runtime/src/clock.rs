@@ -1,7 +1,12 @@
 //! Where stores read the time from.
 //!
-//! The SQLite and in-memory stores compute claim leases and record expiry
-//! from a [`Clock`], so tests can move time forward without sleeping.
+//! The in-memory store computes claim leases and record expiry from a
+//! [`Clock`], so tests can move time forward without sleeping; the Redis
+//! store reads one only for the informational `created_at`/`updated_at` of
+//! its records (Redis expires them by its own clock). The SQL stores read
+//! no consumer clock at all: every statement takes the database's (see
+//! [`SqlStore`](crate::store::sql::SqlStore)); a test moves their time with
+//! a [`TimeShift`] (feature `test-util`).
 //!
 //! # Examples
 //!
@@ -138,6 +143,84 @@ impl ManualClock {
 
 impl Clock for ManualClock {
     fn now_millis(&self) -> i64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// How far a test has moved a SQL store's time: an offset, in ms, added to
+/// the database's clock in every statement of the stores given it with
+/// [`SqlStore::with_time_shift`](crate::store::sql::SqlStore::with_time_shift).
+/// Only with the feature `test-util`, for tests.
+///
+/// It starts at zero, or where [`from_millis`](Self::from_millis) puts it
+/// (negative: the past), and moves only when told to. Clones share it.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::clock::TimeShift;
+/// use std::time::Duration;
+///
+/// let shift = TimeShift::new();
+/// let shared = shift.clone();
+/// shift.advance(Duration::from_secs(2));
+/// assert_eq!(shared.millis(), 2_000);
+/// assert_eq!(TimeShift::from_millis(-7_200_000).millis(), -7_200_000);
+/// ```
+#[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+#[derive(Debug, Clone, Default)]
+pub struct TimeShift(Arc<AtomicI64>);
+
+#[cfg(feature = "test-util")]
+impl TimeShift {
+    /// No shift yet: the database's own time.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(idem_runtime::clock::TimeShift::new().millis(), 0);
+    /// ```
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A shift of `offset` ms (negative: into the past).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let an_hour_ago = idem_runtime::clock::TimeShift::from_millis(-3_600_000);
+    /// assert_eq!(an_hour_ago.millis(), -3_600_000);
+    /// ```
+    pub fn from_millis(offset: i64) -> Self {
+        Self(Arc::new(AtomicI64::new(offset)))
+    }
+
+    /// Moves the time forward by `by`, for this shift and all its clones.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::clock::TimeShift;
+    /// use std::time::Duration;
+    ///
+    /// let shift = TimeShift::new();
+    /// shift.advance(Duration::from_millis(1_500));
+    /// assert_eq!(shift.millis(), 1_500);
+    /// ```
+    pub fn advance(&self, by: Duration) {
+        self.0.fetch_add(millis(by), Ordering::SeqCst);
+    }
+
+    /// The offset, in ms.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(idem_runtime::clock::TimeShift::from_millis(5).millis(), 5);
+    /// ```
+    pub fn millis(&self) -> i64 {
         self.0.load(Ordering::SeqCst)
     }
 }

@@ -6,7 +6,8 @@
 //! * [`databases`]: names of a test's own on the shared servers (tables, key
 //!   prefixes) and the guards that remove them afterwards;
 //! * [`processes`]: servers a test starts and kills itself (`redis-server`,
-//!   a Redis Cluster);
+//!   a Redis Cluster), and a test of the running binary as a child process
+//!   (a consumer of its own, under libfaketime if need be);
 //! * [`brokers`]: the same for RabbitMQ and NATS.
 //!
 //! The items are re-exported here, so a test writes `idem_tests::pg_pool`.
@@ -17,7 +18,7 @@ pub mod processes;
 pub mod services;
 
 pub use databases::{DeleteKeys, DropMySqlTables, DropTables, unique_prefix, unique_table};
-pub use processes::{RedisCluster, RedisServer};
+pub use processes::{ChildTest, LIBFAKETIME, RedisCluster, RedisServer};
 pub use services::{
     mysql_pool, mysql_url, pg_pool, pg_url, redis_store, redis_url, services_required, unavailable,
 };

@@ -11,16 +11,17 @@
 
 use std::time::{Duration, Instant};
 
-use idem_runtime::clock::ManualClock;
+use idem_runtime::clock::TimeShift;
 use idem_runtime::registry::{HandlerSpec, Mode};
 use idem_runtime::{
     Claim, ClaimOrder, Key, LeaseStore, MySqlStore, MySqlTx, Outcome, Standing, StoreError,
     TxClaim, TxCommit, TxStore, idempotent,
 };
 use idem_tests::{DropMySqlTables, mysql_pool, mysql_url, or_skip, unique_table};
+use sqlx::mysql::MySqlPoolOptions;
 use sqlx::{AssertSqlSafe, MySqlPool};
 
-/// A fixed start for manual clocks (2023-11-14T22:13:20Z).
+/// A fixed moment (2023-11-14T22:13:20Z), for a session whose clock stands.
 const T0: i64 = 1_700_000_000_000;
 
 const fn spec(name: &'static str, mode: Mode) -> HandlerSpec {
@@ -103,18 +104,36 @@ impl My {
 /// Extension, release and completion compare the fencing token. An
 /// extension within the same millisecond changes no column, and still holds
 /// the lease: sqlx sets `CLIENT_FOUND_ROWS`, so MySQL counts the row it found.
+/// The store's one connection has its clock stopped at T0 (`SET timestamp`,
+/// which `UTC_TIMESTAMP()` follows), so time moves only with the shift.
 #[tokio::test]
 async fn lease_tokens_guard_extension_release_and_completion() {
     let my = or_skip!(My::open("release", 5).await);
-    let clock = ManualClock::new(T0);
-    let store = my.store.clone().with_clock(clock.clone());
+    let stopped = MySqlPoolOptions::new()
+        .max_connections(1)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::raw_sql(AssertSqlSafe(format!("SET timestamp = {}", T0 / 1_000)))
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            })
+        })
+        .connect(&mysql_url())
+        .await
+        .expect("MariaDB was reachable a moment ago");
+    let shift = TimeShift::new();
+    let store = MySqlStore::from_pool(stopped)
+        .with_table(&my.table)
+        .expect("a valid table name")
+        .with_time_shift(shift.clone());
     assert_eq!(LeaseStore::store_name(&store), "mysql");
     assert_eq!(TxStore::store_name(&store), "mysql");
     let k = key("m-2");
     let Claim::Acquired { token } = store.claim(&LEASE, &k, None).await.unwrap() else {
         panic!("a fresh key is taken")
     };
-    clock.advance(Duration::from_secs(10));
+    shift.advance(Duration::from_secs(10));
     assert!(store.extend(&LEASE, &k, &token).await.unwrap());
     assert!(!store.extend(&LEASE, &k, "someone else's").await.unwrap());
     let r = store
@@ -122,6 +141,7 @@ async fn lease_tokens_guard_extension_release_and_completion() {
         .await
         .unwrap()
         .expect("a record");
+    assert_eq!(r.created_at_ms, T0);
     assert_eq!(r.expires_at_ms, T0 + 10_000 + 30_000);
     assert_eq!(r.updated_at_ms, T0 + 10_000);
     // Extending again within the same millisecond still holds the lease.
@@ -246,8 +266,8 @@ async fn tx_claim_last_a_failed_duplicate_gets_the_recorded_outcome() {
 #[tokio::test]
 async fn claim_last_reads_back_the_row_that_beat_it_not_its_snapshot() {
     let my = or_skip!(My::open("snapshot", 5).await);
-    let clock = ManualClock::new(T0);
-    let store = my.store.clone().with_clock(clock.clone());
+    let shift = TimeShift::new();
+    let store = my.store.clone().with_time_shift(shift.clone());
     let expired = key("expired");
     let TxClaim::Fresh(tx) = store.begin_claim(&TX, &expired, None).await.unwrap() else {
         panic!("a fresh key is claimed")
@@ -256,7 +276,7 @@ async fn claim_last_reads_back_the_row_that_beat_it_not_its_snapshot() {
         .commit_outcome(tx, &TX, &expired, None, "\"old\"")
         .await
         .unwrap();
-    clock.advance(TX.ttl + Duration::from_secs(1));
+    shift.advance(TX.ttl + Duration::from_secs(1));
 
     for k in [expired, key("fresh")] {
         let TxClaim::Fresh(mut late) = store.begin_claim(&TX, &k, None).await.unwrap() else {
@@ -588,11 +608,11 @@ async fn a_missing_table_is_reported_as_such() {
 #[tokio::test]
 async fn a_sweep_deletes_in_batches_and_does_not_wait_on_live_claims() {
     let my = or_skip!(My::open("sweep", 5).await);
-    let clock = ManualClock::new(T0);
+    let shift = TimeShift::new();
     let store = my
         .store
         .clone()
-        .with_clock(clock.clone())
+        .with_time_shift(shift.clone())
         .with_claim_order(ClaimOrder::First);
     for i in 0..5 {
         let k = key(&format!("old-{i}"));
@@ -601,7 +621,7 @@ async fn a_sweep_deletes_in_batches_and_does_not_wait_on_live_claims() {
         };
         assert!(store.complete(&LEASE, &k, &token, "null").await.unwrap());
     }
-    clock.advance(LEASE.ttl);
+    shift.advance(LEASE.ttl);
     // A delivery in flight holds a live claim, whose expiry follows the
     // expired ones in the index.
     let live = key("live");

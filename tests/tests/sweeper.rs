@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::{AppError, Db, Probe, T0, eventually};
 use idem_runtime::Sweeper;
-use idem_runtime::clock::ManualClock;
+use idem_runtime::clock::{ManualClock, TimeShift};
 use idem_runtime::{MemoryStore, SqliteTx, idempotent};
 
 #[derive(Debug)]
@@ -35,10 +35,10 @@ async fn tick_memory(msg: &Tick, probe: &Probe) -> Result<u32, AppError> {
 const EXPIRED: u32 = 25;
 const LIVE: u32 = 5;
 
-/// Ids `0..EXPIRED` complete at T0, ids `EXPIRED..EXPIRED + LIVE` 30 minutes
-/// later; the clock then stands at T0 + 61 min: the first ones are past their
-/// 1 h ttl, the others are not.
-async fn fill_sqlite(db: &Db, clock: &ManualClock, probe: &Probe) {
+/// Ids `0..EXPIRED` complete at T0 (now, on SQLite), ids `EXPIRED..EXPIRED +
+/// LIVE` 30 minutes later; the time then stands at T0 + 61 min: the first
+/// ones are past their 1 h ttl, the others are not.
+async fn fill_sqlite(db: &Db, shift: &TimeShift, probe: &Probe) {
     for id in 0..EXPIRED {
         assert!(
             tick_sqlite(&db.store, &Tick { id }, probe)
@@ -47,7 +47,7 @@ async fn fill_sqlite(db: &Db, clock: &ManualClock, probe: &Probe) {
                 .is_executed()
         );
     }
-    clock.advance(Duration::from_secs(30 * 60));
+    shift.advance(Duration::from_secs(30 * 60));
     for id in EXPIRED..EXPIRED + LIVE {
         assert!(
             tick_sqlite(&db.store, &Tick { id }, probe)
@@ -56,7 +56,7 @@ async fn fill_sqlite(db: &Db, clock: &ManualClock, probe: &Probe) {
                 .is_executed()
         );
     }
-    clock.advance(Duration::from_secs(31 * 60));
+    shift.advance(Duration::from_secs(31 * 60));
 }
 
 async fn fill_memory(store: &MemoryStore, clock: &ManualClock, probe: &Probe) {
@@ -82,10 +82,10 @@ async fn fill_memory(store: &MemoryStore, clock: &ManualClock, probe: &Probe) {
 
 #[tokio::test]
 async fn sqlite_sweep_deletes_expired_rows_in_bounded_batches_and_keeps_live_ones() {
-    let clock = ManualClock::new(T0);
-    let db = Db::with_clock(&clock).await;
+    let shift = TimeShift::new();
+    let db = Db::with_shift(&shift).await;
     let probe = Probe::new();
-    fill_sqlite(&db, &clock, &probe).await;
+    fill_sqlite(&db, &shift, &probe).await;
     assert_eq!(db.record_count().await, i64::from(EXPIRED + LIVE));
 
     assert_eq!(db.store.sweep_expired(0).await.unwrap(), 0);
@@ -156,10 +156,10 @@ async fn memory_sweep_deletes_expired_records_in_bounded_batches_and_keeps_live_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_sweeper_task_deletes_expired_rows_and_stops_when_dropped() {
-    let clock = ManualClock::new(T0);
-    let db = Db::with_clock(&clock).await;
+    let shift = TimeShift::new();
+    let db = Db::with_shift(&shift).await;
     let probe = Probe::new();
-    fill_sqlite(&db, &clock, &probe).await;
+    fill_sqlite(&db, &shift, &probe).await;
 
     let sweeper = Sweeper::spawn(db.store.clone(), Duration::from_millis(20), 4);
     eventually(
@@ -172,7 +172,7 @@ async fn sqlite_sweeper_task_deletes_expired_rows_and_stops_when_dropped() {
 
     // Let an in-flight tick finish, then expire the rest: nothing sweeps them.
     tokio::time::sleep(Duration::from_millis(50)).await;
-    clock.advance(Duration::from_secs(3_600));
+    shift.advance(Duration::from_secs(3_600));
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert_eq!(
         db.record_count().await,

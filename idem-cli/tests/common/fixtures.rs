@@ -1,7 +1,7 @@
 //! A store of a test's own on each server, the arguments that name it to
 //! the binary, and stores on it that write at another time.
 
-use idem_runtime::clock::ManualClock;
+use idem_runtime::clock::{ManualClock, TimeShift};
 use idem_runtime::store::Inspect;
 use idem_runtime::{LeaseStore, MySqlStore, PgStore, RedisStore, SqliteStore};
 use idem_tests::{
@@ -28,7 +28,10 @@ pub(crate) trait StoreFx: Sized {
     /// The store, on the system clock.
     fn store(&self) -> &Self::Store;
 
-    /// The store, writing as if it were `at_ms` (ms since the epoch).
+    /// The store, writing as if it were `at_ms` (ms since the epoch): a
+    /// SQL store's database time shifted there (it runs on from there
+    /// while the statement is on its way: a few ms later), Redis's
+    /// informational clock set to it.
     fn store_at(&self, at_ms: i64) -> Self::Store;
 
     /// The arguments naming this store to the binary: `--store URL` and
@@ -38,6 +41,12 @@ pub(crate) trait StoreFx: Sized {
     /// As [`args`](Self::args), with `--table` (or `--prefix`) naming
     /// `other` instead.
     fn args_on(&self, other: &str) -> Vec<String>;
+}
+
+/// A shift that moves a SQL database's time (on this host: its clock is
+/// the system's) to `at_ms` now.
+fn shift_to(at_ms: i64) -> TimeShift {
+    TimeShift::from_millis(at_ms - super::now())
 }
 
 /// A SQLite database file of its own, with its dedup table `cli_keys`.
@@ -73,7 +82,7 @@ impl StoreFx for SqliteFx {
     }
 
     fn store_at(&self, at_ms: i64) -> SqliteStore {
-        self.store.clone().with_clock(ManualClock::new(at_ms))
+        self.store.clone().with_time_shift(shift_to(at_ms))
     }
 
     fn args(&self) -> Vec<String> {
@@ -123,7 +132,7 @@ impl StoreFx for PgFx {
     }
 
     fn store_at(&self, at_ms: i64) -> PgStore {
-        self.store.clone().with_clock(ManualClock::new(at_ms))
+        self.store.clone().with_time_shift(shift_to(at_ms))
     }
 
     fn args(&self) -> Vec<String> {
@@ -168,7 +177,7 @@ impl StoreFx for MySqlFx {
     }
 
     fn store_at(&self, at_ms: i64) -> MySqlStore {
-        self.store.clone().with_clock(ManualClock::new(at_ms))
+        self.store.clone().with_time_shift(shift_to(at_ms))
     }
 
     fn args(&self) -> Vec<String> {

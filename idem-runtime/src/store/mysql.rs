@@ -146,9 +146,12 @@ const MIGRATE_LOCK_WAIT: Duration = Duration::from_secs(30);
 /// compare byte for byte, so `A` and `a` (merged by the default
 /// case-insensitive collations) and `a` and `a ` (merged by `PAD SPACE`
 /// collations such as `utf8mb4_bin`) stay apart. Times are `BIGINT`
-/// milliseconds of the consumer's clock. Expired rows are reclaimed at claim
-/// time and deleted by [`sweep_expired`] in batches on the `expires_at`
-/// index: it locks a batch of expired rows with `FOR UPDATE SKIP LOCKED`
+/// milliseconds since the epoch of the server's clock, read in each
+/// statement (`UTC_TIMESTAMP(3)`, the statement's start, whatever the
+/// session's `time_zone`): leases and expiry are computed in SQL from the
+/// lease and the ttl, never from the consumer's clock. Expired rows are
+/// reclaimed at claim time and deleted by [`sweep_expired`] in batches on
+/// the `expires_at` index: it locks a batch of expired rows with `FOR UPDATE SKIP LOCKED`
 /// (skipping those a claim is taking over) and deletes them by primary key,
 /// in a `READ COMMITTED` transaction, which takes no gap locks. So a sweep
 /// never waits on a claim, and a claim waits on a sweep only for a key the
@@ -199,6 +202,14 @@ pub type MySqlStore = SqlStore<MySql>;
 impl Dialect for MySql {
     const STORE: &'static str = "mysql";
     const PLACEHOLDERS: Placeholders = Placeholders::Question;
+    // `UTC_TIMESTAMP(3)` is the statement's start (as `NOW()`, unlike
+    // `SYSDATE()`), in UTC whatever the session's `time_zone`, counted from
+    // the epoch without a time-zone conversion: `UNIX_TIMESTAMP(NOW(3))`
+    // would convert the session's local time back, ambiguous in the hour a
+    // daylight-saving zone repeats. (No `:` in it: statements read `:name`
+    // as a parameter.)
+    const NOW: &'static str =
+        "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(3)) DIV 1000)";
     // `KEY` is a reserved word in MySQL.
     const KEY: &'static str = "`key`";
     const MAX_HANDLER_LEN: usize = 128;
@@ -304,7 +315,7 @@ impl Dialect for MySql {
         // and on an uncommitted claim's index entry just past the expired
         // ones, while holding the rows it deleted so far.
         "DELETE cur FROM
-            (SELECT handler, {key} FROM {t} WHERE expires_at <= :now
+            (SELECT handler, {key} FROM {t} WHERE expires_at <= {now}
              ORDER BY expires_at LIMIT :batch FOR UPDATE SKIP LOCKED) AS expired
          STRAIGHT_JOIN {t} AS cur FORCE INDEX (PRIMARY)
             ON cur.handler = expired.handler AND cur.{key} = expired.{key}"

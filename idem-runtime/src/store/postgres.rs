@@ -94,10 +94,13 @@ pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 ///   ON CONFLICT DO UPDATE ... WHERE expired` carrying a fencing token;
 ///   completion, release and lease extension compare the token.
 ///
-/// Times are the consumer's clock in milliseconds since the epoch (keep
-/// consumers' clocks in sync with NTP, as leases assume anyway). Expired rows
-/// are reclaimed at claim time and deleted by [`sweep_expired`] in bounded
-/// batches on the `expires_at` index.
+/// Times are the server's clock in milliseconds since the epoch, read in
+/// each statement (`statement_timestamp()`, constant within it): leases,
+/// expiry and the record's times are computed in SQL from the lease and the
+/// ttl, never from the consumer's clock, so a consumer whose clock is off
+/// neither takes over a live lease nor writes times into the future. Expired
+/// rows are reclaimed at claim time and deleted by [`sweep_expired`] in
+/// bounded batches on the `expires_at` index.
 ///
 /// A claim that waits on another transaction holding the same key gives up
 /// after the connection's `lock_timeout` (5 s when the store made the pool)
@@ -137,6 +140,10 @@ pub type PgStore = SqlStore<Postgres>;
 impl Dialect for Postgres {
     const STORE: &'static str = "postgres";
     const PLACEHOLDERS: Placeholders = Placeholders::Dollar;
+    // The time the server received the statement: constant within it (and,
+    // unlike `now()`, not the transaction's start, which a claim inside a
+    // transaction-mode body would see long past).
+    const NOW: &'static str = "(extract(epoch from statement_timestamp()) * 1000)::bigint";
     const KEY: &'static str = "key";
     const MAX_HANDLER_LEN: usize = usize::MAX;
     const BEGIN: Option<&'static str> = None;
@@ -262,7 +269,7 @@ impl Dialect for Postgres {
     fn sweep() -> String {
         // Rows another transaction holds are skipped, not waited for.
         "DELETE FROM {t} WHERE ctid = ANY (ARRAY(
-            SELECT ctid FROM {t} WHERE expires_at <= :now
+            SELECT ctid FROM {t} WHERE expires_at <= {now}
             ORDER BY expires_at LIMIT :batch FOR UPDATE SKIP LOCKED))"
             .to_owned()
     }

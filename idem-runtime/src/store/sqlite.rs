@@ -109,6 +109,13 @@ pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// for up to the busy timeout (5 s unless the pool says otherwise), then fail
 /// with [`StoreError::Timeout`].
 ///
+/// Times are milliseconds since the epoch, read in each statement from
+/// SQLite's own `'now'` (the same within a statement), and leases and expiry
+/// are computed in SQL, as on the server databases. SQLite runs inside the
+/// consumer, so its clock is the consumer's host's: consumers of one
+/// database file share a host (WAL mode needs one), and so share one
+/// clock.
+///
 /// [`sweep_expired`]: SqliteStore::sweep_expired
 ///
 /// # Examples
@@ -146,6 +153,11 @@ pub type SqliteStore = SqlStore<Sqlite>;
 impl Dialect for Sqlite {
     const STORE: &'static str = "sqlite";
     const PLACEHOLDERS: Placeholders = Placeholders::NumberedQuestion;
+    // SQLite's `'now'` is the same for every use within one step of a
+    // statement (a write is one step). `julianday` counts days as a double,
+    // from SQLite's integer milliseconds: rounded back to them, not cut.
+    // (`unixepoch('subsec')` needs SQLite 3.42; this works on any.)
+    const NOW: &'static str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
     const KEY: &'static str = "key";
     const MAX_HANDLER_LEN: usize = usize::MAX;
     // IMMEDIATE takes the write lock now, so the claim cannot deadlock
@@ -228,7 +240,7 @@ impl Dialect for Sqlite {
 
     fn sweep() -> String {
         "DELETE FROM {t} WHERE (handler, key) IN
-            (SELECT handler, key FROM {t} WHERE expires_at <= :now ORDER BY expires_at LIMIT :batch)"
+            (SELECT handler, key FROM {t} WHERE expires_at <= {now} ORDER BY expires_at LIMIT :batch)"
             .to_owned()
     }
 

@@ -8,8 +8,8 @@
 //!   goes through the fixture ([`Effects`]), which keeps it next to the
 //!   store (a ledger row, a Redis counter, a map in memory).
 //! * [`suite!`] stamps out one `#[tokio::test]` per scenario for a fixture
-//!   type; [`clock_suite!`] adds the scenarios that need the store's expiry
-//!   on a manual clock. [`scenarios!`] hands the list to any other runner
+//!   type; [`clock_suite!`] adds the scenarios that need the store's time
+//!   moved by the test (a manual clock, or a SQL database's time shift). [`scenarios!`] hands the list to any other runner
 //!   (the Redis Cluster test runs them one after the other on its cluster).
 //!
 //! Where the stores' documented behaviour differs, the scenarios assert each
@@ -23,7 +23,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use idem_runtime::clock::{Clock, ManualClock};
+use idem_runtime::clock::{Clock, ManualClock, TimeShift};
 use idem_runtime::store::{Record, Status};
 use idem_runtime::{Claim, Error, Key, LeaseStore, Outcome, idempotent};
 
@@ -53,14 +53,28 @@ pub(crate) use super::lease_ops::{
 /// How a fixture's store tells time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Time {
-    /// A [`ManualClock`] at [`T0`](super::T0) that only the test moves,
-    /// where the store computes leases and expiry from a clock (SQL,
-    /// memory): expiry can be placed to the millisecond. A store whose
-    /// server expires records by itself (Redis) has real time only and
-    /// opens on it; its [`LeaseFixture::clock`] is `None`.
+    /// Time the test moves: a [`ManualClock`] at [`T0`](super::T0) that
+    /// only the test moves, where the store computes leases and expiry from
+    /// a clock of its own (memory), so that expiry can be placed to the
+    /// millisecond; or a [`TimeShift`] of the database's clock, where the
+    /// database computes them (SQL), which moves at once when the test
+    /// says and in real time otherwise. A store whose server expires records
+    /// by itself (Redis) has real time only and opens on it.
     Manual,
     /// The system clock: leases run out in real time, which is what the
     /// heartbeat is for.
+    Real,
+}
+
+/// What moves a fixture's time ([`LeaseFixture::time`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Moves<'a> {
+    /// The store's own manual clock: nothing else moves it.
+    Clock(&'a ManualClock),
+    /// The shift of the database's clock: it runs in real time, and jumps
+    /// when the test advances the shift.
+    Shift(&'a TimeShift),
+    /// Nothing but real time.
     Real,
 }
 
@@ -106,8 +120,13 @@ pub(crate) trait LeaseFixture: Effects + Sized + 'static {
     async fn open(time: Time) -> Option<Self>;
     /// The store.
     fn store(&self) -> &Self::Store;
-    /// The manual clock the store reads, if it has one (see [`Time`]).
-    fn clock(&self) -> Option<&ManualClock>;
+    /// What moves the store's time (see [`Time`]).
+    fn time(&self) -> Moves<'_>;
+    /// The server's own clock, unshifted, in ms since the epoch: the
+    /// database's for a SQL store (read from it), the system's otherwise.
+    async fn server_now_ms(&self) -> i64 {
+        system_now_ms()
+    }
     /// `handler`'s record of `key`, if the store holds one.
     async fn record(&self, handler: &str, key: &Key) -> Option<Record>;
     /// How many records the store holds (expired ones included, where they
@@ -119,41 +138,46 @@ pub(crate) trait LeaseFixture: Effects + Sized + 'static {
     async fn effects(&self, id: &str) -> usize;
 
     /// Lets the lease of `handler`'s claim of `key` run out now, as for a
-    /// consumer stalled past its lease: on a manual clock, the clock moves
-    /// to the lease's end. Stores without one override this.
+    /// consumer stalled past its lease: the store's time moves to the
+    /// lease's end. Stores whose server expires records override this.
     async fn run_out_lease(&self, handler: &str, key: &Key) {
-        let clock = self
-            .clock()
-            .expect("a store without a manual clock runs leases out its way");
+        assert!(
+            !matches!(self.time(), Moves::Real),
+            "a store on real time runs leases out its way"
+        );
         let rec = self.record(handler, key).await.expect("a claim to run out");
-        let left = rec.expires_at_ms - clock.now_millis();
-        clock.advance(Duration::from_millis(u64::try_from(left).unwrap_or(0)));
+        let left = rec.expires_at_ms - self.now_ms().await;
+        self.advance(Duration::from_millis(u64::try_from(left).unwrap_or(0)))
+            .await;
     }
 
-    /// Now, on the store's time (the manual clock, or the system's).
-    fn now_ms(&self) -> i64 {
-        match self.clock() {
-            Some(clock) => clock.now_millis(),
-            None => system_now_ms(),
+    /// Now, on the store's time: the manual clock, or the server's clock
+    /// plus the shift.
+    async fn now_ms(&self) -> i64 {
+        match self.time() {
+            Moves::Clock(clock) => clock.now_millis(),
+            Moves::Shift(shift) => self.server_now_ms().await + shift.millis(),
+            Moves::Real => self.server_now_ms().await,
         }
     }
 
-    /// Lets `by` pass on the store's time: the manual clock moves, or the
-    /// test waits.
+    /// Lets `by` pass on the store's time: the clock or the shift moves, or
+    /// the test waits.
     async fn advance(&self, by: Duration) {
-        match self.clock() {
-            Some(clock) => clock.advance(by),
-            None => tokio::time::sleep(by).await,
+        match self.time() {
+            Moves::Clock(clock) => clock.advance(by),
+            Moves::Shift(shift) => shift.advance(by),
+            Moves::Real => tokio::time::sleep(by).await,
         }
     }
 
     /// How far from a store's expiry a test must place a moment to be sure
-    /// on which side it falls: nothing on a manual clock, a margin in real
-    /// time (calls take time, and Redis expires by its own clock).
+    /// on which side it falls: nothing on a manual clock; a margin where
+    /// real time runs (calls take time, and Redis expires by its own clock).
     fn slack(&self) -> Duration {
-        match self.clock() {
-            Some(_) => Duration::ZERO,
-            None => Duration::from_millis(500),
+        match self.time() {
+            Moves::Clock(_) => Duration::ZERO,
+            Moves::Shift(_) | Moves::Real => Duration::from_millis(500),
         }
     }
 }
@@ -171,8 +195,8 @@ fn ms(d: Duration) -> i64 {
 
 /// `rec` expires `within` from now on the store's time: exactly on a manual
 /// clock, up to the fixture's slack sooner in real time.
-fn assert_expires_in<F: LeaseFixture>(fx: &F, rec: &Record, within: Duration) {
-    let left = rec.expires_at_ms - fx.now_ms();
+async fn assert_expires_in<F: LeaseFixture>(fx: &F, rec: &Record, within: Duration) {
+    let left = rec.expires_at_ms - fx.now_ms().await;
     let (most, least) = (ms(within), ms(within) - ms(fx.slack()));
     assert!(
         (least..=most).contains(&left),
@@ -413,9 +437,9 @@ async fn jobs_together<F: LeaseFixture>(
 pub(crate) async fn first_delivery_executes_and_records_completed<F: LeaseFixture>(fx: Arc<F>) {
     let probe = Probe::new();
     let msg = Job::new("j-1", 7);
-    let before = fx.now_ms();
+    let before = fx.now_ms().await;
     let out = job(fx.store(), &msg, &probe, &*fx).await.unwrap();
-    let after = fx.now_ms();
+    let after = fx.now_ms().await;
     assert_eq!(out, Outcome::Executed(7));
     assert_eq!(probe.runs(), 1);
     assert_eq!(fx.effects("j-1").await, 1);
@@ -434,7 +458,7 @@ pub(crate) async fn first_delivery_executes_and_records_completed<F: LeaseFixtur
         (rec.created_at_ms..=after).contains(&rec.updated_at_ms),
         "{rec:?}"
     );
-    assert_expires_in(&*fx, &rec, Duration::from_secs(3_600));
+    assert_expires_in(&*fx, &rec, Duration::from_secs(3_600)).await;
     // The fencing token is cleared on completion.
     assert!(fx.token(JOB, &msg.key()).await.is_cleared());
     assert_eq!(fx.records().await, 1);
@@ -637,7 +661,7 @@ pub(crate) async fn in_progress_reports_what_is_left_of_the_lease<F: LeaseFixtur
         (rec.status, rec.outcome.as_deref()),
         (Status::InProgress, None)
     );
-    assert_expires_in(&*fx, &rec, Duration::from_secs(3_600));
+    assert_expires_in(&*fx, &rec, Duration::from_secs(3_600)).await;
     let token = fx.token(HINT, &msg.key()).await;
     assert_ne!(token, Token::Shown(None), "a claim without a fencing token");
 
@@ -645,7 +669,7 @@ pub(crate) async fn in_progress_reports_what_is_left_of_the_lease<F: LeaseFixtur
     let err = hint_job(fx.store(), &msg, &probe, &*fx).await.unwrap_err();
     // What the claim had held when the call returned: on a manual clock
     // exactly the 200 ms; Redis counts whole milliseconds (1 ms of slack).
-    let held = Duration::from_millis(u64::try_from(fx.now_ms() - rec.created_at_ms).unwrap());
+    let held = Duration::from_millis(u64::try_from(fx.now_ms().await - rec.created_at_ms).unwrap());
     match err {
         Error::InProgress {
             retry_after,
@@ -677,14 +701,15 @@ pub(crate) async fn after_the_ttl_the_key_runs_again<F: LeaseFixture>(fx: Arc<F>
     let out = short_ttl_job(fx.store(), &msg, &probe, &*fx).await.unwrap();
     assert!(out.is_executed());
     let first = fx.record(SHORT_TTL, &msg.key()).await.unwrap();
-    assert_expires_in(&*fx, &first, Duration::from_secs(1));
+    assert_expires_in(&*fx, &first, Duration::from_secs(1)).await;
     assert_eq!(
         short_ttl_job(fx.store(), &msg, &probe, &*fx).await.unwrap(),
         Outcome::Duplicate(4)
     );
 
     // Just before the ttl (by the slack): still a duplicate.
-    let left = Duration::from_millis(u64::try_from(first.expires_at_ms - fx.now_ms()).unwrap());
+    let left =
+        Duration::from_millis(u64::try_from(first.expires_at_ms - fx.now_ms().await).unwrap());
     let slack = fx.slack();
     fx.advance(left - Duration::from_millis(1) - slack).await;
     assert_eq!(
@@ -711,7 +736,7 @@ pub(crate) async fn after_the_ttl_the_key_runs_again<F: LeaseFixture>(fx: Arc<F>
     let second = fx.record(SHORT_TTL, &msg.key()).await.unwrap();
     assert_eq!((second.status, second.attempts), (Status::Completed, 1));
     assert!(
-        (first.expires_at_ms..=fx.now_ms()).contains(&second.created_at_ms),
+        (first.expires_at_ms..=fx.now_ms().await).contains(&second.created_at_ms),
         "{first:?} {second:?}"
     );
     assert_eq!(fx.records().await, 1);
@@ -766,7 +791,7 @@ pub(crate) async fn expired_lease_is_taken_over_and_the_stale_completion_is_leas
         fx.token(JOB, &key).await.is_cleared(),
         "A's token {token_a:?}"
     );
-    assert_expires_in(&*fx, &rec, Duration::from_secs(3_600));
+    assert_expires_in(&*fx, &rec, Duration::from_secs(3_600)).await;
     assert_eq!(fx.records().await, 1);
     for value in [3, 4] {
         assert_eq!(
@@ -795,7 +820,7 @@ pub(crate) async fn a_late_completion_nobody_overtook_is_recorded<F: LeaseFixtur
         Some(rec) => {
             assert!(!F::DELETES_EXPIRED, "Redis kept an expired lease: {rec:?}");
             assert!(
-                rec.expires_at_ms <= fx.now_ms(),
+                rec.expires_at_ms <= fx.now_ms().await,
                 "the lease ran out: {rec:?}"
             );
         }
@@ -808,7 +833,7 @@ pub(crate) async fn a_late_completion_nobody_overtook_is_recorded<F: LeaseFixtur
         (rec.status, rec.outcome.as_deref()),
         (Status::Completed, Some("1"))
     );
-    assert_expires_in(&*fx, &rec, Duration::from_secs(3_600));
+    assert_expires_in(&*fx, &rec, Duration::from_secs(3_600)).await;
     assert_eq!(
         job(fx.store(), &Job::new("late-1", 9), &probe, &*fx)
             .await
@@ -910,13 +935,18 @@ pub(crate) async fn heartbeat_keeps_a_long_body_s_lease_alive<F: LeaseFixture>(f
     );
 }
 
-/// The heartbeat extends the lease from the store's clock: with a manual
-/// clock moved past the lease, the next beat (a third of the lease later,
-/// in real time) renews it, and no other consumer can take the key over. No
-/// real time passes through a lease. Only for stores on a manual clock.
+/// The heartbeat extends the lease from the store's time: with the time
+/// moved past the lease (a manual clock, or the database's shifted), the
+/// next beat (a third of the lease later, in real time) renews it from the
+/// new time, and no other consumer can take the key over. Only for stores
+/// whose time a test moves.
 pub(crate) async fn heartbeat_renews_the_lease_from_the_store_s_clock<F: LeaseFixture>(fx: Arc<F>) {
-    let clock = fx.clock().expect("a store on a manual clock").clone();
-    let t0 = clock.now_millis();
+    assert!(
+        !matches!(fx.time(), Moves::Real),
+        "a store whose time the test moves"
+    );
+    let t0 = fx.now_ms().await;
+    let slack = ms(fx.slack());
     let probe = Probe::new();
     let key = Job::new("j-12", 0).key();
     let a = {
@@ -927,22 +957,33 @@ pub(crate) async fn heartbeat_renews_the_lease_from_the_store_s_clock<F: LeaseFi
     };
     probe.wait_parked().await;
     let rec = fx.record(SHORT_LEASE, &key).await.unwrap();
-    assert_eq!((rec.created_at_ms, rec.expires_at_ms), (t0, t0 + 400));
+    // Exactly t0 on a manual clock; where real time runs, beats may already
+    // have renewed the lease, each from its own now.
+    assert!(
+        (t0..=t0 + slack).contains(&rec.created_at_ms),
+        "t0 {t0}: {rec:?}"
+    );
+    assert_eq!(rec.expires_at_ms, rec.updated_at_ms + 400, "{rec:?}");
 
-    // The claim's lease is over on the store's clock...
-    clock.advance(Duration::from_millis(1_000));
-    // ...until the next beat renews it from the clock's new time.
+    // The claim's lease is over on the store's time...
+    fx.advance(Duration::from_millis(1_000)).await;
+    // ...until the next beat renews it from the new time.
     eventually(
         Duration::from_secs(2),
         "a heartbeat at the new time",
         || async {
             let rec = fx.record(SHORT_LEASE, &key).await.unwrap();
-            rec.updated_at_ms == t0 + 1_000
+            rec.updated_at_ms >= t0 + 1_000
         },
     )
     .await;
     let rec = fx.record(SHORT_LEASE, &key).await.unwrap();
-    assert_eq!(rec.expires_at_ms, t0 + 1_400, "{rec:?}");
+    let now = fx.now_ms().await;
+    assert!(
+        (t0 + 1_000..=now).contains(&rec.updated_at_ms),
+        "t0 {t0}, now {now}: {rec:?}"
+    );
+    assert_eq!(rec.expires_at_ms, rec.updated_at_ms + 400, "{rec:?}");
     match short_lease_job(fx.store(), &Job::new("j-12", 2), &probe, &*fx).await {
         Err(Error::InProgress { retry_after, .. }) => {
             assert!(retry_after <= Duration::from_millis(400), "{retry_after:?}");

@@ -8,7 +8,7 @@ use idem_runtime::clock::ManualClock;
 use idem_runtime::store::Record;
 use idem_runtime::{Key, MemoryStore};
 
-use super::lease::{BoxFuture, Effects, LeaseFixture, Time, Token};
+use super::lease::{BoxFuture, Effects, LeaseFixture, Moves, Time, Token};
 use super::{AppError, T0};
 
 /// A memory store, on a manual clock or the system's.
@@ -54,8 +54,11 @@ impl LeaseFixture for MemoryFx {
         &self.store
     }
 
-    fn clock(&self) -> Option<&ManualClock> {
-        self.clock.as_ref()
+    fn time(&self) -> Moves<'_> {
+        match &self.clock {
+            Some(clock) => Moves::Clock(clock),
+            None => Moves::Real,
+        }
     }
 
     async fn record(&self, handler: &str, key: &Key) -> Option<Record> {

@@ -54,6 +54,16 @@ pub(crate) use {
 /// A fixed start for manual clocks (2023-11-14T22:13:20Z).
 pub(crate) const T0: i64 = 1_700_000_000_000;
 
+/// The statement that reads the clock of `store`'s database, as the
+/// store's own statements read it ([`Dialect::NOW`]).
+///
+/// [`Dialect::NOW`]: idem_runtime::store::sql::Dialect::NOW
+pub(crate) fn now_sql<D: idem_runtime::store::sql::Dialect>(
+    _store: &idem_runtime::store::sql::SqlStore<D>,
+) -> String {
+    format!("SELECT {}", D::NOW)
+}
+
 /// The error type of the test handlers.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum AppError {

@@ -5,7 +5,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use idem_runtime::clock::ManualClock;
+use idem_runtime::clock::TimeShift;
 use idem_runtime::{ClaimOrder, MySqlStore};
 use idem_tests::{DropMySqlTables, mysql_pool, mysql_url, unavailable, unique_table};
 use sqlx::AssertSqlSafe;
@@ -28,8 +28,8 @@ pub(crate) struct MySqlDb {
     /// The business tables' (unique) names.
     pub(crate) inventory: String,
     pub(crate) ledger: String,
-    /// The clock the store reads, when it is a manual one.
-    clock: Option<ManualClock>,
+    /// The shift of the store's time, when a test moves it.
+    shift: Option<TimeShift>,
     kind: StoreKind,
     /// Declared last: the tables go when everything else has.
     _tables: DropMySqlTables,
@@ -39,7 +39,7 @@ impl MySqlDb {
     /// The suites' constructor: `None` (after saying why) when the server is
     /// unreachable, which `IDEM_REQUIRE_SERVICES=1` turns into a failure.
     ///
-    /// [`Open::Plain`] and [`Open::Clock`] let the store make its pool (which
+    /// [`Open::Plain`] and [`Open::Shifted`] let the store make its pool (which
     /// sets each session's `innodb_lock_wait_timeout` to 5 s);
     /// [`Open::AppPool`] and [`Open::LockTimeout`] hand it a pool of the
     /// application's, whose lock wait the store is told.
@@ -48,7 +48,7 @@ impl MySqlDb {
             panic!("a MySQL fixture needs a MySQL kind, not {kind:?}")
         };
         let store = match &how {
-            Open::Plain | Open::Clock(_) => store_pool().await?,
+            Open::Plain | Open::Shifted(_) => store_pool().await?,
             Open::AppPool => MySqlStore::from_pool(mysql_pool(POOL, APP_LOCK_WAIT_SECS).await?)
                 .with_lock_timeout(Duration::from_secs(APP_LOCK_WAIT_SECS.into())),
             Open::LockTimeout(timeout) => {
@@ -71,9 +71,9 @@ impl MySqlDb {
             .expect("valid table name")
             .with_claim_order(order);
         let mut manual = None;
-        if let Open::Clock(clock) = how {
-            store = store.with_clock(clock.clone());
-            manual = Some(clock);
+        if let Open::Shifted(shift) = how {
+            store = store.with_time_shift(shift.clone());
+            manual = Some(shift);
         }
         store.migrate().await.expect("migrate");
         sqlx::raw_sql(AssertSqlSafe(format!(
@@ -90,7 +90,7 @@ impl MySqlDb {
             store,
             inventory,
             ledger,
-            clock: manual,
+            shift: manual,
             kind,
             _tables: tables,
         })
@@ -190,6 +190,12 @@ impl MySqlDb {
             .execute(self.store.pool())
             .await
             .map(drop)
+    }
+
+    /// The database's clock (unshifted), ms since the epoch: the
+    /// expression the store's statements read it with.
+    pub(crate) async fn db_now_ms(&self) -> i64 {
+        self.scalar(crate::common::now_sql(&self.store), None).await
     }
 
     /// How many dedup records the store's table holds.

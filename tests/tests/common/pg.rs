@@ -3,7 +3,7 @@
 
 use std::str::FromStr;
 
-use idem_runtime::clock::ManualClock;
+use idem_runtime::clock::TimeShift;
 use idem_runtime::{ClaimOrder, PgStore, RoundTrips};
 use idem_tests::{DropTables, pg_pool, pg_url, unique_table};
 use sqlx::AssertSqlSafe;
@@ -22,8 +22,8 @@ pub(crate) struct PgDb {
     /// The business tables' (unique) names.
     pub(crate) inventory: String,
     pub(crate) ledger: String,
-    /// The clock the store reads, when it is a manual one.
-    clock: Option<ManualClock>,
+    /// The shift of the store's time, when a test moves it.
+    shift: Option<TimeShift>,
     kind: StoreKind,
     /// Declared last: the tables go when everything else has.
     _tables: DropTables,
@@ -50,7 +50,7 @@ impl PgDb {
                 connect(options).await
             }
             // Every PostgreSQL fixture shares the application's pool.
-            Open::Plain | Open::Clock(_) | Open::AppPool => pool,
+            Open::Plain | Open::Shifted(_) | Open::AppPool => pool,
         };
         let mut store = PgStore::from_pool(pool)
             .with_table(&dedup)
@@ -59,9 +59,9 @@ impl PgDb {
             .with_round_trips(trips);
         let mut manual = None;
         match how {
-            Open::Clock(clock) => {
-                store = store.with_clock(clock.clone());
-                manual = Some(clock);
+            Open::Shifted(shift) => {
+                store = store.with_time_shift(shift.clone());
+                manual = Some(shift);
             }
             Open::LockTimeout(timeout) => store = store.with_lock_timeout(timeout),
             Open::Plain | Open::AppPool => {}
@@ -79,7 +79,7 @@ impl PgDb {
             store,
             inventory,
             ledger,
-            clock: manual,
+            shift: manual,
             kind,
             _tables: tables,
         })

@@ -9,7 +9,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_runtime::clock::ManualClock;
 use idem_runtime::store::Record;
 use idem_runtime::{Key, RedisStore};
 use idem_tests::{DeleteKeys, redis_store, redis_url, unique_prefix};
@@ -228,8 +227,8 @@ impl LeaseFixture for RedisFx {
         &self.store
     }
 
-    fn clock(&self) -> Option<&ManualClock> {
-        None
+    fn time(&self) -> super::lease::Moves<'_> {
+        super::lease::Moves::Real
     }
 
     async fn record(&self, handler: &str, key: &Key) -> Option<Record> {

@@ -81,6 +81,12 @@ macro_rules! business_tables {
                     .map(drop)
             }
 
+            /// The database's clock (unshifted), ms since the epoch: the
+            /// expression the store's statements read it with.
+            pub(crate) async fn db_now_ms(&self) -> i64 {
+                self.scalar(crate::common::now_sql(&self.store), None).await
+            }
+
             /// How many dedup records the store's table holds.
             pub(crate) async fn record_count(&self) -> i64 {
                 self.store.count().await.expect("count records")
@@ -182,9 +188,7 @@ macro_rules! sql_suites {
                 use crate::common::lease::Time;
                 use crate::common::tx::Open;
                 let how = match time {
-                    Time::Manual => {
-                        Open::Clock(idem_runtime::clock::ManualClock::new(crate::common::T0))
-                    }
+                    Time::Manual => Open::Shifted(idem_runtime::clock::TimeShift::new()),
                     Time::Real => Open::Plain,
                 };
                 Self::open_with($lease_kind, how).await
@@ -194,8 +198,15 @@ macro_rules! sql_suites {
                 &self.store
             }
 
-            fn clock(&self) -> Option<&idem_runtime::clock::ManualClock> {
-                self.clock.as_ref()
+            fn time(&self) -> crate::common::lease::Moves<'_> {
+                match &self.shift {
+                    Some(shift) => crate::common::lease::Moves::Shift(shift),
+                    None => crate::common::lease::Moves::Real,
+                }
+            }
+
+            async fn server_now_ms(&self) -> i64 {
+                self.db_now_ms().await
             }
 
             async fn record(
@@ -245,8 +256,12 @@ macro_rules! sql_suites {
                 &self.store
             }
 
-            fn clock(&self) -> Option<&idem_runtime::clock::ManualClock> {
-                self.clock.as_ref()
+            fn shift(&self) -> Option<&idem_runtime::clock::TimeShift> {
+                self.shift.as_ref()
+            }
+
+            async fn db_now_ms(&self) -> i64 {
+                $Db::db_now_ms(self).await
             }
 
             async fn second_consumer(&self) -> $Store {

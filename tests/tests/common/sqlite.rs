@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use idem_runtime::SqliteStore;
-use idem_runtime::clock::ManualClock;
+use idem_runtime::clock::TimeShift;
 use tempfile::TempDir;
 
 use super::tx::{Open, StoreKind};
@@ -16,42 +16,43 @@ pub(crate) struct Db {
     /// The business tables (fixed names: the database file is the test's own).
     pub(crate) inventory: &'static str,
     pub(crate) ledger: &'static str,
-    /// The clock the store reads, when it is a manual one.
-    clock: Option<ManualClock>,
+    /// The shift of the store's time, when a test moves it.
+    shift: Option<TimeShift>,
     kind: StoreKind,
     file: PathBuf,
     _dir: TempDir,
 }
 
 impl Db {
-    /// A migrated store on the system clock, with `inventory` and `ledger`.
+    /// A migrated store on the database's own time, with `inventory` and
+    /// `ledger`.
     pub(crate) async fn new() -> Db {
         Self::build(None).await
     }
 
-    /// A migrated store reading time from `clock`.
-    pub(crate) async fn with_clock(clock: &ManualClock) -> Db {
-        Self::build(Some(clock.clone())).await
+    /// A migrated store whose time `shift` moves.
+    pub(crate) async fn with_shift(shift: &TimeShift) -> Db {
+        Self::build(Some(shift.clone())).await
     }
 
-    async fn build(clock: Option<ManualClock>) -> Db {
+    async fn build(shift: Option<TimeShift>) -> Db {
         let dir = tempfile::tempdir().expect("temp dir");
         let store = SqliteStore::open(dir.path().join("idem.db"))
             .await
             .expect("open sqlite store");
-        let store = match &clock {
-            Some(c) => store.with_clock(c.clone()),
+        let store = match &shift {
+            Some(s) => store.with_time_shift(s.clone()),
             None => store,
         };
         let file = dir.path().join("idem.db");
-        Db::assemble(store, clock, dir, file).await
+        Db::assemble(store, shift, dir, file).await
     }
 
     /// Migrates `store` (whose file is `file` in `dir`) and adds the
     /// business tables.
     async fn assemble(
         store: SqliteStore,
-        clock: Option<ManualClock>,
+        shift: Option<TimeShift>,
         dir: TempDir,
         file: PathBuf,
     ) -> Db {
@@ -68,7 +69,7 @@ impl Db {
             store,
             inventory: "inventory",
             ledger: "ledger",
-            clock,
+            shift,
             kind: StoreKind::Sqlite,
             file,
             _dir: dir,
@@ -80,7 +81,7 @@ impl Db {
         assert_eq!(kind, StoreKind::Sqlite, "a SQLite fixture");
         Some(match how {
             Open::Plain => Db::new().await,
-            Open::Clock(clock) => Db::with_clock(&clock).await,
+            Open::Shifted(shift) => Db::with_shift(&shift).await,
             Open::LockTimeout(timeout) => {
                 let dir = tempfile::tempdir().expect("temp dir");
                 let file = dir.path().join("idem.db");

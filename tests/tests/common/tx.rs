@@ -23,14 +23,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::clock::ManualClock;
+use idem_runtime::clock::TimeShift;
 use idem_runtime::{
     ClaimOrder, Error, Key, Outcome, Record, RoundTrips, Status, StoreError, TxStore,
 };
 use idem_tests::or_skip;
 
 use super::ops::{OpsError, Reserve, Settled};
-use super::{AppError, Probe, T0, Tally, together};
+use super::{AppError, Probe, Tally, together};
 
 // The scenarios about batch handlers.
 #[allow(unused_imports)]
@@ -150,10 +150,10 @@ pub(crate) enum Waited {
 /// How a fixture's store is built.
 #[derive(Debug, Clone)]
 pub(crate) enum Open {
-    /// On the system clock.
+    /// On the database's own time.
     Plain,
-    /// Reading time from this clock.
-    Clock(ManualClock),
+    /// On the database's time, moved by this shift.
+    Shifted(TimeShift),
     /// With this lock (SQLite: busy) timeout instead of the default 5 s
     /// (MySQL: whole seconds, see [`StoreKind::lock_timeout`]).
     LockTimeout(Duration),
@@ -178,8 +178,14 @@ pub(crate) trait TxFixture: Sized + Send + Sync + 'static {
     fn kind(&self) -> StoreKind;
     /// The store.
     fn store(&self) -> &Self::Store;
-    /// The clock of [`Open::Clock`].
-    fn clock(&self) -> Option<&ManualClock>;
+    /// The shift of [`Open::Shifted`].
+    fn shift(&self) -> Option<&TimeShift>;
+    /// The database's clock (unshifted), ms since the epoch.
+    async fn db_now_ms(&self) -> i64;
+    /// Now on the store's time: the database's clock plus the shift.
+    async fn now_ms(&self) -> i64 {
+        self.db_now_ms().await + self.shift().map_or(0, TimeShift::millis)
+    }
     /// A second consumer: a store with its own pool on the same dedup
     /// table, as another process would have.
     async fn second_consumer(&self) -> Self::Store;
@@ -838,26 +844,39 @@ pub(crate) async fn two_consumers_on_one_database_execute_a_message_once<F: TxHa
 }
 
 pub(crate) async fn after_the_ttl_the_key_runs_again<F: TxHandlers>(kind: StoreKind) {
-    let db = or_skip!(F::open(kind, Open::Clock(ManualClock::new(T0))).await);
-    let clock = db.clock().expect("opened on a clock").clone();
+    let db = or_skip!(F::open(kind, Open::Shifted(TimeShift::new())).await);
+    let shift = db.shift().expect("opened on a shift").clone();
     db.stock_up("kiwi", 100).await;
     let probe = Probe::new();
     let msg = OrderPlaced::new("o-5", "kiwi", 10);
 
+    let before = db.now_ms().await;
     let out = db.deduct(db.store(), &msg, &probe).await.unwrap();
+    let after = db.now_ms().await;
     assert!(out.is_executed());
     let rec = db.record(F::DEDUCT, &msg.key()).await.unwrap();
-    assert_eq!(rec.expires_at_ms, T0 + 3_600_000);
+    assert!((before..=after).contains(&rec.created_at_ms), "{rec:?}");
+    assert!(
+        (rec.created_at_ms..=after).contains(&rec.updated_at_ms),
+        "{rec:?}"
+    );
+    assert_eq!(rec.expires_at_ms, rec.updated_at_ms + 3_600_000);
 
-    // One millisecond before the ttl: still a duplicate.
-    clock.advance(Duration::from_millis(3_600_000 - 1));
+    // The database's time runs on between the statements: the moments are
+    // placed a margin from the ttl's end, not to the millisecond.
+    let margin = Duration::from_secs(2);
+    // Just before the ttl: still a duplicate.
+    let left = u64::try_from(rec.expires_at_ms - db.now_ms().await).unwrap();
+    shift.advance(Duration::from_millis(left) - margin);
     let out = db.deduct(db.store(), &msg, &probe).await.unwrap();
     assert!(out.is_duplicate());
     assert_eq!(probe.runs(), kind.body_runs(1, 1));
 
-    // At the ttl the record stops suppressing the key.
-    clock.advance(Duration::from_millis(1));
+    // Past the ttl the record stops suppressing the key.
+    shift.advance(margin);
+    let before = db.now_ms().await;
     let out = db.deduct(db.store(), &msg, &probe).await.unwrap();
+    let after = db.now_ms().await;
     assert_eq!(
         out,
         Outcome::Executed(Deducted {
@@ -873,8 +892,12 @@ pub(crate) async fn after_the_ttl_the_key_runs_again<F: TxHandlers>(kind: StoreK
     let rec = db.record(F::DEDUCT, &msg.key()).await.unwrap();
     assert_eq!(rec.status, Status::Completed);
     assert_eq!(rec.attempts, 1);
-    assert_eq!(rec.created_at_ms, T0 + 3_600_000);
-    assert_eq!(rec.expires_at_ms, T0 + 7_200_000);
+    assert!((before..=after).contains(&rec.created_at_ms), "{rec:?}");
+    assert!(
+        (rec.created_at_ms..=after).contains(&rec.updated_at_ms),
+        "{rec:?}"
+    );
+    assert_eq!(rec.expires_at_ms, rec.updated_at_ms + 3_600_000);
     assert_eq!(db.records().await, 1);
     let out = db.deduct(db.store(), &msg, &probe).await.unwrap();
     assert!(out.is_duplicate());

@@ -33,13 +33,13 @@ use std::time::Duration;
 
 use sqlx::Transaction;
 
+use super::exec::Found;
 use super::statement::{CLAIMED, COMPLETED};
 use super::statement::{NewRow, Statement, Values, render, values_of};
 use super::{Dialect, Fault, SqlStore, Taken, fault, may_take};
-use crate::clock::expiry;
+use crate::clock::millis;
 use crate::error::StoreError;
 use crate::registry::HandlerSpec;
-use crate::store::Record;
 use crate::store::contract::{BatchItem, Claim, Held, LeaseStore, TxBatch, TxBatchCommit};
 
 /// A claim in progress, one per batch row: its token and fingerprint are
@@ -99,11 +99,11 @@ impl BatchStatements {
             insert_claims: insert(BATCH_CLAIMED),
             insert_completed: insert(BATCH_COMPLETED),
             complete: render(&D::update_from_rows(
-                "status = 'completed', outcome = r.o, updated_at = :now, expires_at = :until",
+                "status = 'completed', outcome = r.o, updated_at = {now}, expires_at = {until}",
                 "cur.token = r.t AND cur.status IN ('in_progress', 'retry')",
             )),
             extend: render(&D::update_from_rows(
-                "updated_at = :now, expires_at = :until",
+                "updated_at = {now}, expires_at = {until}",
                 "cur.token = r.t AND cur.status = 'in_progress'",
             )),
             release: render(&D::delete_from_rows(
@@ -143,46 +143,45 @@ fn rows_json(rows: &[Row<'_>]) -> Result<String, StoreError> {
 }
 
 impl<D: Dialect> SqlStore<D> {
-    /// The values of a batch statement of `spec`, read at this store's
-    /// clock, with rows `rows` and `until` `hold` from now.
+    /// The values of a batch statement of `spec`, with rows `rows` and
+    /// `hold` how long what it writes lasts from the database's now.
     fn batch_values<'a>(
         &self,
         spec: &'a HandlerSpec,
         rows: &'a str,
         hold: Duration,
     ) -> Result<Values<'a>, StoreError> {
-        let now = self.clock.now_millis();
         self.check_handler(spec.name)?;
         Ok(Values {
             handler: spec.name,
-            now,
-            until: expiry(now, hold),
+            hold: millis(hold),
             max: spec.max_attempts.map(i64::from),
-            since: now.saturating_sub(crate::clock::millis(spec.ttl)),
+            ttl: millis(spec.ttl),
             rows,
-            ..Values::default()
+            ..self.values()
         })
     }
 
-    /// The records of `items`' keys, by key.
+    /// The records of `items`' keys, by key, each with the database's now.
     async fn batch_records(
         &self,
         conn: &mut D::Connection,
         spec: &HandlerSpec,
         items: &[BatchItem<'_>],
-    ) -> Result<HashMap<String, Record>, sqlx::Error> {
+    ) -> Result<HashMap<String, Found>, sqlx::Error> {
         self.batch_records_with(conn, &self.sql.batch.select, spec, items)
             .await
     }
 
-    /// The records `select` reads of `items`' keys, by key.
+    /// The records `select` reads of `items`' keys, by key, each with the
+    /// database's now.
     async fn batch_records_with(
         &self,
         conn: &mut D::Connection,
         select: &Statement,
         spec: &HandlerSpec,
         items: &[BatchItem<'_>],
-    ) -> Result<HashMap<String, Record>, sqlx::Error> {
+    ) -> Result<HashMap<String, Found>, sqlx::Error> {
         let rows: Vec<Row<'_>> = items
             .iter()
             .map(|i| [Some(i.key.as_str()), None, None, None])
@@ -191,10 +190,13 @@ impl<D: Dialect> SqlStore<D> {
         let values = Values {
             handler: spec.name,
             rows: &json,
-            ..Values::default()
+            ..self.values()
         };
         let records = D::records(conn, select, &values).await?;
-        Ok(records.into_iter().map(|r| (r.key.clone(), r)).collect())
+        Ok(records
+            .into_iter()
+            .map(|f| (f.record.key.clone(), f))
+            .collect())
     }
 
     /// The keys among `rows` whose row their token holds with `status`.
@@ -208,7 +210,7 @@ impl<D: Dialect> SqlStore<D> {
             handler: spec.name,
             rows: json,
             status,
-            ..Values::default()
+            ..self.values()
         };
         let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
         let cells = D::cells(&mut conn, &self.sql.batch.held, &values, 1)
@@ -277,9 +279,7 @@ impl<D: Dialect> SqlStore<D> {
             return Ok(vec![Claim::Acquired { token }; items.len()]);
         }
         let mut claims = Vec::with_capacity(items.len());
-        let sorted = self
-            .sort_out(spec, items, &token, &values, &mut claims)
-            .await;
+        let sorted = self.sort_out(spec, items, &token, &mut claims).await;
         match sorted {
             Ok(()) => Ok(claims),
             Err(e) => {
@@ -309,7 +309,6 @@ impl<D: Dialect> SqlStore<D> {
         spec: &'static HandlerSpec,
         items: &[BatchItem<'_>],
         token: &str,
-        values: &Values<'_>,
         claims: &mut Vec<Claim>,
     ) -> Result<(), StoreError> {
         let records = {
@@ -319,9 +318,10 @@ impl<D: Dialect> SqlStore<D> {
                 .map_err(|e| self.err(e))?
         };
         for item in items {
-            let record = records.get(item.key.as_str());
-            let ours = record.is_some_and(|r| {
-                r.token.as_deref() == Some(token) && r.status == crate::store::Status::InProgress
+            let found = records.get(item.key.as_str());
+            let ours = found.is_some_and(|f| {
+                f.record.token.as_deref() == Some(token)
+                    && f.record.status == crate::store::Status::InProgress
             });
             if ours {
                 claims.push(Claim::Acquired {
@@ -329,11 +329,7 @@ impl<D: Dialect> SqlStore<D> {
                 });
                 continue;
             }
-            let at = Values {
-                fingerprint: item.fingerprint,
-                ..*values
-            };
-            match self.standing(record.cloned(), spec, &at) {
+            match self.standing(found.cloned(), spec, item.fingerprint) {
                 Some(standing) => claims.push(Claim::Refused(standing)),
                 // Absent after all, expired, or a failure to retry: the
                 // single claim takes it over by the rules.
@@ -413,16 +409,11 @@ impl<D: Dialect> SqlStore<D> {
                 return Err(self.err(e));
             }
         };
-        let now = self.clock.now_millis();
         let standings = items
             .iter()
             .map(|item| {
-                let values = Values {
-                    now,
-                    fingerprint: item.fingerprint,
-                    ..Values::default()
-                };
-                self.standing(records.get(item.key.as_str()).cloned(), spec, &values)
+                let found = records.get(item.key.as_str()).cloned();
+                self.standing(found, spec, item.fingerprint)
             })
             .collect();
         Ok(TxBatch { tx, standings })
@@ -501,8 +492,8 @@ impl<D: Dialect> SqlStore<D> {
             .batch_records_with(tx, &self.sql.batch.select_latest, spec, &fresh_items)
             .await?;
         for (item, outcome) in fresh {
-            let record = records.get(item.key.as_str());
-            if record.is_some_and(|r| r.token.as_deref() == Some(token.as_str())) {
+            let found = records.get(item.key.as_str());
+            if found.is_some_and(|f| f.record.token.as_deref() == Some(token.as_str())) {
                 continue;
             }
             let values = Values {
@@ -511,7 +502,7 @@ impl<D: Dialect> SqlStore<D> {
                     .claim_values(spec, item.key, item.fingerprint, spec.ttl)
                     .map_err(protocol)?
             };
-            if record.is_some_and(|r| !may_take(r, spec, &values)) {
+            if found.is_some_and(|f| !may_take(f, spec, item.fingerprint)) {
                 return Ok(false);
             }
             if !matches!(

@@ -21,6 +21,13 @@ pub trait Dialect: Exec {
     /// How statements write their parameters.
     const PLACEHOLDERS: Placeholders;
 
+    /// The database's clock as an SQL expression: milliseconds since the
+    /// Unix epoch (UTC, whatever the session's time zone), as an integer,
+    /// the same everywhere in one statement. Every lease and expiry is
+    /// computed from it in the statement itself (`{now}` in a template), so
+    /// that consumers whose clocks disagree agree on them.
+    const NOW: &'static str;
+
     /// The `key` column as statements name it.
     const KEY: &'static str;
 
@@ -110,7 +117,7 @@ pub trait Dialect: Exec {
     /// parameter.
     fn take(row: NewRow) -> (String, Option<String>);
 
-    /// Deletes at most `:batch` rows expired at `:now`, oldest first, without
+    /// Deletes at most `:batch` rows expired at `{now}`, oldest first, without
     /// waiting on rows that claims hold where the database allows (a
     /// template, as for [`take`](Self::take)).
     fn sweep() -> String;

@@ -35,12 +35,12 @@ pub trait Exec: Database {
     ) -> impl Future<Output = Result<Self::QueryResult, sqlx::Error>> + Send + 'a;
 
     /// The record `statement` (the store's `select`) finds for
-    /// `values.handler` and `values.key`.
+    /// `values.handler` and `values.key`, with the database's now.
     fn fetch<'a>(
         conn: &'a mut Self::Connection,
         statement: &'a Statement,
         values: &'a Values<'a>,
-    ) -> impl Future<Output = Result<Option<Record>, sqlx::Error>> + Send + 'a;
+    ) -> impl Future<Output = Result<Option<Found>, sqlx::Error>> + Send + 'a;
 
     /// Runs `sql`, a statement of this crate without parameters, through
     /// the text protocol (unprepared).
@@ -67,6 +67,7 @@ pub trait Exec: Database {
     fn number<'a>(
         conn: &'a mut Self::Connection,
         statement: &'a Statement,
+        values: &'a Values<'a>,
     ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send + 'a;
 
     /// The records `statement` returns: rows of `handler`, the key and the
@@ -75,7 +76,7 @@ pub trait Exec: Database {
         conn: &'a mut Self::Connection,
         statement: &'a Statement,
         values: &'a Values<'a>,
-    ) -> impl Future<Output = Result<Vec<Record>, sqlx::Error>> + Send + 'a;
+    ) -> impl Future<Output = Result<Vec<Found>, sqlx::Error>> + Send + 'a;
 
     /// The rows `statement` returns, each as its first `texts` columns
     /// (text) and the rest (integers or NULL).
@@ -85,6 +86,17 @@ pub trait Exec: Database {
         values: &'a Values<'a>,
         texts: usize,
     ) -> impl Future<Output = Result<Vec<Cells>, sqlx::Error>> + Send + 'a;
+}
+
+/// A record as a statement read it, with the database's now in that
+/// statement: what the store decides from the record, it decides at that
+/// time.
+#[derive(Debug, Clone)]
+pub struct Found {
+    /// The record.
+    pub record: Record,
+    /// The database's now (with the test shift), ms since the epoch.
+    pub now: i64,
 }
 
 /// A row read by [`Exec::cells`].
@@ -97,8 +109,9 @@ pub struct Cells {
 }
 
 /// The record in `row`'s columns from `at` on (the columns of
-/// [`RECORD`](super::statement::RECORD), in its order).
-fn record<R: Row>(row: &R, at: usize, handler: &str, key: &str) -> Result<Record, sqlx::Error>
+/// [`RECORD`](super::statement::RECORD), in its order), with the now read
+/// after them.
+fn record<R: Row>(row: &R, at: usize, handler: &str, key: &str) -> Result<Found, sqlx::Error>
 where
     usize: ColumnIndex<R>,
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
@@ -121,7 +134,10 @@ where
     record.last_error = row.try_get(at + 7)?;
     record.fingerprint = row.try_get(at + 8)?;
     record.token = row.try_get(at + 9)?;
-    Ok(record)
+    Ok(Found {
+        record,
+        now: row.try_get(at + 10)?,
+    })
 }
 
 /// Column `at` of `row` as text, whatever its type says: MySQL's `handler`
@@ -160,14 +176,14 @@ where
                 Param::Key => query.bind(values.key),
                 Param::Token => query.bind(values.token),
                 Param::Outcome => query.bind(values.outcome),
-                Param::Now => query.bind(values.now),
-                Param::Until => query.bind(values.until),
+                Param::Shift => query.bind(values.shift),
+                Param::Hold => query.bind(values.hold),
                 Param::Batch => query.bind(values.batch),
                 Param::Fingerprint => query.bind(values.fingerprint),
                 Param::Max => query.bind(values.max),
                 Param::Status => query.bind(values.status),
                 Param::Error => query.bind(values.error),
-                Param::Since => query.bind(values.since),
+                Param::Ttl => query.bind(values.ttl),
                 Param::Rows => query.bind(values.rows),
             };
         }
@@ -186,7 +202,7 @@ where
         conn: &'a mut DB::Connection,
         statement: &'a Statement,
         values: &'a Values<'a>,
-    ) -> Result<Option<Record>, sqlx::Error> {
+    ) -> Result<Option<Found>, sqlx::Error> {
         let Some(row) = Self::query(statement, values).fetch_optional(conn).await? else {
             return Ok(None);
         };
@@ -220,10 +236,9 @@ where
     async fn number<'a>(
         conn: &'a mut DB::Connection,
         statement: &'a Statement,
+        values: &'a Values<'a>,
     ) -> Result<i64, sqlx::Error> {
-        let row = Self::query(statement, &Values::default())
-            .fetch_one(conn)
-            .await?;
+        let row = Self::query(statement, values).fetch_one(conn).await?;
         row.try_get(0)
     }
 
@@ -231,7 +246,7 @@ where
         conn: &'a mut DB::Connection,
         statement: &'a Statement,
         values: &'a Values<'a>,
-    ) -> Result<Vec<Record>, sqlx::Error> {
+    ) -> Result<Vec<Found>, sqlx::Error> {
         let rows = Self::query(statement, values).fetch_all(conn).await?;
         rows.iter()
             .map(|row| record(row, 2, &text(row, 0)?, &text(row, 1)?))

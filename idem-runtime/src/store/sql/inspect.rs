@@ -20,10 +20,14 @@ const LIST: &str = "SELECT handler, {key}, {record} FROM {t}
                     ORDER BY created_at {dir}, {key} {dir} LIMIT :batch";
 
 /// The records by handler and status: how many, the oldest claim, how many
-/// expired. `COUNT` rather than `SUM`, which MySQL answers as a decimal.
+/// expired, and the database's now they were counted at. `COUNT` rather
+/// than `SUM`, which MySQL answers as a decimal.
 const STATS: &str = "SELECT handler, status, COUNT(*), MIN(created_at),
-                            COUNT(CASE WHEN expires_at <= :now THEN 1 END)
+                            COUNT(CASE WHEN expires_at <= {now} THEN 1 END), MIN({now})
                      FROM {t} GROUP BY handler, status";
+
+/// The database's now, when [`STATS`] found no rows to read it with.
+const NOW: &str = "SELECT {now}";
 
 /// The handlers that have records.
 const HANDLERS: &str = "SELECT DISTINCT handler FROM {t} ORDER BY handler";
@@ -33,7 +37,7 @@ const FORGET: &str = "DELETE FROM {t} WHERE handler = :handler AND {key} = :key"
 
 /// Deletes a record unless a live claim holds it.
 const FORGET_UNLESS_LIVE: &str = "DELETE FROM {t} WHERE handler = :handler AND {key} = :key
-                                  AND NOT (status = 'in_progress' AND expires_at > :now)";
+                                  AND NOT (status = 'in_progress' AND expires_at > {now})";
 
 /// The condition `filter` adds to [`LIST`]'s (the rule of
 /// [`Filter::matches`], in SQL).
@@ -41,7 +45,7 @@ fn condition(filter: Filter) -> &'static str {
     match filter {
         Filter::Any => "",
         Filter::Status(_) => " AND status = :status",
-        Filter::Stuck => " AND status = 'in_progress' AND expires_at <= :now",
+        Filter::Stuck => " AND status = 'in_progress' AND expires_at <= {now}",
         Filter::Failed => " AND (failures > 0 OR status IN ('failed', 'retry'))",
     }
 }
@@ -56,25 +60,36 @@ impl<D: Dialect> SqlStore<D> {
         render::<D>(self.table(), template)
     }
 
-    /// The values of a statement on `key` of `handler`, at this store's
-    /// clock.
+    /// The values of a statement on `key` of `handler` (its time is the
+    /// database's, plus the test shift).
     fn at_now<'a>(&self, handler: &'a str, key: &'a str) -> Values<'a> {
         Values {
             handler,
             key,
-            now: self.clock.now_millis(),
-            ..Values::default()
+            ..self.values()
         }
     }
-}
 
-impl<D: Dialect> Inspect for SqlStore<D> {
-    async fn lookup(&self, handler: &str, key: &str) -> Result<Option<Record>, StoreError> {
+    /// The record of `key` of `handler`, with the database's now.
+    async fn lookup_found(
+        &self,
+        handler: &str,
+        key: &str,
+    ) -> Result<Option<super::exec::Found>, StoreError> {
         let values = self.at_now(handler, key);
         let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
         D::fetch(&mut conn, &self.sql.select, &values)
             .await
             .map_err(|e| self.err(e))
+    }
+}
+
+impl<D: Dialect> Inspect for SqlStore<D> {
+    async fn lookup(&self, handler: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        Ok(self
+            .lookup_found(handler, key)
+            .await?
+            .map(|found| found.record))
     }
 
     async fn list(&self, handler: &str, query: Query) -> Result<Vec<Record>, StoreError> {
@@ -96,9 +111,10 @@ impl<D: Dialect> Inspect for SqlStore<D> {
             ..self.at_now(handler, "")
         };
         let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-        D::records(&mut conn, &statement, &values)
+        let found = D::records(&mut conn, &statement, &values)
             .await
-            .map_err(|e| self.err(e))
+            .map_err(|e| self.err(e))?;
+        Ok(found.into_iter().map(|f| f.record).collect())
     }
 
     async fn stats(&self) -> Result<Stats, StoreError> {
@@ -107,9 +123,15 @@ impl<D: Dialect> Inspect for SqlStore<D> {
         let rows = D::cells(&mut conn, &self.statement(STATS), &values, 2)
             .await
             .map_err(|e| self.err(e))?;
-        let mut stats = Stats::new(values.now);
+        let at = match rows.first().and_then(|row| row.numbers.last()) {
+            Some(Some(at)) => *at,
+            _ => D::number(&mut conn, &self.statement(NOW), &values)
+                .await
+                .map_err(|e| self.err(e))?,
+        };
+        let mut stats = Stats::new(at);
         for row in rows {
-            let ([handler, status], [Some(records), oldest, Some(expired)]) =
+            let ([handler, status], [Some(records), oldest, Some(expired), _]) =
                 (row.texts.as_slice(), row.numbers.as_slice())
             else {
                 return Err(StoreError::Schema(format!("unexpected counts: {row:?}")));
@@ -128,10 +150,12 @@ impl<D: Dialect> Inspect for SqlStore<D> {
         let delete = self.statement(if force { FORGET } else { FORGET_UNLESS_LIVE });
         for _ in 0..FORGET_TRIES {
             let values = self.at_now(handler, key);
-            let Some(record) = self.lookup(handler, key).await? else {
+            let Some(found) = self.lookup_found(handler, key).await? else {
                 return Ok(Forgot::Absent);
             };
-            let live = record.status == Status::InProgress && !record.is_expired(values.now);
+            let record = found.record;
+            // Live at the database's now: the delete's own condition.
+            let live = record.status == Status::InProgress && !record.is_expired(found.now);
             if live && !force {
                 return Ok(Forgot::Refused(record));
             }
@@ -151,7 +175,7 @@ impl<D: Dialect> Inspect for SqlStore<D> {
 
     async fn handlers(&self) -> Result<Vec<String>, StoreError> {
         let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-        let rows = D::cells(&mut conn, &self.statement(HANDLERS), &Values::default(), 1)
+        let rows = D::cells(&mut conn, &self.statement(HANDLERS), &self.values(), 1)
             .await
             .map_err(|e| self.err(e))?;
         Ok(rows.into_iter().flat_map(|row| row.texts).collect())

@@ -9,9 +9,16 @@
 //!
 //! * **Here, once:** the lease claim with its retries, what a lost claim
 //!   reports (`Standing`), the transaction-mode claim (first or last, see
-//!   [`ClaimOrder`]), record decoding, expiry (computed in
-//!   `SqlStore::stamped` only), error mapping, and the methods every SQL
-//!   store has (`record`, `count`, `sweep_expired`, `with_table`, ...).
+//!   [`ClaimOrder`]), record decoding, error mapping, and the methods every
+//!   SQL store has (`record`, `count`, `sweep_expired`, `with_table`, ...).
+//! * **Time is the database's:** every statement reads the database's clock
+//!   ([`Dialect::NOW`]) and computes a lease's or a record's end from it in
+//!   SQL, from durations the store binds (`:hold`, `:ttl`); where the store
+//!   decides in Rust (what a record that stands says to a delivery, a
+//!   batch's reads, the operator's reads), the statement that read the
+//!   record read the database's now with it. The consumer's clock is never
+//!   read, so consumers whose clocks disagree still agree on who holds a
+//!   lease.
 //! * **In the dialect** (`dialect.rs`, implemented in `store/sqlite.rs`,
 //!   `store/postgres.rs`, `store/mysql.rs`): the statements that differ
 //!   (create, claim, sweep), how a claim's transaction begins, how a lock
@@ -32,7 +39,7 @@ use std::time::Duration;
 
 use sqlx::{Pool, Transaction};
 
-use crate::clock::{Clock, SystemClock, expiry};
+use crate::clock::millis;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::registry::HandlerSpec;
@@ -50,6 +57,7 @@ mod statement;
 
 pub use dialect::Dialect;
 pub(crate) use dialect::{Fault, WithCommit};
+use exec::Found;
 pub(crate) use statement::COLUMNS;
 #[cfg(feature = "postgres")]
 pub(crate) use statement::insert_or_refuse;
@@ -111,7 +119,8 @@ const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT idem_body";
 /// # Examples
 ///
 /// ```
-/// use idem_runtime::ClaimOrder;
+/// // `idem_runtime::ClaimOrder` with the feature `postgres` or `mysql`
+/// use idem_runtime::store::sql::ClaimOrder;
 /// assert_eq!(ClaimOrder::default(), ClaimOrder::Last);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -183,6 +192,12 @@ pub enum RoundTrips {
 /// Expired records are reclaimed at claim time; [`sweep_expired`] and
 /// [`Sweeper`](crate::Sweeper) delete them in bounded batches.
 ///
+/// Times (`created_at`, `updated_at`, `expires_at`, in ms since the epoch)
+/// are the database's clock, read in each statement
+/// ([`Dialect::NOW`]): a consumer whose clock is off neither takes over a
+/// live lease nor writes times into the future or the past. A test moves
+/// the store's time with `with_time_shift` (feature `test-util`).
+///
 /// [`sweep_expired`]: SqlStore::sweep_expired
 ///
 /// # Examples
@@ -203,7 +218,9 @@ pub enum RoundTrips {
 pub struct SqlStore<D: Dialect> {
     pool: Pool<D>,
     sql: Arc<Statements>,
-    clock: Arc<dyn Clock>,
+    /// What tests add to the database's clock (feature `test-util`).
+    #[cfg(feature = "test-util")]
+    shift: crate::clock::TimeShift,
     /// How long a statement waits on a lock before it gives up, in ms: what
     /// the store was told, or, on SQLite, what the connections report.
     lock_timeout_ms: Arc<AtomicU64>,
@@ -216,7 +233,8 @@ impl<D: Dialect> Clone for SqlStore<D> {
         SqlStore {
             pool: self.pool.clone(),
             sql: Arc::clone(&self.sql),
-            clock: Arc::clone(&self.clock),
+            #[cfg(feature = "test-util")]
+            shift: self.shift.clone(),
             lock_timeout_ms: Arc::clone(&self.lock_timeout_ms),
             order: self.order,
             trips: self.trips,
@@ -228,18 +246,19 @@ impl<D: Dialect> Clone for SqlStore<D> {
 enum Taken {
     /// It took the key.
     Key,
-    /// A live record stands: this one, or none when it vanished before it
-    /// could be read.
-    Lost(Option<Record>),
+    /// A live record stands: this one (with the database's now when it was
+    /// read), or none when it vanished before it could be read.
+    Lost(Option<Found>),
 }
 
 impl<D: Dialect> SqlStore<D> {
-    /// A store on `pool` and the default table, on the system clock.
+    /// A store on `pool` and the default table.
     pub(crate) fn new(pool: Pool<D>, lock_timeout: Duration, order: ClaimOrder) -> Self {
         SqlStore {
             pool,
             sql: Arc::new(Statements::new::<D>(DEFAULT_TABLE)),
-            clock: Arc::new(SystemClock),
+            #[cfg(feature = "test-util")]
+            shift: crate::clock::TimeShift::default(),
             lock_timeout_ms: Arc::new(AtomicU64::new(millis_u64(lock_timeout))),
             order,
             trips: RoundTrips::default(),
@@ -316,7 +335,12 @@ impl<D: Dialect> SqlStore<D> {
         validate_table_name(table)
     }
 
-    /// Reads time from `clock` instead of the system clock (for tests).
+    /// Moves this store's time by `shift` (and by whatever it is advanced
+    /// later): every statement reads the database's clock plus the shift's
+    /// offset, bound as a parameter. For tests only (feature `test-util`,
+    /// as tokio's): a test of expiry or of a lease running out moves time
+    /// without waiting. The database's clock still runs; the shift only
+    /// adds to it. Clones of the store, and of the shift, share it.
     ///
     /// # Examples
     ///
@@ -326,19 +350,32 @@ impl<D: Dialect> SqlStore<D> {
     /// # let dir = tempfile::tempdir()?;
     /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
     /// # store.migrate().await?;
-    /// use idem_runtime::clock::ManualClock;
+    /// use idem_runtime::clock::TimeShift;
     /// use std::time::Duration;
     ///
-    /// let clock = ManualClock::starting_now();
-    /// let store = store.with_clock(clock.clone());
-    /// // a day later, by this store's clock: day-long records are expired
-    /// clock.advance(Duration::from_secs(86_400));
+    /// let shift = TimeShift::new();
+    /// let store = store.with_time_shift(shift.clone());
+    /// // a day later, for this store: day-long records are expired
+    /// shift.advance(Duration::from_secs(86_400));
     /// store.sweep_expired(1_000).await?;
     /// # Ok(()) }
     /// ```
-    pub fn with_clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Arc::new(clock);
+    #[cfg(feature = "test-util")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    #[must_use]
+    pub fn with_time_shift(mut self, shift: crate::clock::TimeShift) -> Self {
+        self.shift = shift;
         self
+    }
+
+    /// The values every statement of this store binds: the test shift, if
+    /// any, and nothing else yet.
+    fn values<'a>(&self) -> Values<'a> {
+        Values {
+            #[cfg(feature = "test-util")]
+            shift: self.shift.millis(),
+            ..Values::default()
+        }
     }
 
     /// Deletes at most `batch` expired records, oldest first; returns how
@@ -358,9 +395,8 @@ impl<D: Dialect> SqlStore<D> {
     /// ```
     pub async fn sweep_expired(&self, batch: u32) -> Result<u64, StoreError> {
         let values = Values {
-            now: self.clock.now_millis(),
             batch: i64::from(batch),
-            ..Values::default()
+            ..self.values()
         };
         self.write(&self.sql.sweep, &values, D::SWEEP_BEGIN).await
     }
@@ -385,6 +421,11 @@ impl<D: Dialect> SqlStore<D> {
     /// # Ok(()) }
     /// ```
     pub async fn record(&self, handler: &str, key: &Key) -> Result<Option<Record>, StoreError> {
+        Ok(self.found(handler, key).await?.map(|found| found.record))
+    }
+
+    /// The record of `key` under `handler`, with the database's now.
+    async fn found(&self, handler: &str, key: &Key) -> Result<Option<Found>, StoreError> {
         let values = self.stamped(handler, key, Duration::ZERO)?;
         let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
         D::fetch(&mut conn, &self.sql.select, &values)
@@ -407,7 +448,7 @@ impl<D: Dialect> SqlStore<D> {
     /// ```
     pub async fn count(&self) -> Result<i64, StoreError> {
         let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-        D::number(&mut conn, &self.sql.count)
+        D::number(&mut conn, &self.sql.count, &Values::default())
             .await
             .map_err(|e| self.err(e))
     }
@@ -534,10 +575,9 @@ impl<D: Dialect> SqlStore<D> {
         }
     }
 
-    /// The values of a statement on `key` of `handler`, read at this store's
-    /// clock, with `until` the end of a lease or record that lasts `hold`
-    /// from now: the one place the store reads its clock for a record and
-    /// computes an expiry.
+    /// The values of a statement on `key` of `handler`, with `hold` how
+    /// long a lease or record it writes lasts from the database's now
+    /// (`{until}`).
     fn stamped<'a>(
         &self,
         handler: &'a str,
@@ -545,13 +585,11 @@ impl<D: Dialect> SqlStore<D> {
         hold: Duration,
     ) -> Result<Values<'a>, StoreError> {
         self.check_handler(handler)?;
-        let now = self.clock.now_millis();
         Ok(Values {
             handler,
             key: key.as_str(),
-            now,
-            until: expiry(now, hold),
-            ..Values::default()
+            hold: millis(hold),
+            ..self.values()
         })
     }
 
@@ -583,7 +621,7 @@ impl<D: Dialect> SqlStore<D> {
         }
         let standing = D::fetch(conn, &self.sql.select_latest, values).await?;
         match (&take.take_over, standing) {
-            (Some(take_over), Some(standing)) if may_take(&standing, spec, values) => {
+            (Some(take_over), Some(standing)) if may_take(&standing, spec, values.fingerprint) => {
                 if D::rows_affected(&D::run(conn, take_over, values).await?) > 0 {
                     return Ok(Taken::Key);
                 }
@@ -634,19 +672,19 @@ impl<D: Dialect> SqlStore<D> {
         }
     }
 
-    /// What a record that did not let a claim take the key says to this
-    /// delivery; `None` when the record has changed since (expired, or
+    /// What a record that did not let a claim take the key says to a
+    /// delivery with `fingerprint`, at the database's now when the record
+    /// was read; `None` when the record has changed since (expired, or
     /// claimable after all): the claim may be tried again.
     fn standing(
         &self,
-        record: Option<Record>,
+        found: Option<Found>,
         spec: &HandlerSpec,
-        values: &Values<'_>,
+        fingerprint: Option<&str>,
     ) -> Option<Standing> {
-        let record = record.filter(|r| !r.is_expired(values.now))?;
-        let left =
-            Duration::from_millis(u64::try_from(record.expires_at_ms - values.now).unwrap_or(0));
-        Standing::of(&record, spec, values.fingerprint, left)
+        let Found { record, now } = found.filter(|f| !f.record.is_expired(f.now))?;
+        let left = Duration::from_millis(u64::try_from(record.expires_at_ms - now).unwrap_or(0));
+        Standing::of(&record, spec, fingerprint, left)
     }
 
     /// The values of a claim of `key` for a delivery with `fingerprint`: as
@@ -663,7 +701,7 @@ impl<D: Dialect> SqlStore<D> {
         Ok(Values {
             fingerprint,
             max: spec.max_attempts.map(i64::from),
-            since: stamped.now.saturating_sub(crate::clock::millis(spec.ttl)),
+            ttl: millis(spec.ttl),
             ..stamped
         })
     }
@@ -769,16 +807,18 @@ fn millis_u64(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// Whether a claim of `spec` with `values` may take the standing `record`:
-/// the rule of [`statement::claimable`], read from the record with the
-/// rules every store shares. An expired record may be taken unless it is a
+/// Whether a claim of `spec` for a delivery with `fingerprint` may take the
+/// standing record `found`, at the database's now when it was read: the
+/// rule of [`statement::claimable`], read from the record with the rules
+/// every store shares. An expired record may be taken unless it is a
 /// stalled claim whose failure exhausts the key; a live one unless it
 /// stands (a failure that may be retried does not).
-fn may_take(record: &Record, spec: &HandlerSpec, values: &Values<'_>) -> bool {
-    if record.is_expired(values.now) {
-        Standing::of_ran_out(record, spec, values.now).is_none()
+fn may_take(found: &Found, spec: &HandlerSpec, fingerprint: Option<&str>) -> bool {
+    let Found { record, now } = found;
+    if record.is_expired(*now) {
+        Standing::of_ran_out(record, spec, *now).is_none()
     } else {
-        Standing::of(record, spec, values.fingerprint, Duration::ZERO).is_none()
+        Standing::of(record, spec, fingerprint, Duration::ZERO).is_none()
     }
 }
 
@@ -802,15 +842,15 @@ impl<D: Dialect> LeaseStore for SqlStore<D> {
             let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
             match self.take(&mut conn, &self.sql.claim, spec, &values).await {
                 Ok(Taken::Key) => return Ok(Claim::Acquired { token }),
-                Ok(Taken::Lost(record)) => {
-                    if let Some(exhausted) = record
+                Ok(Taken::Lost(found)) => {
+                    if let Some(exhausted) = found
                         .as_ref()
-                        .and_then(|r| Standing::of_ran_out(r, spec, values.now))
+                        .and_then(|f| Standing::of_ran_out(&f.record, spec, f.now))
                     {
                         // The stalled claim was the last failure allowed:
                         // count it, unless another claim did first.
                         let settle = Values {
-                            until: expiry(values.now, spec.ttl),
+                            hold: millis(spec.ttl),
                             ..values
                         };
                         match D::run(&mut conn, &self.sql.settle_ran_out, &settle).await {
@@ -823,7 +863,7 @@ impl<D: Dialect> LeaseStore for SqlStore<D> {
                         }
                         continue;
                     }
-                    if let Some(standing) = self.standing(record, spec, &values) {
+                    if let Some(standing) = self.standing(found, spec, fingerprint) {
                         return Ok(Claim::Refused(standing));
                     }
                     // Gone, or changed, before it could be read: again.
@@ -969,7 +1009,7 @@ impl<D: Dialect> SqlStore<D> {
                 tx.commit().await.map_err(|e| self.err(e))?;
                 return Ok(TxCommit::Committed);
             }
-            Ok(Taken::Lost(record)) => self.standing(record, spec, values),
+            Ok(Taken::Lost(found)) => self.standing(found, spec, values.fingerprint),
             Err(e) if matches!(fault::<D>(&e), Fault::LockWait | Fault::Deadlock) => None,
             Err(e) => return Err(self.err(e)),
         };
@@ -1040,7 +1080,7 @@ impl<D: Dialect> SqlStore<D> {
                 let record = D::fetch(&mut conn, &self.sql.select, values)
                     .await
                     .map_err(|e| self.err(e))?;
-                self.standing(record, spec, values)
+                self.standing(record, spec, values.fingerprint)
             }
             Fault::LockWait | Fault::Deadlock => None,
             _ => return Err(self.err(e)),
@@ -1099,7 +1139,7 @@ impl<D: Dialect> TxStore for SqlStore<D> {
                 }
                 return Ok(TxClaim::Fresh(tx));
             }
-            Ok(Taken::Lost(record)) => self.standing(record, spec, &values),
+            Ok(Taken::Lost(found)) => self.standing(found, spec, fingerprint),
             // Another transaction holds the key past the lock timeout, or
             // this one was a deadlock victim: either way nothing of it
             // remains (the dropped transaction rolls back).
@@ -1226,12 +1266,9 @@ impl<D: Dialect> TxStore for SqlStore<D> {
         // The rollback went through: the transaction's connection was fine.
         // A failure to read the record now is no reason to call the body's
         // failure a store failure; the body's error stands.
-        let values = Values {
-            fingerprint,
-            ..self.stamped(spec.name, key, Duration::ZERO)?
-        };
-        match self.record(spec.name, key).await {
-            Ok(record) => Ok(self.standing(record, spec, &values).filter(|s| {
+        self.check_handler(spec.name)?;
+        match self.found(spec.name, key).await {
+            Ok(found) => Ok(self.standing(found, spec, fingerprint).filter(|s| {
                 matches!(
                     s,
                     Standing::Completed { .. }

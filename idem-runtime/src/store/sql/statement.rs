@@ -1,11 +1,19 @@
 //! The store's SQL: statements written once with named parameters
-//! (`:handler`, `:now`, ...), rendered in each database's placeholder style,
+//! (`:handler`, `:hold`, ...), rendered in each database's placeholder style,
 //! and the set of them a store runs, built once per table.
 //!
 //! Values are always bound parameters. The only text spliced into a
 //! statement is the table name, which
 //! [`validate_table_name`](crate::store::validate_table_name) restricted to
-//! letters, digits, `_` and one `.`.
+//! letters, digits, `_` and one `.`, and the dialect's fixed expression of
+//! its own clock ([`Dialect::NOW`](super::Dialect::NOW)).
+//!
+//! Time is the database's: a template writes `{now}` (the database's clock
+//! in ms since the epoch, plus `:shift`, which is 0 outside tests),
+//! `{until}` (`{now}` plus `:hold`, the lease or the ttl) and `{since}`
+//! (`{now}` less `:ttl`). No time computed by the consumer is ever bound,
+//! so consumers whose clocks disagree still agree on every lease and
+//! expiry.
 
 use std::sync::Arc;
 
@@ -36,10 +44,12 @@ pub(crate) enum Param {
     Token,
     /// The recorded outcome, JSON (text or NULL).
     Outcome,
-    /// The store's clock, ms since the epoch.
-    Now,
-    /// When the lease or the record ends, ms since the epoch.
-    Until,
+    /// What tests add to the database's clock, in ms (0 outside tests; see
+    /// `SqlStore::with_time_shift`).
+    Shift,
+    /// How long the lease or the record lasts from the database's now, in
+    /// ms (`{until}` is now plus this).
+    Hold,
     /// How many rows a sweep deletes, or a listing returns, at most.
     Batch,
     /// The delivery's payload fingerprint (text or NULL).
@@ -50,10 +60,10 @@ pub(crate) enum Param {
     Status,
     /// The text of a failure (text or NULL).
     Error,
-    /// The start of the handler's current window, ms since the epoch
-    /// (`:now` less the ttl): a stalled claim whose lease ended before it no
-    /// longer counts.
-    Since,
+    /// The handler's ttl, in ms: `{since}`, the start of the handler's
+    /// current window, is the database's now less this; a stalled claim
+    /// whose lease ended before it no longer counts.
+    Ttl,
     /// A batch's rows: a JSON array of `{"k", "f", "o", "t"}` objects (key,
     /// fingerprint, outcome, token), read as the table `r` of
     /// [`Dialect::BATCH_ROWS`](super::Dialect::BATCH_ROWS).
@@ -66,14 +76,14 @@ impl Param {
         ("key", Param::Key),
         ("token", Param::Token),
         ("outcome", Param::Outcome),
-        ("now", Param::Now),
-        ("until", Param::Until),
+        ("shift", Param::Shift),
+        ("hold", Param::Hold),
         ("batch", Param::Batch),
         ("fingerprint", Param::Fingerprint),
         ("max", Param::Max),
         ("status", Param::Status),
         ("error", Param::Error),
-        ("since", Param::Since),
+        ("ttl", Param::Ttl),
         ("rows", Param::Rows),
     ];
 }
@@ -90,10 +100,10 @@ pub struct Values<'a> {
     pub token: Option<&'a str>,
     /// [`Param::Outcome`].
     pub outcome: Option<&'a str>,
-    /// [`Param::Now`].
-    pub now: i64,
-    /// [`Param::Until`].
-    pub until: i64,
+    /// [`Param::Shift`].
+    pub shift: i64,
+    /// [`Param::Hold`].
+    pub hold: i64,
     /// [`Param::Batch`].
     pub batch: i64,
     /// [`Param::Fingerprint`].
@@ -104,8 +114,8 @@ pub struct Values<'a> {
     pub status: &'a str,
     /// [`Param::Error`].
     pub error: Option<&'a str>,
-    /// [`Param::Since`].
-    pub since: i64,
+    /// [`Param::Ttl`].
+    pub ttl: i64,
     /// [`Param::Rows`].
     pub rows: &'a str,
 }
@@ -263,10 +273,10 @@ impl Inline {
                 Param::Status => text(Some(values.status)),
                 Param::Error => text(values.error),
                 Param::Rows => text(Some(values.rows)),
-                Param::Now => (lit.integer)(values.now),
-                Param::Until => (lit.integer)(values.until),
+                Param::Shift => (lit.integer)(values.shift),
+                Param::Hold => (lit.integer)(values.hold),
                 Param::Batch => (lit.integer)(values.batch),
-                Param::Since => (lit.integer)(values.since),
+                Param::Ttl => (lit.integer)(values.ttl),
                 Param::Max => values
                     .max
                     .map_or_else(|| lit.null_integer.to_owned(), lit.integer),
@@ -364,7 +374,7 @@ pub(crate) fn values_of(row: NewRow, key: &str) -> String {
     } = row;
     format!(
         ":handler, {key}, {status}, {token}, {outcome}, 1, {failures}, {last_error}, \
-          {fingerprint}, :now, :now, :until"
+          {fingerprint}, {{now}}, {{now}}, {{until}}"
     )
 }
 
@@ -378,8 +388,8 @@ pub(crate) fn values_of(row: NewRow, key: &str) -> String {
 /// same rule, read from a record.
 pub(crate) fn claimable(cur: &str, fingerprint: &str) -> String {
     format!(
-        "(({cur}expires_at <= :now AND ({cur}status <> 'in_progress' OR :max IS NULL \
-            OR {cur}expires_at <= :since OR {cur}failures + 1 < :max)) \
+        "(({cur}expires_at <= {{now}} AND ({cur}status <> 'in_progress' OR :max IS NULL \
+            OR {cur}expires_at <= {{since}} OR {cur}failures + 1 < :max)) \
           OR ({cur}status = 'retry' \
           AND (:max IS NULL OR {cur}failures < :max) \
           AND ({cur}fingerprint IS NULL OR {fingerprint} IS NULL OR {cur}fingerprint = {fingerprint})))"
@@ -400,8 +410,8 @@ pub(crate) fn take_over_assignments(cur: &str, row: NewRow) -> String {
         last_error,
         fingerprint,
     } = row;
-    let retrying = format!("({cur}status = 'retry' AND {cur}expires_at > :now)");
-    let ran_out = format!("({cur}status = 'in_progress' AND {cur}expires_at > :since)");
+    let retrying = format!("({cur}status = 'retry' AND {cur}expires_at > {{now}})");
+    let ran_out = format!("({cur}status = 'in_progress' AND {cur}expires_at > {{since}})");
     let lease_ran_out = crate::store::LEASE_RAN_OUT;
     format!(
         "attempts = CASE WHEN {retrying} OR {ran_out} THEN {cur}attempts + 1 ELSE 1 END,
@@ -411,7 +421,7 @@ pub(crate) fn take_over_assignments(cur: &str, row: NewRow) -> String {
                            WHEN {ran_out} THEN COALESCE({last_error}, '{lease_ran_out}')
                            ELSE {last_error} END,
          status = {status}, token = {token}, outcome = {outcome}, fingerprint = {fingerprint},
-         created_at = :now, updated_at = :now, expires_at = :until"
+         created_at = {{now}}, updated_at = {{now}}, expires_at = {{until}}"
     )
 }
 
@@ -424,7 +434,7 @@ pub(crate) struct Take {
     /// one-statement dialect, has not expired).
     pub(crate) insert: Statement,
     /// Takes over the standing row if it has expired (`expires_at <=
-    /// :now`); `None` when `insert` does so itself.
+    /// {now}`); `None` when `insert` does so itself.
     pub(crate) take_over: Option<Statement>,
 }
 
@@ -450,7 +460,8 @@ pub(crate) struct Statements {
     /// and committing nothing, when the claim row is gone.
     pub(crate) complete_with_commit: Option<Inline>,
     /// The record of `:handler`, `:key`: the columns
-    /// [`super::exec::Exec::fetch`] reads, in its order.
+    /// [`super::exec::Exec::fetch`] reads, in its order, and the database's
+    /// now.
     pub(crate) select: Statement,
     /// As `select`, reading the latest committed row inside a claim's
     /// transaction ([`Dialect::LATEST_READ`]).
@@ -472,9 +483,9 @@ pub(crate) struct Statements {
     pub(crate) settle_ran_out: Statement,
     /// Deletes the claim `:token` holds.
     pub(crate) release: Statement,
-    /// Moves the end of the lease `:token` holds to `:until`.
+    /// Moves the end of the lease `:token` holds to `{until}`.
     pub(crate) extend: Statement,
-    /// Deletes at most `:batch` rows expired at `:now`.
+    /// Deletes at most `:batch` rows expired at `{now}`.
     pub(crate) sweep: Statement,
     /// Counts the rows.
     pub(crate) count: Statement,
@@ -488,18 +499,20 @@ pub(crate) struct Statements {
 }
 
 /// The columns of a record, in the order [`super::exec::Exec::fetch`]
-/// reads them.
+/// reads them, and last the database's now as the statement reads it: what
+/// the store decides from a record (expired? how long is left?) it
+/// decides at the database's time, in the same statement.
 pub(crate) const RECORD: &str = "status, outcome, attempts, created_at, updated_at, expires_at, \
-     failures, last_error, fingerprint, token";
+     failures, last_error, fingerprint, token, {now}";
 
 /// Records a failure: the `WHERE` says whose claim.
 const FAIL: &str = "UPDATE {t} SET status = :status, token = NULL, outcome = :outcome,
                     failures = failures + 1, last_error = :error,
-                    updated_at = :now, expires_at = :until";
+                    updated_at = {now}, expires_at = {until}";
 
 /// Records `:outcome` under the claim this transaction holds.
 const COMPLETE_TX: &str = "UPDATE {t} SET status = 'completed', token = NULL, outcome = :outcome,
-                                   updated_at = :now, expires_at = :until
+                                   updated_at = {now}, expires_at = {until}
                            WHERE handler = :handler AND {key} = :key";
 
 /// The record of `:handler`, `:key`.
@@ -508,7 +521,8 @@ const SELECT: &str = "SELECT {record} FROM {t} WHERE handler = :handler AND {key
 /// Renders `template` for dialect `D` on `table` (validated by the
 /// caller): `{t}` is the table, `{key}` the key column as `D` names it
 /// (`key` is reserved in MySQL), `{record}` the columns of a record
-/// ([`RECORD`]), `:name` a parameter.
+/// ([`RECORD`]), `{now}`, `{until}` and `{since}` the database's time (see
+/// the module's page), `:name` a parameter.
 pub(crate) fn render<D: Dialect>(table: &str, template: &str) -> Statement {
     Statement::new(D::PLACEHOLDERS, &expand::<D>(table, template))
 }
@@ -518,6 +532,9 @@ pub(crate) fn render<D: Dialect>(table: &str, template: &str) -> Statement {
 fn expand<D: Dialect>(table: &str, template: &str) -> String {
     template
         .replace("{record}", RECORD)
+        .replace("{until}", "({now} + :hold)")
+        .replace("{since}", "({now} - :ttl)")
+        .replace("{now}", &format!("({} + :shift)", D::NOW))
         .replace("{key}", D::KEY)
         .replace("{t}", table)
 }
@@ -559,7 +576,7 @@ impl Statements {
             complete_tx: render(COMPLETE_TX),
             complete_lease: render(&format!(
                 "UPDATE {{t}} SET status = 'completed', token = NULL, outcome = :outcome,
-                                  updated_at = :now, expires_at = :until
+                                  updated_at = {{now}}, expires_at = {{until}}
                  WHERE {token_settles}"
             )),
             fail_lease: render(&format!("{FAIL} WHERE {token_settles}")),
@@ -568,14 +585,15 @@ impl Statements {
             )),
             settle_ran_out: render(&format!(
                 "UPDATE {{t}} SET status = 'retry', failures = failures + 1,
-                                  last_error = '{}', updated_at = :now, expires_at = :until
+                                  last_error = '{}', updated_at = {{now}}, expires_at = {{until}}
                  WHERE handler = :handler AND {{key}} = :key
-                   AND status = 'in_progress' AND expires_at <= :now AND expires_at > :since",
+                   AND status = 'in_progress' AND expires_at <= {{now}}
+                   AND expires_at > {{since}}",
                 crate::store::LEASE_RAN_OUT
             )),
             release: render(&format!("DELETE FROM {{t}} WHERE {token_holds}")),
             extend: render(&format!(
-                "UPDATE {{t}} SET updated_at = :now, expires_at = :until WHERE {token_holds}"
+                "UPDATE {{t}} SET updated_at = {{now}}, expires_at = {{until}} WHERE {token_holds}"
             )),
             sweep: render(&D::sweep()),
             count: render("SELECT COUNT(*) FROM {t}"),
@@ -635,13 +653,13 @@ mod tests {
 
     #[test]
     fn placeholders() {
-        let t = "UPDATE t SET a = :now, b = :now WHERE k = :key AND u = :until";
+        let t = "UPDATE t SET a = :hold, b = :hold WHERE k = :key AND u = :ttl";
         let pg = Statement::new(Placeholders::Dollar, t);
         assert_eq!(
             &*pg.sql,
             "UPDATE t SET a = $1, b = $1 WHERE k = $2 AND u = $3"
         );
-        assert_eq!(pg.params(), [Param::Now, Param::Key, Param::Until]);
+        assert_eq!(pg.params(), [Param::Hold, Param::Key, Param::Ttl]);
         let lite = Statement::new(Placeholders::NumberedQuestion, t);
         assert_eq!(
             &*lite.sql,
@@ -651,7 +669,7 @@ mod tests {
         assert_eq!(&*my.sql, "UPDATE t SET a = ?, b = ? WHERE k = ? AND u = ?");
         assert_eq!(
             my.params(),
-            [Param::Now, Param::Now, Param::Key, Param::Until]
+            [Param::Hold, Param::Hold, Param::Key, Param::Ttl]
         );
     }
 
@@ -676,13 +694,13 @@ mod tests {
             null_integer: "NULL::bigint",
         };
         let inline = Inline::new(
-            "INSERT INTO t VALUES (:key, :outcome, :token, :now, :max); COMMIT",
+            "INSERT INTO t VALUES (:key, :outcome, :token, :hold, :max); COMMIT",
             literals,
         );
         let values = Values {
             key: "x'; --",
             outcome: Some("é🦀"),
-            now: -7,
+            hold: -7,
             ..Values::default()
         };
         assert_eq!(
