@@ -1067,6 +1067,7 @@ impl<D: Dialect> SqlStore<D> {
         tx: Transaction<'static, D>,
         message: &statement::Inline,
         spec: &HandlerSpec,
+        key: &Key,
         values: &Values<'_>,
     ) -> Result<TxCommit, StoreError> {
         let e = match self.send_with_commit(tx, message, values).await {
@@ -1076,11 +1077,7 @@ impl<D: Dialect> SqlStore<D> {
         };
         let standing = match fault::<D>(&e) {
             Fault::NotTaken => {
-                let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-                let record = D::fetch(&mut conn, &self.sql.select, values)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                self.standing(record, spec, values.fingerprint)
+                self.standing(self.found(spec.name, key).await?, spec, values.fingerprint)
             }
             Fault::LockWait | Fault::Deadlock => None,
             _ => return Err(self.err(e)),
@@ -1165,10 +1162,10 @@ impl<D: Dialect> TxStore for SqlStore<D> {
             outcome: Some(outcome),
             ..self.claim_values(spec, key, fingerprint, spec.ttl)?
         };
-        let taken = match self.order_for(spec) {
+        let merged_completion = self.merged(&self.sql.complete_with_commit);
+        let taken = match (self.order_for(spec), merged_completion) {
             // The claim row is this transaction's: record the outcome in it.
-            ClaimOrder::First if self.merged(&self.sql.complete_with_commit).is_some() => {
-                let message = self.merged(&self.sql.complete_with_commit).expect("merged");
+            (ClaimOrder::First, Some(message)) => {
                 return match self.send_with_commit(tx, message, &values).await {
                     Ok(()) => Ok(TxCommit::Committed),
                     Err(StoreFailure::Store(e)) => Err(e),
@@ -1178,7 +1175,7 @@ impl<D: Dialect> TxStore for SqlStore<D> {
                     Err(StoreFailure::Sent(e)) => Err(self.err(e)),
                 };
             }
-            ClaimOrder::First => {
+            (ClaimOrder::First, None) => {
                 match self
                     .write_claimed(&mut tx, &self.sql.complete_tx, &values)
                     .await
@@ -1190,9 +1187,11 @@ impl<D: Dialect> TxStore for SqlStore<D> {
                     }
                 }
             }
-            ClaimOrder::Last => match self.merged(&self.sql.claim_with_commit) {
+            (ClaimOrder::Last, _) => match self.merged(&self.sql.claim_with_commit) {
                 Some(message) => {
-                    return self.commit_claim_merged(tx, message, spec, &values).await;
+                    return self
+                        .commit_claim_merged(tx, message, spec, key, &values)
+                        .await;
                 }
                 // Claim-last found a live row: this delivery is a duplicate.
                 // Its body's writes roll back with the transaction.
