@@ -409,6 +409,104 @@ async fn a_duplicate_whose_body_fails_gets_the_recorded_outcome() {
     }
 }
 
+#[idempotent(
+    key = "message_id",
+    ttl = "1h",
+    store = "postgres",
+    name = "pg_deferred_unique"
+)]
+async fn insert_twice_deferred(tx: &mut PgTx<'_>, msg: &Effect) -> Result<i64, sqlx::Error> {
+    let sql = format!("INSERT INTO {}_deferred VALUES (1), (1)", msg.table);
+    sqlx::query(AssertSqlSafe(sql)).execute(&mut **tx).await?;
+    Ok(msg.message_id)
+}
+
+/// A body whose deferred unique constraint only the `COMMIT` checks: in
+/// every way of sending the dedup row (in the `COMMIT`'s message too, where
+/// the error is a unique violation like a standing record's), the call
+/// fails with the database's error, and nothing commits, neither the
+/// body's rows nor a record.
+#[tokio::test]
+async fn a_deferred_constraint_the_commit_breaks_is_a_store_error_and_nothing_commits() {
+    for way in [Way::LAST, Way::FIRST, Way::LAST_MERGED, Way::FIRST_MERGED] {
+        let Setup {
+            fx,
+            table,
+            store,
+            _cleanup,
+            ..
+        } = or_skip!(stress::setup::<PgStress>("deferred", way).await);
+        let deferred = format!("{table}_deferred");
+        let _drop_deferred = DropTables::new(&[&deferred]);
+        sqlx::query(AssertSqlSafe(format!(
+            "CREATE TABLE {deferred} (v INT UNIQUE DEFERRABLE INITIALLY DEFERRED)"
+        )))
+        .execute(&fx.admin)
+        .await
+        .expect("create");
+        let msg = Effect::new(&table, 7);
+        match insert_twice_deferred(&store, &msg).await {
+            Err(Error::Store { source, .. }) => assert!(
+                source.to_string().contains("duplicate key"),
+                "{way:?}: expected the deferred constraint's error, got {source}"
+            ),
+            other => panic!("{way:?}: expected a store error, got {other:?}"),
+        }
+        let rows: i64 =
+            sqlx::query_scalar(AssertSqlSafe(format!("SELECT COUNT(*) FROM {deferred}")))
+                .fetch_one(&fx.admin)
+                .await
+                .expect("count");
+        assert_eq!(rows, 0, "{way:?}: the body's rows committed");
+        assert_eq!(
+            store.count().await.expect("count"),
+            0,
+            "{way:?}: a record committed"
+        );
+    }
+}
+
+#[idempotent(
+    key = "message_id",
+    ttl = "1h",
+    store = "postgres",
+    name = "pg_body_rolls_back"
+)]
+async fn rolls_back_itself(tx: &mut PgTx<'_>, msg: &Effect) -> Result<i64, sqlx::Error> {
+    sqlx::raw_sql("ROLLBACK").execute(&mut **tx).await?;
+    Ok(msg.message_id)
+}
+
+/// Claiming first, a body that ends the transaction itself takes the claim
+/// row with it: the outcome's `UPDATE` (on its own, or in the `COMMIT`'s
+/// message) finds no row, and the call says so instead of reporting an
+/// outcome it did not record.
+#[tokio::test]
+async fn claiming_first_a_body_that_ends_its_transaction_is_told_the_claim_row_is_gone() {
+    for way in [Way::FIRST, Way::FIRST_MERGED] {
+        let Setup {
+            table,
+            store,
+            _cleanup,
+            ..
+        } = or_skip!(stress::setup::<PgStress>("ended", way).await);
+        match rolls_back_itself(&store, &Effect::new(&table, 9)).await {
+            Err(Error::Store { source, .. }) => assert!(
+                source
+                    .to_string()
+                    .contains("claim row of this transaction is gone"),
+                "{way:?}: {source}"
+            ),
+            other => panic!("{way:?}: expected a store error, got {other:?}"),
+        }
+        assert_eq!(
+            store.count().await.expect("count"),
+            0,
+            "{way:?}: a record committed"
+        );
+    }
+}
+
 /// A table name as long as PostgreSQL allows (63 bytes) still gets its
 /// expiry index, under a name of its own: `<table>_expires_at` would be cut
 /// to the table's own name and silently skipped.

@@ -21,8 +21,9 @@ mod claim_last {
 }
 
 /// `ClaimOrder::Last` with `RoundTrips::Merged`: the dedup row and outcome
-/// travel in the `COMMIT`'s message, which stops before the `COMMIT` when
-/// the row is taken.
+/// travel in the `COMMIT`'s message, whose insert fails, before the
+/// `COMMIT`, when a record of the key stands; the claim then goes on as a
+/// statement of its own.
 mod claim_last_merged {
     use super::{ClaimOrder, RoundTrips, StoreKind};
     crate::common::tx::suite!(

@@ -26,7 +26,7 @@ pub use crate::store::sql::ClaimOrder;
 pub use crate::store::sql::RoundTrips;
 use crate::store::sql::{
     COLUMNS, Dialect, Fault, Literals, NewRow, Placeholders, SqlStore, WithCommit,
-    insert_or_refuse, insert_or_take_over, reach,
+    insert_or_take_over, reach,
 };
 
 /// The transaction a transaction-mode Postgres handler receives:
@@ -156,18 +156,9 @@ impl Dialect for Postgres {
     const BATCH_ROWS: &'static str =
         "json_to_recordset(:rows::json) AS r(k text, f text, o text, t text)";
     const WITH_COMMIT: Option<WithCommit> = Some(WithCommit {
-        claim_or_fail: insert_or_refuse,
-        // A data-modifying CTE runs once whatever reads it. When it wrote
-        // no row, the select casts a text that is no number, at run time
-        // (it reads the CTE, so there is nothing to fold beforehand).
-        written_or_fail: |update| {
-            format!(
-                "WITH written AS ({update} RETURNING 1)
-                 SELECT CAST('idem found no claim row to record the outcome in, nothing is committed ('
-                             || (SELECT count(*) FROM written) || ' rows)' AS bigint)
-                 WHERE NOT EXISTS (SELECT 1 FROM written)"
-            )
-        },
+        // A failed statement aborts the transaction: the savepoint keeps
+        // the body's writes when the dedup insert meets a record.
+        savepoint: true,
         literals: Literals {
             // A constant the planner uses like any other (an index key), of
             // escapes alone. The server refuses `U&'...'` when
@@ -284,10 +275,8 @@ impl Dialect for Postgres {
             // undefined_table: `relation "idem_keys" does not exist`
             // undefined_column
             Some("42703") => Fault::MissingColumn,
-            // invalid_text_representation: only the store's own statements
-            // reach `fault`, and only those sent with the COMMIT cast a
-            // text (see WITH_COMMIT).
-            Some("22P02") => Fault::NotTaken,
+            // unique_violation
+            Some("23505") => Fault::Unique,
             Some("42P01") => Fault::MissingTable(
                 db.message()
                     .split('"')

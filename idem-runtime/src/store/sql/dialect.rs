@@ -58,8 +58,7 @@ pub trait Dialect: Exec {
 
     /// How a claim-last dedup row travels in the `COMMIT`'s message, when
     /// the store sends it so ([`RoundTrips::Merged`](super::RoundTrips)):
-    /// `None` where the database cannot make a statement of that message
-    /// fail when it takes no key, so that the `COMMIT` after it never runs.
+    /// `None` where the store always sends it on its own.
     const WITH_COMMIT: Option<WithCommit> = None;
 
     /// The columns this release added to the table of the first release,
@@ -129,18 +128,24 @@ pub trait Dialect: Exec {
     fn rows_affected(done: &Self::QueryResult) -> u64;
 }
 
-/// What a dialect needs to send a claim-last dedup row in the message of
-/// the `COMMIT`: see [`Dialect::WITH_COMMIT`].
+/// What a dialect needs to send a transaction-mode dedup row in the
+/// message of the `COMMIT`: see [`Dialect::WITH_COMMIT`].
+///
+/// Claiming first, the outcome's `UPDATE` of the claim row travels with the
+/// `COMMIT` unguarded: a dialect has one only where a transaction cannot
+/// lose its claim row without that `UPDATE` failing (PostgreSQL: the row is
+/// the transaction's own until it ends, and a transaction the server
+/// aborted fails every statement after). Should the body have ended the
+/// transaction itself, the store sees the `UPDATE` wrote no row and
+/// reports it.
 #[derive(Debug, Clone, Copy)]
 pub struct WithCommit {
-    /// The claim-last statement that writes `row`: as the dialect's
-    /// [`take`](Dialect::take), but failing, with an error the dialect
-    /// reads as [`Fault::NotTaken`], when a record stands that it may not
-    /// take.
-    pub claim_or_fail: fn(NewRow) -> String,
-    /// Wraps an update of the claim row (the claim-first completion) into
-    /// a statement that fails in the same way when it updates no row.
-    pub written_or_fail: fn(&str) -> String,
+    /// Whether the message sets a savepoint before its dedup `INSERT`,
+    /// which fails ([`Fault::Unique`]) when a record of the key stands:
+    /// rolling back to it keeps the body's writes, and the claim goes on as
+    /// a statement of its own. Not needed where a failed statement undoes
+    /// only itself and leaves the transaction usable (MySQL).
+    pub savepoint: bool,
     /// How values are written into the message.
     pub literals: Literals,
 }
@@ -161,10 +166,11 @@ pub enum Fault {
     MissingTable(String),
     /// A column is missing: a table of an earlier release, not migrated.
     MissingColumn,
-    /// A dedup statement sent with the `COMMIT` wrote no row
-    /// ([`WithCommit::claim_or_fail`], [`WithCommit::written_or_fail`]): a record stands, or the claim
-    /// row is gone. Nothing after it in the message ran.
-    NotTaken,
+    /// An `INSERT` met a row of the same key: the dedup `INSERT` sent
+    /// with the `COMMIT` found a record standing ([`WithCommit`]), or the
+    /// `COMMIT` itself found a deferred unique constraint of the body's
+    /// tables violated. Nothing after it in the message ran.
+    Unique,
     /// Anything else.
     Other,
 }

@@ -59,8 +59,6 @@ pub use dialect::Dialect;
 pub(crate) use dialect::{Fault, WithCommit};
 use exec::Found;
 pub(crate) use statement::COLUMNS;
-#[cfg(feature = "postgres")]
-pub(crate) use statement::insert_or_refuse;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) use statement::insert_or_take_over;
 pub(crate) use statement::{Literals, NewRow, Placeholders};
@@ -1039,72 +1037,92 @@ impl<D: Dialect> SqlStore<D> {
     /// sqlx believes it is, inside `tx`'s transaction: dropping `tx` queues
     /// its `ROLLBACK` of nothing, which leaves with the ping the pool sends
     /// when the connection returns, in the background. When the dedup
-    /// statement writes no row it fails ([`Fault::NotTaken`]), the rest of
-    /// the message is skipped, and this rolls the transaction back and
-    /// returns the error: nothing committed (should the `COMMIT` itself
-    /// have failed, the server rolled back).
+    /// statement fails, the rest of the message is skipped and `tx` is
+    /// returned with the error, for the caller to settle.
+    /// Returns how many rows the message wrote.
     async fn send_with_commit(
-        &self,
         mut tx: Transaction<'static, D>,
         message: &statement::Inline,
         values: &Values<'_>,
-    ) -> Result<(), StoreFailure> {
-        let Err(e) = D::run_message(&mut tx, message.text(values)).await else {
-            drop(tx);
-            return Ok(());
-        };
-        tx.rollback()
-            .await
-            .map_err(|e| StoreFailure::Store(self.err(e)))?;
-        Err(StoreFailure::Sent(e))
+    ) -> Result<u64, (Transaction<'static, D>, sqlx::Error)> {
+        match D::run_message(&mut tx, message.text(values)).await {
+            Ok(done) => Ok(D::rows_affected(&done)),
+            Err(e) => Err((tx, e)),
+        }
     }
 
     /// Claims last with the outcome and commits, in one message
-    /// ([`RoundTrips::Merged`]); when a record stands, rolls back and
-    /// answers with it, as claiming last on its own does.
+    /// ([`RoundTrips::Merged`]). When a record of the key stands, the
+    /// message's insert fails: back before it (the body's writes kept),
+    /// the claim goes on as claiming last on its own does, reading the
+    /// record first. A duplicate costs two round trips more than a fresh
+    /// message, a record the claim may take over (expired, or a failure
+    /// to retry) three.
     async fn commit_claim_merged(
         &self,
         tx: Transaction<'static, D>,
         message: &statement::Inline,
         spec: &HandlerSpec,
-        key: &Key,
         values: &Values<'_>,
     ) -> Result<TxCommit, StoreError> {
-        let e = match self.send_with_commit(tx, message, values).await {
-            Ok(()) => return Ok(TxCommit::Committed),
-            Err(StoreFailure::Store(e)) => return Err(e),
-            Err(StoreFailure::Sent(e)) => e,
+        let (mut tx, e) = match Self::send_with_commit(tx, message, values).await {
+            Ok(_) => return Ok(TxCommit::Committed),
+            Err(failed) => failed,
         };
-        let standing = match fault::<D>(&e) {
-            Fault::NotTaken => {
-                self.standing(self.found(spec.name, key).await?, spec, values.fingerprint)
+        let taken = match fault::<D>(&e) {
+            Fault::Unique => {
+                let savepoint = D::WITH_COMMIT.is_some_and(|with| with.savepoint);
+                if savepoint
+                    && D::run_text(&mut tx, statement::BACK_BEFORE_DEDUP_ROW)
+                        .await
+                        .is_err()
+                {
+                    // No transaction to go back into: the unique key the
+                    // error names is a deferred one of the body's tables,
+                    // checked by the `COMMIT`, which rolled back.
+                    let _ = tx.rollback().await;
+                    return Err(self.err(e));
+                }
+                self.take_standing(&mut tx, spec, values).await
             }
-            Fault::LockWait | Fault::Deadlock => None,
-            _ => return Err(self.err(e)),
+            // Another transaction holds the key, or this one was a
+            // deadlock victim: settled as claiming last settles them.
+            Fault::LockWait | Fault::Deadlock => Err(e),
+            _ => {
+                let _ = tx.rollback().await;
+                return Err(self.err(e));
+            }
         };
-        Ok(TxCommit::Refused(standing.unwrap_or(
-            Standing::InProgress {
-                retry_after: self.lock_timeout(),
-            },
-        )))
+        self.lost(tx, spec, values, taken).await
+    }
+
+    /// Claims last with the outcome, in `tx`, a key whose record stands:
+    /// reads the record, and takes it over only where a claim may.
+    async fn take_standing(
+        &self,
+        tx: &mut D::Connection,
+        spec: &HandlerSpec,
+        values: &Values<'_>,
+    ) -> Result<Taken, sqlx::Error> {
+        match D::fetch(tx, &self.sql.select_latest, values).await? {
+            Some(found) if !may_take(&found, spec, values.fingerprint) => {
+                Ok(Taken::Lost(Some(found)))
+            }
+            _ => {
+                self.take(tx, &self.sql.claim_with_outcome, spec, values)
+                    .await
+            }
+        }
     }
 
     /// The error of a claim row gone before its commit (see
     /// [`write_claimed`](Self::write_claimed)).
     fn claim_row_gone(&self) -> sqlx::Error {
         sqlx::Error::Protocol(format!(
-            "the claim row of this transaction is gone before its commit (on {}): the database ended the transaction (a deadlock victim, an implicit commit) while the body ran; nothing was recorded",
+            "the claim row of this transaction is gone before its commit (on {}): the transaction ended while the body ran (a deadlock victim, an implicit commit, a COMMIT or ROLLBACK the body sent); nothing was recorded",
             self.sql.table
         ))
     }
-}
-
-/// Why a message sent with the `COMMIT` committed nothing.
-enum StoreFailure {
-    /// The message failed (and the transaction was rolled back).
-    Sent(sqlx::Error),
-    /// The rollback after it failed too.
-    Store(StoreError),
 }
 
 impl<D: Dialect> TxStore for SqlStore<D> {
@@ -1166,13 +1184,15 @@ impl<D: Dialect> TxStore for SqlStore<D> {
         let taken = match (self.order_for(spec), merged_completion) {
             // The claim row is this transaction's: record the outcome in it.
             (ClaimOrder::First, Some(message)) => {
-                return match self.send_with_commit(tx, message, &values).await {
-                    Ok(()) => Ok(TxCommit::Committed),
-                    Err(StoreFailure::Store(e)) => Err(e),
-                    Err(StoreFailure::Sent(e)) if fault::<D>(&e) == Fault::NotTaken => {
-                        Err(self.err(self.claim_row_gone()))
+                return match Self::send_with_commit(tx, message, &values).await {
+                    Ok(0) => Err(self.err(self.claim_row_gone())),
+                    Ok(_) => Ok(TxCommit::Committed),
+                    Err((tx, e)) => {
+                        // Nothing committed (should the `COMMIT` itself
+                        // have failed, the server rolled back).
+                        tx.rollback().await.map_err(|e| self.err(e))?;
+                        Err(self.err(e))
                     }
-                    Err(StoreFailure::Sent(e)) => Err(self.err(e)),
                 };
             }
             (ClaimOrder::First, None) => {
@@ -1189,9 +1209,7 @@ impl<D: Dialect> TxStore for SqlStore<D> {
             }
             (ClaimOrder::Last, _) => match self.merged(&self.sql.claim_with_commit) {
                 Some(message) => {
-                    return self
-                        .commit_claim_merged(tx, message, spec, key, &values)
-                        .await;
+                    return self.commit_claim_merged(tx, message, spec, &values).await;
                 }
                 // Claim-last found a live row: this delivery is a duplicate.
                 // Its body's writes roll back with the transaction.

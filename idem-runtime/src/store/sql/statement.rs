@@ -451,13 +451,15 @@ pub(crate) struct Statements {
     pub(crate) claim_with_outcome: Take,
     /// Takes an absent or expired key as `failed` ([`FAILED`]).
     pub(crate) claim_with_failure: Take,
-    /// As `claim_with_outcome`, then `COMMIT` and `BEGIN`, in one message
-    /// with its values written in; failing, and committing nothing, when
-    /// it takes no key. `None` where the dialect cannot
+    /// A savepoint (where the dialect sets one), the insert of a new
+    /// `completed` row, `COMMIT` and `BEGIN`, in one message with its
+    /// values written in; failing ([`Fault::Unique`](super::Fault)), and
+    /// committing nothing, when a record of the key stands. `None` where
+    /// the dialect sends no dedup row with the `COMMIT`
     /// ([`Dialect::WITH_COMMIT`]).
     pub(crate) claim_with_commit: Option<Inline>,
-    /// As `complete_tx`, then `COMMIT` and `BEGIN`, in one message; failing,
-    /// and committing nothing, when the claim row is gone.
+    /// As `complete_tx`, then `COMMIT` and `BEGIN`, in one message (see
+    /// [`WithCommit`](super::WithCommit) for why it needs no guard).
     pub(crate) complete_with_commit: Option<Inline>,
     /// The record of `:handler`, `:key`: the columns
     /// [`super::exec::Exec::fetch`] reads, in its order, and the database's
@@ -515,6 +517,13 @@ const COMPLETE_TX: &str = "UPDATE {t} SET status = 'completed', token = NULL, ou
                                    updated_at = {now}, expires_at = {until}
                            WHERE handler = :handler AND {key} = :key";
 
+/// Set before the dedup row sent with the `COMMIT` ([`WithCommit::savepoint`](super::WithCommit)).
+pub(crate) const DEDUP_ROW_SAVEPOINT: &str = "SAVEPOINT idem_dedup_row";
+
+/// Undoes the failed insert of a dedup row sent with the `COMMIT`, keeping
+/// the body's writes.
+pub(crate) const BACK_BEFORE_DEDUP_ROW: &str = "ROLLBACK TO SAVEPOINT idem_dedup_row";
+
 /// The record of `:handler`, `:key`.
 const SELECT: &str = "SELECT {record} FROM {t} WHERE handler = :handler AND {key} = :key";
 
@@ -564,11 +573,19 @@ impl Statements {
             claim_with_outcome: take(COMPLETED),
             claim_with_failure: take(FAILED),
             claim_with_commit: D::WITH_COMMIT.map(|with| {
-                let message = format!("{}; COMMIT; BEGIN", (with.claim_or_fail)(COMPLETED));
+                let savepoint = if with.savepoint {
+                    format!("{DEDUP_ROW_SAVEPOINT}; ")
+                } else {
+                    String::new()
+                };
+                let message = format!(
+                    "{savepoint}INSERT INTO {{t}} ({COLUMNS}) VALUES {}; COMMIT; BEGIN",
+                    inserted(COMPLETED)
+                );
                 Inline::new(&expand::<D>(table, &message), with.literals)
             }),
             complete_with_commit: D::WITH_COMMIT.map(|with| {
-                let message = format!("{}; COMMIT; BEGIN", (with.written_or_fail)(COMPLETE_TX));
+                let message = format!("{COMPLETE_TX}; COMMIT; BEGIN");
                 Inline::new(&expand::<D>(table, &message), with.literals)
             }),
             select: render(SELECT),
@@ -620,27 +637,6 @@ pub(crate) fn insert_or_take_over(row: NewRow) -> String {
         "INSERT INTO {{t}} AS cur ({COLUMNS}) VALUES {values}
          ON CONFLICT (handler, {{key}}) DO UPDATE SET {assignments}
          WHERE {claimable}",
-        values = inserted(row),
-        assignments = take_over_assignments("cur.", row),
-        claimable = claimable("cur.", row.fingerprint),
-    )
-}
-
-/// As [`insert_or_take_over`], but a row the claim may not take fails the
-/// statement instead of being left alone: its `handler` is assigned a
-/// text cast to a number, at run time (it reads the row, so nothing folds
-/// it beforehand), an error that says in the server's log what happened.
-/// No `WHERE`, no CTE around it: it plans in a third of the time of one
-/// that counts the rows it took.
-#[cfg(feature = "postgres")]
-pub(crate) fn insert_or_refuse(row: NewRow) -> String {
-    format!(
-        "INSERT INTO {{t}} AS cur ({COLUMNS}) VALUES {values}
-         ON CONFLICT (handler, {{key}}) DO UPDATE SET
-           handler = CASE WHEN {claimable} THEN cur.handler
-                     ELSE CAST(CAST('idem found a record of this key standing ('
-                               || cur.status || '), nothing is committed' AS bigint) AS text) END,
-           {assignments}",
         values = inserted(row),
         assignments = take_over_assignments("cur.", row),
         claimable = claimable("cur.", row.fingerprint),
