@@ -151,7 +151,9 @@ pub enum ClaimOrder {
 /// # let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://postgres@127.0.0.1/test")?;
 /// use idem_runtime::{PgStore, RoundTrips};
 ///
-/// // the database sits on the same host: a round trip costs less than a statement
+/// let store = PgStore::from_pool(pool.clone());
+/// assert_eq!(store.round_trips(), RoundTrips::Merged);
+/// // the database sits on the consumer's host: a round trip costs less than a statement
 /// let store = PgStore::from_pool(pool).with_round_trips(RoundTrips::Separate);
 /// assert_eq!(store.round_trips(), RoundTrips::Separate);
 /// # Ok(()) }
@@ -159,19 +161,26 @@ pub enum ClaimOrder {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RoundTrips {
     /// The statement that records the outcome goes in the message that
-    /// carries the `COMMIT`, as one unprepared statement with its values
-    /// written in (text as hex digits the database decodes). Claiming last
-    /// (the default order), that statement is the dedup row itself: a
-    /// fresh message costs the round trips of its business transaction and
-    /// no more. Claiming first, the claim before the body remains a round
-    /// trip of its own; the outcome's `UPDATE` rides with the `COMMIT`. The
-    /// statement is parsed and planned each time, which costs the database
-    /// a little CPU.
+    /// carries the `COMMIT`, unprepared, with its values written in (text
+    /// as Unicode escapes of hex digits the database decodes). Claiming
+    /// last (the default order), that statement is a plain `INSERT` of the
+    /// dedup row after a savepoint: a fresh message costs the round trips
+    /// of its business transaction and no more. When a record of the key
+    /// stands, the `INSERT` fails (a unique violation, in the server's log
+    /// as an error), the `COMMIT` after it does not run, and the store
+    /// rolls back to the savepoint and claims as [`Separate`](Self::Separate)
+    /// does: a duplicate costs one round trip more than there, a record the
+    /// claim takes over (expired, or a failure to retry) three. Claiming
+    /// first, the claim before the body remains a round trip of its own;
+    /// the outcome's `UPDATE` rides with the `COMMIT`. The default: a
+    /// database across a network, where a round trip costs more than
+    /// parsing a short statement.
+    #[default]
     Merged,
     /// The dedup row is a prepared statement of its own: one more round
-    /// trip per fresh message, the least CPU. For a database on the same
+    /// trip per fresh message, the least CPU on the server, and no error in
+    /// the server's log for a duplicate. For a database on the consumer's
     /// host, where a round trip costs less than parsing a statement.
-    #[default]
     Separate,
 }
 
