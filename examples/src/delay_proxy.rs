@@ -13,12 +13,15 @@
 //! tokio's timer has a 1 ms granularity, too coarse for delays of a few
 //! hundred microseconds. The writer instead lowers its own timer slack to
 //! 1 ns (Linux's default of 50 µs would make every sleep that much late;
-//! see [`precise_timers`]), sleeps with [`std::thread::sleep`] until [`SPIN`] before the deadline, and
-//! spins for the rest. `TCP_NODELAY` is set on both sides.
+//! see [`precise_timers`]) and sleeps with [`std::thread::sleep`] until
+//! the deadline. It does not spin: on a machine whose cores the database
+//! and the consumers share, spinning writers (one per direction of each
+//! connection) would take CPU from them, which a real network does not.
+//! `TCP_NODELAY` is set on both sides.
 //!
 //! The proxy costs a little of its own on top of the delay: the reader
 //! thread wakes some microseconds after the bytes arrive, and the writer
-//! some after its deadline (together about 25 µs each way on a 2-core VM).
+//! some after its deadline (together 20–40 µs each way on a 2-core VM).
 //! [`own_latency`] measures it and [`DelayProxy::start_compensated`]
 //! subtracts it from the delay, so that a round trip costs twice the delay
 //! more, not twice the delay and two hops. [`added_round_trip`] measures
@@ -61,11 +64,6 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
-
-/// How long before a chunk's deadline a writer stops sleeping and spins:
-/// more than a sleep overshoots once the timer slack is 1 ns, little enough
-/// that the spinning costs few CPU cycles.
-pub const SPIN: Duration = Duration::from_micros(50);
 
 /// The largest chunk one read takes.
 const CHUNK: usize = 64 * 1024;
@@ -255,18 +253,11 @@ fn write_chunks(rx: &mpsc::Receiver<Chunk>, to: Arc<TcpStream>, from: Arc<TcpStr
     }
 }
 
-/// Sleeps until [`SPIN`] before `deadline`, then spins until it.
+/// Sleeps until `deadline` (at once when it has passed).
 pub fn wait_until(deadline: Instant) {
-    let now = Instant::now();
-    if deadline <= now {
-        return;
-    }
-    let left = deadline - now;
-    if left > SPIN {
-        thread::sleep(left - SPIN);
-    }
-    while Instant::now() < deadline {
-        std::hint::spin_loop();
+    let left = deadline.saturating_duration_since(Instant::now());
+    if !left.is_zero() {
+        thread::sleep(left);
     }
 }
 
