@@ -25,12 +25,14 @@ struct MySqlStress {
     admin: MySqlPool,
 }
 
-/// A store on `pool` over the dedup table `dedup`, claiming in `order`.
-fn store_for(pool: MySqlPool, dedup: &str, Way(order, _): Way) -> MySqlStore {
+/// A store on `pool` over the dedup table `dedup`, claiming in `order`,
+/// sending the dedup row in `trips`.
+fn store_for(pool: MySqlPool, dedup: &str, Way(order, trips): Way) -> MySqlStore {
     MySqlStore::from_pool(pool)
         .with_table(dedup)
         .expect("valid table")
         .with_claim_order(order)
+        .with_round_trips(trips)
 }
 
 impl StressFixture for MySqlStress {
@@ -193,8 +195,18 @@ async fn contention_claim_last_applies_each_message_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn contention_claim_last_merged_applies_each_message_once() {
+    stress::contention::<MySqlStress>(Way::LAST_MERGED).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn contention_claim_first_applies_each_message_once() {
     stress::contention::<MySqlStress>(Way::FIRST).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn contention_claim_first_merged_applies_each_message_once() {
+    stress::contention::<MySqlStress>(Way::FIRST_MERGED).await;
 }
 
 /// The child side of the crash tests: run by the parent as a separate process
@@ -211,12 +223,16 @@ async fn crash_child() {
 async fn sigkill_inside_the_body_leaves_nothing_and_redelivery_runs_once() {
     stress::crash::<MySqlStress>(Crash::InsideBody, Way::LAST).await;
     stress::crash::<MySqlStress>(Crash::InsideBody, Way::FIRST).await;
+    stress::crash::<MySqlStress>(Crash::InsideBody, Way::LAST_MERGED).await;
+    stress::crash::<MySqlStress>(Crash::InsideBody, Way::FIRST_MERGED).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_after_commit_before_ack_makes_redelivery_a_duplicate() {
     stress::crash::<MySqlStress>(Crash::AfterCommit, Way::LAST).await;
     stress::crash::<MySqlStress>(Crash::AfterCommit, Way::FIRST).await;
+    stress::crash::<MySqlStress>(Crash::AfterCommit, Way::LAST_MERGED).await;
+    stress::crash::<MySqlStress>(Crash::AfterCommit, Way::FIRST_MERGED).await;
 }
 
 /// `KILL CONNECTION` on the consumer's connection while the body is parked

@@ -1,5 +1,6 @@
 //! Transaction mode on MySQL/MariaDB: the transaction suite (`common/tx.rs`)
-//! against the server of `MYSQL_URL`, once for each `ClaimOrder`. The
+//! against the server of `MYSQL_URL`, once for each `ClaimOrder` and each
+//! way of sending the dedup row (`RoundTrips`). The
 //! business tables are InnoDB tables in the same database and the bodies
 //! write them through the handler's transaction; each test has its own
 //! tables and drops them.
@@ -18,19 +19,48 @@
 mod common;
 
 use common::tx::StoreKind;
-use idem_runtime::ClaimOrder;
+use idem_runtime::{ClaimOrder, RoundTrips};
 
-/// `ClaimOrder::Last` (the default): the dedup row is inserted with the
-/// outcome after the body; a duplicate's body runs and is rolled back.
+/// `ClaimOrder::Last` (the default), the dedup row with the outcome after
+/// the body, as a statement of its own; a duplicate's body runs and is
+/// rolled back.
 mod claim_last {
-    use super::{ClaimOrder, StoreKind};
-    crate::common::tx::suite!(crate::common::MySqlDb, StoreKind::MySql(ClaimOrder::Last));
+    use super::{ClaimOrder, RoundTrips, StoreKind};
+    crate::common::tx::suite!(
+        crate::common::MySqlDb,
+        StoreKind::MySql(ClaimOrder::Last, RoundTrips::Separate)
+    );
+}
+
+/// `ClaimOrder::Last` with `RoundTrips::Merged` (the default): the dedup
+/// row travels in the `COMMIT`'s message, whose insert fails on a duplicate
+/// key, before the `COMMIT`, when a record stands (undoing only itself);
+/// the claim then goes on as a statement of its own.
+mod claim_last_merged {
+    use super::{ClaimOrder, RoundTrips, StoreKind};
+    crate::common::tx::suite!(
+        crate::common::MySqlDb,
+        StoreKind::MySql(ClaimOrder::Last, RoundTrips::Merged)
+    );
 }
 
 /// `ClaimOrder::First`: the claim is inserted before the body; a duplicate
 /// waits on the key's row lock until the first delivery commits, and is
 /// turned away before its body runs.
 mod claim_first {
-    use super::{ClaimOrder, StoreKind};
-    crate::common::tx::suite!(crate::common::MySqlDb, StoreKind::MySql(ClaimOrder::First));
+    use super::{ClaimOrder, RoundTrips, StoreKind};
+    crate::common::tx::suite!(
+        crate::common::MySqlDb,
+        StoreKind::MySql(ClaimOrder::First, RoundTrips::Separate)
+    );
+}
+
+/// `ClaimOrder::First` with `RoundTrips::Merged`: the claim goes before the
+/// body, the outcome's `UPDATE` in the `COMMIT`'s message.
+mod claim_first_merged {
+    use super::{ClaimOrder, RoundTrips, StoreKind};
+    crate::common::tx::suite!(
+        crate::common::MySqlDb,
+        StoreKind::MySql(ClaimOrder::First, RoundTrips::Merged)
+    );
 }

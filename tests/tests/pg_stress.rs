@@ -507,6 +507,75 @@ async fn claiming_first_a_body_that_ends_its_transaction_is_told_the_claim_row_i
     }
 }
 
+#[derive(Debug, Serialize, Deserialize)]
+struct Sabotage {
+    message_id: i64,
+    /// The business table the body writes.
+    table: String,
+    /// The dedup table whose rows the body deletes.
+    dedup: String,
+}
+
+#[idempotent(
+    key = "message_id",
+    ttl = "1h",
+    store = "postgres",
+    name = "pg_body_deletes_the_claim"
+)]
+async fn deletes_the_claim_row(tx: &mut PgTx<'_>, msg: &Sabotage) -> Result<i64, sqlx::Error> {
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {} VALUES ($1, 1)",
+        msg.table
+    )))
+    .bind(msg.message_id)
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query(AssertSqlSafe(format!("DELETE FROM {}", msg.dedup)))
+        .execute(&mut **tx)
+        .await?;
+    Ok(msg.message_id)
+}
+
+/// Claiming first, a body that deletes its own claim row, the transaction
+/// still open: the outcome's `UPDATE` (on its own, or in the `COMMIT`'s
+/// message) finds no row, the call says so, and nothing the body wrote
+/// commits.
+#[tokio::test]
+async fn claiming_first_a_claim_row_the_body_deleted_commits_nothing() {
+    for way in [Way::FIRST, Way::FIRST_MERGED] {
+        let Setup {
+            fx,
+            dedup,
+            table,
+            store,
+            _cleanup,
+        } = or_skip!(stress::setup::<PgStress>("deleted", way).await);
+        let msg = Sabotage {
+            message_id: 11,
+            table: table.clone(),
+            dedup,
+        };
+        match deletes_the_claim_row(&store, &msg).await {
+            Err(Error::Store { source, .. }) => assert!(
+                source
+                    .to_string()
+                    .contains("claim row of this transaction is gone"),
+                "{way:?}: {source}"
+            ),
+            other => panic!("{way:?}: expected a store error, got {other:?}"),
+        }
+        assert!(
+            fx.applied(&table).await.is_empty(),
+            "{way:?}: the body's write committed"
+        );
+        assert_eq!(
+            store.count().await.expect("count"),
+            0,
+            "{way:?}: a record committed"
+        );
+    }
+}
+
 /// A table name as long as PostgreSQL allows (63 bytes) still gets its
 /// expiry index, under a name of its own: `<table>_expires_at` would be cut
 /// to the table's own name and silently skipped.

@@ -27,9 +27,10 @@ use sqlx::{AssertSqlSafe, Executor as _, MySql, Transaction};
 use crate::error::StoreError;
 use crate::registry;
 pub use crate::store::sql::ClaimOrder;
+pub use crate::store::sql::RoundTrips;
 use crate::store::sql::{
-    COLUMNS, Dialect, Fault, NewRow, Placeholders, SqlStore, claimable, inserted, reach,
-    take_over_assignments,
+    COLUMNS, Dialect, Fault, Literals, NewRow, Placeholders, SqlStore, WithCommit, claimable,
+    hex_bytes, inserted, reach, take_over_assignments,
 };
 
 /// The transaction a transaction-mode MySQL handler receives:
@@ -219,6 +220,23 @@ impl Dialect for MySql {
     const SWEEP_BEGIN: Option<&'static str> =
         Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION");
     const LATEST_READ: &'static str = " LOCK IN SHARE MODE";
+    // A failed statement undoes only itself: after a duplicate key the
+    // transaction, with the body's writes, goes on without a savepoint.
+    const WITH_COMMIT: Option<WithCommit> = Some(WithCommit {
+        savepoint: false,
+        // The claim-first outcome goes on its own, its rows counted before
+        // the commit: an implicit commit or a deadlock victim leaves the
+        // transaction without failing the statements after it.
+        claim_row_check: None,
+        literals: Literals {
+            // A binary string of the text's UTF-8 bytes, which the text
+            // columns take as their character set's.
+            text: |v| format!("X'{}'", hex_bytes(v)),
+            null_text: "NULL",
+            integer: |n| format!("({n})"),
+            null_integer: "NULL",
+        },
+    });
     const BATCH_ROWS: &'static str = "JSON_TABLE(:rows, '$[*]' COLUMNS (
             k VARCHAR(128) CHARACTER SET utf8mb4 PATH '$.k',
             f VARCHAR(32) CHARACTER SET ascii PATH '$.f',
@@ -331,6 +349,8 @@ impl Dialect for MySql {
             1205 => Fault::LockWait,
             // ER_LOCK_DEADLOCK
             1213 => Fault::Deadlock,
+            // ER_DUP_ENTRY
+            1062 => Fault::Unique,
             // ER_BAD_FIELD_ERROR: `Unknown column 'failures' in 'field list'`
             1054 => Fault::MissingColumn,
             // ER_NO_SUCH_TABLE: `Table 'test.idem_keys' doesn't exist`
@@ -482,6 +502,27 @@ impl SqlStore<MySql> {
     /// ```
     pub fn with_claim_order(self, order: ClaimOrder) -> Self {
         self.set_claim_order(order)
+    }
+
+    /// How transaction-mode handlers send their dedup row: in the
+    /// `COMMIT`'s message, or as a statement of its own (see
+    /// [`RoundTrips`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pool = sqlx::mysql::MySqlPoolOptions::new().connect_lazy("mysql://root@127.0.0.1:3306/test")?;
+    /// use idem_runtime::{MySqlStore, RoundTrips};
+    ///
+    /// // the database sits on the consumer's host: a round trip costs less than a statement
+    /// let store = MySqlStore::from_pool(pool).with_round_trips(RoundTrips::Separate);
+    /// assert_eq!(store.round_trips(), RoundTrips::Separate);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_round_trips(self, trips: RoundTrips) -> Self {
+        self.set_round_trips(trips)
     }
 
     /// Creates the dedup table and its expiry index if they do not exist,

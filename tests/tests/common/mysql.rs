@@ -6,7 +6,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use idem_runtime::clock::TimeShift;
-use idem_runtime::{ClaimOrder, MySqlStore};
+use idem_runtime::{ClaimOrder, MySqlStore, RoundTrips};
 use idem_tests::{DropMySqlTables, mysql_pool, mysql_url, unavailable, unique_table};
 use sqlx::AssertSqlSafe;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
@@ -44,7 +44,7 @@ impl MySqlDb {
     /// [`Open::AppPool`] and [`Open::LockTimeout`] hand it a pool of the
     /// application's, whose lock wait the store is told.
     async fn open_with(kind: StoreKind, how: Open) -> Option<MySqlDb> {
-        let StoreKind::MySql(order) = kind else {
+        let StoreKind::MySql(order, trips) = kind else {
             panic!("a MySQL fixture needs a MySQL kind, not {kind:?}")
         };
         let store = match &how {
@@ -69,7 +69,8 @@ impl MySqlDb {
         let mut store = store
             .with_table(&dedup)
             .expect("valid table name")
-            .with_claim_order(order);
+            .with_claim_order(order)
+            .with_round_trips(trips);
         let mut manual = None;
         if let Open::Shifted(shift) = how {
             store = store.with_time_shift(shift.clone());
@@ -105,11 +106,12 @@ impl MySqlDb {
             .with_table(self.store.table())
             .expect("valid table name")
             .with_claim_order(self.order())
+            .with_round_trips(self.store.round_trips())
     }
 
     fn order(&self) -> ClaimOrder {
         match self.kind {
-            StoreKind::MySql(order) => order,
+            StoreKind::MySql(order, _) => order,
             other => unreachable!("a MySQL fixture opened as {other:?}"),
         }
     }
@@ -285,7 +287,7 @@ sql_suites!(
     store: MySqlStore,
     conn: sqlx::MySqlConnection,
     // The claim order only concerns transaction mode.
-    lease_kind: StoreKind::MySql(ClaimOrder::Last),
+    lease_kind: StoreKind::MySql(ClaimOrder::Last, RoundTrips::Separate),
 );
 
 // One set for both claim orders: the order is the store's, not the handler's.

@@ -59,7 +59,8 @@ pub(crate) enum StoreKind {
     Sqlite,
     /// PostgreSQL, claiming in this order, sending the dedup row so.
     Pg(ClaimOrder, RoundTrips),
-    MySql(ClaimOrder),
+    /// MySQL/MariaDB, likewise.
+    MySql(ClaimOrder, RoundTrips),
 }
 
 impl StoreKind {
@@ -71,7 +72,7 @@ impl StoreKind {
     pub(crate) fn duplicate_runs_body(self) -> bool {
         matches!(
             self,
-            StoreKind::Pg(ClaimOrder::Last, _) | StoreKind::MySql(ClaimOrder::Last)
+            StoreKind::Pg(ClaimOrder::Last, _) | StoreKind::MySql(ClaimOrder::Last, _)
         )
     }
 
@@ -80,7 +81,7 @@ impl StoreKind {
     /// a whole number of seconds, at least one: `wanted` rounded up.
     pub(crate) fn lock_timeout(self, wanted: Duration) -> Duration {
         match self {
-            StoreKind::MySql(_) => {
+            StoreKind::MySql(..) => {
                 let secs = wanted.as_secs() + u64::from(wanted.subsec_nanos() > 0);
                 Duration::from_secs(secs.max(1))
             }
@@ -102,10 +103,10 @@ impl StoreKind {
     pub(crate) fn waited(self) -> Waited {
         match self {
             StoreKind::Sqlite => Waited::StoreTimeout,
-            StoreKind::Pg(ClaimOrder::First, _) | StoreKind::MySql(ClaimOrder::First) => {
+            StoreKind::Pg(ClaimOrder::First, _) | StoreKind::MySql(ClaimOrder::First, _) => {
                 Waited::InProgress
             }
-            StoreKind::Pg(ClaimOrder::Last, _) | StoreKind::MySql(ClaimOrder::Last) => {
+            StoreKind::Pg(ClaimOrder::Last, _) | StoreKind::MySql(ClaimOrder::Last, _) => {
                 Waited::BodyLockTimeout
             }
         }
@@ -118,7 +119,7 @@ impl StoreKind {
     pub(crate) fn is_lock_timeout(self, e: &dyn sqlx::error::DatabaseError) -> bool {
         match self {
             StoreKind::Pg(..) => e.code().as_deref() == Some("55P03"),
-            StoreKind::MySql(_) => e
+            StoreKind::MySql(..) => e
                 .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
                 .is_some_and(|e| e.number() == 1205),
             StoreKind::Sqlite => false,

@@ -130,14 +130,6 @@ pub trait Dialect: Exec {
 
 /// What a dialect needs to send a transaction-mode dedup row in the
 /// message of the `COMMIT`: see [`Dialect::WITH_COMMIT`].
-///
-/// Claiming first, the outcome's `UPDATE` of the claim row travels with the
-/// `COMMIT` unguarded: a dialect has one only where a transaction cannot
-/// lose its claim row without that `UPDATE` failing (PostgreSQL: the row is
-/// the transaction's own until it ends, and a transaction the server
-/// aborted fails every statement after). Should the body have ended the
-/// transaction itself, the store sees the `UPDATE` wrote no row and
-/// reports it.
 #[derive(Debug, Clone, Copy)]
 pub struct WithCommit {
     /// Whether the message sets a savepoint before its dedup `INSERT`,
@@ -146,6 +138,14 @@ pub struct WithCommit {
     /// a statement of its own. Not needed where a failed statement undoes
     /// only itself and leaves the transaction usable (MySQL).
     pub savepoint: bool,
+    /// Claiming first, a statement sent after the outcome's `UPDATE` of the
+    /// claim row and before the `COMMIT`, which fails ([`Fault::NotTaken`])
+    /// unless the row is there with the outcome: a body may have deleted
+    /// it, or the database ended the transaction (a deadlock victim, an
+    /// implicit commit) and the `UPDATE` ran on its own. `None`: the
+    /// claim-first outcome is a statement of its own, whose written rows
+    /// the store counts before it commits.
+    pub claim_row_check: Option<&'static str>,
     /// How values are written into the message.
     pub literals: Literals,
 }
@@ -171,6 +171,10 @@ pub enum Fault {
     /// `COMMIT` itself found a deferred unique constraint of the body's
     /// tables violated. Nothing after it in the message ran.
     Unique,
+    /// The claim-first outcome sent with the `COMMIT` found no claim row
+    /// ([`WithCommit::claim_row_check`]). Nothing after it in the message
+    /// ran.
+    NotTaken,
     /// Anything else.
     Other,
 }

@@ -56,12 +56,20 @@ mod inspect;
 mod statement;
 
 pub use dialect::Dialect;
-pub(crate) use dialect::{Fault, WithCommit};
+pub(crate) use dialect::Fault;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) use dialect::WithCommit;
 use exec::Found;
 pub(crate) use statement::COLUMNS;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) use statement::Literals;
+#[cfg(feature = "mysql")]
+pub(crate) use statement::hex_bytes;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) use statement::insert_or_take_over;
-pub(crate) use statement::{Literals, NewRow, Placeholders};
+#[cfg(feature = "postgres")]
+pub(crate) use statement::unicode_escapes;
+pub(crate) use statement::{NewRow, Placeholders};
 use statement::{Statement, Statements, Take, Values};
 #[cfg(feature = "mysql")]
 pub(crate) use statement::{claimable, inserted, take_over_assignments};
@@ -138,7 +146,8 @@ pub enum ClaimOrder {
 }
 
 /// How a transaction-mode handler's dedup row travels to the database
-/// (PostgreSQL; SQLite and MySQL always send it as its own statement).
+/// (PostgreSQL and MySQL; SQLite, in the consumer's process, always runs
+/// it as a statement of its own).
 ///
 /// In either way the invariant holds: the row, the body's writes and the
 /// outcome commit together or not at all.
@@ -553,7 +562,7 @@ impl<D: Dialect> SqlStore<D> {
     }
 
     /// Sets how transaction-mode handlers send their dedup row.
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub(crate) fn set_round_trips(mut self, trips: RoundTrips) -> Self {
         self.trips = trips;
         self
@@ -1048,14 +1057,13 @@ impl<D: Dialect> SqlStore<D> {
     /// when the connection returns, in the background. When the dedup
     /// statement fails, the rest of the message is skipped and `tx` is
     /// returned with the error, for the caller to settle.
-    /// Returns how many rows the message wrote.
     async fn send_with_commit(
         mut tx: Transaction<'static, D>,
         message: &statement::Inline,
         values: &Values<'_>,
-    ) -> Result<u64, (Transaction<'static, D>, sqlx::Error)> {
+    ) -> Result<(), (Transaction<'static, D>, sqlx::Error)> {
         match D::run_message(&mut tx, message.text(values)).await {
-            Ok(done) => Ok(D::rows_affected(&done)),
+            Ok(_) => Ok(()),
             Err(e) => Err((tx, e)),
         }
     }
@@ -1193,16 +1201,18 @@ impl<D: Dialect> TxStore for SqlStore<D> {
         let taken = match (self.order_for(spec), merged_completion) {
             // The claim row is this transaction's: record the outcome in it.
             (ClaimOrder::First, Some(message)) => {
-                return match Self::send_with_commit(tx, message, &values).await {
-                    Ok(0) => Err(self.err(self.claim_row_gone())),
-                    Ok(_) => Ok(TxCommit::Committed),
-                    Err((tx, e)) => {
-                        // Nothing committed (should the `COMMIT` itself
-                        // have failed, the server rolled back).
-                        tx.rollback().await.map_err(|e| self.err(e))?;
-                        Err(self.err(e))
-                    }
+                let (tx, e) = match Self::send_with_commit(tx, message, &values).await {
+                    Ok(_) => return Ok(TxCommit::Committed),
+                    Err(failed) => failed,
                 };
+                // Nothing committed (should the `COMMIT` itself have
+                // failed, the server rolled back).
+                tx.rollback().await.map_err(|e| self.err(e))?;
+                return Err(self.err(if fault::<D>(&e) == Fault::NotTaken {
+                    self.claim_row_gone()
+                } else {
+                    e
+                }));
             }
             (ClaimOrder::First, None) => {
                 match self

@@ -212,10 +212,9 @@ fn split(template: &str) -> (Vec<(String, Param)>, String) {
 /// sends unprepared in one message with others (see [`Inline`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Literals {
-    /// Text, given as one escape per character, `\XXXX` (4 hex digits)
-    /// or `\+XXXXXX` (6, beyond the Basic Multilingual Plane): a literal
-    /// of the database's that reads such escapes (`U&'\0068\0069'` on
-    /// PostgreSQL).
+    /// Text, as a literal of hex digits the database decodes, and nothing
+    /// of the text itself: [`unicode_escapes`] in `U&'...'` on PostgreSQL,
+    /// [`hex_bytes`] in `X'...'` on MySQL.
     pub text: fn(&str) -> String,
     /// A text `NULL`, typed where the database needs it.
     pub null_text: &'static str,
@@ -229,10 +228,9 @@ pub struct Literals {
 /// message of several statements sent through the text protocol in one
 /// round trip (which takes no bound parameters).
 ///
-/// Nothing a user wrote reaches the text as SQL: every character of a text
-/// value is written as a Unicode escape of hex digits, read by the
-/// database ([`Literals::text`]), and every number as the decimal digits
-/// of an `i64`. The rest is this crate's SQL and a validated table name.
+/// Nothing a user wrote reaches the text as SQL: every text value is
+/// written as hex digits the database decodes ([`Literals::text`]), and
+/// every number as the decimal digits of an `i64`. The rest is this crate's SQL and a validated table name.
 #[derive(Debug)]
 pub(crate) struct Inline {
     pieces: Box<[(Box<str>, Param)]>,
@@ -258,9 +256,7 @@ impl Inline {
     /// The statement's text with `values` written in.
     pub(crate) fn text(&self, values: &Values<'_>) -> AssertSqlSafe<String> {
         let lit = &self.literals;
-        let text = |v: Option<&str>| {
-            v.map_or_else(|| lit.null_text.to_owned(), |v| (lit.text)(&escaped(v)))
-        };
+        let text = |v: Option<&str>| v.map_or_else(|| lit.null_text.to_owned(), |v| (lit.text)(v));
         let mut sql = String::with_capacity(self.tail.len() + 64 * self.pieces.len());
         for (before, param) in &self.pieces {
             sql.push_str(before);
@@ -287,8 +283,11 @@ impl Inline {
     }
 }
 
-/// `text` as one Unicode escape per character (see [`Literals::text`]).
-fn escaped(text: &str) -> String {
+/// `text` as one Unicode escape per character, `\XXXX` (4 hex digits) or
+/// `\+XXXXXX` (6, beyond the Basic Multilingual Plane): the inside of a
+/// PostgreSQL `U&'...'` literal.
+#[cfg(any(feature = "postgres", test))]
+pub(crate) fn unicode_escapes(text: &str) -> String {
     use std::fmt::Write;
     let mut out = String::with_capacity(text.len() * 5);
     for c in text.chars() {
@@ -296,6 +295,18 @@ fn escaped(text: &str) -> String {
             n @ 0..=0xFFFF => write!(out, "\\{n:04x}"),
             n => write!(out, "\\+{n:06x}"),
         };
+    }
+    out
+}
+
+/// `text`'s UTF-8 bytes as hex digits, two a byte: the inside of a MySQL
+/// `X'...'` literal.
+#[cfg(feature = "mysql")]
+pub(crate) fn hex_bytes(text: &str) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(text.len() * 2);
+    for b in text.bytes() {
+        let _ = write!(out, "{b:02x}");
     }
     out
 }
@@ -458,8 +469,10 @@ pub(crate) struct Statements {
     /// the dialect sends no dedup row with the `COMMIT`
     /// ([`Dialect::WITH_COMMIT`]).
     pub(crate) claim_with_commit: Option<Inline>,
-    /// As `complete_tx`, then `COMMIT` and `BEGIN`, in one message (see
-    /// [`WithCommit`](super::WithCommit) for why it needs no guard).
+    /// As `complete_tx`, then the dialect's check of the claim row,
+    /// `COMMIT` and `BEGIN`, in one message: failing, and committing
+    /// nothing, when the claim row is gone. `None` where the dialect has no
+    /// such check ([`WithCommit::claim_row_check`](super::WithCommit)).
     pub(crate) complete_with_commit: Option<Inline>,
     /// The record of `:handler`, `:key`: the columns
     /// [`super::exec::Exec::fetch`] reads, in its order, and the database's
@@ -584,9 +597,10 @@ impl Statements {
                 );
                 Inline::new(&expand::<D>(table, &message), with.literals)
             }),
-            complete_with_commit: D::WITH_COMMIT.map(|with| {
-                let message = format!("{COMPLETE_TX}; COMMIT; BEGIN");
-                Inline::new(&expand::<D>(table, &message), with.literals)
+            complete_with_commit: D::WITH_COMMIT.and_then(|with| {
+                let check = with.claim_row_check?;
+                let message = format!("{COMPLETE_TX}; {check}; COMMIT; BEGIN");
+                Some(Inline::new(&expand::<D>(table, &message), with.literals))
             }),
             select: render(SELECT),
             select_latest: render(&format!("{SELECT}{}", D::LATEST_READ)),
@@ -684,7 +698,7 @@ mod tests {
     fn inline_writes_text_as_escapes_and_numbers_as_digits() {
         use super::{Inline, Literals, Values};
         let literals = Literals {
-            text: |escaped| format!("U&'{escaped}'"),
+            text: |v| format!("U&'{}'", super::unicode_escapes(v)),
             null_text: "NULL::text",
             integer: |n| format!("({n})::bigint"),
             null_integer: "NULL::bigint",
