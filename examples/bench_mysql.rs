@@ -5,10 +5,16 @@
 //! ```text
 //! cargo run --release -p idem-examples --example bench_mysql
 //! MYSQL_URL=mysql://root@127.0.0.1:3306/test SECS=5 ROUNDS=5 TASKS=8 cargo run --release -p idem-examples --example bench_mysql
+//! DELAY_US=250 cargo run --release -p idem-examples --example bench_mysql
 //! ```
 //!
+//! With `DELAY_US` above 0 every variant connects through a
+//! [`DelayProxy`](idem_examples::delay_proxy::DelayProxy) that delays every
+//! chunk by that many microseconds in each direction, as a database across
+//! a network (see `bench_postgres`, which runs several delays in one run).
+//!
 //! The business transaction deducts one unit from one of 10,000 stock rows
-//! (`BEGIN; UPDATE ...; COMMIT`). Three variants run interleaved, round
+//! (`BEGIN; UPDATE ...; COMMIT`). Four variants run interleaved, round
 //! after round, each for `SECS` seconds with `TASKS` concurrent consumers on
 //! a pool of as many connections:
 //!
@@ -16,20 +22,29 @@
 //! * `bare + 1 statement`: the same with one more prepared `INSERT` of the
 //!   message id in the transaction, the least a dedup record can cost: the
 //!   ceiling idem is judged against;
-//! * `idem`: the same body in an `#[idempotent]` handler on [`MySqlStore`].
+//! * `idem`: the same body in an `#[idempotent]` handler on [`MySqlStore`],
+//!   the store's defaults: the dedup row a prepared statement of its own
+//!   (`RoundTrips::Separate`);
+//! * `idem, merged`: the same, the dedup row riding with the `COMMIT`
+//!   (`RoundTrips::Merged`).
 //!
 //! Every message is fresh (a new message id). It prints each variant's median
 //! throughput and its ratio to `bare`, counts the statements a fresh message
 //! and a duplicate cost, and ends with the line `idem/bare: <ratio>`.
 
+use std::net::ToSocketAddrs;
+use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use idem_examples::delay_proxy::{DelayProxy, added_round_trip, own_latency};
 
 use idem_examples::{env, median, messages_per_second, statement_log};
-use idem_runtime::{MySqlStore, MySqlTx, idempotent};
+use idem_runtime::{MySqlStore, MySqlTx, RoundTrips, idempotent};
 use serde::Deserialize;
 use sqlx::MySqlPool;
-use sqlx::mysql::MySqlPoolOptions;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 
 #[derive(Debug, Deserialize)]
 struct Deduct {
@@ -77,6 +92,7 @@ enum Variant {
     Bare,
     Extra,
     Idem,
+    IdemMerged,
 }
 
 impl Variant {
@@ -85,6 +101,7 @@ impl Variant {
             Variant::Bare => "bare",
             Variant::Extra => "bare + 1 statement",
             Variant::Idem => "idem",
+            Variant::IdemMerged => "idem, merged",
         }
     }
 }
@@ -93,13 +110,17 @@ impl Variant {
 async fn run(
     variant: Variant,
     pool: &MySqlPool,
-    store: &MySqlStore,
+    stores: &[MySqlStore; 2],
     secs: f64,
     tasks: usize,
     next_id: &Arc<AtomicU64>,
 ) -> f64 {
     messages_per_second(secs, tasks, |t, round| {
-        let (pool, store, next_id) = (pool.clone(), store.clone(), next_id.clone());
+        let (pool, next_id) = (pool.clone(), next_id.clone());
+        let store = match variant {
+            Variant::IdemMerged => stores[1].clone(),
+            _ => stores[0].clone(),
+        };
         async move {
             let mut sku = (t as i64 * 1237) % 10_000;
             while round.going() {
@@ -111,7 +132,7 @@ async fn run(
                 match variant {
                     Variant::Bare => deduct_bare(&pool, &msg).await.map_err(|e| e.to_string()),
                     Variant::Extra => deduct_extra(&pool, &msg).await.map_err(|e| e.to_string()),
-                    Variant::Idem => deduct_idem(&store, &msg)
+                    Variant::Idem | Variant::IdemMerged => deduct_idem(&store, &msg)
                         .await
                         .map(|_| ())
                         .map_err(|e| e.to_string()),
@@ -138,15 +159,35 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rounds: usize = env("ROUNDS", 5);
     let tasks: usize = env("TASKS", 8);
 
+    let delay_us: u64 = env("DELAY_US", 0);
+    let mut options = MySqlConnectOptions::from_str(&url)?;
+    let _proxy = if delay_us > 0 {
+        let upstream = (options.get_host(), options.get_port())
+            .to_socket_addrs()?
+            .next()
+            .ok_or("MYSQL_URL: the host resolves to no address")?;
+        let own = tokio::task::spawn_blocking(|| own_latency(1000)).await??;
+        let delay = Duration::from_micros(delay_us);
+        let check =
+            tokio::task::spawn_blocking(move || added_round_trip(delay, own, 1000)).await??;
+        println!("proxy check: {check}");
+        let proxy = DelayProxy::start_compensated(upstream, delay, own)?;
+        options = options
+            .host(&proxy.addr().ip().to_string())
+            .port(proxy.addr().port());
+        Some(proxy)
+    } else {
+        None
+    };
     let pool = MySqlPoolOptions::new()
         .max_connections(tasks as u32)
         .min_connections(tasks as u32)
         // No liveness ping before each transaction: no variant pays it.
         .test_before_acquire(false)
-        .connect(&url)
+        .connect_with(options)
         .await?;
     for statement in [
-        "DROP TABLE IF EXISTS bench_my_inventory, bench_my_extra, bench_my_idem",
+        "DROP TABLE IF EXISTS bench_my_inventory, bench_my_extra, bench_my_idem, bench_my_idem_merged",
         "CREATE TABLE bench_my_inventory (sku BIGINT PRIMARY KEY, stock BIGINT NOT NULL) ENGINE = InnoDB",
         "CREATE TABLE bench_my_extra (message_id BIGINT PRIMARY KEY) ENGINE = InnoDB",
         "INSERT INTO bench_my_inventory (sku, stock)
@@ -156,20 +197,37 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let store = MySqlStore::from_pool(pool.clone()).with_table("bench_my_idem")?;
     store.migrate().await?;
+    let merged = MySqlStore::from_pool(pool.clone())
+        .with_table("bench_my_idem_merged")?
+        .with_round_trips(RoundTrips::Merged);
+    merged.migrate().await?;
+    let stores = [store.clone(), merged];
     let next_id = Arc::new(AtomicU64::new(1));
 
-    let variants = [Variant::Bare, Variant::Extra, Variant::Idem];
-    println!("{tasks} consumers, {rounds} rounds of {secs} s per variant, interleaved");
+    let variants = [
+        Variant::Bare,
+        Variant::Extra,
+        Variant::Idem,
+        Variant::IdemMerged,
+    ];
+    println!(
+        "{tasks} consumers, {rounds} rounds of {secs} s per variant, interleaved, {}",
+        if delay_us == 0 {
+            "direct".to_owned()
+        } else {
+            format!("{delay_us} us each way")
+        }
+    );
     // Warm-up: connections, prepared statements, buffer pool.
     for v in variants {
-        run(v, &pool, &store, 1.0, tasks, &next_id).await;
+        run(v, &pool, &stores, 1.0, tasks, &next_id).await;
     }
     let mut tps: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
     for round in 1..=rounds {
         // Rotate the order each round so drift does not favour one variant.
         for i in 0..variants.len() {
             let k = (i + round) % variants.len();
-            let t = run(variants[k], &pool, &store, secs, tasks, &next_id).await;
+            let t = run(variants[k], &pool, &stores, secs, tasks, &next_id).await;
             tps[k].push(t);
         }
     }
@@ -238,9 +296,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "one extra statement costs: {:.3} of bare",
         median(tps[1].clone()) / bare
     );
+    println!("idem, merged/bare: {:.3}", median(tps[3].clone()) / bare);
     let ratio = median(tps[2].clone()) / bare;
     println!("idem/bare: {ratio:.3}");
-    sqlx::raw_sql("DROP TABLE IF EXISTS bench_my_inventory, bench_my_extra, bench_my_idem")
+    sqlx::raw_sql(
+        "DROP TABLE IF EXISTS bench_my_inventory, bench_my_extra, bench_my_idem, bench_my_idem_merged",
+    )
         .execute(&pool)
         .await?;
     Ok(())
