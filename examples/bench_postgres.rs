@@ -19,9 +19,9 @@
 //!   outcome travels in the `COMMIT`'s message (`RoundTrips::Merged`);
 //! * `idem, claim last, separate`: the dedup row as a prepared statement of
 //!   its own (`RoundTrips::Separate`);
-//! * `idem, claim first, merged` and `idem, claim first, separate`: the same
-//!   with `ClaimOrder::First` (the outcome's `UPDATE` with the `COMMIT`, or
-//!   on its own);
+//! * `idem, claim first`: the same with `ClaimOrder::First` (the claim and
+//!   the outcome's `UPDATE` statements of their own, whatever `RoundTrips`
+//!   says);
 //! * `idem + fingerprint`: claim last, with `fingerprint = "sku"`: the cost
 //!   of a payload fingerprint (a digest per message, one more column);
 //! * `idem + max_attempts`: with `max_attempts = 5`, which claims first and
@@ -162,24 +162,10 @@ const IDEM: &[IdemVariant] = &[
         options: |store| store.with_round_trips(RoundTrips::Separate),
     },
     IdemVariant {
-        label: "idem, claim first, merged",
-        handler: Handler::Plain,
-        table: "bench_idem_first_merged",
-        options: |store| {
-            store
-                .with_claim_order(ClaimOrder::First)
-                .with_round_trips(RoundTrips::Merged)
-        },
-    },
-    IdemVariant {
-        label: "idem, claim first, separate",
+        label: "idem, claim first",
         handler: Handler::Plain,
         table: "bench_idem_first",
-        options: |store| {
-            store
-                .with_claim_order(ClaimOrder::First)
-                .with_round_trips(RoundTrips::Separate)
-        },
+        options: |store| store.with_claim_order(ClaimOrder::First),
     },
     IdemVariant {
         label: "idem + fingerprint",

@@ -204,11 +204,6 @@ async fn contention_claim_first_applies_each_message_once() {
     stress::contention::<MySqlStress>(Way::FIRST).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn contention_claim_first_merged_applies_each_message_once() {
-    stress::contention::<MySqlStress>(Way::FIRST_MERGED).await;
-}
-
 /// The child side of the crash tests: run by the parent as a separate process
 /// of this test binary, killed with SIGKILL where it parks.
 #[tokio::test]
@@ -224,7 +219,6 @@ async fn sigkill_inside_the_body_leaves_nothing_and_redelivery_runs_once() {
     stress::crash::<MySqlStress>(Crash::InsideBody, Way::LAST).await;
     stress::crash::<MySqlStress>(Crash::InsideBody, Way::FIRST).await;
     stress::crash::<MySqlStress>(Crash::InsideBody, Way::LAST_MERGED).await;
-    stress::crash::<MySqlStress>(Crash::InsideBody, Way::FIRST_MERGED).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -232,7 +226,6 @@ async fn sigkill_after_commit_before_ack_makes_redelivery_a_duplicate() {
     stress::crash::<MySqlStress>(Crash::AfterCommit, Way::LAST).await;
     stress::crash::<MySqlStress>(Crash::AfterCommit, Way::FIRST).await;
     stress::crash::<MySqlStress>(Crash::AfterCommit, Way::LAST_MERGED).await;
-    stress::crash::<MySqlStress>(Crash::AfterCommit, Way::FIRST_MERGED).await;
 }
 
 /// `KILL CONNECTION` on the consumer's connection while the body is parked

@@ -54,13 +54,3 @@ mod claim_first {
         StoreKind::MySql(ClaimOrder::First, RoundTrips::Separate)
     );
 }
-
-/// `ClaimOrder::First` with `RoundTrips::Merged`: the claim goes before the
-/// body, the outcome's `UPDATE` in the `COMMIT`'s message.
-mod claim_first_merged {
-    use super::{ClaimOrder, RoundTrips, StoreKind};
-    crate::common::tx::suite!(
-        crate::common::MySqlDb,
-        StoreKind::MySql(ClaimOrder::First, RoundTrips::Merged)
-    );
-}

@@ -41,13 +41,3 @@ mod claim_first {
         StoreKind::Pg(ClaimOrder::First, RoundTrips::Separate)
     );
 }
-
-/// `ClaimOrder::First` with `RoundTrips::Merged`: the claim goes before the
-/// body, the outcome's `UPDATE` in the `COMMIT`'s message.
-mod claim_first_merged {
-    use super::{ClaimOrder, RoundTrips, StoreKind};
-    crate::common::tx::suite!(
-        crate::common::PgDb,
-        StoreKind::Pg(ClaimOrder::First, RoundTrips::Merged)
-    );
-}

@@ -227,10 +227,6 @@ impl Dialect for MySql {
         // of 0.5 ms saves (bench_mysql with DELAY_US=250).
         by_default: false,
         savepoint: false,
-        // The claim-first outcome goes on its own, its rows counted before
-        // the commit: an implicit commit or a deadlock victim leaves the
-        // transaction without failing the statements after it.
-        claim_row_check: None,
         literals: Literals {
             // A binary string of the text's UTF-8 bytes, which the text
             // columns take as their character set's.

@@ -162,13 +162,6 @@ impl Dialect for Postgres {
         // A failed statement aborts the transaction: the savepoint keeps
         // the body's writes when the dedup insert meets a record.
         savepoint: true,
-        // A division by zero, at run time (the count reads the table), when
-        // the claim row is not there with its outcome: a plain statement,
-        // planned in a fraction of the time of a CTE around the `UPDATE`.
-        claim_row_check: Some(
-            "SELECT 1 / (SELECT count(*) FROM {t}
-                         WHERE handler = :handler AND {key} = :key AND status = 'completed')::int",
-        ),
         literals: Literals {
             // A constant the planner uses like any other (an index key), of
             // escapes alone. The server refuses `U&'...'` when
@@ -287,10 +280,6 @@ impl Dialect for Postgres {
             Some("42703") => Fault::MissingColumn,
             // unique_violation
             Some("23505") => Fault::Unique,
-            // division_by_zero: only the store's own statements reach
-            // `fault`, and only the claim row's check divides (see
-            // WITH_COMMIT).
-            Some("22012") => Fault::NotTaken,
             Some("42P01") => Fault::MissingTable(
                 db.message()
                     .split('"')

@@ -141,14 +141,6 @@ pub struct WithCommit {
     /// a statement of its own. Not needed where a failed statement undoes
     /// only itself and leaves the transaction usable (MySQL).
     pub savepoint: bool,
-    /// Claiming first, a statement sent after the outcome's `UPDATE` of the
-    /// claim row and before the `COMMIT`, which fails ([`Fault::NotTaken`])
-    /// unless the row is there with the outcome: a body may have deleted
-    /// it, or the database ended the transaction (a deadlock victim, an
-    /// implicit commit) and the `UPDATE` ran on its own. `None`: the
-    /// claim-first outcome is a statement of its own, whose written rows
-    /// the store counts before it commits.
-    pub claim_row_check: Option<&'static str>,
     /// How values are written into the message.
     pub literals: Literals,
 }
@@ -174,10 +166,6 @@ pub enum Fault {
     /// `COMMIT` itself found a deferred unique constraint of the body's
     /// tables violated. Nothing after it in the message ran.
     Unique,
-    /// The claim-first outcome sent with the `COMMIT` found no claim row
-    /// ([`WithCommit::claim_row_check`]). Nothing after it in the message
-    /// ran.
-    NotTaken,
     /// Anything else.
     Other,
 }

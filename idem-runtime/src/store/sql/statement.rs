@@ -469,11 +469,6 @@ pub(crate) struct Statements {
     /// the dialect sends no dedup row with the `COMMIT`
     /// ([`Dialect::WITH_COMMIT`]).
     pub(crate) claim_with_commit: Option<Inline>,
-    /// As `complete_tx`, then the dialect's check of the claim row,
-    /// `COMMIT` and `BEGIN`, in one message: failing, and committing
-    /// nothing, when the claim row is gone. `None` where the dialect has no
-    /// such check ([`WithCommit::claim_row_check`](super::WithCommit)).
-    pub(crate) complete_with_commit: Option<Inline>,
     /// The record of `:handler`, `:key`: the columns
     /// [`super::exec::Exec::fetch`] reads, in its order, and the database's
     /// now.
@@ -596,11 +591,6 @@ impl Statements {
                     inserted(COMPLETED)
                 );
                 Inline::new(&expand::<D>(table, &message), with.literals)
-            }),
-            complete_with_commit: D::WITH_COMMIT.and_then(|with| {
-                let check = with.claim_row_check?;
-                let message = format!("{COMPLETE_TX}; {check}; COMMIT; BEGIN");
-                Some(Inline::new(&expand::<D>(table, &message), with.literals))
             }),
             select: render(SELECT),
             select_latest: render(&format!("{SELECT}{}", D::LATEST_READ)),
