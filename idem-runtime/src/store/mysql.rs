@@ -223,9 +223,6 @@ impl Dialect for MySql {
     // A failed statement undoes only itself: after a duplicate key the
     // transaction, with the body's writes, goes on without a savepoint.
     const WITH_COMMIT: Option<WithCommit> = Some(WithCommit {
-        // MariaDB spends more on the unprepared statement than a round trip
-        // of 0.5 ms saves (bench_mysql with DELAY_US=250).
-        by_default: false,
         savepoint: false,
         literals: Literals {
             // A binary string of the text's UTF-8 bytes, which the text

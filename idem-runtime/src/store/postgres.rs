@@ -156,9 +156,6 @@ impl Dialect for Postgres {
     const BATCH_ROWS: &'static str =
         "json_to_recordset(:rows::json) AS r(k text, f text, o text, t text)";
     const WITH_COMMIT: Option<WithCommit> = Some(WithCommit {
-        // Across a network it beats the separate statement in both claim
-        // orders; directly it costs about a tenth (bench_postgres).
-        by_default: true,
         // A failed statement aborts the transaction: the savepoint keeps
         // the body's writes when the dedup insert meets a record.
         savepoint: true,
@@ -296,6 +293,21 @@ impl Dialect for Postgres {
     }
 }
 
+/// Whether a server at `host` (or on a Unix socket) shares the consumer's
+/// host: a loopback address, `localhost`, a socket directory. There a round
+/// trip costs less than parsing a statement, and the two share the CPU: the
+/// default [`RoundTrips`] is `Separate`; across a network, `Merged`.
+fn on_this_host(host: &str, socket: bool) -> bool {
+    socket
+        || host.starts_with('/')
+        || host.eq_ignore_ascii_case("localhost")
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 impl SqlStore<Postgres> {
     /// Connects with a URL such as `postgres://user@host/db`, setting the
     /// session's `lock_timeout` to 5 s. Call [`migrate`](Self::migrate)
@@ -357,6 +369,8 @@ impl SqlStore<Postgres> {
     /// the dedup table share transactions. The pool's `lock_timeout` is what
     /// bounds a claim's wait; set it on the connections (`SET lock_timeout`)
     /// and tell the store with [`with_lock_timeout`](Self::with_lock_timeout).
+    /// The pool's host decides the default [`RoundTrips`]: `Separate` on a
+    /// loopback address, `localhost` or a Unix socket, `Merged` otherwise.
     ///
     /// # Examples
     ///
@@ -376,7 +390,13 @@ impl SqlStore<Postgres> {
     /// # Ok(()) }
     /// ```
     pub fn from_pool(pool: PgPool) -> Self {
-        SqlStore::new(pool, DEFAULT_LOCK_TIMEOUT, ClaimOrder::default())
+        let options = pool.connect_options();
+        let trips = if on_this_host(options.get_host(), options.get_socket().is_some()) {
+            RoundTrips::Separate
+        } else {
+            RoundTrips::Merged
+        };
+        SqlStore::new(pool, DEFAULT_LOCK_TIMEOUT, ClaimOrder::default()).set_round_trips(trips)
     }
 
     /// The lock timeout reported as `retry_after` when a claim times out.
@@ -488,7 +508,7 @@ fn expiry_index(table: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::expiry_index;
+    use super::{expiry_index, on_this_host};
 
     #[test]
     fn expiry_index_names_fit_and_differ() {
@@ -501,5 +521,30 @@ mod tests {
             assert_ne!(&index, name);
         }
         assert_ne!(expiry_index(&long_a), expiry_index(&long_b));
+    }
+
+    #[test]
+    fn a_server_on_this_host_is_a_loopback_address_localhost_or_a_socket() {
+        for host in [
+            "127.0.0.1",
+            "127.0.0.53",
+            "::1",
+            "[::1]",
+            "localhost",
+            "LOCALHOST",
+        ] {
+            assert!(on_this_host(host, false), "{host}");
+        }
+        assert!(on_this_host("/var/run/postgresql", false));
+        assert!(on_this_host("db.internal", true));
+        for host in [
+            "db.internal",
+            "10.0.0.7",
+            "192.168.1.20",
+            "fd00::7",
+            "localhost.example.com",
+        ] {
+            assert!(!on_this_host(host, false), "{host}");
+        }
     }
 }

@@ -132,9 +132,6 @@ pub trait Dialect: Exec {
 /// message of the `COMMIT`: see [`Dialect::WITH_COMMIT`].
 #[derive(Debug, Clone, Copy)]
 pub struct WithCommit {
-    /// Whether a store sends its dedup row so unless told otherwise
-    /// ([`RoundTrips::Merged`](super::RoundTrips) as its default).
-    pub by_default: bool,
     /// Whether the message sets a savepoint before its dedup `INSERT`,
     /// which fails ([`Fault::Unique`]) when a record of the key stands:
     /// rolling back to it keeps the body's writes, and the claim goes on as

@@ -150,9 +150,11 @@ pub enum ClaimOrder {
 /// it as a statement of its own).
 ///
 /// In either way the invariant holds: the row, the body's writes and the
-/// outcome commit together or not at all. The default is each store's,
-/// chosen by measurement (`bench_postgres`, `bench_mysql`): `Merged` on
-/// PostgreSQL, `Separate` on MySQL/MariaDB, whose server spends more on
+/// outcome commit together or not at all. The default is chosen by
+/// measurement (`bench_postgres`, `bench_mysql`): on PostgreSQL `Merged`
+/// for a server across a network and `Separate` for one on the consumer's
+/// host (a loopback address, `localhost`, a Unix socket), where the two
+/// share the CPU; on MySQL/MariaDB `Separate`, whose server spends more on
 /// the unprepared statement than a round trip of 0.5 ms saves.
 ///
 /// # Examples
@@ -160,14 +162,16 @@ pub enum ClaimOrder {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://postgres@127.0.0.1/test")?;
 /// use idem_runtime::{PgStore, RoundTrips};
+/// use sqlx::postgres::PgPoolOptions;
 ///
-/// let store = PgStore::from_pool(pool.clone());
+/// let remote = PgPoolOptions::new().connect_lazy("postgres://app@db.internal/shop")?;
+/// assert_eq!(PgStore::from_pool(remote).round_trips(), RoundTrips::Merged);
+/// let local = PgPoolOptions::new().connect_lazy("postgres://app@127.0.0.1/shop")?;
+/// assert_eq!(PgStore::from_pool(local.clone()).round_trips(), RoundTrips::Separate);
+/// // a choice of its own, whatever the host
+/// let store = PgStore::from_pool(local).with_round_trips(RoundTrips::Merged);
 /// assert_eq!(store.round_trips(), RoundTrips::Merged);
-/// // the database sits on the consumer's host: a round trip costs less than a statement
-/// let store = PgStore::from_pool(pool).with_round_trips(RoundTrips::Separate);
-/// assert_eq!(store.round_trips(), RoundTrips::Separate);
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,13 +194,14 @@ pub enum RoundTrips {
     /// when the claim row is gone, cost more than the round trip it saved,
     /// at 250 µs each way too). For a database across a network, where a
     /// round trip costs more than parsing a short statement. PostgreSQL's
-    /// default.
+    /// default for a server that is not on the consumer's host.
     Merged,
     /// The dedup row is a prepared statement of its own: one more round
     /// trip per fresh message, the least CPU on the server, and no error in
     /// the server's log for a duplicate. For a database on the consumer's
-    /// host, where a round trip costs less than parsing a statement.
-    /// MySQL's default.
+    /// host, where a round trip costs less than parsing a statement (and
+    /// the database and the consumer share its CPU). MySQL's default, and
+    /// PostgreSQL's on a loopback address, `localhost` or a Unix socket.
     Separate,
 }
 
@@ -284,10 +289,7 @@ impl<D: Dialect> SqlStore<D> {
             shift: crate::clock::TimeShift::default(),
             lock_timeout_ms: Arc::new(AtomicU64::new(millis_u64(lock_timeout))),
             order,
-            trips: match D::WITH_COMMIT {
-                Some(with) if with.by_default => RoundTrips::Merged,
-                _ => RoundTrips::Separate,
-            },
+            trips: RoundTrips::Separate,
         }
     }
 
