@@ -461,47 +461,6 @@ async fn a_deferred_constraint_the_commit_breaks_is_a_store_error_and_nothing_co
     }
 }
 
-#[idempotent(
-    key = "message_id",
-    ttl = "1h",
-    store = "postgres",
-    name = "pg_body_rolls_back"
-)]
-async fn rolls_back_itself(tx: &mut PgTx<'_>, msg: &Effect) -> Result<i64, sqlx::Error> {
-    sqlx::raw_sql("ROLLBACK").execute(&mut **tx).await?;
-    Ok(msg.message_id)
-}
-
-/// Claiming first, a body that ends the transaction itself takes the claim
-/// row with it: the outcome's `UPDATE` (on its own, or in the `COMMIT`'s
-/// message) finds no row, and the call says so instead of reporting an
-/// outcome it did not record.
-#[tokio::test]
-async fn claiming_first_a_body_that_ends_its_transaction_is_told_the_claim_row_is_gone() {
-    for way in [Way::FIRST, Way(ClaimOrder::First, RoundTrips::Merged)] {
-        let Setup {
-            table,
-            store,
-            _cleanup,
-            ..
-        } = or_skip!(stress::setup::<PgStress>("ended", way).await);
-        match rolls_back_itself(&store, &Effect::new(&table, 9)).await {
-            Err(Error::Store { source, .. }) => assert!(
-                source
-                    .to_string()
-                    .contains("claim row of this transaction is gone"),
-                "{way:?}: {source}"
-            ),
-            other => panic!("{way:?}: expected a store error, got {other:?}"),
-        }
-        assert_eq!(
-            store.count().await.expect("count"),
-            0,
-            "{way:?}: a record committed"
-        );
-    }
-}
-
 #[derive(Debug, Serialize, Deserialize)]
 struct Sabotage {
     message_id: i64,
@@ -532,9 +491,9 @@ async fn deletes_the_claim_row(tx: &mut PgTx<'_>, msg: &Sabotage) -> Result<i64,
 }
 
 /// Claiming first, a body that deletes its own claim row, the transaction
-/// still open: the outcome's `UPDATE` (on its own, or in the `COMMIT`'s
-/// message) finds no row, the call says so, and nothing the body wrote
-/// commits.
+/// still open (as a transaction the database ended would leave it): the
+/// outcome's `UPDATE` finds no row, the call says so, and nothing the body
+/// wrote commits, whatever `RoundTrips` says.
 #[tokio::test]
 async fn claiming_first_a_claim_row_the_body_deleted_commits_nothing() {
     for way in [Way::FIRST, Way(ClaimOrder::First, RoundTrips::Merged)] {
