@@ -32,7 +32,7 @@ mod claim_last {
     );
 }
 
-/// `ClaimOrder::Last` with `RoundTrips::Merged` (the default): the dedup
+/// `ClaimOrder::Last` with `RoundTrips::Merged` (a choice): the dedup
 /// row travels in the `COMMIT`'s message, whose insert fails on a duplicate
 /// key, before the `COMMIT`, when a record stands (undoing only itself);
 /// the claim then goes on as a statement of its own.

@@ -18,10 +18,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use idem_runtime::{
-    Error, Key, MemoryStore, Outcome, PgStore, PgTx, RedisStore, SqliteStore, SqliteTx, Status,
-    idempotent,
+    Error, Key, MemoryStore, MySqlStore, MySqlTx, Outcome, PgStore, PgTx, RedisStore, RoundTrips,
+    SqliteStore, SqliteTx, Status, idempotent,
 };
-use idem_tests::{DeleteKeys, DropTables, or_skip, pg_pool, redis_store, redis_url, unique_table};
+use idem_tests::{
+    DeleteKeys, DropMySqlTables, DropTables, mysql_pool, or_skip, pg_pool, redis_store, redis_url,
+    unique_table,
+};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, TestRunner};
@@ -211,6 +214,19 @@ async fn on_pg_lease(msg: &Delivery) -> Result<Value, sqlx::Error> {
     Ok(msg.value.clone())
 }
 
+#[idempotent(key = "id", ttl = "1h", store = "mysql", name = "replay_mysql_tx")]
+async fn on_mysql_tx(tx: &mut MySqlTx<'_>, msg: &Delivery) -> Result<Value, sqlx::Error> {
+    RUNS.fetch_add(1, Ordering::Relaxed);
+    sqlx::query("SELECT 1").execute(&mut **tx).await?;
+    Ok(msg.value.clone())
+}
+
+#[idempotent(key = "id", ttl = "1h", store = "mysql", name = "replay_mysql_lease")]
+async fn on_mysql_lease(msg: &Delivery) -> Result<Value, sqlx::Error> {
+    RUNS.fetch_add(1, Ordering::Relaxed);
+    Ok(msg.value.clone())
+}
+
 /// What a store in one mode should leave after a refused (unrecordable)
 /// value: transaction mode nothing, lease mode the claim alone.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -376,18 +392,45 @@ async fn sqlite_replays_every_value_or_refuses_it() {
     );
 }
 
+/// Both ways of sending the dedup row: as a statement with bound values,
+/// and in the `COMMIT`'s message with the values written in as `U&'...'`
+/// literals.
 #[tokio::test]
 async fn postgres_replays_every_value_or_refuses_it() {
     let pool = or_skip!(pg_pool(4).await);
-    let table = unique_table("replay");
-    let _drop = DropTables::new(&[&table]);
-    let store = PgStore::from_pool(pool)
-        .with_table(&table)
-        .expect("a table name");
-    store.migrate().await.expect("migrate");
-    both_modes!(
-        store,
-        on_pg_tx = "replay_pg_tx",
-        on_pg_lease = "replay_pg_lease"
-    );
+    for trips in [RoundTrips::Separate, RoundTrips::Merged] {
+        let table = unique_table("replay");
+        let _drop = DropTables::new(&[&table]);
+        let store = PgStore::from_pool(pool.clone())
+            .with_table(&table)
+            .expect("a table name")
+            .with_round_trips(trips);
+        store.migrate().await.expect("migrate");
+        both_modes!(
+            store,
+            on_pg_tx = "replay_pg_tx",
+            on_pg_lease = "replay_pg_lease"
+        );
+    }
+}
+
+/// Both ways, the merged one with the values written in as `X'...'`
+/// literals.
+#[tokio::test]
+async fn mysql_replays_every_value_or_refuses_it() {
+    let pool = or_skip!(mysql_pool(4, 5).await);
+    for trips in [RoundTrips::Separate, RoundTrips::Merged] {
+        let table = unique_table("replay");
+        let _drop = DropMySqlTables::new(&[&table]);
+        let store = MySqlStore::from_pool(pool.clone())
+            .with_table(&table)
+            .expect("a table name")
+            .with_round_trips(trips);
+        store.migrate().await.expect("migrate");
+        both_modes!(
+            store,
+            on_mysql_tx = "replay_mysql_tx",
+            on_mysql_lease = "replay_mysql_lease"
+        );
+    }
 }

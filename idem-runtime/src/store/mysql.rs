@@ -128,6 +128,14 @@ const MIGRATE_LOCK_WAIT: Duration = Duration::from_secs(30);
 /// ([`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes) fit their columns, and every
 /// other value is the store's own.
 ///
+/// With [`RoundTrips::Merged`] the claim-last row is instead a plain
+/// `INSERT` in the `COMMIT`'s message, its values written in as `X'...'`
+/// hex literals: a duplicate key fails that statement alone, and the claim
+/// goes on as above. The literals double the outcome's size, which the
+/// server's `max_allowed_packet` bounds (a larger message fails, and the
+/// connection with it): keep outcomes under half of it, or keep
+/// `Separate`.
+///
 /// A concurrent delivery of the same key waits on the row's lock until the
 /// first commits or rolls back, bounded by `innodb_lock_wait_timeout` (5 s
 /// when the store made the pool; error 1205), and then gets

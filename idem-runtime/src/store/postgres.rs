@@ -277,6 +277,8 @@ impl Dialect for Postgres {
             Some("42703") => Fault::MissingColumn,
             // unique_violation
             Some("23505") => Fault::Unique,
+            // no_active_sql_transaction
+            Some("25P01") => Fault::NoTransaction,
             Some("42P01") => Fault::MissingTable(
                 db.message()
                     .split('"')
@@ -297,15 +299,20 @@ impl Dialect for Postgres {
 /// host: a loopback address, `localhost`, a socket directory. There a round
 /// trip costs less than parsing a statement, and the two share the CPU: the
 /// default [`RoundTrips`] is `Separate`; across a network, `Merged`.
+///
+/// A proxy on loopback in front of a remote server (pgbouncer, a cloud SQL
+/// proxy) counts as this host: tell such a store `Merged` yourself.
 fn on_this_host(host: &str, socket: bool) -> bool {
+    let name = host.trim_end_matches('.').to_ascii_lowercase();
     socket
         || host.starts_with('/')
-        || host.eq_ignore_ascii_case("localhost")
+        || name == "localhost"
+        || name.ends_with(".localhost")
         || host
             .trim_start_matches('[')
             .trim_end_matches(']')
             .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+            .is_ok_and(|ip| ip.to_canonical().is_loopback() || ip.is_unspecified())
 }
 
 impl SqlStore<Postgres> {
@@ -530,8 +537,12 @@ mod tests {
             "127.0.0.53",
             "::1",
             "[::1]",
+            "::ffff:127.0.0.1",
+            "0.0.0.0",
             "localhost",
             "LOCALHOST",
+            "localhost.",
+            "db.localhost",
         ] {
             assert!(on_this_host(host, false), "{host}");
         }

@@ -163,6 +163,9 @@ pub enum Fault {
     /// `COMMIT` itself found a deferred unique constraint of the body's
     /// tables violated. Nothing after it in the message ran.
     Unique,
+    /// A statement that needs a transaction found none: the `COMMIT` of a
+    /// message failed and ended it.
+    NoTransaction,
     /// Anything else.
     Other,
 }

@@ -182,7 +182,8 @@ pub enum RoundTrips {
     /// order), that statement is a plain `INSERT` of the dedup row: a fresh
     /// message costs the round trips of its business transaction and no
     /// more. When a record of the key stands, the `INSERT` fails (a unique
-    /// violation, in the server's log as an error), the `COMMIT` after it
+    /// violation, which PostgreSQL writes to its log as an error), the
+    /// `COMMIT` after it
     /// does not run, and the store goes back to before the `INSERT` (a
     /// savepoint on PostgreSQL; MySQL undoes the failed statement alone)
     /// and claims as [`Separate`](Self::Separate) does: a duplicate costs
@@ -1088,15 +1089,18 @@ impl<D: Dialect> SqlStore<D> {
             Fault::Unique => {
                 let savepoint = D::WITH_COMMIT.is_some_and(|with| with.savepoint);
                 if savepoint
-                    && D::run_text(&mut tx, statement::BACK_BEFORE_DEDUP_ROW)
-                        .await
-                        .is_err()
+                    && let Err(back) = D::run_text(&mut tx, statement::BACK_BEFORE_DEDUP_ROW).await
                 {
+                    let _ = tx.rollback().await;
                     // No transaction to go back into: the unique key the
                     // error names is a deferred one of the body's tables,
-                    // checked by the `COMMIT`, which rolled back.
-                    let _ = tx.rollback().await;
-                    return Err(self.err(e));
+                    // checked by the `COMMIT`, which rolled back. Anything
+                    // else (the connection dropped) is the rollback's own.
+                    return Err(self.err(if fault::<D>(&back) == Fault::NoTransaction {
+                        e
+                    } else {
+                        back
+                    }));
                 }
                 self.take_standing(&mut tx, spec, values).await
             }
