@@ -1,9 +1,9 @@
 //! The `#[idempotent]` attribute. Use it through `idem-runtime`, which
 //! re-exports it and holds everything the generated code calls.
 //!
-//! The crate is split the way the work is: [`attr`] parses the attribute's
-//! arguments, [`valid`] checks them against the function's signature and
-//! builds the [`valid::Handler`] model, [`expand`] generates the rewritten
+//! The crate is split the way the work is: `attr` parses the attribute's
+//! arguments, `valid` checks them against the function's signature and
+//! builds the `valid::Handler` model, `expand` generates the rewritten
 //! function. Every mistake found is collected and reported together; on error
 //! a stub with the rewritten signature is emitted beside the errors, holding
 //! the user's body (type-checked, never run), so that callers see no second

@@ -88,8 +88,8 @@ pub trait Dialect: Exec {
         )
     }
 
-    /// Inserts what `select` yields into the table (in [`COLUMNS`](super::COLUMNS)'
-    /// order), leaving every row that stands alone: the statement affects
+    /// Inserts what `select` yields into the table (in the order of the
+    /// columns claims insert), leaving every row that stands alone: the statement affects
     /// as many rows as it inserted.
     fn insert_ignoring(select: &str) -> String;
 
