@@ -39,12 +39,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use idem_examples::delay_proxy::{DelayProxy, added_round_trip, own_latency};
-
 use idem_examples::{env, median, messages_per_second, statement_log};
 use idem_runtime::{MySqlStore, MySqlTx, RoundTrips, idempotent};
 use serde::Deserialize;
 use sqlx::MySqlPool;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+
+/// Drops the bench's tables, before and after it.
+const DROP_TABLES: &str =
+    "DROP TABLE IF EXISTS bench_my_inventory, bench_my_extra, bench_my_idem, bench_my_idem_merged";
 
 #[derive(Debug, Deserialize)]
 struct Deduct {
@@ -187,7 +190,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .connect_with(options)
         .await?;
     for statement in [
-        "DROP TABLE IF EXISTS bench_my_inventory, bench_my_extra, bench_my_idem, bench_my_idem_merged",
+        DROP_TABLES,
         "CREATE TABLE bench_my_inventory (sku BIGINT PRIMARY KEY, stock BIGINT NOT NULL) ENGINE = InnoDB",
         "CREATE TABLE bench_my_extra (message_id BIGINT PRIMARY KEY) ENGINE = InnoDB",
         "INSERT INTO bench_my_inventory (sku, stock)
@@ -299,10 +302,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("idem, merged/bare: {:.3}", median(tps[3].clone()) / bare);
     let ratio = median(tps[2].clone()) / bare;
     println!("idem/bare: {ratio:.3}");
-    sqlx::raw_sql(
-        "DROP TABLE IF EXISTS bench_my_inventory, bench_my_extra, bench_my_idem, bench_my_idem_merged",
-    )
-        .execute(&pool)
-        .await?;
+    sqlx::raw_sql(DROP_TABLES).execute(&pool).await?;
     Ok(())
 }

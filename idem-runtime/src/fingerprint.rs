@@ -41,5 +41,5 @@ pub fn fingerprint<T: Serialize + ?Sized>(value: &T) -> String {
         Ok(json) => Sha256::digest(&json),
         Err(e) => Sha256::digest(format!("\0unserializable: {e}").as_bytes()),
     };
-    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+    crate::key::hex(&digest[..16])
 }

@@ -209,7 +209,8 @@ fn show_part(shown: &mut String, part: &str) -> bool {
     !ellipsis.is_empty()
 }
 
-fn hex(bytes: &[u8]) -> String {
+/// `bytes` as lowercase hex digits, two a byte.
+pub(crate) fn hex(bytes: &[u8]) -> String {
     let mut s = String::with_capacity(bytes.len() * 2);
     for b in bytes {
         let _ = write!(s, "{b:02x}");

@@ -30,7 +30,7 @@ pub use crate::store::sql::ClaimOrder;
 pub use crate::store::sql::RoundTrips;
 use crate::store::sql::{
     COLUMNS, Dialect, Fault, Literals, NewRow, Placeholders, SqlStore, WithCommit, claimable,
-    hex_bytes, inserted, reach, take_over_assignments,
+    inserted, reach, take_over_assignments,
 };
 
 /// The transaction a transaction-mode MySQL handler receives:
@@ -235,7 +235,7 @@ impl Dialect for MySql {
         literals: Literals {
             // A binary string of the text's UTF-8 bytes, which the text
             // columns take as their character set's.
-            text: |v| format!("X'{}'", hex_bytes(v)),
+            text: |v| format!("X'{}'", crate::key::hex(v.as_bytes())),
             null_text: "NULL",
             integer: |n| format!("({n})"),
             null_integer: "NULL",
@@ -596,8 +596,7 @@ fn migrate_lock_name(table: &str) -> String {
         return name;
     }
     let digest = Sha256::digest(table.as_bytes());
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("idem_migrate_{}", &hex[..51])
+    format!("idem_migrate_{}", &crate::key::hex(&digest)[..51])
 }
 
 #[cfg(test)]

@@ -508,7 +508,7 @@ fn expiry_index(table: &str) -> String {
     }
     use sha2::Digest as _;
     let digest = sha2::Sha256::digest(table.as_bytes());
-    let hex: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+    let hex = crate::key::hex(&digest[..4]);
     // Table names are ASCII (validated), so any byte is a char boundary.
     format!("{}_{hex}{SUFFIX}", &table[..40])
 }

@@ -89,8 +89,8 @@ pub trait Dialect: Exec {
     }
 
     /// Inserts what `select` yields into the table (in the order of the
-    /// columns claims insert), leaving every row that stands alone: the statement affects
-    /// as many rows as it inserted.
+    /// columns claims insert), leaving every row that stands alone: the
+    /// statement affects as many rows as it inserted.
     fn insert_ignoring(select: &str) -> String;
 
     /// Updates the table, as `cur`, from the batch's rows `r` matched on

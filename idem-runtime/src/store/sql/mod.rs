@@ -63,8 +63,6 @@ use exec::Found;
 pub(crate) use statement::COLUMNS;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use statement::Literals;
-#[cfg(feature = "mysql")]
-pub(crate) use statement::hex_bytes;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) use statement::insert_or_take_over;
 #[cfg(feature = "postgres")]
@@ -183,10 +181,10 @@ pub enum RoundTrips {
     /// message costs the round trips of its business transaction and no
     /// more. When a record of the key stands, the `INSERT` fails (a unique
     /// violation, which PostgreSQL writes to its log as an error), the
-    /// `COMMIT` after it
-    /// does not run, and the store goes back to before the `INSERT` (a
-    /// savepoint on PostgreSQL; MySQL undoes the failed statement alone)
-    /// and claims as [`Separate`](Self::Separate) does: a duplicate costs
+    /// `COMMIT` after it does not run, and the store goes back to before
+    /// the `INSERT` (a savepoint on PostgreSQL; MySQL undoes the failed
+    /// statement alone) and claims as [`Separate`](Self::Separate) does: a
+    /// duplicate costs
     /// at most one round trip more than there, a record the claim takes
     /// over (expired, or a failure to retry) at most three. Claiming first
     /// (and for handlers with `max_attempts`), nothing changes: the claim

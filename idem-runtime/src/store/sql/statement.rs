@@ -214,7 +214,7 @@ fn split(template: &str) -> (Vec<(String, Param)>, String) {
 pub struct Literals {
     /// Text, as a literal of hex digits the database decodes, and nothing
     /// of the text itself: [`unicode_escapes`] in `U&'...'` on PostgreSQL,
-    /// [`hex_bytes`] in `X'...'` on MySQL.
+    /// its UTF-8 bytes in `X'...'` on MySQL.
     pub text: fn(&str) -> String,
     /// A text `NULL`, typed where the database needs it.
     pub null_text: &'static str,
@@ -230,7 +230,8 @@ pub struct Literals {
 ///
 /// Nothing a user wrote reaches the text as SQL: every text value is
 /// written as hex digits the database decodes ([`Literals::text`]), and
-/// every number as the decimal digits of an `i64`. The rest is this crate's SQL and a validated table name.
+/// every number as the decimal digits of an `i64`. The rest is this
+/// crate's SQL and a validated table name.
 #[derive(Debug)]
 pub(crate) struct Inline {
     pieces: Box<[(Box<str>, Param)]>,
@@ -295,18 +296,6 @@ pub(crate) fn unicode_escapes(text: &str) -> String {
             n @ 0..=0xFFFF => write!(out, "\\{n:04x}"),
             n => write!(out, "\\+{n:06x}"),
         };
-    }
-    out
-}
-
-/// `text`'s UTF-8 bytes as hex digits, two a byte: the inside of a MySQL
-/// `X'...'` literal.
-#[cfg(feature = "mysql")]
-pub(crate) fn hex_bytes(text: &str) -> String {
-    use std::fmt::Write;
-    let mut out = String::with_capacity(text.len() * 2);
-    for b in text.bytes() {
-        let _ = write!(out, "{b:02x}");
     }
     out
 }
