@@ -69,6 +69,8 @@ pub mod consume;
 mod error;
 mod final_error;
 mod fingerprint;
+#[cfg(any(doc, doctest))]
+pub mod guide;
 mod key;
 mod outcome;
 pub mod registry;

@@ -6,6 +6,7 @@
 //! `#[diagnostic::on_unimplemented]` message, required by code that the macro
 //! emits with the span of the offending type or key literal.
 
+pub mod doctest;
 pub mod stores;
 
 pub use crate::call::batch::{

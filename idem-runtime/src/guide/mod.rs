@@ -1,0 +1,94 @@
+//! # The idem guide
+//!
+//! The README shows one handler and one consumer; this guide is the rest,
+//! one chapter a subject. Every Rust sample in it is a doctest: `cargo test
+//! --workspace` compiles and runs each one (the samples that need a server
+//! connect to the one on loopback named in [`contributing`], and skip,
+//! saying so, when it is not there, unless `IDEM_REQUIRE_SERVICES=1`).
+//!
+//! A chapter whose samples need a store or a broker that is a cargo feature
+//! is tested when that feature is on (`cargo test --workspace` turns them
+//! all on).
+//!
+//! Start with the [`tutorial`], then read what your handlers need:
+//!
+//! | chapter | what it answers |
+//! | --- | --- |
+//! | [`tutorial`] | a first handler, what a duplicate gets, a lease-mode handler, a consumer |
+//! | [`attribute`] | every argument of `#[idempotent]`, the handler shapes it takes, what it refuses at compile time |
+//! | [`modes`] | transaction mode and lease mode: what each guarantees, and when to use which |
+//! | [`keys`] | how a key is encoded, stored and shown |
+//! | [`failures`] | errors and what a consumer does with each; payload fingerprints, attempt limits, final errors |
+//! | [`batches`] | handlers that take a whole batch of messages |
+//! | [`stores`] | the stores side by side, the dedup table, a store of your own |
+//! | [`postgres`], [`mysql`], [`redis`] | each server store: its options, round trips, and what was proven on it |
+//! | [`consumers`] | the RabbitMQ and NATS JetStream consumers: acks, retries, dead letters, chaos runs |
+//! | [`operations`] | the `idem` CLI, records, the registry, tracing and metrics |
+//! | [`expansion`] | the code the attribute generates, verbatim |
+//! | [`benchmarks`] | what idem costs, measured, with the commands to measure it again |
+//! | [`design`] | the decisions the design left open, and why they went the way they did |
+//! | [`contributing`] | the layout of the workspace, the tests and the servers they use |
+
+#[cfg(any(doc, feature = "rabbitmq"))]
+#[doc = include_str!("tutorial.md")]
+pub mod tutorial {}
+
+#[doc = include_str!("attribute.md")]
+pub mod attribute {}
+
+#[doc = include_str!("modes.md")]
+pub mod modes {}
+
+#[doc = include_str!("keys.md")]
+pub mod keys {}
+
+#[doc = include_str!("failures.md")]
+pub mod failures {}
+
+#[cfg(any(doc, feature = "postgres"))]
+#[doc = include_str!("batches.md")]
+pub mod batches {}
+
+#[cfg(any(doc, feature = "redis"))]
+#[doc = include_str!("stores.md")]
+pub mod stores {}
+
+#[cfg(any(doc, feature = "postgres"))]
+#[doc = include_str!("postgres.md")]
+pub mod postgres {}
+
+#[cfg(any(doc, feature = "mysql"))]
+#[doc = include_str!("mysql.md")]
+pub mod mysql {}
+
+#[cfg(any(doc, feature = "redis"))]
+#[doc = include_str!("redis.md")]
+pub mod redis {}
+
+#[cfg(any(doc, feature = "nats"))]
+#[doc = include_str!("consumers.md")]
+pub mod consumers {}
+
+#[doc = include_str!("operations.md")]
+pub mod operations {}
+
+// The listings are the macro crate's snapshot files, which its test compares
+// with the real expansion on every run: `ignore` here, checked there.
+#[doc = concat!(
+    include_str!("expansion.md"),
+    "\n```rust,ignore\n",
+    include_str!("../../../idem-macros/tests/expanded/deduct_stock.input.rs"),
+    "```\n\n```rust,ignore\n",
+    include_str!("../../../idem-macros/tests/expanded/deduct_stock.rs"),
+    "```\n"
+)]
+pub mod expansion {}
+
+#[doc = include_str!("benchmarks.md")]
+pub mod benchmarks {}
+
+#[doc = include_str!("design.md")]
+pub mod design {}
+
+#[doc = include_str!("contributing.md")]
+pub mod contributing {}
