@@ -8,14 +8,48 @@
 //! batch is split into one pipeline per slot, all sent at once over the
 //! cluster connection, which multiplexes them on its node connections.
 
-use redis::aio::ConnectionLike;
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
-use super::{Conn, RedisStore, backend};
+use super::{DEFAULT_TIMEOUT, RedisStore};
 use crate::error::StoreError;
+
+/// The store's connection: to one server (it reconnects by itself), or to
+/// a Redis Cluster.
+#[derive(Clone)]
+pub(super) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Conn::Single(_) => "Single",
+            Conn::Cluster(_) => "Cluster",
+        })
+    }
+}
+
+pub(super) fn backend(e: redis::RedisError) -> StoreError {
+    if e.is_timeout() {
+        return StoreError::Timeout(DEFAULT_TIMEOUT);
+    }
+    StoreError::backend(e)
+}
 
 /// A command's reply, or the error the server answered it with.
 pub(super) type Reply = Result<Value, RedisError>;
+
+/// What a server answered a command that must succeed.
+pub(super) fn answered(reply: Reply) -> Result<Value, StoreError> {
+    reply.map_err(backend)
+}
+
+pub(super) fn reply_err(what: &str, v: &Value) -> StoreError {
+    StoreError::Schema(format!("unexpected reply to {what}: {v:?}"))
+}
 
 /// A server's answer as a [`Reply`].
 fn reply(value: Value) -> Reply {
@@ -26,7 +60,7 @@ fn reply(value: Value) -> Reply {
 }
 
 /// Whether the server answered `e`, rather than the connection failing.
-fn answered(e: &RedisError) -> bool {
+fn server_answered(e: &RedisError) -> bool {
     e.code().is_some()
 }
 
@@ -90,7 +124,7 @@ impl RedisStore {
         };
         match sent {
             Ok(value) => Ok(reply(value)),
-            Err(e) if answered(&e) => Ok(Err(e)),
+            Err(e) if server_answered(&e) => Ok(Err(e)),
             Err(e) => Err(backend(e)),
         }
     }
