@@ -11,7 +11,7 @@ use redis::{Cmd, Value};
 
 use super::RedisStore;
 use super::exec::{self, backend, reply_err};
-use super::library::Scripts;
+use super::library::Library;
 use super::record::{self, Parts};
 use crate::clock::{expiry, millis};
 use crate::error::StoreError;
@@ -35,11 +35,11 @@ impl RedisStore {
             step = match step {
                 Step::Done(claim) => return Ok(claim),
                 Step::Swap(swap) => {
-                    let cmd = claiming.swap(&self.scripts, &swap);
+                    let cmd = claiming.swap(&self.library, &swap);
                     claiming.after_swap(swap, self.call(&cmd).await?)?
                 }
                 Step::Hash => {
-                    let cmd = claiming.hash_claim(&self.scripts);
+                    let cmd = claiming.hash_claim(&self.library);
                     claiming.after_hash(self.call(&cmd).await?)?
                 }
             };
@@ -69,8 +69,8 @@ impl RedisStore {
             let cmds: Vec<Cmd> = pending
                 .iter()
                 .map(|&i| match &steps[i] {
-                    Step::Swap(swap) => claimings[i].swap(&self.scripts, swap),
-                    _ => claimings[i].hash_claim(&self.scripts),
+                    Step::Swap(swap) => claimings[i].swap(&self.library, swap),
+                    _ => claimings[i].hash_claim(&self.library),
                 })
                 .collect();
             let replies = self.send_all(&cmds).await?;
@@ -215,16 +215,16 @@ impl<'a> Claiming<'a> {
         cmd
     }
 
-    fn swap(&self, scripts: &Scripts, swap: &Swap) -> Cmd {
-        let mut cmd = scripts.swap.on(&self.rkey);
+    fn swap(&self, library: &Library, swap: &Swap) -> Cmd {
+        let mut cmd = library.swap.on(&self.rkey);
         cmd.arg(swap.expected.as_deref().unwrap_or_default())
             .arg(&swap.value)
             .arg(swap.px);
         cmd
     }
 
-    fn hash_claim(&self, scripts: &Scripts) -> Cmd {
-        let mut cmd = scripts.hash_claim.on(&self.rkey);
+    fn hash_claim(&self, library: &Library) -> Cmd {
+        let mut cmd = library.hash_claim.on(&self.rkey);
         cmd.arg(&self.token)
             .arg(self.lease_ms())
             .arg(self.now)

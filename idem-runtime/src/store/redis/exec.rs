@@ -1,5 +1,6 @@
-//! How the Redis store sends commands: one at a time, or many in as few
-//! round trips as the connection allows.
+//! The Redis store's connection ([`Conn`]: one server or a cluster), how
+//! commands are sent on it, one at a time or many in as few round trips as
+//! the connection allows, and how their replies read.
 //!
 //! A batch on one server is one pipeline. On Redis Cluster, redis-rs
 //! routes a pipeline by its first key and refuses one whose keys are in
@@ -8,7 +9,9 @@
 //! batch is split into one pipeline per slot, all sent at once over the
 //! cluster connection, which multiplexes them on its node connections.
 
-use redis::aio::{ConnectionLike, ConnectionManager};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
@@ -32,6 +35,38 @@ impl std::fmt::Debug for Conn {
     }
 }
 
+impl Conn {
+    /// Connects to one server (`redis://host:port/db`), with
+    /// [`DEFAULT_TIMEOUT`] to connect and for each reply.
+    pub(super) async fn single(url: &str) -> Result<Conn, StoreError> {
+        let client = redis::Client::open(url).map_err(backend)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(DEFAULT_TIMEOUT))
+            .set_response_timeout(Some(DEFAULT_TIMEOUT))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let conn = client
+            .get_connection_manager_with_config(config)
+            .await
+            .map_err(backend)?;
+        Ok(Conn::Single(conn))
+    }
+
+    /// Connects to a Redis Cluster through any of its `nodes`.
+    pub(super) async fn cluster(nodes: Vec<&str>) -> Result<Conn, StoreError> {
+        let client = redis::cluster::ClusterClient::builder(nodes)
+            .connection_timeout(DEFAULT_TIMEOUT)
+            .response_timeout(DEFAULT_TIMEOUT)
+            .retries(3)
+            .build()
+            .map_err(backend)?;
+        let conn = client.get_async_connection().await.map_err(backend)?;
+        Ok(Conn::Cluster(conn))
+    }
+}
+
+/// A Redis error as the store reports it: a timeout as
+/// [`StoreError::Timeout`], anything else as a backend error.
 pub(super) fn backend(e: redis::RedisError) -> StoreError {
     if e.is_timeout() {
         return StoreError::Timeout(DEFAULT_TIMEOUT);
@@ -47,6 +82,7 @@ pub(super) fn answered(reply: Reply) -> Result<Value, StoreError> {
     reply.map_err(backend)
 }
 
+/// A reply that is not one of those `what` answers.
 pub(super) fn reply_err(what: &str, v: &Value) -> StoreError {
     StoreError::Schema(format!("unexpected reply to {what}: {v:?}"))
 }
@@ -144,7 +180,7 @@ impl RedisStore {
     /// again where it is replaces it with itself.
     async fn load(&self) -> Result<(), StoreError> {
         let mut load = redis::cmd("FUNCTION");
-        load.arg("LOAD").arg("REPLACE").arg(&self.scripts.library);
+        load.arg("LOAD").arg("REPLACE").arg(&self.library.source);
         match self.send(&load).await? {
             Ok(_) => Ok(()),
             Err(e) => Err(backend(e)),

@@ -72,7 +72,7 @@ impl Inspect for RedisStore {
         let Some(record) = self.read(handler, key).await? else {
             return Ok(Forgot::Absent);
         };
-        let mut cmd = self.scripts.forget.on(&self.redis_key_of(handler, key));
+        let mut cmd = self.library.forget.on(&self.redis_key_of(handler, key));
         cmd.arg(if force { "1" } else { "0" })
             .arg(self.clock.now_millis());
         let done = answered(self.call(&cmd).await?)?;

@@ -18,7 +18,7 @@ use crate::store::contract::{BatchItem, Claim, Failure, Held, LeaseStore};
 
 impl RedisStore {
     fn complete_cmd(&self, spec: &HandlerSpec, key: &Key, token: &str, outcome: &str) -> Cmd {
-        let mut cmd = self.scripts.complete.on(&self.redis_key(spec.name, key));
+        let mut cmd = self.library.complete.on(&self.redis_key(spec.name, key));
         cmd.arg(token)
             .arg(outcome)
             .arg(millis(spec.ttl).max(1))
@@ -27,7 +27,7 @@ impl RedisStore {
     }
 
     fn release_cmd(&self, spec: &HandlerSpec, key: &Key, token: &str) -> Cmd {
-        let mut cmd = self.scripts.release.on(&self.redis_key(spec.name, key));
+        let mut cmd = self.library.release.on(&self.redis_key(spec.name, key));
         cmd.arg(token).arg(self.clock.now_millis());
         cmd
     }
@@ -35,7 +35,7 @@ impl RedisStore {
     fn extend_cmd(&self, spec: &HandlerSpec, key: &Key, token: &str) -> Cmd {
         let now = self.clock.now_millis();
         let lease = millis(spec.lease).max(1);
-        let mut cmd = self.scripts.extend.on(&self.redis_key(spec.name, key));
+        let mut cmd = self.library.extend.on(&self.redis_key(spec.name, key));
         cmd.arg(token)
             .arg(now)
             .arg(now.saturating_add(lease))
@@ -80,7 +80,7 @@ impl LeaseStore for RedisStore {
         token: &str,
         failure: Failure<'_>,
     ) -> Result<bool, StoreError> {
-        let mut cmd = self.scripts.fail.on(&self.redis_key(spec.name, key));
+        let mut cmd = self.library.fail.on(&self.redis_key(spec.name, key));
         cmd.arg(token)
             .arg(record::status_letter(failure.status()).to_string())
             .arg(failure.recorded().unwrap_or_default())

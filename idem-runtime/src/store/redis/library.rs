@@ -27,9 +27,9 @@ impl Lua {
 /// release that used it, side by side, and loads it again if it lost it
 /// (a restart without persistence, a new cluster node).
 #[derive(Debug)]
-pub(super) struct Scripts {
+pub(super) struct Library {
     /// The library's source, as `FUNCTION LOAD` takes it.
-    pub(super) library: String,
+    pub(super) source: String,
     pub(super) swap: Lua,
     pub(super) hash_claim: Lua,
     pub(super) complete: Lua,
@@ -39,8 +39,8 @@ pub(super) struct Scripts {
     pub(super) forget: Lua,
 }
 
-impl Scripts {
-    pub(super) fn new() -> Scripts {
+impl Library {
+    pub(super) fn new() -> Library {
         use std::fmt::Write as _;
         const VERSION: &str = "@version@";
         let complete = format!("{}{}", scripts::COMPLETE_STRING, scripts::COMPLETE);
@@ -62,15 +62,15 @@ impl Scripts {
             );
         }
         let version = Script::new(&body).get_hash()[..16].to_owned();
-        let library = format!(
+        let source = format!(
             "#!lua name=idem_{version}\n{}",
             body.replace(VERSION, &version)
         );
         let lua = |name: &str| Lua {
             name: format!("idem_{version}_{name}"),
         };
-        Scripts {
-            library,
+        Library {
+            source,
             swap: lua("swap"),
             hash_claim: lua("hash_claim"),
             complete: lua("complete"),

@@ -2,22 +2,23 @@
 //! Redis Cluster.
 //!
 //! [`RedisStore`] and its constructors are here; the rest is one concern a
-//! file:
+//! file, each using only those above it:
 //!
+//! * `record.rs`: the record format (a string value, or an earlier
+//!   release's hash) and how it reads as a [`Record`](crate::Record);
+//! * `scripts.rs`: the Lua code of the store's functions;
+//! * `library.rs`: the Lua library put together from them, and how one of
+//!   its functions is called;
 //! * `exec.rs`: the connection (one server or a cluster), how commands are
 //!   sent on it, one at a time or pipelined (one pipeline per slot on a
 //!   cluster), and how their replies read;
-//! * `library.rs`: the store's Lua library, put together from the function
-//!   bodies in `scripts.rs`, and how one of its functions is called;
-//! * `record.rs`: the record format (a string value, or an earlier
-//!   release's hash) and how it reads as a [`Record`](crate::Record);
-//! * `read.rs`: reading a record with plain commands;
 //! * `keys.rs`: the Redis key of a record, and finding records by `SCAN`
 //!   (on every master of a cluster);
+//! * `read.rs`: reading a record with plain commands;
 //! * `claim.rs`: the claim, `SET ... NX PX ... GET` and then the function
 //!   that replaces the record found, step by step, one key or a batch;
-//! * `lease.rs`: [`LeaseStore`](crate::LeaseStore): completion, failure,
-//!   release and extension, one key or a batch;
+//! * `lease.rs`: [`LeaseStore`](crate::LeaseStore): the claim, completion,
+//!   failure, release and extension, one key or a batch;
 //! * `inspect.rs`: [`Inspect`](crate::Inspect), what an operator asks.
 //!
 //! # Examples
@@ -44,13 +45,11 @@ mod scripts;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionManagerConfig;
-
 use crate::clock::{Clock, SystemClock};
 use crate::error::StoreError;
 use crate::registry;
-use exec::{Conn, backend};
-use library::Scripts;
+use exec::Conn;
+use library::Library;
 
 /// The default prefix of every Redis key the store writes.
 ///
@@ -116,7 +115,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct RedisStore {
     conn: Conn,
     prefix: Arc<str>,
-    scripts: Arc<Scripts>,
+    library: Arc<Library>,
     clock: Arc<dyn Clock>,
 }
 
@@ -137,17 +136,7 @@ impl RedisStore {
     /// ```
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         registry::check()?;
-        let client = redis::Client::open(url).map_err(backend)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(DEFAULT_TIMEOUT))
-            .set_response_timeout(Some(DEFAULT_TIMEOUT))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500));
-        let conn = client
-            .get_connection_manager_with_config(config)
-            .await
-            .map_err(backend)?;
-        Ok(Self::with_conn(Conn::Single(conn)))
+        Ok(Self::with_conn(Conn::single(url).await?))
     }
 
     /// Connects to a Redis Cluster through any of its nodes.
@@ -169,21 +158,14 @@ impl RedisStore {
     pub async fn connect_cluster<I: AsRef<str>>(nodes: &[I]) -> Result<Self, StoreError> {
         registry::check()?;
         let nodes: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
-        let client = redis::cluster::ClusterClient::builder(nodes)
-            .connection_timeout(DEFAULT_TIMEOUT)
-            .response_timeout(DEFAULT_TIMEOUT)
-            .retries(3)
-            .build()
-            .map_err(backend)?;
-        let conn = client.get_async_connection().await.map_err(backend)?;
-        Ok(Self::with_conn(Conn::Cluster(conn)))
+        Ok(Self::with_conn(Conn::cluster(nodes).await?))
     }
 
     fn with_conn(conn: Conn) -> Self {
         RedisStore {
             conn,
             prefix: Arc::from(DEFAULT_PREFIX),
-            scripts: Arc::new(Scripts::new()),
+            library: Arc::new(Library::new()),
             clock: Arc::new(SystemClock),
         }
     }
