@@ -1,5 +1,6 @@
-//! How the Redis store sends commands: one at a time, or many in as few
-//! round trips as the connection allows.
+//! The Redis store's connection ([`Conn`]: one server or a cluster), how
+//! commands are sent on it, one at a time or many in as few round trips as
+//! the connection allows, and how their replies read.
 //!
 //! A batch on one server is one pipeline. On Redis Cluster, redis-rs
 //! routes a pipeline by its first key and refuses one whose keys are in
@@ -8,14 +9,83 @@
 //! batch is split into one pipeline per slot, all sent at once over the
 //! cluster connection, which multiplexes them on its node connections.
 
-use redis::aio::ConnectionLike;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
-use super::{Conn, RedisStore, backend};
+use super::{DEFAULT_TIMEOUT, RedisStore};
 use crate::error::StoreError;
+
+/// The store's connection: to one server (it reconnects by itself), or to
+/// a Redis Cluster.
+#[derive(Clone)]
+pub(super) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Conn::Single(_) => "Single",
+            Conn::Cluster(_) => "Cluster",
+        })
+    }
+}
+
+impl Conn {
+    /// Connects to one server (`redis://host:port/db`), with
+    /// [`DEFAULT_TIMEOUT`] to connect and for each reply.
+    pub(super) async fn single(url: &str) -> Result<Conn, StoreError> {
+        let client = redis::Client::open(url).map_err(backend)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(DEFAULT_TIMEOUT))
+            .set_response_timeout(Some(DEFAULT_TIMEOUT))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let conn = client
+            .get_connection_manager_with_config(config)
+            .await
+            .map_err(backend)?;
+        Ok(Conn::Single(conn))
+    }
+
+    /// Connects to a Redis Cluster through any of its `nodes`.
+    pub(super) async fn cluster(nodes: Vec<&str>) -> Result<Conn, StoreError> {
+        let client = redis::cluster::ClusterClient::builder(nodes)
+            .connection_timeout(DEFAULT_TIMEOUT)
+            .response_timeout(DEFAULT_TIMEOUT)
+            .retries(3)
+            .build()
+            .map_err(backend)?;
+        let conn = client.get_async_connection().await.map_err(backend)?;
+        Ok(Conn::Cluster(conn))
+    }
+}
+
+/// A Redis error as the store reports it: a timeout as
+/// [`StoreError::Timeout`], anything else as a backend error.
+pub(super) fn backend(e: redis::RedisError) -> StoreError {
+    if e.is_timeout() {
+        return StoreError::Timeout(DEFAULT_TIMEOUT);
+    }
+    StoreError::backend(e)
+}
 
 /// A command's reply, or the error the server answered it with.
 pub(super) type Reply = Result<Value, RedisError>;
+
+/// What a server answered a command that must succeed.
+pub(super) fn answered(reply: Reply) -> Result<Value, StoreError> {
+    reply.map_err(backend)
+}
+
+/// A reply that is not one of those `what` answers.
+pub(super) fn reply_err(what: &str, v: &Value) -> StoreError {
+    StoreError::Schema(format!("unexpected reply to {what}: {v:?}"))
+}
 
 /// A server's answer as a [`Reply`].
 fn reply(value: Value) -> Reply {
@@ -26,7 +96,7 @@ fn reply(value: Value) -> Reply {
 }
 
 /// Whether the server answered `e`, rather than the connection failing.
-fn answered(e: &RedisError) -> bool {
+fn server_answered(e: &RedisError) -> bool {
     e.code().is_some()
 }
 
@@ -90,7 +160,7 @@ impl RedisStore {
         };
         match sent {
             Ok(value) => Ok(reply(value)),
-            Err(e) if answered(&e) => Ok(Err(e)),
+            Err(e) if server_answered(&e) => Ok(Err(e)),
             Err(e) => Err(backend(e)),
         }
     }
@@ -110,7 +180,7 @@ impl RedisStore {
     /// again where it is replaces it with itself.
     async fn load(&self) -> Result<(), StoreError> {
         let mut load = redis::cmd("FUNCTION");
-        load.arg("LOAD").arg("REPLACE").arg(&self.scripts.library);
+        load.arg("LOAD").arg("REPLACE").arg(&self.library.source);
         match self.send(&load).await? {
             Ok(_) => Ok(()),
             Err(e) => Err(backend(e)),

@@ -1,5 +1,5 @@
 //! The Lua code of the Redis store: the bodies of the functions of its
-//! library (`FUNCTION LOAD`, called with `FCALL`; `mod.rs` puts the
+//! library (`FUNCTION LOAD`, called with `FCALL`; `library.rs` puts the
 //! library together, each body in a function of `KEYS` and `ARGV`). Each
 //! runs on one key (`KEYS[1]`), so it runs on Redis Cluster too. A
 //! function costs the server less than an `EVALSHA` of the same script

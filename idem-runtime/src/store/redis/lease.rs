@@ -1,0 +1,201 @@
+//! [`LeaseStore`] for [`RedisStore`]: the claim (`claim.rs`), and the
+//! completion, failure, release and extension of a claim, each one function
+//! of the store's library that checks the claim's fencing token; a batch is
+//! one pipelined round trip (on a cluster, one pipeline per slot, sent at
+//! once).
+
+use redis::{Cmd, Value};
+
+use super::RedisStore;
+use super::claim::{Claiming, Step};
+use super::exec::{self, answered, backend, reply_err};
+use super::record;
+use crate::clock::millis;
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::registry::HandlerSpec;
+use crate::store::contract::{BatchItem, Claim, Failure, Held, LeaseStore};
+
+impl RedisStore {
+    fn complete_cmd(&self, spec: &HandlerSpec, key: &Key, token: &str, outcome: &str) -> Cmd {
+        let mut cmd = self.library.complete.on(&self.redis_key(spec.name, key));
+        cmd.arg(token)
+            .arg(outcome)
+            .arg(millis(spec.ttl).max(1))
+            .arg(self.clock.now_millis());
+        cmd
+    }
+
+    fn release_cmd(&self, spec: &HandlerSpec, key: &Key, token: &str) -> Cmd {
+        let mut cmd = self.library.release.on(&self.redis_key(spec.name, key));
+        cmd.arg(token).arg(self.clock.now_millis());
+        cmd
+    }
+
+    fn extend_cmd(&self, spec: &HandlerSpec, key: &Key, token: &str) -> Cmd {
+        let now = self.clock.now_millis();
+        let lease = millis(spec.lease).max(1);
+        let mut cmd = self.library.extend.on(&self.redis_key(spec.name, key));
+        cmd.arg(token)
+            .arg(now)
+            .arg(now.saturating_add(lease))
+            .arg(lease)
+            .arg(lease.saturating_add(millis(spec.ttl).max(1)))
+            .arg(if spec.max_attempts.is_some() {
+                "1"
+            } else {
+                "0"
+            });
+        cmd
+    }
+}
+
+/// Whether a function answered `1`.
+fn one(reply: exec::Reply) -> Result<bool, StoreError> {
+    match reply.map_err(backend)? {
+        Value::Int(n) => Ok(n == 1),
+        other => Err(reply_err("a function", &other)),
+    }
+}
+
+impl LeaseStore for RedisStore {
+    fn store_name(&self) -> &'static str {
+        "redis"
+    }
+
+    async fn claim(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        fingerprint: Option<&str>,
+    ) -> Result<Claim, StoreError> {
+        self.claim_one(&Claiming::new(self, spec, key, fingerprint))
+            .await
+    }
+
+    async fn fail(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        token: &str,
+        failure: Failure<'_>,
+    ) -> Result<bool, StoreError> {
+        let mut cmd = self.library.fail.on(&self.redis_key(spec.name, key));
+        cmd.arg(token)
+            .arg(record::status_letter(failure.status()).to_string())
+            .arg(failure.recorded().unwrap_or_default())
+            .arg(failure.text())
+            .arg(millis(spec.ttl).max(1))
+            .arg(self.clock.now_millis());
+        one(self.call(&cmd).await?)
+    }
+
+    async fn complete(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        token: &str,
+        outcome: &str,
+    ) -> Result<bool, StoreError> {
+        let cmd = self.complete_cmd(spec, key, token, outcome);
+        one(self.call(&cmd).await?)
+    }
+
+    async fn release(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        token: &str,
+    ) -> Result<(), StoreError> {
+        let cmd = self.release_cmd(spec, key, token);
+        answered(self.call(&cmd).await?).map(drop)
+    }
+
+    async fn extend(
+        &self,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        token: &str,
+    ) -> Result<bool, StoreError> {
+        let cmd = self.extend_cmd(spec, key, token);
+        one(self.call(&cmd).await?)
+    }
+
+    /// One pipelined round trip of `SET ... NX PX ... GET`, one per key;
+    /// then, for the keys whose record may be replaced or is a hash only,
+    /// one more of the functions that do it.
+    async fn claim_batch(
+        &self,
+        spec: &'static HandlerSpec,
+        items: &[BatchItem<'_>],
+    ) -> Result<Vec<Claim>, StoreError> {
+        let claimings: Vec<Claiming<'_>> = items
+            .iter()
+            .map(|item| Claiming::new(self, spec, item.key, item.fingerprint))
+            .collect();
+        let mut steps = Vec::with_capacity(claimings.len());
+        match self.claim_steps(&claimings, &mut steps).await {
+            Ok(()) => Ok(steps.into_iter().map(Step::done_or_contended).collect()),
+            Err(e) => {
+                // Give back what the batch took before it failed.
+                let held: Vec<Held<'_>> = items
+                    .iter()
+                    .zip(&steps)
+                    .filter_map(|(item, step)| match step {
+                        Step::Done(Claim::Acquired { token }) => Some(Held {
+                            key: item.key,
+                            token,
+                        }),
+                        _ => None,
+                    })
+                    .collect();
+                if let Err(e) = self.release_batch(spec, &held).await {
+                    tracing::warn!(error = %e, "could not release a batch's claims; they free themselves when their leases run out");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// One pipelined round trip of completion functions.
+    async fn complete_batch(
+        &self,
+        spec: &'static HandlerSpec,
+        done: &[(Held<'_>, &str)],
+    ) -> Result<Vec<bool>, StoreError> {
+        let cmds: Vec<Cmd> = done
+            .iter()
+            .map(|(held, outcome)| self.complete_cmd(spec, held.key, held.token, outcome))
+            .collect();
+        self.send_all(&cmds).await?.into_iter().map(one).collect()
+    }
+
+    /// One pipelined round trip of release functions.
+    async fn release_batch(
+        &self,
+        spec: &'static HandlerSpec,
+        held: &[Held<'_>],
+    ) -> Result<(), StoreError> {
+        let cmds: Vec<Cmd> = held
+            .iter()
+            .map(|held| self.release_cmd(spec, held.key, held.token))
+            .collect();
+        for reply in self.send_all(&cmds).await? {
+            answered(reply)?;
+        }
+        Ok(())
+    }
+
+    /// One pipelined round trip of extension functions.
+    async fn extend_batch(
+        &self,
+        spec: &'static HandlerSpec,
+        held: &[Held<'_>],
+    ) -> Result<Vec<bool>, StoreError> {
+        let cmds: Vec<Cmd> = held
+            .iter()
+            .map(|held| self.extend_cmd(spec, held.key, held.token))
+            .collect();
+        self.send_all(&cmds).await?.into_iter().map(one).collect()
+    }
+}
