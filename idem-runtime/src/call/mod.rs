@@ -1,6 +1,12 @@
 //! What a rewritten handler does around its body: [`lease`] mode and
-//! [`tx`] (transaction) mode, and what both share. The generated code calls
-//! these functions through `__private`.
+//! [`tx`] (transaction) mode, each for one message (`single.rs`) and for a
+//! batch (`batch.rs`); what both modes share is here (single calls) and in
+//! [`plan`] (batches). The generated code calls these functions through
+//! `__private`.
+//!
+//! Laid out by mode first: a mode is a store trait of its own (`LeaseStore`,
+//! `TxStore`) with machinery of its own (the lease keeper), and a shape is
+//! a smaller difference inside it.
 
 use crate::codec::{Codec, decode};
 use crate::error::{Error, StoreError};
@@ -11,9 +17,8 @@ use crate::registry::{self, HandlerSpec};
 use crate::store::contract::Standing;
 use crate::telemetry::finish;
 
-pub(crate) mod batch;
-pub(crate) mod keeper;
 pub(crate) mod lease;
+pub(crate) mod plan;
 pub(crate) mod tx;
 
 pub(crate) fn store_err<E>(spec: &'static HandlerSpec, key: &Key, source: StoreError) -> Error<E> {

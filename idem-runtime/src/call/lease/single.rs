@@ -1,6 +1,6 @@
-//! Lease mode: claim with a fencing token, run the body with its lease
-//! kept by the runtime's lease keeper (`keeper.rs`), then complete or
-//! release.
+//! A lease-mode call of one message: claim with a fencing token, run the
+//! body with its lease kept by the runtime's lease keeper (`keeper.rs`),
+//! then complete or release.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use super::keeper::Lease;
-use super::{Verdict, check_registry, refused, store_err};
+use crate::call::{Verdict, check_registry, refused, store_err};
 use crate::codec::{Codec, encode};
 use crate::error::{Error, StoreError};
 use crate::final_error::ErrorCodec;
@@ -115,7 +115,7 @@ where
                     // A final error that cannot be recorded: it is not, but
                     // a handler that counts failures counts this one.
                     if spec.max_attempts.is_some() {
-                        let text = super::capped((errors.text)(&error));
+                        let text = crate::call::capped((errors.text)(&error));
                         let failure = crate::store::contract::Failure::Retry { error: &text };
                         if let Err(e) = store.fail(spec, key, &token, failure).await {
                             tracing::warn!(error = %e, "could not record the body's failure");

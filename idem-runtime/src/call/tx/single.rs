@@ -1,10 +1,11 @@
-//! Transaction mode: claim, body and outcome in one database transaction.
+//! A transaction-mode call of one message: claim, body and outcome in one
+//! database transaction.
 
 use std::time::Instant;
 
 use tracing::Instrument;
 
-use super::{Verdict, check_registry, refused, store_err};
+use crate::call::{Verdict, check_registry, refused, store_err};
 use crate::codec::{Codec, encode};
 use crate::error::Error;
 use crate::error::StoreError;

@@ -1,0 +1,232 @@
+//! A lease-mode batch: its keys claimed at once, one body over the fresh
+//! messages with every claim kept by the lease keeper, every outcome
+//! recorded at once (or every claim released when the body fails).
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use tracing::Instrument;
+
+use crate::call::plan::{Derived, Fate, Plan, Results, answer, batch_span, encode_all};
+use crate::call::{check_registry, store_err};
+use crate::codec::Codec;
+use crate::error::{Error, StoreError};
+use crate::final_error::ErrorCodec;
+use crate::key::Key;
+use crate::registry::HandlerSpec;
+use crate::store::contract::{Claim, Held, LeaseStore, Standing, held};
+use crate::telemetry::{body_latency, claim_latency};
+
+/// Runs a lease-mode batch handler: claims the batch's keys at once, runs
+/// `body` over the fresh messages under one heartbeat, and records every
+/// outcome at once (or releases every claim when the body fails).
+#[doc(hidden)]
+// The generated code passes what it made of the handler, one argument each.
+#[allow(clippy::too_many_arguments)]
+pub async fn run_lease_batch<'m, S, M, T, E, B, F>(
+    store: &S,
+    spec: &'static HandlerSpec,
+    msgs: &'m [M],
+    derived: Vec<Derived<E>>,
+    codec: Codec<T>,
+    errors: ErrorCodec<E>,
+    body: B,
+) -> Result<Results<T, E>, Error<E>>
+where
+    S: LeaseStore,
+    M: Clone,
+    B: FnOnce(Cow<'m, [M]>) -> F,
+    F: Future<Output = Result<Vec<T>, E>>,
+{
+    let span = batch_span(spec, msgs.len());
+    async move {
+        check_registry(spec)?;
+        let plan = Plan::new(derived);
+        let items = plan.items();
+        if items.is_empty() {
+            return Ok(answer(spec, plan, Vec::new(), codec, errors));
+        }
+        let claim_start = Instant::now();
+        let claims = store
+            .claim_batch(spec, &items)
+            .await
+            .map_err(|e| store_err(spec, &plan.lead(&[]), e))?;
+        claim_latency(spec, claim_start);
+        let fresh: Vec<usize> = (0..claims.len())
+            .filter(|&u| matches!(claims[u], Claim::Acquired { .. }))
+            .collect();
+        tracing::Span::current().record("fresh", fresh.len());
+        let refusal = |claim: &Claim| match claim {
+            Claim::Refused(Standing::InProgress { retry_after }) => {
+                Fate::Refused(Standing::InProgress {
+                    retry_after: crate::retry::lease_hint(spec, *retry_after),
+                })
+            }
+            Claim::Refused(other) => Fate::Refused(other.clone()),
+            Claim::Acquired { .. } => Fate::Lost,
+        };
+        if fresh.is_empty() {
+            let fates = claims.iter().map(refusal).collect();
+            return Ok(answer(spec, plan, fates, codec, errors));
+        }
+
+        let holding = held(&items, &claims);
+        let heartbeat = BatchHeartbeat::start(store, spec, &holding, claim_start).await;
+        let body_start = Instant::now();
+        let result = body(plan.fresh_messages(msgs, &fresh)).await;
+        body_latency(spec, body_start);
+        crate::retry::body_finished(spec, body_start.elapsed());
+
+        let values = match result {
+            Ok(values) => values,
+            Err(error) => {
+                drop(heartbeat);
+                if let Err(e) = store.release_batch(spec, &holding).await {
+                    tracing::warn!(error = %e, "could not release the batch's claims; they free themselves when their leases run out");
+                }
+                return Err(Error::Handler {
+                    handler: spec.name,
+                    key: plan.lead(&fresh),
+                    error,
+                });
+            }
+        };
+        // The body's effects happened: a result that cannot be recorded
+        // keeps the claims until their leases run out, as a single call does.
+        let ran = encode_all(spec, &plan, &fresh, codec, values)?;
+        let done: Vec<(Held<'_>, &str)> = holding
+            .iter()
+            .zip(&ran)
+            .map(|(held, (_, outcome))| (*held, outcome.as_str()))
+            .collect();
+        let completed = complete_while_leased(store, spec, &done, &heartbeat)
+            .await
+            .map_err(|source| Error::NotRecorded {
+                handler: spec.name,
+                key: plan.lead(&fresh),
+                source,
+            })?;
+        drop(heartbeat);
+
+        let mut ran = ran.into_iter().zip(completed);
+        let fates = claims
+            .iter()
+            .map(|claim| match claim {
+                Claim::Acquired { .. } => match ran.next() {
+                    Some(((value, outcome), true)) => Fate::Ran(value, outcome),
+                    _ => Fate::Lost,
+                },
+                refused => refusal(refused),
+            })
+            .collect();
+        Ok(answer(spec, plan, fates, codec, errors))
+    }
+    .instrument(span)
+    .await
+}
+
+/// Records a batch's outcomes, retrying a failing store (with a growing
+/// pause, from 20 ms up to 500 ms) for one lease from the first failure,
+/// and no longer than the leases are known to hold: a store that keeps
+/// refusing (a statement too large for it) ends the call instead of
+/// retrying for as long as the heartbeat keeps the leases alive.
+async fn complete_while_leased<S: LeaseStore>(
+    store: &S,
+    spec: &'static HandlerSpec,
+    done: &[(Held<'_>, &str)],
+    heartbeat: &BatchHeartbeat,
+) -> Result<Vec<bool>, StoreError> {
+    let mut pause = Duration::from_millis(20);
+    let mut give_up: Option<Instant> = None;
+    loop {
+        match store.complete_batch(spec, done).await {
+            Ok(completed) => return Ok(completed),
+            Err(e) => {
+                let deadline = *give_up.get_or_insert_with(|| Instant::now() + spec.lease);
+                if Instant::now() + pause >= deadline.min(heartbeat.lease_ends(spec)) {
+                    return Err(e);
+                }
+                tracing::warn!(
+                    error = %e,
+                    "the batch body succeeded but its outcomes could not be recorded; retrying while the leases hold"
+                );
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+        }
+    }
+}
+
+/// A task that extends a batch's leases every third of the lease, from
+/// before the body starts until the outcomes are recorded; it stops when
+/// dropped. One task per batch call.
+struct BatchHeartbeat {
+    task: tokio::task::JoinHandle<()>,
+    renewed: Arc<Mutex<Instant>>,
+}
+
+impl BatchHeartbeat {
+    async fn start<S: LeaseStore>(
+        store: &S,
+        spec: &'static HandlerSpec,
+        holding: &[Held<'_>],
+        claimed: Instant,
+    ) -> BatchHeartbeat {
+        let period = (spec.lease / 3).max(Duration::from_millis(10));
+        let renewed = Arc::new(Mutex::new(claimed));
+        let mut owned: Vec<(Key, String)> = holding
+            .iter()
+            .map(|h| (h.key.clone(), h.token.to_owned()))
+            .collect();
+        let (store, last) = (store.clone(), Arc::clone(&renewed));
+        let beat = async move {
+            let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                let asked = Instant::now();
+                let held: Vec<Held<'_>> = owned
+                    .iter()
+                    .map(|(key, token)| Held { key, token })
+                    .collect();
+                match store.extend_batch(spec, &held).await {
+                    Ok(extended) => {
+                        let lost = extended.iter().filter(|e| !**e).count();
+                        if lost > 0 {
+                            // Another consumer took these over; the others
+                            // are still this call's to keep.
+                            tracing::warn!(
+                                lost,
+                                "leases lost while the batch body runs: another consumer took keys over"
+                            );
+                            let mut kept = extended.iter();
+                            owned.retain(|_| kept.next().copied().unwrap_or(false));
+                        }
+                        if owned.is_empty() {
+                            return;
+                        }
+                        *last.lock().unwrap_or_else(PoisonError::into_inner) = asked;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not extend the batch's leases; will retry")
+                    }
+                }
+            }
+        };
+        let task = tokio::spawn(beat.instrument(tracing::Span::current()));
+        tokio::task::yield_now().await;
+        BatchHeartbeat { task, renewed }
+    }
+
+    fn lease_ends(&self, spec: &HandlerSpec) -> Instant {
+        *self.renewed.lock().unwrap_or_else(PoisonError::into_inner) + spec.lease
+    }
+}
+
+impl Drop for BatchHeartbeat {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
