@@ -4,23 +4,23 @@
 
 use std::borrow::Cow;
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
+use super::keeper::Lease;
 use crate::call::plan::{Derived, Fate, Plan, Results, answer, batch_span, encode_all};
 use crate::call::{check_registry, store_err};
 use crate::codec::Codec;
 use crate::error::{Error, StoreError};
 use crate::final_error::ErrorCodec;
-use crate::key::Key;
 use crate::registry::HandlerSpec;
 use crate::store::contract::{Claim, Held, LeaseStore, Standing, held};
 use crate::telemetry::{body_latency, claim_latency};
 
 /// Runs a lease-mode batch handler: claims the batch's keys at once, runs
-/// `body` over the fresh messages under one heartbeat, and records every
+/// `body` over the fresh messages with their leases kept by the lease
+/// keeper, and records every
 /// outcome at once (or releases every claim when the body fails).
 #[doc(hidden)]
 // The generated code passes what it made of the handler, one argument each.
@@ -73,7 +73,7 @@ where
         }
 
         let holding = held(&items, &claims);
-        let heartbeat = BatchHeartbeat::start(store, spec, &holding, claim_start).await;
+        let lease = Lease::keep_batch(store, spec, &holding, claim_start).await;
         let body_start = Instant::now();
         let result = body(plan.fresh_messages(msgs, &fresh)).await;
         body_latency(spec, body_start);
@@ -82,7 +82,7 @@ where
         let values = match result {
             Ok(values) => values,
             Err(error) => {
-                drop(heartbeat);
+                drop(lease);
                 if let Err(e) = store.release_batch(spec, &holding).await {
                     tracing::warn!(error = %e, "could not release the batch's claims; they free themselves when their leases run out");
                 }
@@ -101,14 +101,14 @@ where
             .zip(&ran)
             .map(|(held, (_, outcome))| (*held, outcome.as_str()))
             .collect();
-        let completed = complete_while_leased(store, spec, &done, &heartbeat)
+        let completed = complete_while_leased(store, spec, &done, &lease)
             .await
             .map_err(|source| Error::NotRecorded {
                 handler: spec.name,
                 key: plan.lead(&fresh),
                 source,
             })?;
-        drop(heartbeat);
+        drop(lease);
 
         let mut ran = ran.into_iter().zip(completed);
         let fates = claims
@@ -131,12 +131,12 @@ where
 /// pause, from 20 ms up to 500 ms) for one lease from the first failure,
 /// and no longer than the leases are known to hold: a store that keeps
 /// refusing (a statement too large for it) ends the call instead of
-/// retrying for as long as the heartbeat keeps the leases alive.
+/// retrying for as long as the keeper keeps the leases alive.
 async fn complete_while_leased<S: LeaseStore>(
     store: &S,
     spec: &'static HandlerSpec,
     done: &[(Held<'_>, &str)],
-    heartbeat: &BatchHeartbeat,
+    lease: &Lease,
 ) -> Result<Vec<bool>, StoreError> {
     let mut pause = Duration::from_millis(20);
     let mut give_up: Option<Instant> = None;
@@ -145,7 +145,7 @@ async fn complete_while_leased<S: LeaseStore>(
             Ok(completed) => return Ok(completed),
             Err(e) => {
                 let deadline = *give_up.get_or_insert_with(|| Instant::now() + spec.lease);
-                if Instant::now() + pause >= deadline.min(heartbeat.lease_ends(spec)) {
+                if Instant::now() + pause >= deadline.min(lease.ends(spec)) {
                     return Err(e);
                 }
                 tracing::warn!(
@@ -156,77 +156,5 @@ async fn complete_while_leased<S: LeaseStore>(
                 pause = (pause * 2).min(Duration::from_millis(500));
             }
         }
-    }
-}
-
-/// A task that extends a batch's leases every third of the lease, from
-/// before the body starts until the outcomes are recorded; it stops when
-/// dropped. One task per batch call.
-struct BatchHeartbeat {
-    task: tokio::task::JoinHandle<()>,
-    renewed: Arc<Mutex<Instant>>,
-}
-
-impl BatchHeartbeat {
-    async fn start<S: LeaseStore>(
-        store: &S,
-        spec: &'static HandlerSpec,
-        holding: &[Held<'_>],
-        claimed: Instant,
-    ) -> BatchHeartbeat {
-        let period = (spec.lease / 3).max(Duration::from_millis(10));
-        let renewed = Arc::new(Mutex::new(claimed));
-        let mut owned: Vec<(Key, String)> = holding
-            .iter()
-            .map(|h| (h.key.clone(), h.token.to_owned()))
-            .collect();
-        let (store, last) = (store.clone(), Arc::clone(&renewed));
-        let beat = async move {
-            let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                ticks.tick().await;
-                let asked = Instant::now();
-                let held: Vec<Held<'_>> = owned
-                    .iter()
-                    .map(|(key, token)| Held { key, token })
-                    .collect();
-                match store.extend_batch(spec, &held).await {
-                    Ok(extended) => {
-                        let lost = extended.iter().filter(|e| !**e).count();
-                        if lost > 0 {
-                            // Another consumer took these over; the others
-                            // are still this call's to keep.
-                            tracing::warn!(
-                                lost,
-                                "leases lost while the batch body runs: another consumer took keys over"
-                            );
-                            let mut kept = extended.iter();
-                            owned.retain(|_| kept.next().copied().unwrap_or(false));
-                        }
-                        if owned.is_empty() {
-                            return;
-                        }
-                        *last.lock().unwrap_or_else(PoisonError::into_inner) = asked;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "could not extend the batch's leases; will retry")
-                    }
-                }
-            }
-        };
-        let task = tokio::spawn(beat.instrument(tracing::Span::current()));
-        tokio::task::yield_now().await;
-        BatchHeartbeat { task, renewed }
-    }
-
-    fn lease_ends(&self, spec: &HandlerSpec) -> Instant {
-        *self.renewed.lock().unwrap_or_else(PoisonError::into_inner) + spec.lease
-    }
-}
-
-impl Drop for BatchHeartbeat {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
