@@ -4,15 +4,16 @@
 
 use std::borrow::Cow;
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tracing::Instrument;
 
 use super::keeper::Lease;
+use super::{Persist, complete_while_leased};
 use crate::call::plan::{Derived, Fate, Plan, Results, answer, batch_span, encode_all};
 use crate::call::{check_registry, store_err};
 use crate::codec::Codec;
-use crate::error::{Error, StoreError};
+use crate::error::Error;
 use crate::final_error::ErrorCodec;
 use crate::registry::HandlerSpec;
 use crate::store::contract::{Claim, Held, LeaseStore, Standing, held};
@@ -101,7 +102,9 @@ where
             .zip(&ran)
             .map(|(held, (_, outcome))| (*held, outcome.as_str()))
             .collect();
-        let completed = complete_while_leased(store, spec, &done, &lease)
+        let done = &done[..];
+        let complete = move || store.complete_batch(spec, done);
+        let completed = complete_while_leased(spec, &lease, Persist::OneLeaseAtMost, complete)
             .await
             .map_err(|source| Error::NotRecorded {
                 handler: spec.name,
@@ -125,36 +128,4 @@ where
     }
     .instrument(span)
     .await
-}
-
-/// Records a batch's outcomes, retrying a failing store (with a growing
-/// pause, from 20 ms up to 500 ms) for one lease from the first failure,
-/// and no longer than the leases are known to hold: a store that keeps
-/// refusing (a statement too large for it) ends the call instead of
-/// retrying for as long as the keeper keeps the leases alive.
-async fn complete_while_leased<S: LeaseStore>(
-    store: &S,
-    spec: &'static HandlerSpec,
-    done: &[(Held<'_>, &str)],
-    lease: &Lease,
-) -> Result<Vec<bool>, StoreError> {
-    let mut pause = Duration::from_millis(20);
-    let mut give_up: Option<Instant> = None;
-    loop {
-        match store.complete_batch(spec, done).await {
-            Ok(completed) => return Ok(completed),
-            Err(e) => {
-                let deadline = *give_up.get_or_insert_with(|| Instant::now() + spec.lease);
-                if Instant::now() + pause >= deadline.min(lease.ends(spec)) {
-                    return Err(e);
-                }
-                tracing::warn!(
-                    error = %e,
-                    "the batch body succeeded but its outcomes could not be recorded; retrying while the leases hold"
-                );
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(500));
-            }
-        }
-    }
 }
