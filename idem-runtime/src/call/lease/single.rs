@@ -9,7 +9,7 @@ use tracing::Instrument;
 
 use super::keeper::Lease;
 use super::{Persist, complete_while_leased};
-use crate::call::{Verdict, check_registry, refused, store_err};
+use crate::call::{Recording, check_registry, refused, store_err};
 use crate::codec::{Codec, encode};
 use crate::error::Error;
 use crate::final_error::ErrorCodec;
@@ -111,8 +111,8 @@ where
         }
         Err(error) => {
             drop(lease);
-            let verdict = match Verdict::of(spec, errors, &error) {
-                Ok(verdict) => verdict,
+            let recording = match Recording::of(spec, errors, &error) {
+                Ok(recording) => recording,
                 Err(source) => {
                     // A final error that cannot be recorded: it is not, but
                     // a handler that counts failures counts this one.
@@ -132,7 +132,7 @@ where
                     });
                 }
             };
-            match verdict.failure() {
+            match recording.failure() {
                 Some(failure) => match store.fail(spec, key, &token, failure).await {
                     Ok(true) => {}
                     Ok(false) => tracing::warn!(
@@ -145,7 +145,7 @@ where
                 },
                 None => release_quietly(store, spec, key, &token).await,
             }
-            Err(verdict.into_error(spec, key, error))
+            Err(recording.into_error(spec, key, error))
         }
     }
 }
