@@ -4,9 +4,8 @@
 //! [`plan`] (batches). The generated code calls these functions through
 //! `__private`.
 //!
-//! Laid out by mode first: a mode is a store trait of its own (`LeaseStore`,
-//! `TxStore`) with machinery of its own (the lease keeper), and a shape is
-//! a smaller difference inside it.
+//! Laid out by mode: a mode is a store trait (`LeaseStore`, `TxStore`) with
+//! machinery of its own (the lease keeper); a shape is a smaller difference.
 
 use crate::codec::{Codec, decode};
 use crate::error::{Error, StoreError};
