@@ -3,15 +3,15 @@
 //! client, heavy work) keeps its lease on a multi-threaded runtime and a
 //! second consumer is told it is in progress; a completion that the store
 //! refuses is retried while the lease the keeper renews holds; a lost
-//! lease is logged; one keeper serves every call of a runtime, and a
-//! runtime that shuts down takes its keeper only.
+//! lease is logged; one keeper serves every call of a runtime, batches
+//! included, and a runtime that shuts down takes its keeper only.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_runtime::{Error, MemoryStore, Outcome, idempotent};
 
-#[derive(serde::Deserialize)]
+#[derive(Clone, serde::Deserialize)]
 struct Job {
     id: u32,
 }
@@ -78,6 +78,8 @@ struct Unsteady {
     extend_fails: Arc<AtomicBool>,
     /// Extensions answer that the lease is lost.
     extend_lost: Arc<AtomicBool>,
+    /// This many more extensions answer that the lease is lost.
+    lose_next: Arc<AtomicUsize>,
     /// Completions fail with a store error until then.
     complete_fails_until: Arc<Mutex<Option<Instant>>>,
 }
@@ -139,6 +141,14 @@ impl LeaseStore for Unsteady {
             return Err(outage());
         }
         if self.extend_lost.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
+        let lose = |n: usize| n.checked_sub(1);
+        if self
+            .lose_next
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, lose)
+            .is_ok()
+        {
             return Ok(false);
         }
         self.inner.extend(spec, key, token).await
@@ -351,6 +361,163 @@ async fn the_shared_keeper_extends_every_long_call() {
         extends >= CALLS as usize * 6,
         "{extends} extensions for {CALLS} calls of 1 s under 300 ms leases"
     );
+}
+
+/// A batch whose body waits as many milliseconds as its largest id
+/// (without blocking its thread), and answers each message's id.
+#[idempotent(
+    key = "id",
+    ttl = "1h",
+    store = "memory",
+    lease = "300ms",
+    name = "hb_batch_waits"
+)]
+async fn batch_waits(msgs: &[Job]) -> Result<Vec<u32>, std::io::Error> {
+    let ms = msgs.iter().map(|m| m.id).max().unwrap_or(0);
+    tokio::time::sleep(Duration::from_millis(u64::from(ms))).await;
+    Ok(msgs.iter().map(|m| m.id).collect())
+}
+
+/// As [`batch_waits`], under a 30 s lease: nothing is due to be extended
+/// during a test.
+#[idempotent(
+    key = "id",
+    ttl = "1h",
+    store = "memory",
+    lease = "30s",
+    name = "hb_batch_waits_long"
+)]
+async fn batch_waits_long(msgs: &[Job]) -> Result<Vec<u32>, std::io::Error> {
+    let ms = msgs.iter().map(|m| m.id).max().unwrap_or(0);
+    tokio::time::sleep(Duration::from_millis(u64::from(ms))).await;
+    Ok(msgs.iter().map(|m| m.id).collect())
+}
+
+fn jobs(ids: &[u32]) -> Vec<Job> {
+    ids.iter().map(|&id| Job { id }).collect()
+}
+
+/// A batch whose body outlasts three of its 300 ms leases: the keeper
+/// extends its claims (every 100 ms), so a second delivery of the batch is
+/// told that each key is in progress, and the batch completes as executed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_keeper_extends_a_batch_s_claims() {
+    let store = Unsteady::default();
+    let ids = [1_000, 1_001, 1_002];
+    let first = {
+        let store = store.clone();
+        tokio::spawn(async move { batch_waits(&store, &jobs(&ids)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let second = batch_waits(&store, &jobs(&ids)).await.expect("the batch");
+    for (id, r) in ids.iter().zip(&second) {
+        assert!(
+            matches!(r, Err(Error::InProgress { .. })),
+            "{id}'s lease lapsed: {r:?}"
+        );
+    }
+    let first = first.await.unwrap().expect("the first batch");
+    let executed: Vec<_> = ids.iter().map(|&id| Outcome::Executed(id)).collect();
+    assert_eq!(
+        first.into_iter().map(Result::unwrap).collect::<Vec<_>>(),
+        executed
+    );
+    let extends = store.extends.load(Ordering::SeqCst);
+    assert!(
+        extends >= ids.len() * 6,
+        "{extends} extensions for 3 keys of a 1 s batch under 300 ms leases"
+    );
+}
+
+/// Fifty batches in their bodies at once: the keeper serves them as it
+/// serves single calls (the runtime holds the batches' tasks, the keeper,
+/// and nothing per batch besides), and claims no renewal is due for are
+/// never extended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_keeper_serves_every_batch_of_a_runtime() {
+    const BATCHES: u32 = 50;
+    let store = Unsteady::default();
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let batches: Vec<_> = (0..BATCHES)
+        .map(|i| {
+            let store = store.clone();
+            let ids = [10_000 + 2 * i, 10_001 + 2 * i];
+            tokio::spawn(async move { batch_waits_long(&store, &jobs(&ids)).await })
+        })
+        .collect();
+    eventually(|| store.inner.len() == 2 * BATCHES as usize).await;
+    let alive = metrics.num_alive_tasks();
+    assert!(
+        alive <= BATCHES as usize + 3,
+        "{alive} tasks for {BATCHES} batches: a task per batch besides its own?"
+    );
+    for batch in batches {
+        batch.abort();
+    }
+    assert_eq!(store.extends.load(Ordering::SeqCst), 0);
+}
+
+/// A batch's completion keeps failing while its claims are renewed: the
+/// batch stops retrying one lease (300 ms) after the first failure at
+/// most, and says the effects happened without a record, where a single
+/// call would retry for as long as the keeper renews its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_completion_gives_up_one_lease_after_its_first_failure() {
+    let store = Unsteady::default();
+    *store.complete_fails_until.lock().unwrap() = Some(Instant::now() + Duration::from_secs(60));
+    let start = Instant::now();
+    // The body takes 151 ms: the claims are renewed during it.
+    let r = batch_waits(&store, &jobs(&[150, 151])).await;
+    let took = start.elapsed();
+    assert!(matches!(r, Err(Error::NotRecorded { .. })), "{r:?}");
+    assert!(
+        (Duration::from_millis(150)..Duration::from_millis(600)).contains(&took),
+        "gave up after {took:?}, the first failure after 151 ms, under 300 ms leases"
+    );
+    assert!(
+        store.extends.load(Ordering::SeqCst) >= 2,
+        "the keeper renewed both claims"
+    );
+}
+
+/// The store says one of a batch's two leases is lost at the first
+/// renewal (about 100 ms in): the keeper logs it once and renews only the
+/// other from then on, so 450 ms in, past the 300 ms lease, the other key
+/// is still in progress and the lost one is free to take over (and its
+/// outcome is then not the batch's to record).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_keeps_the_claims_it_did_not_lose() {
+    let _ = tracing::subscriber::set_global_default(Log);
+    let lost = |logged: &[String]| {
+        logged
+            .iter()
+            .filter(|m| m.contains("leases lost while the batch body runs"))
+            .count()
+    };
+    let store = Unsteady::default();
+    store.lose_next.store(1, Ordering::SeqCst);
+    let before = lost(&LOGGED.lock().unwrap());
+    let first = {
+        let store = store.clone();
+        tokio::spawn(async move { batch_waits(&store, &jobs(&[600, 601])).await })
+    };
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let kept = batch_waits(&store, &jobs(&[601])).await.unwrap();
+    assert!(matches!(kept[0], Err(Error::InProgress { .. })), "{kept:?}");
+    let takeover = {
+        let store = store.clone();
+        tokio::spawn(async move { batch_waits(&store, &jobs(&[600])).await })
+    };
+    let first = first.await.unwrap().unwrap();
+    assert!(
+        matches!(first[0], Err(Error::LeaseLost { .. })),
+        "{:?}",
+        first[0]
+    );
+    assert_eq!(first[1].as_ref().unwrap(), &Outcome::Executed(601));
+    let takeover = takeover.await.unwrap().unwrap();
+    assert_eq!(takeover[0].as_ref().unwrap(), &Outcome::Executed(600));
+    assert_eq!(lost(&LOGGED.lock().unwrap()) - before, 1);
 }
 
 /// Waits until `done`, for five seconds at most.

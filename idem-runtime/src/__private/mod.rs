@@ -9,12 +9,12 @@
 pub mod doctest;
 pub mod stores;
 
-pub use crate::call::batch::{
-    Derived, Results, TxBatchBegin, TxBatchCall, TxBatchRun, TxBatchStep, run_lease_batch,
-};
 pub use crate::call::key_missing;
-pub use crate::call::lease::run_lease;
-pub use crate::call::tx::{TxBegin, TxCall, tx_begin, tx_finish};
+pub use crate::call::lease::batch::run_lease_batch;
+pub use crate::call::lease::single::run_lease;
+pub use crate::call::plan::{Derived, Results};
+pub use crate::call::tx::batch::{TxBatchBegin, TxBatchCall, TxBatchRun, TxBatchStep};
+pub use crate::call::tx::single::{TxBegin, TxCall, tx_begin, tx_finish};
 pub use crate::registry::{HandlerSpec, Mode};
 pub use crate::{Error, Key, KeyBuilder, KeyPart, LeaseStore, Outcome, TxStore};
 pub use core::future::Future;

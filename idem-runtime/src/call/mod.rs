@@ -1,6 +1,11 @@
 //! What a rewritten handler does around its body: [`lease`] mode and
-//! [`tx`] (transaction) mode, and what both share. The generated code calls
-//! these functions through `__private`.
+//! [`tx`] (transaction) mode, each for one message (`single.rs`) and for a
+//! batch (`batch.rs`); what both modes share is here (single calls) and in
+//! [`plan`] (batches). The generated code calls these functions through
+//! `__private`.
+//!
+//! Laid out by mode: a mode is a store trait (`LeaseStore`, `TxStore`) with
+//! machinery of its own (the lease keeper); a shape is a smaller difference.
 
 use crate::codec::{Codec, decode};
 use crate::error::{Error, StoreError};
@@ -11,9 +16,8 @@ use crate::registry::{self, HandlerSpec};
 use crate::store::contract::Standing;
 use crate::telemetry::finish;
 
-pub(crate) mod batch;
-pub(crate) mod keeper;
 pub(crate) mod lease;
+pub(crate) mod plan;
 pub(crate) mod tx;
 
 pub(crate) fn store_err<E>(spec: &'static HandlerSpec, key: &Key, source: StoreError) -> Error<E> {
@@ -114,7 +118,7 @@ pub(crate) fn capped(mut text: String) -> String {
 
 /// How a failed body is to be recorded: as a final failure (its JSON), as a
 /// counted failure (a handler with `max_attempts`), or not at all.
-pub(crate) enum Verdict {
+pub(crate) enum Recording {
     /// A final error, encoded.
     Final { text: String, encoded: String },
     /// A failure to count.
@@ -123,23 +127,23 @@ pub(crate) enum Verdict {
     Unrecorded,
 }
 
-impl Verdict {
-    /// The verdict on `error`; `Err` when it is final but cannot be
+impl Recording {
+    /// How `error` is to be recorded; `Err` when it is final but cannot be
     /// recorded (it does not encode, or would not read back).
     pub(crate) fn of<E>(
         spec: &'static HandlerSpec,
         errors: ErrorCodec<E>,
         error: &E,
-    ) -> Result<Verdict, serde_json::Error> {
+    ) -> Result<Recording, serde_json::Error> {
         match errors.final_encoding(error) {
-            Some(encoded) => Ok(Verdict::Final {
+            Some(encoded) => Ok(Recording::Final {
                 text: capped((errors.text)(error)),
                 encoded: encoded?,
             }),
-            None if spec.max_attempts.is_some() => Ok(Verdict::Counted {
+            None if spec.max_attempts.is_some() => Ok(Recording::Counted {
                 text: capped((errors.text)(error)),
             }),
-            None => Ok(Verdict::Unrecorded),
+            None => Ok(Recording::Unrecorded),
         }
     }
 
@@ -147,25 +151,25 @@ impl Verdict {
     pub(crate) fn failure(&self) -> Option<crate::store::contract::Failure<'_>> {
         use crate::store::contract::Failure;
         match self {
-            Verdict::Final { text, encoded } => Some(Failure::Final {
+            Recording::Final { text, encoded } => Some(Failure::Final {
                 error: text,
                 encoded,
             }),
-            Verdict::Counted { text } => Some(Failure::Retry { error: text }),
-            Verdict::Unrecorded => None,
+            Recording::Counted { text } => Some(Failure::Retry { error: text }),
+            Recording::Unrecorded => None,
         }
     }
 
     /// The call's error for the body's `error`, once recorded (or not).
     pub(crate) fn into_error<E>(self, spec: &'static HandlerSpec, key: &Key, error: E) -> Error<E> {
         match self {
-            Verdict::Final { .. } => Error::Failed {
+            Recording::Final { .. } => Error::Failed {
                 handler: spec.name,
                 key: key.clone(),
                 error,
                 replayed: false,
             },
-            Verdict::Counted { .. } | Verdict::Unrecorded => Error::Handler {
+            Recording::Counted { .. } | Recording::Unrecorded => Error::Handler {
                 handler: spec.name,
                 key: key.clone(),
                 error,

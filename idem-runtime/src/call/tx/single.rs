@@ -1,10 +1,11 @@
-//! Transaction mode: claim, body and outcome in one database transaction.
+//! A transaction-mode call of one message: claim, body and outcome in one
+//! database transaction.
 
 use std::time::Instant;
 
 use tracing::Instrument;
 
-use super::{Verdict, check_registry, refused, store_err};
+use crate::call::{Recording, check_registry, refused, store_err};
 use crate::codec::{Codec, encode};
 use crate::error::Error;
 use crate::error::StoreError;
@@ -128,8 +129,8 @@ where
                 }
             }
             Err(error) => {
-                let verdict = match Verdict::of(spec, errors, &error) {
-                    Ok(verdict) => verdict,
+                let recording = match Recording::of(spec, errors, &error) {
+                    Ok(recording) => recording,
                     Err(source) => {
                         rollback_quietly(store, call.tx, spec, key, fingerprint).await;
                         return Err(Error::Unrecordable {
@@ -139,7 +140,7 @@ where
                         });
                     }
                 };
-                let settled = match verdict.failure() {
+                let settled = match recording.failure() {
                     Some(failure) => store
                         .commit_failure(call.tx, spec, key, fingerprint, failure)
                         .await
@@ -155,7 +156,7 @@ where
                     fingerprint,
                     codec,
                     errors,
-                    verdict,
+                    recording,
                     error,
                     settled,
                 )
@@ -176,7 +177,7 @@ fn failed<T, E>(
     fingerprint: Option<&str>,
     codec: Codec<T>,
     errors: ErrorCodec<E>,
-    verdict: Verdict,
+    recording: Recording,
     error: E,
     settled: Result<Option<Standing>, StoreError>,
 ) -> Result<Outcome<T>, Error<E>> {
@@ -184,7 +185,7 @@ fn failed<T, E>(
         // The body failed because it was a duplicate's: what the
         // first delivery recorded is the answer.
         Ok(Some(standing)) => refused(spec, key, fingerprint, codec, errors, standing),
-        Ok(None) => Err(verdict.into_error(spec, key, error)),
+        Ok(None) => Err(recording.into_error(spec, key, error)),
         // The transaction's connection is gone (the rollback could
         // not even be sent), so the body's error is most likely that
         // failure seen from inside: a store failure to retry, not a

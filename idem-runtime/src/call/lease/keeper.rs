@@ -1,6 +1,6 @@
 //! The lease keeper: one task per tokio runtime that extends the leases
-//! of every lease-mode call in progress on that runtime, whatever its
-//! store, instead of a heartbeat task of each call's own.
+//! of every lease-mode call in progress on that runtime, single calls and
+//! batches, whatever their store.
 //!
 //! A lease needs extending only after a third of its length, and most
 //! bodies take milliseconds: a call registers its lease when it claims
@@ -13,25 +13,15 @@
 //! apart for a while, so that the next calls find it ready, and then ends;
 //! the next call starts it again.
 //!
-//! # Why one keeper per runtime
+//! A batch registers its claims as one entry, renewed with
+//! [`LeaseStore::extend_batch`]: a claim the store says is lost is dropped
+//! from the entry, and the others are still kept.
 //!
-//! The keeper could live in each store, or behind a method of
-//! [`LeaseStore`]; it lives beside the runtime instead, in a process-wide
-//! registry keyed by the runtime's [`Id`](tokio::runtime::Id):
-//!
-//! * every store gets it, a store of your own included, with nothing to
-//!   implement: a registered lease carries a clone of its store, so one
-//!   keeper serves stores of any type;
-//! * a store has no identity to key a keeper by (it is a handle, cloned
-//!   into every consumer task; a store of your own need not hold an
-//!   `Arc`), while a task belongs to a runtime: a keeper of one runtime
-//!   never extends a lease held on another, whose connections (and whose
-//!   shutdown) are that runtime's; tests and applications that run several
-//!   runtimes at once get one keeper each;
-//! * a runtime that shuts down drops its keeper's task with its other
-//!   tasks; a keeper with nothing to keep ends after
-//!   [`IDLE_LIMIT`], and the registry holds it weakly, so it is freed
-//!   when nothing refers to it any more (no call, no task).
+//! The keepers live in a process-wide registry keyed by the runtime's
+//! [`Id`](tokio::runtime::Id), held weakly: a keeper never extends a lease
+//! held on another runtime, a runtime that shuts down drops its keeper's
+//! task with its other tasks, and a keeper with nothing to keep ends after
+//! [`IDLE_LIMIT`].
 //!
 //! A body that blocks its thread still has its lease extended on a
 //! multi-threaded runtime: the keeper runs on another worker. When a
@@ -50,7 +40,7 @@ use tracing::Instrument;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::registry::HandlerSpec;
-use crate::store::contract::LeaseStore;
+use crate::store::contract::{Held, LeaseStore};
 
 /// How long a keeper with nothing to keep stays ready before its task
 /// ends.
@@ -64,28 +54,72 @@ pub(crate) fn period(spec: &HandlerSpec) -> Duration {
     (spec.lease / 3).max(MIN_PERIOD)
 }
 
-type Renewal = Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send>>;
+type Renewal = Pin<Box<dyn Future<Output = Result<Renewed, StoreError>> + Send>>;
 
-/// What the keeper knows of a registered lease.
+/// What one renewal of a registered entry found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Renewed {
+    /// Leases the store said another consumer took over.
+    lost: usize,
+    /// Leases still held, extended.
+    held: usize,
+}
+
+/// What the keeper knows of a registered entry.
 trait Kept: Send + Sync {
-    /// Extends the lease once.
+    /// Extends the entry's leases once.
     fn renew(self: Arc<Self>) -> Renewal;
     /// The call's bookkeeping, shared with the call.
     fn lease(&self) -> &LeaseState;
 }
 
-/// A registered lease of a store of type `S`.
+/// A registered entry of a store of type `S`.
 struct Entry<S> {
     store: S,
     spec: &'static HandlerSpec,
-    key: Key,
-    token: String,
     state: LeaseState,
 }
 
 impl<S: LeaseStore> Kept for Entry<S> {
     fn renew(self: Arc<Self>) -> Renewal {
-        Box::pin(async move { self.store.extend(self.spec, &self.key, &self.token).await })
+        Box::pin(async move {
+            let spec = self.spec;
+            match &self.state.holding {
+                Holding::One { key, token } => {
+                    let held = usize::from(self.store.extend(spec, key, token).await?);
+                    Ok(Renewed {
+                        lost: 1 - held,
+                        held,
+                    })
+                }
+                Holding::Batch(leases) => {
+                    let leases_now =
+                        Arc::clone(&leases.lock().unwrap_or_else(PoisonError::into_inner));
+                    let held: Vec<Held<'_>> = leases_now
+                        .iter()
+                        .map(|(key, token)| Held { key, token })
+                        .collect();
+                    let extended = self.store.extend_batch(spec, &held).await?;
+                    let lost = extended.iter().filter(|e| !**e).count();
+                    if lost == 0 {
+                        return Ok(Renewed {
+                            lost,
+                            held: leases_now.len(),
+                        });
+                    }
+                    // The others are still this call's to keep.
+                    let mut kept = extended.iter();
+                    let left: Arc<[(Key, String)]> = leases_now
+                        .iter()
+                        .filter(|_| kept.next().copied().unwrap_or(false))
+                        .cloned()
+                        .collect();
+                    let held = left.len();
+                    *leases.lock().unwrap_or_else(PoisonError::into_inner) = left;
+                    Ok(Renewed { lost, held })
+                }
+            }
+        })
     }
 
     fn lease(&self) -> &LeaseState {
@@ -93,14 +127,53 @@ impl<S: LeaseStore> Kept for Entry<S> {
     }
 }
 
-/// What a call and the keeper share about one lease.
+/// What a registered entry holds.
+enum Holding {
+    /// One call's lease.
+    One { key: Key, token: String },
+    /// A batch's leases, those not lost yet (only the entry's renewal,
+    /// never two at once, replaces them).
+    Batch(Mutex<Arc<[(Key, String)]>>),
+}
+
+impl Holding {
+    /// Logs that `lost` of the leases were taken over by another consumer.
+    fn lost(&self, lost: usize) {
+        match self {
+            Holding::One { .. } => {
+                tracing::warn!(
+                    "lease lost while the body runs: another consumer took the key over"
+                );
+            }
+            Holding::Batch(_) => tracing::warn!(
+                lost,
+                "leases lost while the batch body runs: another consumer took keys over"
+            ),
+        }
+    }
+
+    /// Logs that the store could not extend the leases.
+    fn not_extended(&self, error: &StoreError) {
+        match self {
+            Holding::One { .. } => {
+                tracing::warn!(error = %error, "could not extend the lease; will retry");
+            }
+            Holding::Batch(_) => {
+                tracing::warn!(error = %error, "could not extend the batch's leases; will retry");
+            }
+        }
+    }
+}
+
+/// What a call and the keeper share about its leases.
 struct LeaseState {
     period: Duration,
-    /// When the lease was last known to start: the claim, or the last
+    /// When the leases were last known to start: the claim, or the last
     /// extension the store confirmed (when it was asked for).
     renewed: Mutex<Instant>,
-    /// The call's span, for what the keeper logs about the lease.
+    /// The call's span, for what the keeper logs about the leases.
     span: tracing::Span,
+    holding: Holding,
 }
 
 /// A lease in the keeper's schedule.
@@ -272,8 +345,8 @@ fn current() -> Option<Arc<Keeper>> {
     Some(keeper)
 }
 
-/// A call's registered lease: the keeper extends it every [`period`] until
-/// this is dropped.
+/// A call's registered leases (one call's, or a batch's): the keeper
+/// extends them every [`period`] until this is dropped.
 pub(crate) struct Lease {
     kept: Option<(Arc<Keeper>, SlotId)>,
     state: Arc<dyn Kept>,
@@ -290,16 +363,44 @@ impl Lease {
         token: &str,
         claimed: Instant,
     ) -> Lease {
+        let holding = Holding::One {
+            key: key.clone(),
+            token: token.to_owned(),
+        };
+        Lease::register(store, spec, holding, claimed).await
+    }
+
+    /// Registers the leases a batch holds since `claimed`, as
+    /// [`keep`](Lease::keep) registers one: they are renewed together,
+    /// and a lease the store says is lost is no longer renewed.
+    pub(crate) async fn keep_batch<S: LeaseStore>(
+        store: &S,
+        spec: &'static HandlerSpec,
+        holding: &[Held<'_>],
+        claimed: Instant,
+    ) -> Lease {
+        let leases = holding
+            .iter()
+            .map(|h| (h.key.clone(), h.token.to_owned()))
+            .collect();
+        Lease::register(store, spec, Holding::Batch(Mutex::new(leases)), claimed).await
+    }
+
+    async fn register<S: LeaseStore>(
+        store: &S,
+        spec: &'static HandlerSpec,
+        holding: Holding,
+        claimed: Instant,
+    ) -> Lease {
         let period = period(spec);
         let entry: Arc<dyn Kept> = Arc::new(Entry {
             store: store.clone(),
             spec,
-            key: key.clone(),
-            token: token.to_owned(),
             state: LeaseState {
                 period,
                 renewed: Mutex::new(claimed),
                 span: tracing::Span::current(),
+                holding,
             },
         });
         let Some(keeper) = current() else {
@@ -348,8 +449,8 @@ impl Lease {
         }
     }
 
-    /// The earliest the lease may end: it started no earlier than the last
-    /// renewal was asked for.
+    /// The earliest the leases may end: they started no earlier than the
+    /// last renewal was asked for.
     pub(crate) fn ends(&self, spec: &HandlerSpec) -> Instant {
         *self
             .state
@@ -439,8 +540,8 @@ async fn run(serving: Serving) {
     }
 }
 
-/// Extends one lease, and schedules its next renewal a period after this
-/// one was asked for.
+/// Extends one entry's leases, and schedules its next renewal a period
+/// after this one was asked for.
 async fn renew(keeper: Arc<Keeper>, id: SlotId, entry: Arc<dyn Kept>) {
     let asked = Instant::now();
     let renewed = Arc::clone(&entry).renew().await;
@@ -451,15 +552,17 @@ async fn renew(keeper: Arc<Keeper>, id: SlotId, entry: Arc<dyn Kept>) {
         return;
     }
     match renewed {
-        Ok(true) => {
+        Ok(Renewed { lost, held }) => {
+            if lost > 0 {
+                lease.holding.lost(lost);
+            }
+            if held == 0 {
+                state.slots.remove(id);
+                return;
+            }
             *lease.renewed.lock().unwrap_or_else(PoisonError::into_inner) = asked;
         }
-        Ok(false) => {
-            state.slots.remove(id);
-            tracing::warn!("lease lost while the body runs: another consumer took the key over");
-            return;
-        }
-        Err(e) => tracing::warn!(error = %e, "could not extend the lease; will retry"),
+        Err(e) => lease.holding.not_extended(&e),
     }
     let due = asked + lease.period;
     if let Some(slot) = state.slots.get_mut(id) {

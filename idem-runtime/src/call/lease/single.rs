@@ -1,16 +1,17 @@
-//! Lease mode: claim with a fencing token, run the body with its lease
-//! kept by the runtime's lease keeper (`keeper.rs`), then complete or
-//! release.
+//! A lease-mode call of one message: claim with a fencing token, run the
+//! body with its lease kept by the runtime's lease keeper (`keeper.rs`),
+//! then complete or release.
 
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tracing::Instrument;
 
 use super::keeper::Lease;
-use super::{Verdict, check_registry, refused, store_err};
+use super::{Persist, complete_while_leased};
+use crate::call::{Recording, check_registry, refused, store_err};
 use crate::codec::{Codec, encode};
-use crate::error::{Error, StoreError};
+use crate::error::Error;
 use crate::final_error::ErrorCodec;
 use crate::key::Key;
 use crate::outcome::Outcome;
@@ -94,7 +95,8 @@ where
             // be encoded the claim is kept (not released) until its lease
             // runs out, rather than inviting an immediate second execution.
             let outcome = encode(spec, key, codec, &value)?;
-            match complete_while_leased(store, spec, key, &token, &outcome, &lease).await {
+            let complete = || store.complete(spec, key, &token, &outcome);
+            match complete_while_leased(spec, &lease, Persist::WhileLeased, complete).await {
                 Ok(true) => Ok(Outcome::Executed(value)),
                 Ok(false) => Err(Error::LeaseLost {
                     handler: spec.name,
@@ -109,13 +111,13 @@ where
         }
         Err(error) => {
             drop(lease);
-            let verdict = match Verdict::of(spec, errors, &error) {
-                Ok(verdict) => verdict,
+            let recording = match Recording::of(spec, errors, &error) {
+                Ok(recording) => recording,
                 Err(source) => {
                     // A final error that cannot be recorded: it is not, but
                     // a handler that counts failures counts this one.
                     if spec.max_attempts.is_some() {
-                        let text = super::capped((errors.text)(&error));
+                        let text = crate::call::capped((errors.text)(&error));
                         let failure = crate::store::contract::Failure::Retry { error: &text };
                         if let Err(e) = store.fail(spec, key, &token, failure).await {
                             tracing::warn!(error = %e, "could not record the body's failure");
@@ -130,7 +132,7 @@ where
                     });
                 }
             };
-            match verdict.failure() {
+            match recording.failure() {
                 Some(failure) => match store.fail(spec, key, &token, failure).await {
                     Ok(true) => {}
                     Ok(false) => tracing::warn!(
@@ -143,37 +145,7 @@ where
                 },
                 None => release_quietly(store, spec, key, &token).await,
             }
-            Err(verdict.into_error(spec, key, error))
-        }
-    }
-}
-
-/// Records a successful body's outcome, retrying a failing store (with a
-/// growing pause, from 20 ms up to 500 ms) for as long as this call's lease
-/// holds: once it runs out, another consumer may take the key over and run
-/// the body again, so the caller must learn that the effect happened without
-/// a record. The keeper keeps extending the lease meanwhile.
-async fn complete_while_leased<S: LeaseStore>(
-    store: &S,
-    spec: &'static HandlerSpec,
-    key: &Key,
-    token: &str,
-    outcome: &str,
-    lease: &Lease,
-) -> Result<bool, StoreError> {
-    let mut pause = Duration::from_millis(20);
-    loop {
-        match store.complete(spec, key, token, outcome).await {
-            Ok(completed) => return Ok(completed),
-            Err(e) if Instant::now() + pause < lease.ends(spec) => {
-                tracing::warn!(
-                    error = %e,
-                    "the body succeeded but its outcome could not be recorded; retrying while the lease holds"
-                );
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(500));
-            }
-            Err(e) => return Err(e),
+            Err(recording.into_error(spec, key, error))
         }
     }
 }

@@ -1,0 +1,131 @@
+//! A lease-mode batch: its keys claimed at once, one body over the fresh
+//! messages with every claim kept by the lease keeper, every outcome
+//! recorded at once (or every claim released when the body fails).
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::time::Instant;
+
+use tracing::Instrument;
+
+use super::keeper::Lease;
+use super::{Persist, complete_while_leased};
+use crate::call::plan::{Derived, Fate, Plan, Results, answer, batch_span, encode_all};
+use crate::call::{check_registry, store_err};
+use crate::codec::Codec;
+use crate::error::Error;
+use crate::final_error::ErrorCodec;
+use crate::registry::HandlerSpec;
+use crate::store::contract::{Claim, Held, LeaseStore, Standing, held};
+use crate::telemetry::{body_latency, claim_latency};
+
+/// Runs a lease-mode batch handler: claims the batch's keys at once, runs
+/// `body` over the fresh messages with their leases kept by the lease
+/// keeper, and records every
+/// outcome at once (or releases every claim when the body fails).
+#[doc(hidden)]
+// The generated code passes what it made of the handler, one argument each.
+#[allow(clippy::too_many_arguments)]
+pub async fn run_lease_batch<'m, S, M, T, E, B, F>(
+    store: &S,
+    spec: &'static HandlerSpec,
+    msgs: &'m [M],
+    derived: Vec<Derived<E>>,
+    codec: Codec<T>,
+    errors: ErrorCodec<E>,
+    body: B,
+) -> Result<Results<T, E>, Error<E>>
+where
+    S: LeaseStore,
+    M: Clone,
+    B: FnOnce(Cow<'m, [M]>) -> F,
+    F: Future<Output = Result<Vec<T>, E>>,
+{
+    let span = batch_span(spec, msgs.len());
+    async move {
+        check_registry(spec)?;
+        let plan = Plan::new(derived);
+        let items = plan.items();
+        if items.is_empty() {
+            return Ok(answer(spec, plan, Vec::new(), codec, errors));
+        }
+        let claim_start = Instant::now();
+        let claims = store
+            .claim_batch(spec, &items)
+            .await
+            .map_err(|e| store_err(spec, &plan.lead(&[]), e))?;
+        claim_latency(spec, claim_start);
+        let fresh: Vec<usize> = (0..claims.len())
+            .filter(|&u| matches!(claims[u], Claim::Acquired { .. }))
+            .collect();
+        tracing::Span::current().record("fresh", fresh.len());
+        let refusal = |claim: &Claim| match claim {
+            Claim::Refused(Standing::InProgress { retry_after }) => {
+                Fate::Refused(Standing::InProgress {
+                    retry_after: crate::retry::lease_hint(spec, *retry_after),
+                })
+            }
+            Claim::Refused(other) => Fate::Refused(other.clone()),
+            Claim::Acquired { .. } => Fate::Lost,
+        };
+        if fresh.is_empty() {
+            let fates = claims.iter().map(refusal).collect();
+            return Ok(answer(spec, plan, fates, codec, errors));
+        }
+
+        let holding = held(&items, &claims);
+        let lease = Lease::keep_batch(store, spec, &holding, claim_start).await;
+        let body_start = Instant::now();
+        let result = body(plan.fresh_messages(msgs, &fresh)).await;
+        body_latency(spec, body_start);
+        crate::retry::body_finished(spec, body_start.elapsed());
+
+        let values = match result {
+            Ok(values) => values,
+            Err(error) => {
+                drop(lease);
+                if let Err(e) = store.release_batch(spec, &holding).await {
+                    tracing::warn!(error = %e, "could not release the batch's claims; they free themselves when their leases run out");
+                }
+                return Err(Error::Handler {
+                    handler: spec.name,
+                    key: plan.lead(&fresh),
+                    error,
+                });
+            }
+        };
+        // The body's effects happened: a result that cannot be recorded
+        // keeps the claims until their leases run out, as a single call does.
+        let ran = encode_all(spec, &plan, &fresh, codec, values)?;
+        let done: Vec<(Held<'_>, &str)> = holding
+            .iter()
+            .zip(&ran)
+            .map(|(held, (_, outcome))| (*held, outcome.as_str()))
+            .collect();
+        let done = &done[..];
+        let complete = move || store.complete_batch(spec, done);
+        let completed = complete_while_leased(spec, &lease, Persist::OneLeaseAtMost, complete)
+            .await
+            .map_err(|source| Error::NotRecorded {
+                handler: spec.name,
+                key: plan.lead(&fresh),
+                source,
+            })?;
+        drop(lease);
+
+        let mut ran = ran.into_iter().zip(completed);
+        let fates = claims
+            .iter()
+            .map(|claim| match claim {
+                Claim::Acquired { .. } => match ran.next() {
+                    Some(((value, outcome), true)) => Fate::Ran(value, outcome),
+                    _ => Fate::Lost,
+                },
+                refused => refusal(refused),
+            })
+            .collect();
+        Ok(answer(spec, plan, fates, codec, errors))
+    }
+    .instrument(span)
+    .await
+}
