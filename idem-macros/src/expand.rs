@@ -11,9 +11,8 @@ use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Ident, Type};
 
-use crate::valid::{
-    Batch, Fingerprint, Handler, KeyTerm, StoreArg, StoreRef, Stub, mut_referent, unparenthesized,
-};
+use crate::model::{Batch, Fingerprint, Handler, KeyTerm, StoreArg, StoreRef, Stub};
+use crate::types::{mut_referent, unparenthesized};
 
 pub(crate) fn expand(h: &Handler) -> TokenStream {
     let rt = &h.krate;

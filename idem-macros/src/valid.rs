@@ -9,132 +9,14 @@ use syn::{FnArg, GenericArgument, Ident, ItemFn, LitStr, Pat, PathArguments, Ret
 
 use crate::attr::Args;
 use crate::ctxt::Ctxt;
+use crate::model::{
+    Batch, Fingerprint, FingerprintTerm, Handler, KeyTerm, Param, ResultTypes, StoreArg, StoreRef,
+    Stub,
+};
+use crate::types::{mut_referent, unparenthesized};
 
 /// Default lease of lease-mode handlers.
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);
-
-/// Where the records live, as `store = "..."` names it. The macro knows no
-/// store: a name is looked up by rustc among the runtime's
-/// `__private::stores` functions, whose bounds decide (and explain) what the
-/// store allows; a path names a store type of the application's own.
-#[derive(Clone)]
-pub(crate) enum StoreRef {
-    /// A built-in store's name, spanned on the literal.
-    Name(Ident),
-    /// The path of a store type, spanned on the literal.
-    Type(syn::Path),
-}
-
-/// The `store` argument.
-#[derive(Clone)]
-pub(crate) struct StoreArg {
-    pub(crate) store: StoreRef,
-    /// As written, for the handler's registry entry.
-    pub(crate) text: String,
-    /// The literal's span: where the store's own errors are reported.
-    pub(crate) span: Span,
-}
-
-/// A parameter that stays in the rewritten signature.
-pub(crate) struct Param {
-    pub(crate) arg: syn::PatType,
-    /// The parameter's name, when its pattern is a plain identifier.
-    pub(crate) ident: Option<Ident>,
-}
-
-/// One term of the key expression (`a + 'b' + c`), ready to generate.
-pub(crate) enum KeyTerm {
-    /// `root.seg.seg`: `root` is a parameter, segments carry the literal's span.
-    Path {
-        root: Ident,
-        fields: Vec<syn::Member>,
-        text: String,
-    },
-    Const(String),
-}
-
-/// The `fingerprint` argument, ready to generate.
-pub(crate) struct Fingerprint {
-    /// As written, for the handler's registry entry.
-    pub(crate) text: String,
-    /// The literal's span: where a part that serde cannot write is reported.
-    pub(crate) span: Span,
-    /// `*`: the message itself, not a tuple of parts.
-    pub(crate) whole: bool,
-    pub(crate) parts: Vec<FingerprintTerm>,
-}
-
-/// One part of a fingerprint: `root.seg.seg`, or a parameter itself.
-pub(crate) struct FingerprintTerm {
-    pub(crate) root: Ident,
-    /// Spanned on the literal.
-    pub(crate) fields: Vec<syn::Member>,
-    /// A parameter itself, taken by reference: fingerprinted through the
-    /// reference, so that an error names the message's type.
-    pub(crate) deref: bool,
-}
-
-/// The batch parameter of a batch handler, `msgs: &[M]`: the key (and
-/// the fingerprint) read each of its elements.
-#[derive(Clone)]
-pub(crate) struct Batch {
-    /// The parameter's name, where key and fingerprint paths start.
-    pub(crate) ident: Ident,
-    /// The parameter as written.
-    pub(crate) param: syn::PatType,
-    /// `M`, as written.
-    pub(crate) elem: Type,
-}
-
-/// The whole model of one handler.
-pub(crate) struct Handler {
-    pub(crate) func: ItemFn,
-    pub(crate) krate: syn::Path,
-    pub(crate) name: String,
-    pub(crate) key_text: String,
-    pub(crate) key: Vec<KeyTerm>,
-    pub(crate) key_span: Span,
-    pub(crate) ttl: Duration,
-    pub(crate) lease: Duration,
-    pub(crate) store: StoreArg,
-    /// What must not change between deliveries of one key.
-    pub(crate) fingerprint: Option<Fingerprint>,
-    /// How many failed deliveries of one key are allowed.
-    pub(crate) max_attempts: Option<u32>,
-    /// The transaction parameter, in transaction mode.
-    pub(crate) tx_param: Option<syn::PatType>,
-    /// The `&Key` parameter, if the body reads its key.
-    pub(crate) key_param: Option<syn::PatType>,
-    pub(crate) receiver: Option<syn::Receiver>,
-    pub(crate) params: Vec<Param>,
-    /// `Ok` and `Err` types of the handler's result; `None` where the
-    /// signature does not name them (`AppResult<T>`, `io::Result<T>`'s `Err`),
-    /// and the runtime's `HandlerResult` does.
-    pub(crate) ok_ty: Option<Type>,
-    pub(crate) err_ty: Option<Type>,
-    /// The written return type, for spans and the body's type check.
-    pub(crate) ret_ty: Type,
-    /// The batch parameter, for a batch handler.
-    pub(crate) batch: Option<Batch>,
-}
-
-/// What is known of a handler the macro refuses: enough to emit a stub with
-/// the rewritten signature, so that its callers see no second error.
-pub(crate) struct Stub {
-    pub(crate) func: ItemFn,
-    pub(crate) krate: syn::Path,
-    /// The store, when its argument could be read.
-    pub(crate) store: Option<StoreArg>,
-    /// The transaction parameter, in transaction mode.
-    pub(crate) tx_param: Option<syn::PatType>,
-    pub(crate) receiver: Option<syn::Receiver>,
-    /// The parameters that stay in the rewritten signature.
-    pub(crate) params: Vec<syn::PatType>,
-    /// `None` when the return type itself was refused.
-    pub(crate) result: Option<ResultTypes>,
-    /// Whether the handler takes a batch, as far as could be told.
-    pub(crate) batch: bool,
-}
 
 /// The model when nothing was wrong enough to stop generation, and the stub
 /// to emit otherwise (errors are in `cx` either way).
@@ -426,16 +308,6 @@ fn handler_name(cx: &mut Ctxt, lit: &LitStr) -> Option<String> {
     Some(value)
 }
 
-/// The handler's result: its `Ok` and `Err` types where the signature
-/// names them, and the written type.
-#[derive(Clone)]
-pub(crate) struct ResultTypes {
-    /// `None` where only the runtime's `HandlerResult` can name it.
-    pub(crate) ok: Option<Type>,
-    pub(crate) err: Option<Type>,
-    pub(crate) written: Type,
-}
-
 /// Splits the return type. `Result<T, E>` names both parts; `X::Result<T>`
 /// (`io::Result<T>`, `anyhow::Result<T>`, a `Result<T>` alias) names `Ok`.
 /// Any other path type (`AppResult<T>`, a zero-argument alias) is taken as a
@@ -514,18 +386,6 @@ struct SigParts {
     key_param: Option<syn::PatType>,
     receiver: Option<syn::Receiver>,
     params: Vec<Param>,
-}
-
-/// The `T` of a `&mut T` parameter: in first position, the handler's
-/// transaction. Whether `T` is one is the runtime's to say (its
-/// `StoreTransaction` trait), on that type.
-pub(crate) fn mut_referent(ty: &Type) -> Option<&Type> {
-    match ty {
-        Type::Reference(r) if r.mutability.is_some() => Some(&r.elem),
-        Type::Paren(p) => mut_referent(&p.elem),
-        Type::Group(g) => mut_referent(&g.elem),
-        _ => None,
-    }
 }
 
 /// How a parameter's type names a `Key`.
@@ -962,16 +822,6 @@ fn fingerprint(cx: &mut Ctxt, lit: &LitStr, params: &[Param], method: bool) -> O
         whole: false,
         parts,
     })
-}
-
-/// `(T)` as `T`: a parenthesized type turbofished as it is would draw
-/// `unused_parens`.
-pub(crate) fn unparenthesized(ty: &Type) -> &Type {
-    match ty {
-        Type::Paren(p) => unparenthesized(&p.elem),
-        Type::Group(g) => unparenthesized(&g.elem),
-        other => other,
-    }
 }
 
 /// The terms of a key (`what` = "key") or fingerprint expression: each path

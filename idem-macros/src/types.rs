@@ -1,0 +1,26 @@
+//! What the written types say, read from their syntax (the macro cannot
+//! resolve types).
+
+use syn::Type;
+
+/// The `T` of a `&mut T` parameter: in first position, the handler's
+/// transaction. Whether `T` is one is the runtime's to say (its
+/// `StoreTransaction` trait), on that type.
+pub(crate) fn mut_referent(ty: &Type) -> Option<&Type> {
+    match ty {
+        Type::Reference(r) if r.mutability.is_some() => Some(&r.elem),
+        Type::Paren(p) => mut_referent(&p.elem),
+        Type::Group(g) => mut_referent(&g.elem),
+        _ => None,
+    }
+}
+
+/// `(T)` as `T`: a parenthesized type turbofished as it is would draw
+/// `unused_parens`.
+pub(crate) fn unparenthesized(ty: &Type) -> &Type {
+    match ty {
+        Type::Paren(p) => unparenthesized(&p.elem),
+        Type::Group(g) => unparenthesized(&g.elem),
+        other => other,
+    }
+}
