@@ -11,7 +11,7 @@ use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Ident, Type};
 
-use crate::model::{Batch, Fingerprint, Handler, KeyTerm, StoreArg, StoreRef, Stub};
+use crate::model::{Batch, Fingerprint, Handler, KeyTerm, Mode, Shape, StoreArg, StoreRef, Stub};
 use crate::types::{mut_referent, unparenthesized};
 
 pub(crate) fn expand(h: &Handler) -> TokenStream {
@@ -25,16 +25,10 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
     let generics = &sig.generics;
     let where_clause = &generics.where_clause;
     let unsafety = &sig.unsafety;
-    // The body's statements go straight into the generated `async move`
-    // block: wrapping the block itself would make rustc warn `unused_braces`
-    // on every one-line body.
-    let block = &func.block.stmts;
 
     let mixed = Span::mixed_site();
     let store = Ident::new("store", mixed);
     let spec = Ident::new("__IDEM_SPEC", mixed);
-    let key = Ident::new("__idem_key", mixed);
-    let key_ref = Ident::new("__idem_key_ref", mixed);
 
     let ret_ty = &h.ret_ty;
     // A return type that names its parts only through `HandlerResult`
@@ -42,37 +36,26 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
     // the trait spans exactly the written type (see `around`), so that
     // rustc reports "not a `Result`" once, on that type.
     let via_trait = h.ok_ty.is_none() || h.err_ty.is_none();
-    let ok_ty = match &h.ok_ty {
-        Some(t) => quote!(#t),
-        None => around(quote!(<), ret_ty, quote!(as #p::HandlerResult>::Ok)),
-    };
     let err_ty = match &h.err_ty {
         Some(t) => quote!(#t),
         None => around(quote!(<), ret_ty, quote!(as #p::HandlerResult>::Err)),
     };
-    let ok_span = h.ok_ty.as_ref().map_or(ret_ty.span(), Spanned::span);
-    // A batch handler's `T` is the item of its `Vec`: what one message gets.
-    let batch = h
-        .batch
-        .as_ref()
-        .map(|batch| (batch, BatchValue::of(h.ok_ty.as_ref(), ret_ty, &p)));
-    let (ok_ty, ok_span) = match &batch {
-        Some((_, value)) => (value.ty.clone(), value.span),
-        None => (ok_ty, ok_span),
+    let value = match &h.shape {
+        Shape::Single { .. } => Value::single(h.ok_ty.as_ref(), ret_ty, &p),
+        Shape::Batch(_) => Value::batch(h.ok_ty.as_ref(), ret_ty, &p),
     };
     // Only `codec::<T>()` bounds the `Ok` type by serde's traits: the call
     // paths take the codec it makes and need no bounds of their own, so a
     // type serde cannot store is one error, on the user's type. The calls
     // carry that span too, so any error of theirs lands there as well.
-    let p_ok = respan(p.clone(), ok_span);
+    let p_ok = respan(p.clone(), value.span);
     let codec = Ident::new("__idem_codec", mixed);
     let errors = Ident::new("__idem_errors", mixed);
-    let fingerprint = Ident::new("__idem_fingerprint", mixed);
 
     let receiver = h.receiver.as_ref().map(|r| quote!(#r,));
     // A transaction-mode batch body rebinds the parameters it takes by
     // value (see `rerun_copies`), so their `mut` goes with the copy.
-    let rebound = h.batch.is_some() && h.tx_param.is_some();
+    let rebound = matches!((&h.shape, &h.mode), (Shape::Batch(_), Mode::Tx { .. }));
     let params = h.params.iter().map(|p| {
         let by_value = !matches!(unparenthesized(&p.arg.ty), Type::Reference(_));
         if rebound && by_value && by_value_ident(&p.arg).is_some() {
@@ -86,152 +69,60 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
     let function = ident.to_string();
     let key_text = &h.key_text;
     let ttl_ms = u64::try_from(h.ttl.as_millis()).unwrap_or(u64::MAX);
-    let lease_ms = u64::try_from(h.lease.as_millis()).unwrap_or(u64::MAX);
+    let lease_ms = u64::try_from(h.mode.lease().as_millis()).unwrap_or(u64::MAX);
     let store_name = &h.store.text;
-    let mode = if h.tx_param.is_some() {
-        quote!(Transaction)
-    } else {
-        quote!(Lease)
+    let (mode, tx_param) = match &h.mode {
+        Mode::Tx { param } => (quote!(Transaction), Some(param)),
+        Mode::Lease { .. } => (quote!(Lease), None),
     };
-    let (store_param, store_checks) = store_checks(
-        &h.store,
-        h.tx_param.as_ref(),
-        h.params.iter().map(|p| &p.arg),
-        &p,
-    );
+    let (store_param, store_checks) =
+        store_checks(&h.store, tx_param, h.params.iter().map(|p| &p.arg), &p);
 
-    let derive_key = derive_key(
+    let c = Call {
         h,
-        &p,
-        &|root| quote!(#root),
-        &|text| quote!(return #p::key_missing(&#spec, #text);),
-    );
-    // Only a body that reads its key borrows it.
-    let key_borrow = h.key_param.as_ref().map(|_| quote!(let #key_ref = &#key;));
-    let bind_key = h
-        .key_param
-        .as_ref()
-        .map(|param| bind_key(param, &key_ref, &p));
-    let fake_return = fake_return(ret_ty);
-
-    let derived = Ident::new("__idem_derived", mixed);
-    let call = match (&batch, &h.tx_param) {
-        (Some((batch, value)), tx_param) => batch_call(BatchCall {
-            h,
-            batch,
-            tx_param: tx_param.as_ref(),
-            p: &p,
-            p_ok: &p_ok,
-            value,
-            err_ty: &err_ty,
-            store: &store,
-            spec: &spec,
-            derived: &derived,
-            codec: &codec,
-            errors: &errors,
-            via_trait,
-        }),
-        (None, Some(tx_param)) => {
-            let call_state = Ident::new("__idem_call", mixed);
-            let tx = Ident::new("__idem_tx", mixed);
-            let result = Ident::new("__idem_result", mixed);
-            let bind_tx = bind(tx_param, quote!(#tx));
-            let tx_begin = quote_spanned! {ok_span=>
-                #p_ok::tx_begin::<_, #ok_ty, #err_ty>(#store, &#spec, &#key, #fingerprint.as_deref(), #codec, #errors).await
-            };
-            let result_value = if via_trait {
-                into_result(ret_ty, &p, quote!(#result))
-            } else {
-                quote!(#result)
-            };
-            let tx_finish = quote_spanned! {ok_span=>
-                #p_ok::tx_finish::<_, #ok_ty, #err_ty>(#store, &#spec, &#key, #fingerprint.as_deref(), #codec, #errors, #call_state, #result_value).await
-            };
-            quote! {
-                let mut #call_state = match #tx_begin {
-                    #p::Result::Ok(#p::TxBegin::Fresh(call)) => call,
-                    #p::Result::Ok(#p::TxBegin::Done(outcome)) => return #p::Result::Ok(outcome),
-                    #p::Result::Err(error) => return #p::Result::Err(error),
-                };
-                #key_borrow
-                let __idem_span = #call_state.span();
-                let #tx = #call_state.tx();
-                let #result: #ret_ty = #p::Instrument::instrument(
-                    async move {
-                        #bind_tx
-                        #bind_key
-                        #fake_return
-                        #(#block)*
-                    },
-                    __idem_span,
-                )
-                .await;
-                #tx_finish
-            }
-        }
-        (None, None) => {
-            let body = Ident::new("__idem_body", mixed);
-            let run_lease = quote_spanned! {ok_span=>
-                #p_ok::run_lease::<_, #ok_ty, #err_ty, _>(#store, &#spec, &#key, #fingerprint.as_deref(), #codec, #errors, #body).await
-            };
-            let body_future = quote! {
-                async move {
-                    #bind_key
-                    #fake_return
-                    #(#block)*
-                }
-            };
-            let body_future = if via_trait {
-                let into_result = into_result(ret_ty, &p, quote!(#body_future.await));
-                quote!(async move { #into_result })
-            } else {
-                body_future
-            };
-            quote! {
-                #key_borrow
-                let #body = #body_future;
-                #run_lease
-            }
+        p: &p,
+        p_ok: &p_ok,
+        value: &value,
+        err_ty: &err_ty,
+        store: &store,
+        spec: &spec,
+        codec: &codec,
+        errors: &errors,
+        via_trait,
+    };
+    let (derive, call) = match &h.shape {
+        Shape::Single { key_param, .. } => single(&c, key_param.as_ref()),
+        Shape::Batch(batch) => {
+            let derived = Ident::new("__idem_derived", mixed);
+            let derive = derive_batch(h, batch, &p, &spec, &err_ty);
+            (
+                quote!(let #derived = #derive;),
+                batch_call(&c, batch, &derived),
+            )
         }
     };
 
     let output = output(
         &p,
-        &ok_ty,
+        &value.ty,
         &err_ty,
-        batch
+        value
+            .via
             .as_ref()
-            .and_then(|(_, value)| value.via.as_ref().map(ValuesVia::written))
+            .map(ValuesVia::written)
             .or(via_trait.then_some(ret_ty)),
-        h.batch.is_some(),
+        matches!(h.shape, Shape::Batch(_)),
     );
 
     // The error codec, written out rather than through a `macro_rules!` of
     // the runtime: inside a macro's expansion, an error type that is not
     // one (`<Option<u64> as HandlerResult>::Err`) would be reported on the
     // whole attribute instead of the written return type.
+    let (value_ty, ok_span) = (&value.ty, value.span);
     let make_codec = quote_spanned! {ok_span=>
-        let #codec = #p_ok::codec::<#ok_ty>();
+        let #codec = #p_ok::codec::<#value_ty>();
     };
     let make_errors = error_codec(h.err_ty.as_ref(), ret_ty, &p, &errors);
-    // A handler without `fingerprint` computes nothing.
-    let fingerprint_value = match &h.fingerprint {
-        Some(f) => {
-            let value = fingerprint_value(f, &p, &|root| quote!(#root));
-            quote!(#p::Option::Some(#value))
-        }
-        None => quote!(#p::Option::None),
-    };
-    let derive = match &h.batch {
-        Some(batch) => {
-            let derive = derive_batch(h, batch, &p, &spec, &err_ty);
-            quote!(let #derived = #derive;)
-        }
-        None => quote! {
-            let #key: #p::Key = #derive_key;
-            let #fingerprint: #p::Option<#p::String> = #fingerprint_value;
-        },
-    };
     let fingerprint_text = match &h.fingerprint {
         Some(f) => {
             let text = &f.text;
@@ -239,7 +130,12 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
         }
         None => quote!(::core::option::Option::None),
     };
-    let max_attempts = match h.max_attempts {
+    // A batch handler counts no failures (`valid` refuses `max_attempts`).
+    let max_attempts = match &h.shape {
+        Shape::Single { max_attempts, .. } => *max_attempts,
+        Shape::Batch(_) => None,
+    };
+    let max_attempts = match max_attempts {
         Some(n) => quote!(::core::option::Option::Some(#n)),
         None => quote!(::core::option::Option::None),
     };
@@ -277,50 +173,145 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
     }
 }
 
-/// What a batch call is generated from.
-struct BatchCall<'a> {
+/// What the call of a handler is generated from, in either shape.
+struct Call<'a> {
     h: &'a Handler,
-    batch: &'a Batch,
-    tx_param: Option<&'a syn::PatType>,
     p: &'a TokenStream,
-    /// `__private` spanned on the value type, as the single calls are.
+    /// `__private` spanned on the value type, where serde's errors go.
     p_ok: &'a TokenStream,
     /// `T`, the value of one message.
-    value: &'a BatchValue,
+    value: &'a Value,
     err_ty: &'a TokenStream,
     store: &'a Ident,
     spec: &'a Ident,
-    derived: &'a Ident,
     codec: &'a Ident,
     errors: &'a Ident,
+    /// Whether the return type names its parts only through `HandlerResult`.
     via_trait: bool,
 }
 
-/// The call of a batch handler, after its keys are derived: lease mode
-/// hands the body to `run_lease_batch` as a closure over the fresh
-/// messages; transaction mode drives a `TxBatchRun`, running the body
+/// The derivation of a single handler's key and fingerprint, and its call:
+/// transaction mode begins the store's transaction with `tx_begin`, runs
+/// the body in it and ends with `tx_finish`; lease mode hands the body to
+/// `run_lease`.
+fn single(c: &Call<'_>, key_param: Option<&syn::PatType>) -> (TokenStream, TokenStream) {
+    let (h, p, p_ok, value, err_ty) = (c.h, c.p, c.p_ok, c.value, c.err_ty);
+    let (store, spec, codec, errors) = (c.store, c.spec, c.codec, c.errors);
+    let via_trait = c.via_trait;
+    let mixed = Span::mixed_site();
+    let key = Ident::new("__idem_key", mixed);
+    let key_ref = Ident::new("__idem_key_ref", mixed);
+    let fingerprint = Ident::new("__idem_fingerprint", mixed);
+    let (ok_ty, ok_span) = (&value.ty, value.span);
+    let ret_ty = &h.ret_ty;
+    // The body's statements go straight into the generated `async move`
+    // block: wrapping the block itself would make rustc warn `unused_braces`
+    // on every one-line body.
+    let block = &h.func.block.stmts;
+
+    let derive_key = derive_key(
+        h,
+        p,
+        &|root| quote!(#root),
+        &|text| quote!(return #p::key_missing(&#spec, #text);),
+    );
+    // A handler without `fingerprint` computes nothing.
+    let fingerprint_value = match &h.fingerprint {
+        Some(f) => {
+            let value = fingerprint_value(f, p, &|root| quote!(#root));
+            quote!(#p::Option::Some(#value))
+        }
+        None => quote!(#p::Option::None),
+    };
+    let derive = quote! {
+        let #key: #p::Key = #derive_key;
+        let #fingerprint: #p::Option<#p::String> = #fingerprint_value;
+    };
+    // Only a body that reads its key borrows it.
+    let key_borrow = key_param.map(|_| quote!(let #key_ref = &#key;));
+    let bind_key = key_param.map(|param| bind_key(param, &key_ref, p));
+    let fake_return = fake_return(ret_ty);
+
+    let call = match &h.mode {
+        Mode::Tx { param: tx_param } => {
+            let call_state = Ident::new("__idem_call", mixed);
+            let tx = Ident::new("__idem_tx", mixed);
+            let result = Ident::new("__idem_result", mixed);
+            let bind_tx = bind(tx_param, quote!(#tx));
+            let tx_begin = quote_spanned! {ok_span=>
+                #p_ok::tx_begin::<_, #ok_ty, #err_ty>(#store, &#spec, &#key, #fingerprint.as_deref(), #codec, #errors).await
+            };
+            let result_value = if via_trait {
+                into_result(ret_ty, p, quote!(#result))
+            } else {
+                quote!(#result)
+            };
+            let tx_finish = quote_spanned! {ok_span=>
+                #p_ok::tx_finish::<_, #ok_ty, #err_ty>(#store, &#spec, &#key, #fingerprint.as_deref(), #codec, #errors, #call_state, #result_value).await
+            };
+            quote! {
+                let mut #call_state = match #tx_begin {
+                    #p::Result::Ok(#p::TxBegin::Fresh(call)) => call,
+                    #p::Result::Ok(#p::TxBegin::Done(outcome)) => return #p::Result::Ok(outcome),
+                    #p::Result::Err(error) => return #p::Result::Err(error),
+                };
+                #key_borrow
+                let __idem_span = #call_state.span();
+                let #tx = #call_state.tx();
+                let #result: #ret_ty = #p::Instrument::instrument(
+                    async move {
+                        #bind_tx
+                        #bind_key
+                        #fake_return
+                        #(#block)*
+                    },
+                    __idem_span,
+                )
+                .await;
+                #tx_finish
+            }
+        }
+        Mode::Lease { .. } => {
+            let body = Ident::new("__idem_body", mixed);
+            let run_lease = quote_spanned! {ok_span=>
+                #p_ok::run_lease::<_, #ok_ty, #err_ty, _>(#store, &#spec, &#key, #fingerprint.as_deref(), #codec, #errors, #body).await
+            };
+            let body_future = quote! {
+                async move {
+                    #bind_key
+                    #fake_return
+                    #(#block)*
+                }
+            };
+            let body_future = if via_trait {
+                let into_result = into_result(ret_ty, p, quote!(#body_future.await));
+                quote!(async move { #into_result })
+            } else {
+                body_future
+            };
+            quote! {
+                #key_borrow
+                let #body = #body_future;
+                #run_lease
+            }
+        }
+    };
+    (derive, call)
+}
+
+/// The call of a batch handler, after its keys are derived into `derived`:
+/// lease mode hands the body to `run_lease_batch` as a closure over the
+/// fresh messages; transaction mode drives a `TxBatchRun`, running the body
 /// again when the batch begins again (see `rerun_copies`).
 ///
 /// Both are reached through the lookup `__private` explains, after
 /// `batch_message::<M>()` checks `M: Clone` on the written `M`: a type
 /// without `Clone` is that one error, and the calls, stand-ins then,
 /// report nothing more.
-fn batch_call(c: BatchCall<'_>) -> TokenStream {
-    let BatchCall {
-        h,
-        batch,
-        tx_param,
-        p,
-        p_ok,
-        value,
-        err_ty,
-        store,
-        spec,
-        derived,
-        codec,
-        errors,
-        via_trait,
-    } = c;
+fn batch_call(c: &Call<'_>, batch: &Batch, derived: &Ident) -> TokenStream {
+    let (h, p, p_ok, value, err_ty) = (c.h, c.p, c.p_ok, c.value, c.err_ty);
+    let (store, spec, codec, errors) = (c.store, c.spec, c.codec, c.errors);
+    let via_trait = c.via_trait;
     let mixed = Span::mixed_site();
     let (value_ty, ok_span) = (&value.ty, value.span);
     let fresh = Ident::new("__idem_fresh", mixed);
@@ -349,8 +340,8 @@ fn batch_call(c: BatchCall<'_>) -> TokenStream {
     let block = &h.func.block.stmts;
     let fake_return = fake_return(ret_ty);
     let bind_msgs = bind(&batch.param, quote!(&*#fresh));
-    match tx_param {
-        None => {
+    match &h.mode {
+        Mode::Lease { .. } => {
             let body = quote! {
                 async move {
                     #bind_msgs
@@ -382,7 +373,7 @@ fn batch_call(c: BatchCall<'_>) -> TokenStream {
                 #run_lease
             }
         }
-        Some(tx_param) => {
+        Mode::Tx { param: tx_param } => {
             let run = Ident::new("__idem_run", mixed);
             let call_state = Ident::new("__idem_call", mixed);
             let tx = Ident::new("__idem_tx", mixed);
@@ -435,8 +426,9 @@ fn batch_call(c: BatchCall<'_>) -> TokenStream {
     }
 }
 
-/// The `T` of a batch handler's `Result<Vec<T>, E>`.
-struct BatchValue {
+/// `T`, what one message gets: of a single handler's `Result<T, E>`, of a
+/// batch handler's `Result<Vec<T>, E>`.
+struct Value {
     /// `T` itself where the `Ok` type is written `Vec<T>`; else
     /// `<Ok as BatchValues>::Item`, spanned on the written type, so that an
     /// `Ok` type that is no `Vec` is one error there.
@@ -464,22 +456,36 @@ impl ValuesVia {
     }
 }
 
-impl BatchValue {
-    fn of(ok: Option<&Type>, ret_ty: &Type, p: &TokenStream) -> BatchValue {
+impl Value {
+    /// A single handler's `T`: as written in `Result<T, E>`, else
+    /// `<R as HandlerResult>::Ok`, spanned on the written type.
+    fn single(ok: Option<&Type>, ret_ty: &Type, p: &TokenStream) -> Value {
+        Value {
+            ty: match ok {
+                Some(t) => quote!(#t),
+                None => around(quote!(<), ret_ty, quote!(as #p::HandlerResult>::Ok)),
+            },
+            span: ok.map_or(ret_ty.span(), Spanned::span),
+            via: None,
+        }
+    }
+
+    /// A batch handler's `T`.
+    fn batch(ok: Option<&Type>, ret_ty: &Type, p: &TokenStream) -> Value {
         match ok {
             Some(ok) => match vec_item(ok) {
-                Some(item) => BatchValue {
+                Some(item) => Value {
                     ty: quote!(#item),
                     span: item.span(),
                     via: None,
                 },
-                None => BatchValue {
+                None => Value {
                     ty: around(quote!(<), ok, quote!(as #p::BatchValues>::Item)),
                     span: ok.span(),
                     via: Some(ValuesVia::Ok(ok.clone())),
                 },
             },
-            None => BatchValue {
+            None => Value {
                 ty: around(
                     quote!(< <),
                     ret_ty,
@@ -1132,7 +1138,7 @@ pub(crate) fn stub(s: &Stub) -> TokenStream {
         .result
         .as_ref()
         .filter(|_| s.batch)
-        .map(|r| BatchValue::of(r.ok.as_ref(), &r.written, &p));
+        .map(|r| Value::batch(r.ok.as_ref(), &r.written, &p));
     let (ok_ty, via) = match &value {
         Some(value) => (
             value.ty.clone(),

@@ -88,16 +88,13 @@ pub(crate) struct Handler {
     pub(crate) key: Vec<KeyTerm>,
     pub(crate) key_span: Span,
     pub(crate) ttl: Duration,
-    pub(crate) lease: Duration,
     pub(crate) store: StoreArg,
     /// What must not change between deliveries of one key.
     pub(crate) fingerprint: Option<Fingerprint>,
-    /// How many failed deliveries of one key are allowed.
-    pub(crate) max_attempts: Option<u32>,
-    /// The transaction parameter, in transaction mode.
-    pub(crate) tx_param: Option<syn::PatType>,
-    /// The `&Key` parameter, if the body reads its key.
-    pub(crate) key_param: Option<syn::PatType>,
+    /// What holds the claim while the body runs.
+    pub(crate) mode: Mode,
+    /// How many messages one call handles.
+    pub(crate) shape: Shape,
     pub(crate) receiver: Option<syn::Receiver>,
     pub(crate) params: Vec<Param>,
     /// `Ok` and `Err` types of the handler's result; `None` where the
@@ -107,8 +104,50 @@ pub(crate) struct Handler {
     pub(crate) err_ty: Option<Type>,
     /// The written return type, for spans and the body's type check.
     pub(crate) ret_ty: Type,
-    /// The batch parameter, for a batch handler.
-    pub(crate) batch: Option<Batch>,
+}
+
+/// Default lease of lease-mode handlers.
+pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// What holds a handler's claim while its body runs.
+pub(crate) enum Mode {
+    /// The first parameter is `&mut T`, a store's transaction: the body runs
+    /// in it, and it holds the claim until it commits or rolls back.
+    Tx {
+        /// The transaction parameter, bound inside the body.
+        param: syn::PatType,
+    },
+    /// No transaction parameter: a lease holds the claim, renewed while the
+    /// body runs.
+    Lease {
+        /// How long a claim may stay in progress unrenewed: the `lease`
+        /// argument, or [`DEFAULT_LEASE`].
+        lease: Duration,
+    },
+}
+
+impl Mode {
+    /// The lease the handler's spec carries: [`DEFAULT_LEASE`] in
+    /// transaction mode, where the runtime does not read it.
+    pub(crate) fn lease(&self) -> Duration {
+        match self {
+            Mode::Tx { .. } => DEFAULT_LEASE,
+            Mode::Lease { lease } => *lease,
+        }
+    }
+}
+
+/// How many messages one call of a handler handles.
+pub(crate) enum Shape {
+    /// One: the key reads the message parameters.
+    Single {
+        /// The `&Key` parameter, if the body reads its key.
+        key_param: Option<syn::PatType>,
+        /// How many failed deliveries of one key are allowed.
+        max_attempts: Option<u32>,
+    },
+    /// A slice of messages, `msgs: &[M]`, each with its own key.
+    Batch(Box<Batch>),
 }
 
 /// What is known of a handler the macro refuses: enough to emit a stub with

@@ -10,13 +10,10 @@ use syn::{FnArg, GenericArgument, Ident, ItemFn, LitStr, Pat, PathArguments, Ret
 use crate::attr::Args;
 use crate::ctxt::Ctxt;
 use crate::model::{
-    Batch, Fingerprint, FingerprintTerm, Handler, KeyTerm, Param, ResultTypes, StoreArg, StoreRef,
-    Stub,
+    Batch, DEFAULT_LEASE, Fingerprint, FingerprintTerm, Handler, KeyTerm, Mode, Param, ResultTypes,
+    Shape, StoreArg, StoreRef, Stub,
 };
 use crate::types::{mut_referent, unparenthesized};
-
-/// Default lease of lease-mode handlers.
-const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
 /// The model when nothing was wrong enough to stop generation, and the stub
 /// to emit otherwise (errors are in `cx` either way).
@@ -154,24 +151,30 @@ pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Checked {
             key: key?,
             key_span: args.key.as_ref()?.span(),
             ttl: ttl?,
-            lease: lease?,
             store: store?,
             fingerprint: match fingerprint {
                 Some(checked) => Some(checked?),
                 None => None,
             },
-            max_attempts: match &args.max_attempts {
-                Some(_) => Some(max_attempts?),
-                None => None,
+            mode: match sig_parts.tx_param {
+                Some(param) => Mode::Tx { param },
+                None => Mode::Lease { lease: lease? },
             },
-            tx_param: sig_parts.tx_param,
-            key_param: sig_parts.key_param,
+            shape: match batch.ok()? {
+                Some(batch) => Shape::Batch(Box::new(batch)),
+                None => Shape::Single {
+                    key_param: sig_parts.key_param,
+                    max_attempts: match &args.max_attempts {
+                        Some(_) => Some(max_attempts?),
+                        None => None,
+                    },
+                },
+            },
             receiver: sig_parts.receiver,
             params: sig_parts.params,
             ok_ty: result.ok,
             err_ty: result.err,
             ret_ty: result.written,
-            batch: batch.ok()?,
         })
     })();
     Checked { handler, stub }
