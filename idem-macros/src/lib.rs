@@ -18,6 +18,7 @@ mod attr;
 mod ctxt;
 mod expand;
 mod model;
+mod suggest;
 mod types;
 mod valid;
 
