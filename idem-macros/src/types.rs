@@ -24,3 +24,16 @@ pub(crate) fn unparenthesized(ty: &Type) -> &Type {
         other => other,
     }
 }
+
+/// Whether `ty` holds `impl Trait` anywhere.
+pub(crate) fn holds_impl_trait(ty: &Type) -> bool {
+    struct Finder(bool);
+    impl<'ast> syn::visit::Visit<'ast> for Finder {
+        fn visit_type_impl_trait(&mut self, _: &'ast syn::TypeImplTrait) {
+            self.0 = true;
+        }
+    }
+    let mut finder = Finder(false);
+    syn::visit::Visit::visit_type(&mut finder, ty);
+    finder.0
+}
