@@ -43,13 +43,7 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
     let rt = &h.krate;
     let p = quote!(#rt::__private);
     let func = &h.func;
-    let attrs = &func.attrs;
-    let vis = &func.vis;
-    let sig = &func.sig;
-    let ident = &sig.ident;
-    let generics = &sig.generics;
-    let where_clause = &generics.where_clause;
-    let unsafety = &sig.unsafety;
+    let ident = &func.sig.ident;
 
     let mixed = Span::mixed_site();
     let store = Ident::new("store", mixed);
@@ -77,7 +71,6 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
     let codec = Ident::new("__idem_codec", mixed);
     let errors = Ident::new("__idem_errors", mixed);
 
-    let receiver = h.receiver.as_ref().map(|r| quote!(#r,));
     // A transaction-mode batch body rebinds the parameters it takes by
     // value (see `rerun_copies`), so their `mut` goes with the copy.
     let rebound = matches!((&h.shape, &h.mode), (Shape::Batch(_), Mode::Tx { .. }));
@@ -165,35 +158,87 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
         None => quote!(::core::option::Option::None),
     };
 
-    quote! {
-        #(#attrs)*
-        #vis async #unsafety fn #ident #generics (
-            #receiver
-            #store: &#store_param,
-            #(#params),*
-        ) -> #output
-        #where_clause
-        {
-            #store_checks
-            const #spec: #p::HandlerSpec = #p::HandlerSpec {
-                name: #name,
-                function: #function,
-                key: #key_text,
-                ttl: #p::Duration::from_millis(#ttl_ms),
-                lease: #p::Duration::from_millis(#lease_ms),
-                store: #store_name,
-                mode: #p::Mode::#mode,
-                module: ::core::module_path!(),
-                file: ::core::file!(),
-                line: ::core::line!(),
-                fingerprint: #fingerprint_text,
-                max_attempts: #max_attempts,
-            };
-            #p::inventory::submit! { #spec }
-            #make_codec
-            #make_errors
-            #derive
-            #call
+    let body = quote! {
+        #store_checks
+        const #spec: #p::HandlerSpec = #p::HandlerSpec {
+            name: #name,
+            function: #function,
+            key: #key_text,
+            ttl: #p::Duration::from_millis(#ttl_ms),
+            lease: #p::Duration::from_millis(#lease_ms),
+            store: #store_name,
+            mode: #p::Mode::#mode,
+            module: ::core::module_path!(),
+            file: ::core::file!(),
+            line: ::core::line!(),
+            fingerprint: #fingerprint_text,
+            max_attempts: #max_attempts,
+        };
+        #p::inventory::submit! { #spec }
+        #make_codec
+        #make_errors
+        #derive
+        #call
+    };
+    Function {
+        func,
+        lints: TokenStream::new(),
+        receiver: h.receiver.as_ref(),
+        store: &store,
+        store_ty: store_param,
+        params: params.collect(),
+        output,
+        body,
+    }
+    .tokens()
+}
+
+/// The rewritten function around `body`: the user's attributes (then
+/// `lints`), visibility, `unsafe`, name, generics and where clause, with
+/// `store: &store_ty` after the receiver and before the kept parameters.
+struct Function<'a> {
+    func: &'a syn::ItemFn,
+    lints: TokenStream,
+    receiver: Option<&'a syn::Receiver>,
+    store: &'a Ident,
+    store_ty: TokenStream,
+    params: Vec<syn::PatType>,
+    output: TokenStream,
+    body: TokenStream,
+}
+
+impl Function<'_> {
+    fn tokens(self) -> TokenStream {
+        let Function {
+            func,
+            lints,
+            receiver,
+            store,
+            store_ty,
+            params,
+            output,
+            body,
+        } = self;
+        let attrs = &func.attrs;
+        let vis = &func.vis;
+        let sig = &func.sig;
+        let ident = &sig.ident;
+        let generics = &sig.generics;
+        let where_clause = &generics.where_clause;
+        let unsafety = &sig.unsafety;
+        let receiver = receiver.map(|r| quote!(#r,));
+        quote! {
+            #(#attrs)*
+            #lints
+            #vis async #unsafety fn #ident #generics (
+                #receiver
+                #store: &#store_ty,
+                #(#params),*
+            ) -> #output
+            #where_clause
+            {
+                #body
+            }
         }
     }
 }

@@ -3,6 +3,12 @@
 
 use syn::Type;
 
+/// The names of a path's segments, without their generic arguments:
+/// `std::vec::Vec<T>` gives `["std", "vec", "Vec"]`.
+pub(crate) fn segment_names(path: &syn::Path) -> Vec<String> {
+    path.segments.iter().map(|s| s.ident.to_string()).collect()
+}
+
 /// The `T` of a `&mut T` parameter: in first position, the handler's
 /// transaction. Whether `T` is one is the runtime's to say (its
 /// `StoreTransaction` trait), on that type.

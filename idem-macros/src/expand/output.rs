@@ -7,7 +7,7 @@ use syn::Type;
 use syn::spanned::Spanned;
 
 use super::spans::{around, ends, respan};
-use crate::types::unparenthesized;
+use crate::types::{segment_names, unparenthesized};
 
 /// `T`, what one message gets: of a single handler's `Result<T, E>`, of a
 /// batch handler's `Result<Vec<T>, E>`.
@@ -111,12 +111,7 @@ fn vec_item(ty: &Type) -> Option<&Type> {
     if path.qself.is_some() {
         return None;
     }
-    let segments: Vec<String> = path
-        .path
-        .segments
-        .iter()
-        .map(|s| s.ident.to_string())
-        .collect();
+    let segments = segment_names(&path.path);
     let vec = match segments.as_slice() {
         [v] => path.path.leading_colon.is_none() && v == "Vec",
         [root, m, v] => (root == "std" || root == "alloc") && m == "vec" && v == "Vec",

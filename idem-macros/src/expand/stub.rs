@@ -4,6 +4,7 @@ use proc_macro2::{Span, TokenStream};
 use quote::quote;
 use syn::{Ident, Type};
 
+use super::Function;
 use super::body::fake_return;
 use super::output::{Value, ValuesVia, output};
 use super::spans::around;
@@ -19,15 +20,7 @@ pub(crate) fn stub(s: &Stub) -> TokenStream {
     let rt = &s.krate;
     let p = quote!(#rt::__private);
     let func = &s.func;
-    let attrs = &func.attrs;
-    let vis = &func.vis;
     let sig = &func.sig;
-    let ident = &sig.ident;
-    let generics = &sig.generics;
-    let where_clause = &generics.where_clause;
-    let unsafety = &sig.unsafety;
-    let receiver = s.receiver.as_ref().map(|r| quote!(#r,));
-    let params = &s.params;
     let block = &func.block.stmts;
     let mixed = Span::mixed_site();
     let store = Ident::new("store", mixed);
@@ -106,8 +99,7 @@ pub(crate) fn stub(s: &Stub) -> TokenStream {
     };
     let output = output(&p, &ok_ty, &err_ty, via, s.batch);
 
-    quote! {
-        #(#attrs)*
+    let lints = quote! {
         #[allow(
             unknown_lints,
             unreachable_code,
@@ -121,24 +113,29 @@ pub(crate) fn stub(s: &Stub) -> TokenStream {
             clippy::needless_return,
             clippy::unused_async
         )]
-        #vis async #unsafety fn #ident #generics (
-            #receiver
-            #store: &#store_ty,
-            #(#params),*
-        ) -> #output
-        #where_clause
-        {
-            // Never runs: the macro refused this handler (see the errors
-            // reported with it).
-            #store_checks
-            let _ = async move {
-                #(#removed)*
-                #fake_return
-                #(#block)*
-            };
-            ::core::unreachable!("#[idempotent] refused this handler at compile time")
-        }
+    };
+    // Never runs: the macro refused this handler (see the errors reported
+    // with it).
+    let body = quote! {
+        #store_checks
+        let _ = async move {
+            #(#removed)*
+            #fake_return
+            #(#block)*
+        };
+        ::core::unreachable!("#[idempotent] refused this handler at compile time")
+    };
+    Function {
+        func,
+        lints,
+        receiver: s.receiver.as_ref(),
+        store: &store,
+        store_ty,
+        params: s.params.clone(),
+        output,
+        body,
     }
+    .tokens()
 }
 
 /// Whether a type can stand in the rewritten signature as it is: no

@@ -5,7 +5,7 @@ use syn::{FnArg, ItemFn, Pat, Type};
 
 use crate::ctxt::Ctxt;
 use crate::model::Param;
-use crate::types::mut_referent;
+use crate::types::{mut_referent, segment_names};
 
 /// The parameters, sorted.
 pub(super) struct SigParts {
@@ -38,18 +38,13 @@ fn key_name(ty: &Type, krate: &syn::Path) -> KeyName {
     if r.mutability.is_some() || p.qself.is_some() {
         return KeyName::No;
     }
-    let segments: Vec<String> = p
-        .path
-        .segments
-        .iter()
-        .map(|s| s.ident.to_string())
-        .collect();
+    let segments = segment_names(&p.path);
     let no_arguments = p.path.segments.iter().all(|s| s.arguments.is_empty());
     if !no_arguments || segments.last().is_none_or(|l| l != "Key") {
         return KeyName::No;
     }
     let prefix = &segments[..segments.len() - 1];
-    let krate: Vec<String> = krate.segments.iter().map(|s| s.ident.to_string()).collect();
+    let krate = segment_names(krate);
     match prefix {
         [] if p.path.leading_colon.is_none() => KeyName::Bare,
         [only] if only == "idem_runtime" => KeyName::Idem,

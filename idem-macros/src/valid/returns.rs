@@ -5,6 +5,7 @@ use syn::{GenericArgument, Ident, PathArguments, ReturnType, Type};
 
 use crate::ctxt::Ctxt;
 use crate::model::ResultTypes;
+use crate::types::segment_names;
 
 /// Splits the return type. `Result<T, E>` names both parts; `X::Result<T>`
 /// (`io::Result<T>`, `anyhow::Result<T>`, a `Result<T>` alias) names `Ok`.
@@ -65,12 +66,7 @@ pub(super) fn return_types(
     // Only the standard `Result<T, E>` is read by position; any other path
     // (`io::Result<T>`, `x::Result<T, C>`, `AppResult<T>`) may give its
     // parameters other meanings, so its parts are named by `HandlerResult`.
-    let segments: Vec<String> = path
-        .path
-        .segments
-        .iter()
-        .map(|s| s.ident.to_string())
-        .collect();
+    let segments = segment_names(&path.path);
     let standard = match segments.as_slice() {
         [r] => r == "Result",
         [root, m, r] => (root == "std" || root == "core") && m == "result" && r == "Result",
