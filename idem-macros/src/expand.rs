@@ -5,7 +5,6 @@
 //! errors read as they would in the original function). Everything the
 //! expansion introduces is named with `Span::mixed_site()`, so the body cannot
 //! see or shadow it, and reaches the runtime through `<crate>::__private`.
-
 //!
 //! Each concern is a file of its own: `single` and `batch` generate the
 //! call of each shape, `derive` the key and the fingerprint, `body` wraps
@@ -39,6 +38,8 @@ use spans::{around, respan};
 use store::store_checks;
 pub(crate) use stub::stub;
 
+/// The rewritten handler: its spec registered, its key (or each message's)
+/// derived, and the call of its mode and shape around the user's body.
 pub(crate) fn expand(h: &Handler) -> TokenStream {
     let rt = &h.krate;
     let p = quote!(#rt::__private);

@@ -3,10 +3,14 @@
 //!
 //! The crate is split the way the work is: `attr` parses the attribute's
 //! arguments, `valid` checks them against the function's signature and
-//! builds the `model::Handler`, `expand` generates the rewritten
-//! function. Every mistake found is collected and reported together; on error
-//! a stub with the rewritten signature is emitted beside the errors, holding
-//! the user's body (type-checked, never run), so that callers see no second
+//! builds the `model::Handler` (its mode, transaction or lease, and its
+//! shape, single or batch), `expand` generates the rewritten function.
+//! `types` reads what written types say, `suggest` words the advice, and
+//! `ctxt` collects the errors.
+//!
+//! Every mistake found is collected and reported together; on error a stub
+//! with the rewritten signature is emitted beside the errors, holding the
+//! user's body (type-checked, never run), so that callers see no second
 //! error, the body's own mistakes are still reported and the IDE keeps
 //! working.
 

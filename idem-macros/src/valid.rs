@@ -1,6 +1,5 @@
 //! Checks the arguments against the function and builds the model that
 //! `expand` generates from. Pure checks: nothing here emits code.
-
 //!
 //! Each concern is a file of its own: `args` checks the arguments' values,
 //! `returns` reads the return type, `params` sorts the parameters, `paths`

@@ -40,8 +40,7 @@ pub(super) fn bind(param: &syn::PatType, value: TokenStream) -> TokenStream {
 }
 
 /// Pins the body's return type to the written one, spanned on it, so the
-/// body type-checks exactly as the function did (a trick from
-/// tracing-attributes).
+/// body type-checks exactly as the function did.
 pub(super) fn fake_return(ret_ty: &Type) -> TokenStream {
     quote_spanned! {ret_ty.span()=>
         #[allow(
