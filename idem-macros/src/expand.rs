@@ -29,8 +29,7 @@ mod spans;
 mod store;
 mod stub;
 
-use batch::{batch_call, by_value_ident, without_mut};
-use derive::derive_batch;
+use batch::{batch, by_value_ident, without_mut};
 use errors::error_codec;
 use output::{Value, ValuesVia, output};
 use single::single;
@@ -111,14 +110,7 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
     };
     let (derive, call) = match &h.shape {
         Shape::Single { key_param, .. } => single(&c, key_param.as_ref()),
-        Shape::Batch(batch) => {
-            let derived = Ident::new("__idem_derived", mixed);
-            let derive = derive_batch(h, batch, &p, &spec, &err_ty);
-            (
-                quote!(let #derived = #derive;),
-                batch_call(&c, batch, &derived),
-            )
-        }
+        Shape::Batch(b) => batch(&c, b),
     };
 
     let output = output(

@@ -8,13 +8,14 @@ use syn::{Ident, Type};
 
 use super::Call;
 use super::body::{bind, fake_return};
+use super::derive::derive_batch;
 use super::output::into_result;
 use super::spans::{around, ends, respan};
 use crate::model::{Batch, Handler, Mode};
 use crate::types::{holds_impl_trait, unparenthesized};
 
-/// The call of a batch handler, after its keys are derived into `derived`:
-/// lease mode hands the body to `run_lease_batch` as a closure over the
+/// The derivation of a batch handler's keys and fingerprints, one per
+/// message, and its call: lease mode hands the body to `run_lease_batch` as a closure over the
 /// fresh messages; transaction mode drives a `TxBatchRun`, running the body
 /// again when the batch begins again (see `rerun_copies`).
 ///
@@ -22,11 +23,14 @@ use crate::types::{holds_impl_trait, unparenthesized};
 /// `batch_message::<M>()` checks `M: Clone` on the written `M`: a type
 /// without `Clone` is that one error, and the calls, stand-ins then,
 /// report nothing more.
-pub(super) fn batch_call(c: &Call<'_>, batch: &Batch, derived: &Ident) -> TokenStream {
+pub(super) fn batch(c: &Call<'_>, batch: &Batch) -> (TokenStream, TokenStream) {
     let (h, p, p_ok, value, err_ty) = (c.h, c.p, c.p_ok, c.value, c.err_ty);
     let (store, spec, codec, errors) = (c.store, c.spec, c.codec, c.errors);
     let via_trait = c.via_trait;
     let mixed = Span::mixed_site();
+    let derived = Ident::new("__idem_derived", mixed);
+    let derive = derive_batch(h, batch, p, spec, err_ty);
+    let derive = quote!(let #derived = #derive;);
     let (value_ty, ok_span) = (&value.ty, value.span);
     let fresh = Ident::new("__idem_fresh", mixed);
     let msgs = &batch.ident;
@@ -54,7 +58,7 @@ pub(super) fn batch_call(c: &Call<'_>, batch: &Batch, derived: &Ident) -> TokenS
     let block = &h.func.block.stmts;
     let fake_return = fake_return(ret_ty);
     let bind_msgs = bind(&batch.param, quote!(&*#fresh));
-    match &h.mode {
+    let call = match &h.mode {
         Mode::Lease { .. } => {
             let body = quote! {
                 async move {
@@ -137,7 +141,8 @@ pub(super) fn batch_call(c: &Call<'_>, batch: &Batch, derived: &Ident) -> TokenS
                 }
             }
         }
-    }
+    };
+    (derive, call)
 }
 
 /// The parameters a transaction-mode batch body takes by value, copied for

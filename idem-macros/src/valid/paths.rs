@@ -24,6 +24,8 @@ pub(super) fn roots(expr: &KeyExpr) -> Vec<String> {
         .collect()
 }
 
+/// The `key` argument: paths resolved as `terms` does, and constants;
+/// `None` once an error is recorded.
 pub(super) fn key(
     cx: &mut Ctxt,
     lit: &LitStr,
