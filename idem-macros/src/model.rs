@@ -67,18 +67,6 @@ pub(crate) struct FingerprintTerm {
     pub(crate) deref: bool,
 }
 
-/// The batch parameter of a batch handler, `msgs: &[M]`: the key (and
-/// the fingerprint) read each of its elements.
-#[derive(Clone)]
-pub(crate) struct Batch {
-    /// The parameter's name, where key and fingerprint paths start.
-    pub(crate) ident: Ident,
-    /// The parameter as written.
-    pub(crate) param: syn::PatType,
-    /// `M`, as written.
-    pub(crate) elem: Type,
-}
-
 /// The whole model of one handler.
 pub(crate) struct Handler {
     pub(crate) func: ItemFn,
@@ -148,6 +136,18 @@ pub(crate) enum Shape {
     },
     /// A slice of messages, `msgs: &[M]`, each with its own key.
     Batch(Box<Batch>),
+}
+
+/// The batch parameter of a batch handler, `msgs: &[M]`: the key (and
+/// the fingerprint) read each of its elements.
+#[derive(Clone)]
+pub(crate) struct Batch {
+    /// The parameter's name, where key and fingerprint paths start.
+    pub(crate) ident: Ident,
+    /// The parameter as written.
+    pub(crate) param: syn::PatType,
+    /// `M`, as written.
+    pub(crate) elem: Type,
 }
 
 /// What is known of a handler the macro refuses: enough to emit a stub with
