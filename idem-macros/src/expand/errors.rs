@@ -1,0 +1,62 @@
+//! The error codec: how the handler's `E` is told final and written out.
+
+use proc_macro2::{Span, TokenStream};
+use quote::quote;
+use syn::{Ident, Type};
+
+use super::spans::{around, ends, respan};
+
+/// `let errors = ErrorCodec::<E>::new(idem_final, idem_text)`, the lookups
+/// of `__private` made on `E` (see there). Where `E` is named only through
+/// `HandlerResult`, each expression that names it is spanned from the
+/// written type's first token to its last, as `around` does, so that a
+/// return type that is no `Result` is reported once, on that type.
+pub(super) fn error_codec(
+    err_ty: Option<&Type>,
+    ret_ty: &Type,
+    p: &TokenStream,
+    errors: &Ident,
+) -> TokenStream {
+    let (first, last) = ends(ret_ty);
+    // `before E after`
+    let with_err = |before: TokenStream, after: TokenStream| match err_ty {
+        Some(t) => quote!(#before #t #after),
+        None => around(
+            quote!(#before <),
+            ret_ty,
+            quote!(as #p::HandlerResult>::Err #after),
+        ),
+    };
+    // `(&ErrorProbe::<E>::new()).method()`
+    let lookup = |method: &str| {
+        let probe = with_err(quote!(#p::ErrorProbe::<), quote!(>::new()));
+        let mut receiver =
+            proc_macro2::Group::new(proc_macro2::Delimiter::Parenthesis, quote!(&#probe));
+        let method = Ident::new(method, Span::call_site());
+        match err_ty {
+            Some(_) => quote!(#receiver.#method()),
+            None => {
+                receiver.set_span(first);
+                let call = respan(quote!(.#method()), last);
+                quote!(#receiver #call)
+            }
+        }
+    };
+    let idem_final = lookup("idem_final");
+    let idem_text = lookup("idem_text");
+    let new = with_err(quote!(#p::ErrorCodec::<), quote!(>::new));
+    let mut args = proc_macro2::Group::new(
+        proc_macro2::Delimiter::Parenthesis,
+        quote!(#idem_final, #idem_text),
+    );
+    if err_ty.is_none() {
+        args.set_span(last);
+    }
+    quote! {
+        let #errors = {
+            #[allow(unused_imports)]
+            use #p::{DisplayText as _, FinalErrors as _, NoFinalErrors as _, NoText as _};
+            #new #args
+        };
+    }
+}
