@@ -20,7 +20,8 @@ use crate::key::Key;
 use crate::registry::HandlerSpec;
 use crate::store::contract::{Claim, Failure, LeaseStore};
 use crate::store::inspect::{Forgot, Inspect, Query, Schema, Stats, Swept};
-use crate::store::{ClaimPlan, Record, Status, Sweep, settle_stall};
+use crate::store::rules::{ClaimPlan, settle_stall};
+use crate::store::{Record, Status, Sweep};
 
 /// An in-process store behind a mutex: lease mode only, records live as long
 /// as the process. Expired records are replaced on access and deleted by

@@ -37,6 +37,7 @@ pub mod postgres;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+pub(crate) mod rules;
 #[cfg(feature = "_sql")]
 #[cfg_attr(
     docsrs,
@@ -51,6 +52,7 @@ pub use inspect::{
     Filter, Forgot, HandlerStats, Inspect, InvalidKey, Order, Query, Schema, Stats, StoredKey,
     Swept,
 };
+pub use rules::LEASE_RAN_OUT;
 
 /// Where a record stands: being worked on, done, failed for good, or failed
 /// and waiting for the next delivery.
@@ -238,119 +240,6 @@ impl Record {
     pub fn is_expired(&self, now_ms: i64) -> bool {
         self.expires_at_ms <= now_ms
     }
-}
-
-/// Whether the lease of a claim in progress ended less than `ttl` before
-/// `now`: its stall still counts as a failure. One that ended longer ago
-/// belongs to a window that is over.
-pub(crate) fn in_window(record: &Record, now: i64, ttl: std::time::Duration) -> bool {
-    record.expires_at_ms > now.saturating_sub(crate::clock::millis(ttl))
-}
-
-/// The last error a claim records when it takes over a claim whose lease
-/// ran out: that delivery's body never reported back.
-///
-/// # Examples
-///
-/// ```
-/// use idem_runtime::store::{LEASE_RAN_OUT, Record};
-///
-/// fn stalled(record: &Record) -> bool {
-///     record.last_error.as_deref() == Some(LEASE_RAN_OUT)
-/// }
-/// # let _ = stalled;
-/// ```
-pub const LEASE_RAN_OUT: &str =
-    "the lease ran out before the body finished (the consumer stopped, or stalled past its lease)";
-
-/// What a claim carries over from the record it replaces: the counts of a
-/// failed delivery's record it may retry, one more failure for a claim
-/// whose lease ran out, nothing from a record whose window is over. The
-/// memory store applies it as is; the SQL stores and Redis write the same
-/// rules in their claim statements.
-pub(crate) struct Carried {
-    pub(crate) attempts: i64,
-    pub(crate) failures: i64,
-    pub(crate) last_error: Option<String>,
-}
-
-impl Carried {
-    /// What a claim at `now` carries over from `previous`, which it may
-    /// replace (the caller checked [`Standing::of`](crate::Standing::of)),
-    /// for a handler whose records last `ttl`. A stalled claim whose lease
-    /// ended a ttl ago or more ended its window: nothing of it is carried.
-    pub(crate) fn from(previous: Option<&Record>, now: i64, ttl: std::time::Duration) -> Carried {
-        match previous {
-            Some(p) if p.status == Status::InProgress && in_window(p, now, ttl) => Carried {
-                attempts: p.attempts + 1,
-                failures: p.failures + 1,
-                last_error: Some(LEASE_RAN_OUT.to_owned()),
-            },
-            Some(p) if p.status == Status::Retry && !p.is_expired(now) => Carried {
-                attempts: p.attempts + 1,
-                failures: p.failures,
-                last_error: p.last_error.clone(),
-            },
-            _ => Carried {
-                attempts: 1,
-                failures: 0,
-                last_error: None,
-            },
-        }
-    }
-}
-
-/// What a claim at `now` does with the record it finds: the one place the
-/// lease-mode claim rules are put together, for the stores that decide in
-/// the process (memory; Redis, which then writes its decision only if the
-/// record is still the one it read).
-pub(crate) enum ClaimPlan {
-    /// The record stands: [`Standing::of`](crate::Standing::of).
-    Refused(crate::Standing),
-    /// A claim whose lease ran out was the last failure allowed
-    /// ([`Standing::of_ran_out`](crate::Standing::of_ran_out)): the record
-    /// becomes a [`Status::Retry`] one with the stall counted (one more
-    /// failure, [`LEASE_RAN_OUT`]), keeping its token, and the delivery is
-    /// refused with this answer.
-    Exhausted(crate::Standing),
-    /// The key is free (absent, expired, its lease ran out, or a failure
-    /// that may be retried): claim it, carrying this over.
-    Take(Carried),
-}
-
-impl ClaimPlan {
-    /// The plan for a claim at `now` of a key whose record is `existing`,
-    /// for a delivery with payload `fingerprint`.
-    pub(crate) fn of(
-        existing: Option<&Record>,
-        spec: &crate::registry::HandlerSpec,
-        fingerprint: Option<&str>,
-        now: i64,
-    ) -> ClaimPlan {
-        if let Some(e) = existing.filter(|e| !e.is_expired(now)) {
-            let left = std::time::Duration::from_millis(
-                u64::try_from(e.expires_at_ms.saturating_sub(now)).unwrap_or(0),
-            );
-            if let Some(standing) = crate::Standing::of(e, spec, fingerprint, left) {
-                return ClaimPlan::Refused(standing);
-            }
-        }
-        if let Some(exhausted) = existing.and_then(|e| crate::Standing::of_ran_out(e, spec, now)) {
-            return ClaimPlan::Exhausted(exhausted);
-        }
-        ClaimPlan::Take(Carried::from(existing, now, spec.ttl))
-    }
-}
-
-/// `record`, a claim whose lease ran out, settled as the failure that
-/// exhausts its key (see [`ClaimPlan::Exhausted`]) at `now`, for a
-/// handler whose records last `ttl`.
-pub(crate) fn settle_stall(record: &mut Record, now: i64, ttl: std::time::Duration) {
-    record.status = Status::Retry;
-    record.failures += 1;
-    record.last_error = Some(LEASE_RAN_OUT.to_owned());
-    record.updated_at_ms = now;
-    record.expires_at_ms = crate::clock::expiry(now, ttl);
 }
 
 /// A store whose expired records can be deleted in batches.

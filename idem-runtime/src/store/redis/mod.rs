@@ -30,7 +30,8 @@ use crate::key::Key;
 use crate::registry::{self, HandlerSpec};
 use crate::store::contract::{BatchItem, Claim, Failure, Held, LeaseStore, Standing};
 use crate::store::inspect::{Forgot, Inspect, Query, Schema, Stats, Swept};
-use crate::store::{ClaimPlan, LEASE_RAN_OUT, Record, Status, settle_stall};
+use crate::store::rules::{ClaimPlan, settle_stall};
+use crate::store::{LEASE_RAN_OUT, Record, Status};
 use record::{Parts, read_hash};
 
 /// The default prefix of every Redis key the store writes.

@@ -36,11 +36,12 @@ use sqlx::Transaction;
 use super::exec::Found;
 use super::statement::{CLAIMED, COMPLETED};
 use super::statement::{NewRow, Statement, Values, render, values_of};
-use super::{Dialect, Fault, SqlStore, Taken, fault, may_take};
+use super::{Dialect, Fault, SqlStore, Taken, fault};
 use crate::clock::millis;
 use crate::error::StoreError;
 use crate::registry::HandlerSpec;
 use crate::store::contract::{BatchItem, Claim, Held, LeaseStore, TxBatch, TxBatchCommit};
+use crate::store::rules::may_take;
 
 /// A claim in progress, one per batch row: its token and fingerprint are
 /// the row's.
@@ -502,7 +503,7 @@ impl<D: Dialect> SqlStore<D> {
                     .claim_values(spec, item.key, item.fingerprint, spec.ttl)
                     .map_err(protocol)?
             };
-            if found.is_some_and(|f| !may_take(f, spec, item.fingerprint)) {
+            if found.is_some_and(|f| !may_take(&f.record, f.now, spec, item.fingerprint)) {
                 return Ok(false);
             }
             if !matches!(

@@ -47,6 +47,7 @@ use crate::store::contract::{
     BatchItem, Claim, Failure, Held, LeaseStore, Standing, TxBatch, TxBatchCommit, TxClaim,
     TxCommit, TxStore,
 };
+use crate::store::rules::{live_standing, may_take};
 use crate::store::{Record, Sweep, validate_table_name};
 
 mod batch;
@@ -648,7 +649,9 @@ impl<D: Dialect> SqlStore<D> {
         }
         let standing = D::fetch(conn, &self.sql.select_latest, values).await?;
         match (&take.take_over, standing) {
-            (Some(take_over), Some(standing)) if may_take(&standing, spec, values.fingerprint) => {
+            (Some(take_over), Some(standing))
+                if may_take(&standing.record, standing.now, spec, values.fingerprint) =>
+            {
                 if D::rows_affected(&D::run(conn, take_over, values).await?) > 0 {
                     return Ok(Taken::Key);
                 }
@@ -709,9 +712,8 @@ impl<D: Dialect> SqlStore<D> {
         spec: &HandlerSpec,
         fingerprint: Option<&str>,
     ) -> Option<Standing> {
-        let Found { record, now } = found.filter(|f| !f.record.is_expired(f.now))?;
-        let left = Duration::from_millis(u64::try_from(record.expires_at_ms - now).unwrap_or(0));
-        Standing::of(&record, spec, fingerprint, left)
+        let Found { record, now } = found?;
+        live_standing(Some(&record), spec, fingerprint, now)
     }
 
     /// The values of a claim of `key` for a delivery with `fingerprint`: as
@@ -832,21 +834,6 @@ fn bare(table: &str) -> &str {
 
 fn millis_u64(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// Whether a claim of `spec` for a delivery with `fingerprint` may take the
-/// standing record `found`, at the database's now when it was read: the
-/// rule of [`statement::claimable`], read from the record with the rules
-/// every store shares. An expired record may be taken unless it is a
-/// stalled claim whose failure exhausts the key; a live one unless it
-/// stands (a failure that may be retried does not).
-fn may_take(found: &Found, spec: &HandlerSpec, fingerprint: Option<&str>) -> bool {
-    let Found { record, now } = found;
-    if record.is_expired(*now) {
-        Standing::of_ran_out(record, spec, *now).is_none()
-    } else {
-        Standing::of(record, spec, fingerprint, Duration::ZERO).is_none()
-    }
 }
 
 impl<D: Dialect> LeaseStore for SqlStore<D> {
@@ -1122,7 +1109,7 @@ impl<D: Dialect> SqlStore<D> {
         values: &Values<'_>,
     ) -> Result<Taken, sqlx::Error> {
         match D::fetch(tx, &self.sql.select_latest, values).await? {
-            Some(found) if !may_take(&found, spec, values.fingerprint) => {
+            Some(found) if !may_take(&found.record, found.now, spec, values.fingerprint) => {
                 Ok(Taken::Lost(Some(found)))
             }
             _ => {

@@ -398,7 +398,7 @@ pub(crate) fn claimable(cur: &str, fingerprint: &str) -> String {
 
 /// The assignments of a claim that takes over a row (columns read through
 /// `cur`, as for [`claimable`]): what it carries over, as
-/// [`Carried`](crate::store::Carried) says, then what it writes. Ordered so
+/// [`Carried`](crate::store::rules::Carried) says, then what it writes. Ordered so
 /// that MySQL, which assigns left to right and reads updated values, sees
 /// the old status and expiry where it reads them.
 pub(crate) fn take_over_assignments(cur: &str, row: NewRow) -> String {
