@@ -48,13 +48,14 @@ use crate::store::contract::{
     TxCommit, TxStore,
 };
 use crate::store::rules::{live_standing, may_take};
-use crate::store::{Record, Sweep, validate_table_name};
+use crate::store::{Record, Sweep};
 
 mod batch;
 mod dialect;
 mod exec;
 mod inspect;
 mod statement;
+mod table;
 
 pub use dialect::Dialect;
 pub(crate) use dialect::Fault;
@@ -72,6 +73,8 @@ pub(crate) use statement::{NewRow, Placeholders};
 use statement::{Statement, Statements, Take, Values};
 #[cfg(feature = "mysql")]
 pub(crate) use statement::{claimable, inserted, take_over_assignments};
+pub(crate) use table::DEFAULT_TABLE;
+use table::{bare, validate_table_name};
 
 /// The version of the dedup table this release writes and reads: 1 was
 /// the first release's; 2 added `failures`, `last_error` and `fingerprint`.
@@ -93,9 +96,6 @@ pub(crate) use statement::{claimable, inserted, take_over_assignments};
 /// # Ok(()) }
 /// ```
 pub const SCHEMA_VERSION: u32 = 2;
-
-/// The dedup table every SQL store uses unless told otherwise.
-pub(crate) const DEFAULT_TABLE: &str = "idem_keys";
 
 /// How often a lease claim retries when the record it lost to vanished
 /// before it could be read (released or swept in between), or when the
@@ -825,11 +825,6 @@ fn fault<D: Dialect>(e: &sqlx::Error) -> Fault {
         sqlx::Error::Database(db) => D::fault(db.as_ref()),
         _ => Fault::Other,
     }
-}
-
-/// A table name without its schema.
-fn bare(table: &str) -> &str {
-    table.rsplit('.').next().unwrap_or_default()
 }
 
 fn millis_u64(d: Duration) -> u64 {

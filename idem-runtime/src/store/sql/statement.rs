@@ -4,7 +4,7 @@
 //!
 //! Values are always bound parameters. The only text spliced into a
 //! statement is the table name, which
-//! [`validate_table_name`](crate::store::validate_table_name) restricted to
+//! [`validate_table_name`](super::table::validate_table_name) restricted to
 //! letters, digits, `_` and one `.`, and the dialect's fixed expression of
 //! its own clock ([`Dialect::NOW`](super::Dialect::NOW)).
 //!
