@@ -286,21 +286,21 @@ pub use store::contract::{
     TxBatchCommit, TxClaim, TxCommit, TxStore,
 };
 pub use store::memory::MemoryStore;
-#[cfg(feature = "mysql")]
-#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
-pub use store::mysql::{MySqlStore, MySqlTx};
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use store::postgres::{PgStore, PgTx};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use store::redis::RedisStore;
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub use store::sql::mysql::{MySqlStore, MySqlTx};
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use store::sql::postgres::{PgStore, PgTx};
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub use store::sql::sqlite::{SqliteStore, SqliteTx};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql"))))]
 pub use store::sql::{ClaimOrder, RoundTrips};
-#[cfg(feature = "sqlite")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-pub use store::sqlite::{SqliteStore, SqliteTx};
 pub use store::{Inspect, Record, Status, Sweep, Sweeper};
 pub use telemetry::metric;
 

@@ -23,12 +23,6 @@ pub(crate) mod batch;
 pub(crate) mod contract;
 pub mod inspect;
 pub mod memory;
-#[cfg(feature = "mysql")]
-#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
-pub mod mysql;
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub mod postgres;
 mod record;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
@@ -40,9 +34,6 @@ pub(crate) mod rules;
     doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
 )]
 pub mod sql;
-#[cfg(feature = "sqlite")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-pub mod sqlite;
 mod sweep;
 
 pub use crate::key::{InvalidKey, StoredKey};

@@ -305,6 +305,7 @@ pub(crate) fn live_standing(
 /// may be taken unless it is a stalled claim whose failure exhausts the
 /// key; a live one unless it stands (a failure that may be retried does
 /// not).
+#[cfg(feature = "_sql")]
 pub(crate) fn may_take(
     record: &Record,
     now: i64,
@@ -409,7 +410,18 @@ mod tests {
             ClaimPlan::of(Some(&done), &SPEC, Some("ffff"), 1_000),
             ClaimPlan::Refused(Standing::Mismatch { .. })
         ));
+    }
+
+    #[cfg(feature = "_sql")]
+    #[test]
+    fn a_standing_row_is_taken_by_the_same_rules() {
+        let mut done = Record::new("notify", "3:m-1", Status::Completed, 0, 3_600_000);
+        done.fingerprint = Some("ab12".into());
         assert!(!may_take(&done, 1_000, &SPEC, Some("ab12")));
         assert!(may_take(&done, 3_600_000, &SPEC, Some("ffff")));
+        let mut stalled = Record::new("notify", "3:m-1", Status::InProgress, 0, 30_000);
+        assert!(may_take(&stalled, 30_000, &SPEC, None));
+        stalled.failures = 2;
+        assert!(!may_take(&stalled, 30_000, &SPEC, None));
     }
 }

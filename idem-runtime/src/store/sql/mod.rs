@@ -19,8 +19,8 @@
 //!   record read the database's now with it. The consumer's clock is never
 //!   read, so consumers whose clocks disagree still agree on who holds a
 //!   lease.
-//! * **In the dialect** (`dialect.rs`, implemented in `store/sqlite.rs`,
-//!   `store/postgres.rs`, `store/mysql.rs`): the statements that differ
+//! * **In the dialect** (`dialect.rs`, implemented in `sqlite.rs`,
+//!   `postgres.rs`, `mysql.rs` beside it): the statements that differ
 //!   (create, claim, sweep), how a claim's transaction begins, how a lock
 //!   wait, a deadlock, a busy database and a missing table show in its
 //!   errors, and its affected-rows count.
@@ -29,9 +29,23 @@
 //!
 //! The execution is generic too, not repeated per dialect: the sqlx bounds it
 //! takes are stated once, on one blanket impl (`exec.rs`), and binding goes by
-//! name (`statement.rs`), so MySQL's positional `?` and Postgres's `$1` take
+//! name (`template.rs`), so MySQL's positional `?` and Postgres's `$1` take
 //! the same statements and values. Dialects hold no execution code at all,
 //! which kept each of them to its SQL and its error codes.
+//!
+//! The files, each using only those above it:
+//!
+//! ```text
+//! template.rs    the template language: `:name` parameters, placeholders, literals
+//! rows.rs        the dedup row's SQL: columns, what a claim writes, when it may take a row
+//! table.rs       the table's name: the default, the check
+//! exec.rs        what the store needs of a sqlx driver: bind, run, decode
+//! dialect.rs     the Dialect trait: what differs between the databases
+//! statements.rs  the statements of one store, built once per table
+//! mod.rs         SqlStore: the claim loop, both modes, LeaseStore and TxStore
+//! batch.rs       SqlStore's batches         inspect.rs  SqlStore's Inspect
+//! sqlite.rs, postgres.rs, mysql.rs: each database's Dialect, constructors, migrate()
+//! ```
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -54,27 +68,26 @@ mod batch;
 mod dialect;
 mod exec;
 mod inspect;
-mod statement;
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub mod mysql;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres;
+mod rows;
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub mod sqlite;
+mod statements;
 mod table;
+mod template;
 
 pub use dialect::Dialect;
-pub(crate) use dialect::Fault;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) use dialect::WithCommit;
+use dialect::Fault;
 use exec::Found;
-pub(crate) use statement::COLUMNS;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) use statement::Literals;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) use statement::insert_or_take_over;
-#[cfg(feature = "postgres")]
-pub(crate) use statement::unicode_escapes;
-pub(crate) use statement::{NewRow, Placeholders};
-use statement::{Statement, Statements, Take, Values};
-#[cfg(feature = "mysql")]
-pub(crate) use statement::{claimable, inserted, take_over_assignments};
-pub(crate) use table::DEFAULT_TABLE;
-use table::{bare, validate_table_name};
+use statements::{Statements, Take};
+use table::{DEFAULT_TABLE, bare, validate_table_name};
+use template::{Statement, Values};
 
 /// The version of the dedup table this release writes and reads: 1 was
 /// the first release's; 2 added `failures`, `last_error` and `fingerprint`.
@@ -635,7 +648,7 @@ impl<D: Dialect> SqlStore<D> {
     }
 
     /// Runs `take` on `conn`: inserts the claim row, or takes over one a
-    /// claim may take (see [`statement::claimable`]); otherwise reads the
+    /// claim may take (see [`rows::claimable`]); otherwise reads the
     /// record that stands.
     async fn take(
         &self,
@@ -1034,10 +1047,7 @@ impl<D: Dialect> SqlStore<D> {
 impl<D: Dialect> SqlStore<D> {
     /// The message of `statement` (in [`RoundTrips::Merged`]) when the
     /// store sends it so.
-    fn merged<'s>(
-        &self,
-        statement: &'s Option<statement::Inline>,
-    ) -> Option<&'s statement::Inline> {
+    fn merged<'s>(&self, statement: &'s Option<template::Inline>) -> Option<&'s template::Inline> {
         statement
             .as_ref()
             .filter(|_| self.trips == RoundTrips::Merged)
@@ -1054,7 +1064,7 @@ impl<D: Dialect> SqlStore<D> {
     async fn commit_claim_merged(
         &self,
         mut tx: Transaction<'static, D>,
-        message: &statement::Inline,
+        message: &template::Inline,
         spec: &HandlerSpec,
         values: &Values<'_>,
     ) -> Result<TxCommit, StoreError> {
@@ -1069,7 +1079,7 @@ impl<D: Dialect> SqlStore<D> {
             Fault::Unique => {
                 let savepoint = D::WITH_COMMIT.is_some_and(|with| with.savepoint);
                 if savepoint
-                    && let Err(back) = D::run_text(&mut tx, statement::BACK_BEFORE_DEDUP_ROW).await
+                    && let Err(back) = D::run_text(&mut tx, statements::BACK_BEFORE_DEDUP_ROW).await
                 {
                     let _ = tx.rollback().await;
                     // No transaction to go back into: the unique key the
