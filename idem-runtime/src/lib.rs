@@ -281,10 +281,6 @@ pub use idem_grammar::{format_duration, parse_duration};
 pub use idem_macros::idempotent;
 pub use key::{Key, KeyBuilder, KeyMissing, KeyPart, MAX_KEY_LEN, PartWriter};
 pub use outcome::Outcome;
-pub use store::contract::{
-    BatchItem, Claim, Failure, Held, LeaseStore, Standing, StoreTransaction, TxBatch,
-    TxBatchCommit, TxClaim, TxCommit, TxStore,
-};
 pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
@@ -301,7 +297,8 @@ pub use store::sql::sqlite::{SqliteStore, SqliteTx};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql"))))]
 pub use store::sql::{ClaimOrder, RoundTrips};
-pub use store::{Inspect, Record, Status, Sweep, Sweeper};
+pub use store::sweep::Sweeper;
+pub use store::{Record, Status};
 pub use telemetry::metric;
 
 /// What the generated code names. Not public API: it changes without notice.

@@ -28,12 +28,13 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use idem_runtime::store::{Forgot, Inspect, Query, Status};
-//! use idem_runtime::{Key, LeaseStore, MemoryStore};
+//! use idem_runtime::store::LeaseStore;
+//! use idem_runtime::{Key, MemoryStore};
 //!
 //! let store = MemoryStore::new();
 //! let key = Key::from_parts(&[&"m-1"])?;
 //! let claim = store.claim(&SPEC, &key, None).await?;
-//! # let idem_runtime::Claim::Acquired { token } = claim else { panic!() };
+//! # let idem_runtime::store::Claim::Acquired { token } = claim else { panic!() };
 //! # store.complete(&SPEC, &key, &token, "42").await?;
 //!
 //! let record = Inspect::lookup(&store, "notify", key.as_str()).await?.unwrap();
@@ -58,7 +59,7 @@ use crate::store::{Record, Status};
 /// # Examples
 ///
 /// ```
-/// use idem_runtime::store::inspect::{DEFAULT_LIMIT, Query};
+/// use idem_runtime::store::{DEFAULT_LIMIT, Query};
 /// assert_eq!(Query::new().limit, DEFAULT_LIMIT);
 /// ```
 pub const DEFAULT_LIMIT: u32 = 100;

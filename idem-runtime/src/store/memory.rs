@@ -94,7 +94,8 @@ impl MemoryStore {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use idem_runtime::clock::ManualClock;
-    /// use idem_runtime::{Claim, Key, LeaseStore, MemoryStore, Standing};
+    /// use idem_runtime::store::{Claim, LeaseStore, Standing};
+    /// use idem_runtime::{Key, MemoryStore};
     ///
     /// let clock = ManualClock::new(1_000);
     /// let store = MemoryStore::with_clock(clock.clone());
@@ -164,7 +165,8 @@ impl MemoryStore {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use idem_runtime::clock::ManualClock;
     /// use idem_runtime::store::Status;
-    /// use idem_runtime::{Key, LeaseStore, MemoryStore};
+    /// use idem_runtime::store::LeaseStore;
+    /// use idem_runtime::{Key, MemoryStore};
     ///
     /// let store = MemoryStore::with_clock(ManualClock::new(1_000));
     /// let key = Key::from_parts(&[&"m-1"])?;

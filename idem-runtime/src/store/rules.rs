@@ -101,7 +101,7 @@ impl Standing {
     /// # Examples
     ///
     /// ```
-    /// use idem_runtime::Standing;
+    /// use idem_runtime::store::Standing;
     /// use idem_runtime::store::{Record, Status};
     /// # use idem_runtime::registry::{HandlerSpec, Mode};
     /// # use std::time::Duration;
@@ -164,7 +164,7 @@ impl Standing {
     /// # Examples
     ///
     /// ```
-    /// use idem_runtime::Standing;
+    /// use idem_runtime::store::Standing;
     /// use idem_runtime::store::{Record, Status};
     /// # use idem_runtime::registry::{HandlerSpec, Mode};
     /// # use std::time::Duration;

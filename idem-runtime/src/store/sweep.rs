@@ -51,7 +51,8 @@ pub trait Sweep: Clone + Send + Sync + 'static {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use idem_runtime::clock::ManualClock;
     /// use idem_runtime::store::Sweep;
-    /// use idem_runtime::{Key, LeaseStore, MemoryStore};
+    /// use idem_runtime::store::LeaseStore;
+    /// use idem_runtime::{Key, MemoryStore};
     ///
     /// let clock = ManualClock::starting_now();
     /// let store = MemoryStore::with_clock(clock.clone());
@@ -106,7 +107,8 @@ impl Sweeper {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use idem_runtime::clock::ManualClock;
     /// use idem_runtime::Sweeper;
-    /// use idem_runtime::{Key, LeaseStore, MemoryStore};
+    /// use idem_runtime::store::LeaseStore;
+    /// use idem_runtime::{Key, MemoryStore};
     ///
     /// let clock = ManualClock::starting_now();
     /// let store = MemoryStore::with_clock(clock.clone());

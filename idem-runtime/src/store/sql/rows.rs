@@ -91,10 +91,10 @@ pub(crate) fn values_of(row: NewRow, key: &str) -> String {
 /// Whether a standing row, its columns read through `cur` (`"cur."`, or
 /// `""` in an `UPDATE` of the row itself), may be taken by this claim: it
 /// has expired (unless it is a stalled claim whose failure would be the
-/// last one allowed, see [`Standing::of_ran_out`](crate::Standing::of_ran_out)),
+/// last one allowed, see [`Standing::of_ran_out`](crate::store::Standing::of_ran_out)),
 /// or its last delivery failed with attempts left and the same payload
 /// (the delivery's fingerprint is the SQL `fingerprint`: `:fingerprint`,
-/// or a batch row's column). [`Standing::of`](crate::Standing::of) is the
+/// or a batch row's column). [`Standing::of`](crate::store::Standing::of) is the
 /// same rule, read from a record.
 pub(crate) fn claimable(cur: &str, fingerprint: &str) -> String {
     format!(
