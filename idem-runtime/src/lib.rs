@@ -55,6 +55,9 @@
 //! ([`Error::Failed`]). [`Record`] is what an operator reads back, on every
 //! store.
 //!
+//! A store of your own implements the traits of [`store`], whose page is
+//! the contract with a store written in full.
+//!
 //! See the README for the attribute's arguments, the stores and the design
 //! decisions.
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -29,9 +29,9 @@
 //! LeaseStore`, so it also runs on any other lease store (a test can run a
 //! `store = "redis"` handler on [`MemoryStore`](crate::MemoryStore)).
 //!
-//! The stores of this crate are [`memory`], [`sql`] (SQLite, PostgreSQL,
+//! The stores of this crate are [`memory`], `sql` (SQLite, PostgreSQL,
 //! MySQL/MariaDB) and `redis`; applications name them from the crate root
-//! ([`SqliteStore`](crate::SqliteStore), ...).
+//! (`SqliteStore`, `PgStore`, `RedisStore`, ...).
 //!
 //! # Examples
 //!
