@@ -155,7 +155,7 @@ pub(crate) struct ListArgs {
     #[arg(long)]
     pub(crate) failed: bool,
     /// At most this many records
-    #[arg(long, value_name = "N", default_value_t = idem_runtime::store::inspect::DEFAULT_LIMIT)]
+    #[arg(long, value_name = "N", default_value_t = idem_runtime::store::DEFAULT_LIMIT)]
     pub(crate) limit: u32,
     /// Newest claim first
     #[arg(long)]

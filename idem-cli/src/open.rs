@@ -203,7 +203,7 @@ impl Target {
                 Options::Sqlite(options) => {
                     let options = (**options)
                         .clone()
-                        .busy_timeout(idem_runtime::store::sqlite::DEFAULT_BUSY_TIMEOUT);
+                        .busy_timeout(idem_runtime::store::sql::sqlite::DEFAULT_BUSY_TIMEOUT);
                     Store::Sqlite(
                         SqliteStore::connect_with(options)
                             .await?

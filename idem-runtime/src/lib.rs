@@ -55,6 +55,9 @@
 //! ([`Error::Failed`]). [`Record`] is what an operator reads back, on every
 //! store.
 //!
+//! A store of your own implements the traits of [`store`], whose page is
+//! the contract with a store written in full.
+//!
 //! See the README for the attribute's arguments, the stores and the design
 //! decisions.
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -283,27 +286,24 @@ pub use idem_grammar::{format_duration, parse_duration};
 pub use idem_macros::idempotent;
 pub use key::{Key, KeyBuilder, KeyMissing, KeyPart, MAX_KEY_LEN, PartWriter};
 pub use outcome::Outcome;
-pub use store::contract::{
-    BatchItem, Claim, Failure, Held, LeaseStore, Standing, StoreTransaction, TxBatch,
-    TxBatchCommit, TxClaim, TxCommit, TxStore,
-};
 pub use store::memory::MemoryStore;
-#[cfg(feature = "mysql")]
-#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
-pub use store::mysql::{MySqlStore, MySqlTx};
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use store::postgres::{PgStore, PgTx};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use store::redis::RedisStore;
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub use store::sql::mysql::{MySqlStore, MySqlTx};
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use store::sql::postgres::{PgStore, PgTx};
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub use store::sql::sqlite::{SqliteStore, SqliteTx};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql"))))]
 pub use store::sql::{ClaimOrder, RoundTrips};
-#[cfg(feature = "sqlite")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-pub use store::sqlite::{SqliteStore, SqliteTx};
-pub use store::{Inspect, Record, Status, Sweep, Sweeper};
+pub use store::sweep::Sweeper;
+pub use store::{Record, Status};
 pub use telemetry::metric;
 
 /// What the generated code names. Not public API: it changes without notice.

@@ -8,9 +8,9 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use idem_runtime::store::LeaseStore;
 use idem_runtime::{
-    Error, FinalError, LeaseStore, MemoryStore, Outcome, SqliteStore, SqliteTx, fingerprint,
-    idempotent,
+    Error, FinalError, MemoryStore, Outcome, SqliteStore, SqliteTx, fingerprint, idempotent,
 };
 use tempfile::TempDir;
 

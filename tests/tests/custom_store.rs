@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use idem_runtime::registry::HandlerSpec;
-use idem_runtime::{
-    Claim, Error, Failure, Key, LeaseStore, MemoryStore, Outcome, Standing, StoreError,
-    StoreTransaction, TxClaim, TxCommit, TxStore, idempotent,
+use idem_runtime::store::{
+    Claim, Failure, LeaseStore, Standing, StoreTransaction, TxClaim, TxCommit, TxStore,
 };
+use idem_runtime::{Error, Key, MemoryStore, Outcome, StoreError, idempotent};
 
 // ---------------------------------------------------------------------------
 // A transaction-mode store of the application's own: an in-process ledger

@@ -66,7 +66,8 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use idem_runtime::registry::HandlerSpec;
-use idem_runtime::{Claim, Failure, Key, LeaseStore, StoreError};
+use idem_runtime::store::{Claim, Failure, LeaseStore};
+use idem_runtime::{Key, StoreError};
 
 /// A memory store that counts extensions and can be told to fail them,
 /// to lose them, or to fail completions for a while.

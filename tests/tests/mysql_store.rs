@@ -13,10 +13,8 @@ use std::time::{Duration, Instant};
 
 use idem_runtime::clock::TimeShift;
 use idem_runtime::registry::{HandlerSpec, Mode};
-use idem_runtime::{
-    Claim, ClaimOrder, Key, LeaseStore, MySqlStore, MySqlTx, Outcome, Standing, StoreError,
-    TxClaim, TxCommit, TxStore, idempotent,
-};
+use idem_runtime::store::{Claim, LeaseStore, Standing, TxClaim, TxCommit, TxStore};
+use idem_runtime::{ClaimOrder, Key, MySqlStore, MySqlTx, Outcome, StoreError, idempotent};
 use idem_tests::{DropMySqlTables, mysql_pool, mysql_url, or_skip, unique_table};
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::{AssertSqlSafe, MySqlPool};

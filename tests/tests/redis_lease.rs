@@ -388,9 +388,10 @@ async fn a_completion_the_store_never_takes_says_the_effect_happened() {
 /// lease ran out over as any other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_of_the_first_release_are_read_and_still_suppress_duplicates() {
+    use idem_runtime::Key;
     use idem_runtime::registry::{HandlerSpec, Mode};
     use idem_runtime::store::Status;
-    use idem_runtime::{Claim, Key, LeaseStore, Standing};
+    use idem_runtime::store::{Claim, LeaseStore, Standing};
 
     static SPEC: HandlerSpec = HandlerSpec {
         name: "redis_v1",
@@ -570,8 +571,9 @@ impl Counts {
 /// a server without the store's library loads it once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_is_one_pipeline_and_scripts_run_only_where_a_record_stands() {
+    use idem_runtime::Key;
     use idem_runtime::registry::{HandlerSpec, Mode};
-    use idem_runtime::{BatchItem, Claim, Failure, Held, Key, LeaseStore};
+    use idem_runtime::store::{BatchItem, Claim, Failure, Held, LeaseStore};
 
     static SPEC: HandlerSpec = HandlerSpec {
         name: "rl_pipeline",

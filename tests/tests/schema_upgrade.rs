@@ -14,10 +14,9 @@ use std::time::Duration;
 
 use idem_runtime::registry::{HandlerSpec, Mode};
 use idem_runtime::store::sql::SCHEMA_VERSION;
+use idem_runtime::store::{Claim, LeaseStore, Standing};
 use idem_runtime::store::{Record, Status};
-use idem_runtime::{
-    Claim, Key, LeaseStore, MySqlStore, PgStore, SqliteStore, Standing, StoreError,
-};
+use idem_runtime::{Key, MySqlStore, PgStore, SqliteStore, StoreError};
 use idem_tests::{DropMySqlTables, DropTables, mysql_url, or_skip, pg_url, unique_table};
 use tokio::sync::Barrier;
 

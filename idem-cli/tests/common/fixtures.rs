@@ -3,7 +3,8 @@
 
 use idem_runtime::clock::{ManualClock, TimeShift};
 use idem_runtime::store::Inspect;
-use idem_runtime::{LeaseStore, MySqlStore, PgStore, RedisStore, SqliteStore};
+use idem_runtime::store::LeaseStore;
+use idem_runtime::{MySqlStore, PgStore, RedisStore, SqliteStore};
 use idem_tests::{
     DeleteKeys, DropMySqlTables, DropTables, mysql_pool, mysql_url, pg_pool, pg_url, redis_store,
     redis_url, unique_prefix, unique_table,

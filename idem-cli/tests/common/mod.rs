@@ -16,9 +16,10 @@ pub(crate) mod suite;
 use std::process::Command;
 use std::time::Duration;
 
+use idem_runtime::Key;
 use idem_runtime::clock::{Clock as _, SystemClock};
 use idem_runtime::registry::{HandlerSpec, Mode};
-use idem_runtime::{Claim, Failure, Key, LeaseStore};
+use idem_runtime::store::{Claim, Failure, LeaseStore};
 
 /// What a run of the binary did.
 #[derive(Debug)]

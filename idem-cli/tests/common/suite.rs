@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
+use idem_runtime::store::{Claim, Failure, LeaseStore, Standing};
 use idem_runtime::store::{Inspect, Status};
-use idem_runtime::{Claim, Failure, LeaseStore, Standing};
 use serde_json::{Value, json};
 
 use super::fixtures::StoreFx;

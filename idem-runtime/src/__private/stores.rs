@@ -231,7 +231,7 @@ pub mod bounds {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot run this handler: it is not a store of the handler's mode",
     label = "named by `store = \"...\"`",
-    note = "a lease-mode handler needs a store implementing `idem_runtime::LeaseStore`; a transaction-mode handler one implementing `idem_runtime::TxStore` whose `Tx` is the type of its first parameter"
+    note = "a lease-mode handler needs a store implementing `idem_runtime::store::LeaseStore`; a transaction-mode handler one implementing `idem_runtime::store::TxStore` whose `Tx` is the type of its first parameter"
 )]
 pub trait StoreFor<M: ?Sized> {}
 impl<S: LeaseStore> StoreFor<LeaseMode> for S {}

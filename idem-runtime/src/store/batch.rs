@@ -4,8 +4,8 @@
 //! A batch handler takes a slice of messages; the runtime derives each
 //! message's key, drops the repeats of a key within the batch (the second
 //! is a duplicate of the first), and hands the store the distinct keys at
-//! once: [`LeaseStore::claim_batch`](crate::LeaseStore::claim_batch) and
-//! [`TxStore::begin_batch`](crate::TxStore::begin_batch) answer for each key
+//! once: [`LeaseStore::claim_batch`](crate::store::LeaseStore::claim_batch) and
+//! [`TxStore::begin_batch`](crate::store::TxStore::begin_batch) answer for each key
 //! in the order given. Every method has a default for a store of your own;
 //! the stores of this crate override them with one statement (SQL) or one
 //! pipelined round trip (Redis) per batch.
@@ -20,7 +20,8 @@ use crate::store::contract::Standing;
 /// # Examples
 ///
 /// ```
-/// use idem_runtime::{BatchItem, Key};
+/// use idem_runtime::store::BatchItem;
+/// use idem_runtime::Key;
 ///
 /// let key = Key::from_parts(&[&"order-7", &"sku-1"])?;
 /// let item = BatchItem { key: &key, fingerprint: None };
@@ -40,7 +41,8 @@ pub struct BatchItem<'a> {
 /// # Examples
 ///
 /// ```
-/// use idem_runtime::{Held, Key};
+/// use idem_runtime::store::Held;
+/// use idem_runtime::Key;
 ///
 /// let key = Key::from_parts(&[&"m-1"])?;
 /// let held = Held { key: &key, token: "5f0c1e" };
@@ -55,14 +57,14 @@ pub struct Held<'a> {
     pub token: &'a str,
 }
 
-/// What [`TxStore::begin_batch`](crate::TxStore::begin_batch) found: the open
+/// What [`TxStore::begin_batch`](crate::store::TxStore::begin_batch) found: the open
 /// transaction, and for each key in the order given, `None` when the
 /// message is fresh (the body is to run it) or what stands against it.
 ///
 /// # Examples
 ///
 /// ```
-/// use idem_runtime::{Standing, TxBatch};
+/// use idem_runtime::store::{Standing, TxBatch};
 ///
 /// let found: TxBatch<()> = TxBatch {
 ///     tx: (),
@@ -84,7 +86,7 @@ pub struct TxBatch<Tx> {
 /// # Examples
 ///
 /// ```
-/// use idem_runtime::TxBatchCommit;
+/// use idem_runtime::store::TxBatchCommit;
 ///
 /// fn next_step(commit: TxBatchCommit) -> &'static str {
 ///     match commit {

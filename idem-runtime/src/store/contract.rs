@@ -4,7 +4,7 @@
 //! [`LeaseStore`] is what lease mode needs (every store of this crate
 //! implements it), [`TxStore`] what transaction mode needs (the SQL stores),
 //! and [`StoreTransaction`] marks the transaction a [`TxStore`] hands to a
-//! handler's body. All three are public (at the crate root) and can be
+//! handler's body. All three are public, in [`crate::store`], and can be
 //! implemented outside this crate.
 //!
 //! A rewritten handler takes its store generically: a lease-mode handler
@@ -20,7 +20,7 @@ use std::time::Duration;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::registry::HandlerSpec;
-pub use crate::store::batch::{BatchItem, Held, TxBatch, TxBatchCommit};
+pub(crate) use crate::store::batch::{BatchItem, Held, TxBatch, TxBatchCommit};
 
 /// What a record says to a delivery that may not run its body: the answer
 /// a claim, a commit or a rollback returns instead of running or recording.
@@ -30,7 +30,7 @@ pub use crate::store::batch::{BatchItem, Held, TxBatch, TxBatchCommit};
 /// What the call makes of each:
 ///
 /// ```
-/// use idem_runtime::Standing;
+/// use idem_runtime::store::Standing;
 ///
 /// fn action(standing: &Standing) -> &'static str {
 ///     match standing {
@@ -80,121 +80,6 @@ pub enum Standing {
     },
 }
 
-impl Standing {
-    /// What a live record says to a delivery with payload `fingerprint`, or
-    /// `None` when the record lets this delivery claim the key (a failure
-    /// that may be retried, within `spec.max_attempts`). `retry_after` is
-    /// what an in-progress record reports.
-    ///
-    /// The one place the rules are written, for every store: a fingerprint
-    /// that differs from the record's comes first (whatever the record's
-    /// state, the key names another message); then the record's status.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use idem_runtime::Standing;
-    /// use idem_runtime::store::{Record, Status};
-    /// # use idem_runtime::registry::{HandlerSpec, Mode};
-    /// # use std::time::Duration;
-    /// # static SPEC: HandlerSpec = HandlerSpec {
-    /// #     name: "notify", function: "notify", key: "message_id",
-    /// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
-    /// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
-    /// #     fingerprint: Some("*"), max_attempts: Some(3),
-    /// # };
-    ///
-    /// let mut record = Record::new("notify", "3:m-1", Status::Retry, 0, 60_000);
-    /// record.failures = 3;
-    /// record.fingerprint = Some("ab12".into());
-    /// let left = Duration::from_secs(1);
-    /// assert!(matches!(Standing::of(&record, &SPEC, Some("ab12"), left), Some(Standing::Exhausted { failures: 3, .. })));
-    /// assert!(matches!(Standing::of(&record, &SPEC, Some("ffff"), left), Some(Standing::Mismatch { .. })));
-    /// record.failures = 2;
-    /// assert_eq!(Standing::of(&record, &SPEC, Some("ab12"), left), None);
-    /// ```
-    pub fn of(
-        record: &crate::store::Record,
-        spec: &HandlerSpec,
-        fingerprint: Option<&str>,
-        retry_after: Duration,
-    ) -> Option<Standing> {
-        use crate::store::Status;
-        if let (Some(recorded), Some(given)) = (record.fingerprint.as_deref(), fingerprint)
-            && recorded != given
-        {
-            return Some(Standing::Mismatch {
-                recorded: recorded.to_owned(),
-            });
-        }
-        match record.status {
-            Status::Completed => Some(Standing::Completed {
-                outcome: record.outcome.clone().unwrap_or_default(),
-            }),
-            Status::Failed => Some(Standing::Failed {
-                error: record.outcome.clone().unwrap_or_default(),
-            }),
-            Status::InProgress => Some(Standing::InProgress { retry_after }),
-            Status::Retry => match spec.max_attempts {
-                Some(max) if record.failures >= i64::from(max) => Some(Standing::Exhausted {
-                    failures: u32::try_from(record.failures).unwrap_or(u32::MAX),
-                    last_error: record.last_error.clone(),
-                }),
-                _ => None,
-            },
-        }
-    }
-
-    /// What a claim in progress whose lease ran out by `now_ms` says to a
-    /// delivery of a handler with `max_attempts`: the stalled claim counts
-    /// as a failure, and when that failure is the last one allowed, the key
-    /// is exhausted instead of taken over. The store then records the count
-    /// (status [`Retry`](crate::store::Status::Retry), one more failure,
-    /// [`LEASE_RAN_OUT`](crate::store::LEASE_RAN_OUT) as the last error).
-    /// A claim whose lease ended a ttl ago or more ended its window: it is
-    /// taken over as a fresh one. `None`: the claim may be taken over.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use idem_runtime::Standing;
-    /// use idem_runtime::store::{Record, Status};
-    /// # use idem_runtime::registry::{HandlerSpec, Mode};
-    /// # use std::time::Duration;
-    /// # static SPEC: HandlerSpec = HandlerSpec {
-    /// #     name: "notify", function: "notify", key: "message_id",
-    /// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
-    /// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
-    /// #     fingerprint: None, max_attempts: Some(3),
-    /// # };
-    ///
-    /// let mut stalled = Record::new("notify", "3:m-1", Status::InProgress, 0, 30_000);
-    /// stalled.failures = 2;
-    /// assert!(matches!(Standing::of_ran_out(&stalled, &SPEC, 30_000), Some(Standing::Exhausted { failures: 3, .. })));
-    /// assert_eq!(Standing::of_ran_out(&stalled, &SPEC, 29_999), None); // its lease holds
-    /// stalled.failures = 1;
-    /// assert_eq!(Standing::of_ran_out(&stalled, &SPEC, 30_000), None); // two failures: a third try
-    /// stalled.failures = 2;
-    /// // a stall whose lease ended a ttl ago belongs to a window that is over
-    /// assert_eq!(Standing::of_ran_out(&stalled, &SPEC, 30_000 + 3_600_000), None);
-    /// ```
-    pub fn of_ran_out(
-        record: &crate::store::Record,
-        spec: &HandlerSpec,
-        now_ms: i64,
-    ) -> Option<Standing> {
-        let max = spec.max_attempts?;
-        let ran_out = record.status == crate::store::Status::InProgress
-            && record.is_expired(now_ms)
-            && crate::store::in_window(record, now_ms, spec.ttl);
-        let failures = record.failures.saturating_add(1);
-        (ran_out && failures >= i64::from(max)).then(|| Standing::Exhausted {
-            failures: u32::try_from(failures).unwrap_or(u32::MAX),
-            last_error: Some(crate::store::LEASE_RAN_OUT.to_owned()),
-        })
-    }
-}
-
 /// What became of a lease-mode claim.
 ///
 /// # Examples
@@ -212,7 +97,8 @@ impl Standing {
 /// # };
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use idem_runtime::{Claim, Key, LeaseStore, MemoryStore, Standing};
+/// use idem_runtime::store::{Claim, LeaseStore, Standing};
+/// use idem_runtime::{Key, MemoryStore};
 ///
 /// let store = MemoryStore::new();
 /// let key = Key::from_parts(&[&"m-1"])?;
@@ -249,7 +135,7 @@ pub enum Claim {
 /// # Examples
 ///
 /// ```
-/// use idem_runtime::Failure;
+/// use idem_runtime::store::Failure;
 ///
 /// let retry = Failure::Retry { error: "connection reset by peer" };
 /// assert_eq!(retry.text(), "connection reset by peer");
@@ -281,7 +167,7 @@ impl Failure<'_> {
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(idem_runtime::Failure::Retry { error: "timeout" }.text(), "timeout");
+    /// assert_eq!(idem_runtime::store::Failure::Retry { error: "timeout" }.text(), "timeout");
     /// ```
     pub fn text(&self) -> &str {
         match self {
@@ -295,7 +181,7 @@ impl Failure<'_> {
     /// # Examples
     ///
     /// ```
-    /// use idem_runtime::{Failure, store::Status};
+    /// use idem_runtime::store::{Failure, Status};
     /// assert_eq!(Failure::Retry { error: "timeout" }.status(), Status::Retry);
     /// ```
     pub fn status(&self) -> crate::store::Status {
@@ -311,7 +197,7 @@ impl Failure<'_> {
     /// # Examples
     ///
     /// ```
-    /// use idem_runtime::Failure;
+    /// use idem_runtime::store::Failure;
     /// let last = Failure::Final { error: "unknown SKU", encoded: r#""pear""# };
     /// assert_eq!(last.recorded(), Some(r#""pear""#));
     /// assert_eq!(Failure::Retry { error: "timeout" }.recorded(), None);
@@ -343,7 +229,8 @@ impl Failure<'_> {
 /// # };
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use idem_runtime::{Claim, Failure, Key, LeaseStore, MemoryStore, StoreError};
+/// use idem_runtime::store::{Claim, Failure, LeaseStore};
+/// use idem_runtime::{Key, MemoryStore, StoreError};
 /// use idem_runtime::registry::HandlerSpec;
 /// use std::sync::atomic::{AtomicU64, Ordering};
 ///
@@ -390,7 +277,7 @@ impl Failure<'_> {
 /// Stores are handles: cloning one shares its connections and records (the
 /// call clones it into the task that keeps the lease alive).
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a lease store: a lease-mode handler runs on a store implementing `idem_runtime::LeaseStore`",
+    message = "`{Self}` is not a lease store: a lease-mode handler runs on a store implementing `idem_runtime::store::LeaseStore`",
     label = "not a lease store",
     note = "pass a store (`&store`), e.g. a `SqliteStore`, `PgStore`, `RedisStore` or `MemoryStore`, or an `Arc` of one"
 )]
@@ -400,7 +287,8 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     /// # Examples
     ///
     /// ```
-    /// use idem_runtime::{LeaseStore, MemoryStore};
+    /// use idem_runtime::store::LeaseStore;
+    /// use idem_runtime::MemoryStore;
     /// assert_eq!(MemoryStore::new().store_name(), "memory");
     /// ```
     fn store_name(&self) -> &'static str;
@@ -428,7 +316,8 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     /// # };
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::{Claim, Key, LeaseStore, MemoryStore, Standing};
+    /// use idem_runtime::store::{Claim, LeaseStore, Standing};
+    /// use idem_runtime::{Key, MemoryStore};
     ///
     /// let store = MemoryStore::new();
     /// let key = Key::from_parts(&[&"m-1"])?;
@@ -463,7 +352,8 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     /// # };
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::{Claim, Key, LeaseStore, MemoryStore};
+    /// use idem_runtime::store::{Claim, LeaseStore};
+    /// use idem_runtime::{Key, MemoryStore};
     ///
     /// let store = MemoryStore::new();
     /// let key = Key::from_parts(&[&"m-1"])?;
@@ -505,7 +395,8 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     /// # };
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::{Claim, Failure, Key, LeaseStore, MemoryStore, Standing};
+    /// use idem_runtime::store::{Claim, Failure, LeaseStore, Standing};
+    /// use idem_runtime::{Key, MemoryStore};
     ///
     /// let store = MemoryStore::new();
     /// let key = Key::from_parts(&[&"m-1"])?;
@@ -542,7 +433,8 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     /// # };
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::{Claim, Key, LeaseStore, MemoryStore};
+    /// use idem_runtime::store::{Claim, LeaseStore};
+    /// use idem_runtime::{Key, MemoryStore};
     ///
     /// let store = MemoryStore::new();
     /// let key = Key::from_parts(&[&"m-1"])?;
@@ -575,7 +467,8 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     /// # };
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::{Claim, Key, LeaseStore, MemoryStore};
+    /// use idem_runtime::store::{Claim, LeaseStore};
+    /// use idem_runtime::{Key, MemoryStore};
     ///
     /// let store = MemoryStore::new();
     /// let key = Key::from_parts(&[&"m-1"])?;
@@ -610,7 +503,8 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     /// # };
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::{BatchItem, Claim, Held, Key, LeaseStore, MemoryStore};
+    /// use idem_runtime::store::{BatchItem, Claim, Held, LeaseStore};
+    /// use idem_runtime::{Key, MemoryStore};
     ///
     /// let store = MemoryStore::new();
     /// let (a, b) = (Key::from_parts(&[&"m-1"])?, Key::from_parts(&[&"m-2"])?);
@@ -663,7 +557,8 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     /// # };
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::{BatchItem, Claim, Held, Key, LeaseStore, MemoryStore};
+    /// use idem_runtime::store::{BatchItem, Claim, Held, LeaseStore};
+    /// use idem_runtime::{Key, MemoryStore};
     ///
     /// let store = MemoryStore::new();
     /// let key = Key::from_parts(&[&"m-1"])?;
@@ -701,7 +596,8 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     /// # };
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::{BatchItem, Claim, Held, Key, LeaseStore, MemoryStore};
+    /// use idem_runtime::store::{BatchItem, Claim, Held, LeaseStore};
+    /// use idem_runtime::{Key, MemoryStore};
     ///
     /// let store = MemoryStore::new();
     /// let key = Key::from_parts(&[&"m-1"])?;
@@ -740,7 +636,8 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     /// # };
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::{BatchItem, Claim, Held, Key, LeaseStore, MemoryStore};
+    /// use idem_runtime::store::{BatchItem, Claim, Held, LeaseStore};
+    /// use idem_runtime::{Key, MemoryStore};
     ///
     /// let store = MemoryStore::new();
     /// let key = Key::from_parts(&[&"m-1"])?;
@@ -797,7 +694,8 @@ pub(crate) fn held<'a>(items: &[BatchItem<'a>], claims: &'a [Claim]) -> Vec<Held
 /// # let dir = tempfile::tempdir()?;
 /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
 /// # store.migrate().await?;
-/// use idem_runtime::{Key, Standing, TxClaim, TxStore};
+/// use idem_runtime::store::{Standing, TxClaim, TxStore};
+/// use idem_runtime::Key;
 ///
 /// let key = Key::from_parts(&[&17u64])?;
 /// match store.begin_claim(&SPEC, &key, None).await? {
@@ -841,7 +739,8 @@ pub enum TxClaim<Tx> {
 /// # let dir = tempfile::tempdir()?;
 /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
 /// # store.migrate().await?;
-/// use idem_runtime::{Key, TxClaim, TxCommit, TxStore};
+/// use idem_runtime::store::{TxClaim, TxCommit, TxStore};
+/// use idem_runtime::Key;
 ///
 /// let key = Key::from_parts(&[&17u64])?;
 /// let TxClaim::Fresh(tx) = store.begin_claim(&SPEC, &key, None).await? else { panic!() };
@@ -885,7 +784,8 @@ pub enum TxCommit {
 /// # let dir = tempfile::tempdir()?;
 /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
 /// # store.migrate().await?;
-/// use idem_runtime::{Key, Standing, TxClaim, TxCommit, TxStore};
+/// use idem_runtime::store::{Standing, TxClaim, TxCommit, TxStore};
+/// use idem_runtime::Key;
 ///
 /// let key = Key::from_parts(&[&17u64])?;
 /// let TxClaim::Fresh(mut tx) = store.begin_claim(&SPEC, &key, None).await? else { panic!() };
@@ -899,7 +799,7 @@ pub enum TxCommit {
 /// # Ok(()) }
 /// ```
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot run a transaction-mode handler: it does not implement `idem_runtime::TxStore`",
+    message = "`{Self}` cannot run a transaction-mode handler: it does not implement `idem_runtime::store::TxStore`",
     label = "not a store with transactions",
     note = "pass a SQL store (`&store`) whose transaction is the handler's first parameter, e.g. a `SqliteStore` for `&mut SqliteTx<'_>`, or an `Arc` of one"
 )]
@@ -909,7 +809,8 @@ pub trait TxStore: Send + Sync {
     /// # Examples
     ///
     /// ```
-    /// use idem_runtime::{SqliteStore, SqliteTx, TxStore};
+    /// use idem_runtime::store::TxStore;
+    /// use idem_runtime::{SqliteStore, SqliteTx};
     ///
     /// // a transaction-mode SQLite handler's `tx: &mut SqliteTx<'_>` is this
     /// fn body_tx(tx: <SqliteStore as TxStore>::Tx) -> SqliteTx<'static> {
@@ -936,7 +837,7 @@ pub trait TxStore: Send + Sync {
     /// # let dir = tempfile::tempdir()?;
     /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
     /// # store.migrate().await?;
-    /// use idem_runtime::TxStore;
+    /// use idem_runtime::store::TxStore;
     /// assert_eq!(TxStore::store_name(&store), "sqlite");
     /// # Ok(()) }
     /// ```
@@ -960,7 +861,8 @@ pub trait TxStore: Send + Sync {
     /// # let dir = tempfile::tempdir()?;
     /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
     /// # store.migrate().await?;
-    /// use idem_runtime::{Key, TxClaim, TxStore};
+    /// use idem_runtime::store::{TxClaim, TxStore};
+    /// use idem_runtime::Key;
     ///
     /// let key = Key::from_parts(&[&17u64])?;
     /// let TxClaim::Fresh(tx) = store.begin_claim(&SPEC, &key, None).await? else { panic!() };
@@ -994,7 +896,8 @@ pub trait TxStore: Send + Sync {
     /// # let dir = tempfile::tempdir()?;
     /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
     /// # store.migrate().await?;
-    /// use idem_runtime::{Key, TxClaim, TxCommit, TxStore};
+    /// use idem_runtime::store::{TxClaim, TxCommit, TxStore};
+    /// use idem_runtime::Key;
     ///
     /// let key = Key::from_parts(&[&17u64])?;
     /// let TxClaim::Fresh(tx) = store.begin_claim(&SPEC, &key, None).await? else { panic!() };
@@ -1040,7 +943,8 @@ pub trait TxStore: Send + Sync {
     /// # let dir = tempfile::tempdir()?;
     /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
     /// # store.migrate().await?;
-    /// use idem_runtime::{Failure, Key, TxClaim, TxCommit, TxStore};
+    /// use idem_runtime::store::{Failure, TxClaim, TxCommit, TxStore};
+    /// use idem_runtime::Key;
     ///
     /// let key = Key::from_parts(&[&17u64])?;
     /// let TxClaim::Fresh(tx) = store.begin_claim(&SPEC, &key, None).await? else { panic!() };
@@ -1084,7 +988,8 @@ pub trait TxStore: Send + Sync {
     /// # let dir = tempfile::tempdir()?;
     /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
     /// # store.migrate().await?;
-    /// use idem_runtime::{Key, TxClaim, TxStore};
+    /// use idem_runtime::store::{TxClaim, TxStore};
+    /// use idem_runtime::Key;
     ///
     /// let key = Key::from_parts(&[&17u64])?;
     /// let TxClaim::Fresh(tx) = store.begin_claim(&SPEC, &key, None).await? else { panic!() };
@@ -1125,7 +1030,8 @@ pub trait TxStore: Send + Sync {
     /// # let dir = tempfile::tempdir()?;
     /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
     /// # store.migrate().await?;
-    /// use idem_runtime::{BatchItem, Key, TxBatchCommit, TxStore};
+    /// use idem_runtime::store::{BatchItem, TxBatchCommit, TxStore};
+    /// use idem_runtime::Key;
     ///
     /// let keys = [Key::from_parts(&[&17u64])?, Key::from_parts(&[&18u64])?];
     /// let items: Vec<BatchItem<'_>> = keys.iter().map(|key| BatchItem { key, fingerprint: None }).collect();
@@ -1177,7 +1083,8 @@ pub trait TxStore: Send + Sync {
     /// # let dir = tempfile::tempdir()?;
     /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
     /// # store.migrate().await?;
-    /// use idem_runtime::{BatchItem, Key, TxBatchCommit, TxStore};
+    /// use idem_runtime::store::{BatchItem, TxBatchCommit, TxStore};
+    /// use idem_runtime::Key;
     ///
     /// let key = Key::from_parts(&[&17u64])?;
     /// let items = [BatchItem { key: &key, fingerprint: None }];
@@ -1226,7 +1133,8 @@ pub trait TxStore: Send + Sync {
     /// # let dir = tempfile::tempdir()?;
     /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
     /// # store.migrate().await?;
-    /// use idem_runtime::{BatchItem, Key, TxStore};
+    /// use idem_runtime::store::{BatchItem, TxStore};
+    /// use idem_runtime::Key;
     ///
     /// let key = Key::from_parts(&[&17u64])?;
     /// let found = store.begin_batch(&SPEC, &[BatchItem { key: &key, fingerprint: None }]).await?;
@@ -1254,7 +1162,7 @@ pub trait TxStore: Send + Sync {
 /// # Examples
 ///
 /// ```
-/// use idem_runtime::StoreTransaction;
+/// use idem_runtime::store::StoreTransaction;
 ///
 /// /// A transaction of an application's own store.
 /// struct LedgerTx { writes: Vec<String> }
@@ -1264,7 +1172,7 @@ pub trait TxStore: Send + Sync {
     message = "`{Self}` is not a store's transaction, but a `&mut` first parameter is taken for the handler's transaction",
     label = "the first parameter of a transaction-mode handler is the store's transaction",
     note = "if this is a message or state of the body, take it by shared reference (`&{Self}`) or put it after the message: a handler without a transaction runs in lease mode",
-    note = "a store's own transaction type implements `idem_runtime::StoreTransaction`"
+    note = "a store's own transaction type implements `idem_runtime::store::StoreTransaction`"
 )]
 pub trait StoreTransaction: Send {}
 

@@ -1,17 +1,18 @@
 //! What an operator asks a store, apart from any handler: the [`Inspect`]
 //! trait (look a record up, list a handler's records, count them, forget a
 //! key, sweep, name the handlers, the table's schema version), the types it
-//! answers with, and [`StoredKey`], a stored key read back into its parts.
+//! answers with.
 //!
 //! Every store of this crate implements [`Inspect`]: the SQL stores
 //! (written once for the three databases, in `store/sql/inspect.rs`), Redis
 //! and the memory store. The `idem` command-line tool (crate `idem-cli`) is
 //! built on it.
 //!
-//! Keys are given and returned in their stored form ([`Key::as_str`]):
-//! build one from its parts with [`Key::from_parts`], exactly as a handler
-//! derives it, or check a stored key someone pasted with
-//! [`StoredKey::parse`].
+//! Keys are given and returned in their stored form
+//! ([`Key::as_str`](crate::Key::as_str)): build one from its parts with
+//! [`Key::from_parts`](crate::Key::from_parts), exactly as a handler derives
+//! it, or check a stored key someone pasted with
+//! [`StoredKey::parse`](crate::store::StoredKey::parse).
 //!
 //! # Examples
 //!
@@ -27,12 +28,13 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use idem_runtime::store::{Forgot, Inspect, Query, Status};
-//! use idem_runtime::{Key, LeaseStore, MemoryStore};
+//! use idem_runtime::store::LeaseStore;
+//! use idem_runtime::{Key, MemoryStore};
 //!
 //! let store = MemoryStore::new();
 //! let key = Key::from_parts(&[&"m-1"])?;
 //! let claim = store.claim(&SPEC, &key, None).await?;
-//! # let idem_runtime::Claim::Acquired { token } = claim else { panic!() };
+//! # let idem_runtime::store::Claim::Acquired { token } = claim else { panic!() };
 //! # store.complete(&SPEC, &key, &token, "42").await?;
 //!
 //! let record = Inspect::lookup(&store, "notify", key.as_str()).await?.unwrap();
@@ -50,7 +52,6 @@ use std::future::Future;
 use serde::Serialize;
 
 use crate::error::StoreError;
-use crate::key::{Key, MAX_KEY_LEN};
 use crate::store::{Record, Status};
 
 /// How many records [`Query::new`] lists at most.
@@ -58,7 +59,7 @@ use crate::store::{Record, Status};
 /// # Examples
 ///
 /// ```
-/// use idem_runtime::store::inspect::{DEFAULT_LIMIT, Query};
+/// use idem_runtime::store::{DEFAULT_LIMIT, Query};
 /// assert_eq!(Query::new().limit, DEFAULT_LIMIT);
 /// ```
 pub const DEFAULT_LIMIT: u32 = 100;
@@ -611,9 +612,10 @@ impl Schema {
 
 /// What an operator asks a store: every store of this crate implements it.
 ///
-/// Keys are the stored form ([`Key::as_str`], `4:A-17|5:apple`); handlers
-/// are registered names. Times are read from the store's clock (the SQL and
-/// memory stores' [`Clock`](crate::clock::Clock); Redis's own expiry).
+/// Keys are the stored form ([`Key::as_str`](crate::Key::as_str),
+/// `4:A-17|5:apple`); handlers are registered names. Times are read from the
+/// store's clock (the SQL and memory stores' [`Clock`](crate::clock::Clock);
+/// Redis's own expiry).
 ///
 /// # Examples
 ///
@@ -835,193 +837,10 @@ where
     }
 }
 
-/// A stored key read back: the parts it encodes, or the digest a key too
-/// long to store plainly became (see [`Key`]). What an operator's tool
-/// makes of a key pasted from a log line or a table.
-///
-/// # Examples
-///
-/// ```
-/// use idem_runtime::store::StoredKey;
-/// use idem_runtime::Key;
-///
-/// let key = StoredKey::parse("4:A-17|5:apple")?;
-/// assert_eq!(key.parts(), Some(&["A-17".to_owned(), "apple".to_owned()][..]));
-/// assert_eq!(key.shown(), "A-17 + apple");
-/// assert_eq!(key.as_str(), Key::from_parts(&[&"A-17", &"apple"])?.as_str());
-///
-/// let long = Key::from_parts(&[&"x".repeat(200)])?;
-/// assert_eq!(StoredKey::parse(long.as_str())?.parts(), None);
-///
-/// assert!(StoredKey::parse("A-17").is_err());
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum StoredKey {
-    /// An encoding of parts.
-    Parts {
-        /// The key the parts make.
-        key: Key,
-        /// The parts, as the message held them.
-        parts: Vec<String>,
-    },
-    /// `#sha256:<64 hex digits>`: the digest of an encoding longer than
-    /// [`MAX_KEY_LEN`] bytes (or holding a NUL byte); its parts cannot be
-    /// read back.
-    Digest(String),
-}
-
-/// Text that is not a key as the runtime stores it.
-///
-/// # Examples
-///
-/// ```
-/// use idem_runtime::store::StoredKey;
-/// let err = StoredKey::parse("4:A-17|").unwrap_err();
-/// assert_eq!(err.to_string(), "\"4:A-17|\" is not a stored key: a `|` must be followed by another part");
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{key:?} is not a stored key: {reason}")]
-#[non_exhaustive]
-pub struct InvalidKey {
-    /// The text given.
-    pub key: String,
-    /// What is wrong with it.
-    pub reason: &'static str,
-}
-
-const DIGEST_PREFIX: &str = "#sha256:";
-
-impl StoredKey {
-    /// Reads a stored key (`4:A-17|5:apple`, or `#sha256:<hex>`): each part
-    /// is its byte length, `:` and its text, parts separated by `|`. Only
-    /// what the runtime writes is accepted: the parts must encode back to
-    /// the same text (no leading zeros, at most [`MAX_KEY_LEN`] bytes, no NUL).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use idem_runtime::store::StoredKey;
-    ///
-    /// // a part may hold the separators: its length says where it ends
-    /// let key = StoredKey::parse("3:a|b|1:c")?;
-    /// assert_eq!(key.parts().unwrap(), ["a|b", "c"]);
-    /// assert!(StoredKey::parse("").is_err());
-    /// assert!(StoredKey::parse("9:short").is_err());
-    /// assert!(StoredKey::parse("01:a").is_err());
-    /// # Ok::<(), idem_runtime::store::InvalidKey>(())
-    /// ```
-    pub fn parse(stored: &str) -> Result<StoredKey, InvalidKey> {
-        let invalid = |reason| InvalidKey {
-            key: stored.to_owned(),
-            reason,
-        };
-        if stored.is_empty() {
-            return Err(invalid("it is empty"));
-        }
-        if let Some(hex) = stored.strip_prefix(DIGEST_PREFIX) {
-            if hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
-                return Ok(StoredKey::Digest(stored.to_owned()));
-            }
-            return Err(invalid(
-                "a digest is `#sha256:` and 64 lowercase hexadecimal digits",
-            ));
-        }
-        let mut parts = Vec::new();
-        let mut rest = stored;
-        loop {
-            let malformed =
-                || invalid("each part is its byte length, `:` and its text (`4:A-17|5:apple`)");
-            let (digits, after) = rest.split_once(':').ok_or_else(malformed)?;
-            // Written by `{}` of a usize: digits only, no sign, no leading zero.
-            let len = digits
-                .parse::<usize>()
-                .ok()
-                .filter(|len| len.to_string() == digits)
-                .ok_or_else(malformed)?;
-            if after.len() < len || !after.is_char_boundary(len) {
-                return Err(invalid("a part's length runs past the end of the key"));
-            }
-            parts.push(after[..len].to_owned());
-            rest = &after[len..];
-            if rest.is_empty() {
-                break;
-            }
-            rest = rest
-                .strip_prefix('|')
-                .ok_or_else(|| invalid("a part must be followed by `|` or the end of the key"))?;
-            if rest.is_empty() {
-                return Err(invalid("a `|` must be followed by another part"));
-            }
-        }
-        let refs: Vec<&dyn crate::key::KeyPart> = parts
-            .iter()
-            .map(|p| p as &dyn crate::key::KeyPart)
-            .collect();
-        let key = Key::from_parts(&refs).map_err(|_| invalid("a part is missing"))?;
-        if key.as_str() != stored {
-            return Err(invalid(
-                "it is not how the runtime stores these parts (longer than 128 bytes or holding a NUL byte, they are stored as a digest)",
-            ));
-        }
-        debug_assert!(stored.len() <= MAX_KEY_LEN);
-        Ok(StoredKey::Parts { key, parts })
-    }
-
-    /// The stored form: what [`Inspect`] takes.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use idem_runtime::store::StoredKey;
-    /// assert_eq!(StoredKey::parse("2:17")?.as_str(), "2:17");
-    /// # Ok::<(), idem_runtime::store::InvalidKey>(())
-    /// ```
-    pub fn as_str(&self) -> &str {
-        match self {
-            StoredKey::Parts { key, .. } => key.as_str(),
-            StoredKey::Digest(digest) => digest,
-        }
-    }
-
-    /// The parts, unless the key is a digest.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use idem_runtime::store::StoredKey;
-    /// assert_eq!(StoredKey::parse("2:17|0:")?.parts().unwrap(), ["17", ""]);
-    /// # Ok::<(), idem_runtime::store::InvalidKey>(())
-    /// ```
-    pub fn parts(&self) -> Option<&[String]> {
-        match self {
-            StoredKey::Parts { parts, .. } => Some(parts),
-            StoredKey::Digest(_) => None,
-        }
-    }
-
-    /// The key for people: its parts as [`Key::shown`] writes them
-    /// (`A-17 + apple`), or the digest.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use idem_runtime::store::StoredKey;
-    /// assert_eq!(StoredKey::parse("3:a b|1:7")?.shown(), "\"a b\" + 7");
-    /// # Ok::<(), idem_runtime::store::InvalidKey>(())
-    /// ```
-    pub fn shown(&self) -> String {
-        match self {
-            StoredKey::Parts { key, .. } => key.shown().to_owned(),
-            StoredKey::Digest(digest) => digest.clone(),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key::Key;
 
     fn record(key: &str, status: Status, created: i64, expires: i64) -> Record {
         Record::new("h", key, status, created, expires)
@@ -1124,61 +943,5 @@ mod tests {
         clock.advance(SPEC.ttl);
         assert_eq!(Inspect::sweep(&store).await.unwrap(), Swept::deleted(1));
         assert!(store.handlers().await.unwrap().is_empty());
-    }
-
-    #[test]
-    fn stored_keys_read_back_what_the_runtime_writes() {
-        for parts in [
-            vec!["A-17", "apple"],
-            vec![""],
-            vec!["a|1:b", "|", ":"],
-            vec!["日本", "x"],
-        ] {
-            let refs: Vec<&dyn crate::key::KeyPart> = parts
-                .iter()
-                .map(|p| p as &dyn crate::key::KeyPart)
-                .collect();
-            let key = Key::from_parts(&refs).unwrap();
-            let parsed = StoredKey::parse(key.as_str()).unwrap();
-            assert_eq!(parsed.parts().unwrap(), parts.as_slice());
-            assert_eq!(parsed.shown(), key.shown());
-        }
-        let digest = Key::from_parts(&[&"x".repeat(300)]).unwrap();
-        assert!(matches!(
-            StoredKey::parse(digest.as_str()),
-            Ok(StoredKey::Digest(_))
-        ));
-        let nul = Key::from_parts(&[&"a\0b"]).unwrap();
-        assert!(matches!(
-            StoredKey::parse(nul.as_str()),
-            Ok(StoredKey::Digest(_))
-        ));
-    }
-
-    #[test]
-    fn malformed_stored_keys_are_refused() {
-        let long_plain = format!("200:{}", "x".repeat(200));
-        for bad in [
-            "",
-            "A-17",
-            ":x",
-            "x:y",
-            "-1:a",
-            "+1:a",
-            "01:a",
-            "2:a",
-            "1:ab",
-            "1:a|",
-            "1:a||1:b",
-            "1:\u{e9}",
-            "1:\0",
-            "#sha256:",
-            "#sha256:ABCDEF0000000000000000000000000000000000000000000000000000000000",
-            "#sha256:00",
-            "99999999999999999999999:a",
-            long_plain.as_str(),
-        ] {
-            assert!(StoredKey::parse(bad).is_err(), "{bad:?} was accepted");
-        }
     }
 }

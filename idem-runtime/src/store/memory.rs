@@ -20,7 +20,8 @@ use crate::key::Key;
 use crate::registry::HandlerSpec;
 use crate::store::contract::{Claim, Failure, LeaseStore};
 use crate::store::inspect::{Forgot, Inspect, Query, Schema, Stats, Swept};
-use crate::store::{ClaimPlan, Record, Status, Sweep, settle_stall};
+use crate::store::rules::{ClaimPlan, settle_stall};
+use crate::store::{Record, Status, Sweep};
 
 /// An in-process store behind a mutex: lease mode only, records live as long
 /// as the process. Expired records are replaced on access and deleted by
@@ -93,7 +94,8 @@ impl MemoryStore {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use idem_runtime::clock::ManualClock;
-    /// use idem_runtime::{Claim, Key, LeaseStore, MemoryStore, Standing};
+    /// use idem_runtime::store::{Claim, LeaseStore, Standing};
+    /// use idem_runtime::{Key, MemoryStore};
     ///
     /// let clock = ManualClock::new(1_000);
     /// let store = MemoryStore::with_clock(clock.clone());
@@ -163,7 +165,8 @@ impl MemoryStore {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use idem_runtime::clock::ManualClock;
     /// use idem_runtime::store::Status;
-    /// use idem_runtime::{Key, LeaseStore, MemoryStore};
+    /// use idem_runtime::store::LeaseStore;
+    /// use idem_runtime::{Key, MemoryStore};
     ///
     /// let store = MemoryStore::with_clock(ManualClock::new(1_000));
     /// let key = Key::from_parts(&[&"m-1"])?;

@@ -1,544 +1,187 @@
-//! The stores, and what they share: the record an operator reads back, what
-//! an operator asks of a store ([`Inspect`], in [`inspect`]), table name
-//! validation and the background sweeper.
+//! The store contract: what a store guarantees and what it is asked, for
+//! anyone who writes a store of their own; and the stores of this crate.
+//!
+//! A handler runs on any type that implements the trait of its mode:
+//!
+//! * [`LeaseStore`] for lease mode: [`claim`](LeaseStore::claim) a key for
+//!   a lease and answer with a [`Claim`], then [`complete`](LeaseStore::complete),
+//!   [`fail`](LeaseStore::fail) (with a [`Failure`]), [`release`](LeaseStore::release)
+//!   or [`extend`](LeaseStore::extend) it while the claim's fencing token
+//!   still holds it. The batch methods ([`BatchItem`], [`Held`]) have
+//!   defaults that call the single ones.
+//! * [`TxStore`] for transaction mode: [`begin_claim`](TxStore::begin_claim)
+//!   opens a transaction (a [`TxClaim`]) whose type implements
+//!   [`StoreTransaction`] and is handed to the body; the outcome commits
+//!   with the body's writes ([`TxCommit`]); batches are [`TxBatch`] and
+//!   [`TxBatchCommit`].
+//! * [`Sweep`] to have a [`Sweeper`](crate::Sweeper) delete expired
+//!   records, and [`Inspect`] for operators' tools (`idem show`, `list`,
+//!   `stats`, `forget`), which read [`Record`]s and name keys by their
+//!   stored form ([`StoredKey`]).
+//!
+//! A delivery that may not run its body gets the [`Standing`] of the record
+//! of its key. [`Standing::of`] is what a live record says and
+//! [`Standing::of_ran_out`] what a claim whose lease ran out says: call them
+//! and a store of your own answers as those of this crate do.
+//!
+//! The attribute names a store of your own by its path
+//! (`store = "crate::Notebook"`); a lease-mode handler takes `&impl
+//! LeaseStore`, so it also runs on any other lease store (a test can run a
+//! `store = "redis"` handler on [`MemoryStore`](crate::MemoryStore)).
+//!
+//! The stores of this crate are [`memory`], `sql` (SQLite, PostgreSQL,
+//! MySQL/MariaDB) and `redis`; applications name them from the crate root
+//! (`SqliteStore`, `PgStore`, `RedisStore`, ...).
 //!
 //! # Examples
 //!
-//! Every store can be asked for the record of a key and swept:
+//! A lease store of your own, its records in a map (it leaves out what the
+//! stores of this crate also do: count a claim whose lease ran out as a
+//! failure, [`Standing::of_ran_out`]), running a handler:
 //!
-//! ```
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use idem_runtime::{Key, MemoryStore, Sweeper};
-//! use std::time::Duration;
+//! ```standalone_crate
+//! use std::collections::HashMap;
+//! use std::sync::{Arc, Mutex};
+//! use std::time::{Duration, SystemTime, UNIX_EPOCH};
 //!
-//! let store = MemoryStore::new();
-//! let key = Key::from_parts(&[&"m-1"])?;
-//! assert!(store.record("notify", &key).is_none());
-//! let _sweeper = Sweeper::spawn(store.clone(), Duration::from_secs(60), 1_000);
-//! # Ok(()) }
+//! use idem_runtime::registry::HandlerSpec;
+//! use idem_runtime::store::{Claim, Failure, LeaseStore, Standing};
+//! use idem_runtime::{Key, Outcome, Record, Status, StoreError, idempotent};
+//!
+//! /// Records by (handler, key).
+//! #[derive(Clone, Default)]
+//! pub struct Notebook(Arc<Mutex<HashMap<(String, String), Record>>>);
+//!
+//! fn now_ms() -> i64 {
+//!     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
+//! }
+//!
+//! fn id(spec: &HandlerSpec, key: &Key) -> (String, String) {
+//!     (spec.name.to_owned(), key.as_str().to_owned())
+//! }
+//!
+//! impl Notebook {
+//!     /// Runs `write` on the record of `key` if the claim `token` still holds it.
+//!     fn settle(&self, spec: &HandlerSpec, key: &Key, token: &str, write: impl FnOnce(&mut Record, i64)) -> bool {
+//!         let mut records = self.0.lock().unwrap();
+//!         match records.get_mut(&id(spec, key)) {
+//!             Some(r) if r.status == Status::InProgress && r.token.as_deref() == Some(token) => {
+//!                 write(r, now_ms());
+//!                 true
+//!             }
+//!             _ => false,
+//!         }
+//!     }
+//! }
+//!
+//! impl LeaseStore for Notebook {
+//!     fn store_name(&self) -> &'static str {
+//!         "notebook"
+//!     }
+//!
+//!     async fn claim(
+//!         &self, spec: &'static HandlerSpec, key: &Key, fingerprint: Option<&str>,
+//!     ) -> Result<Claim, StoreError> {
+//!         let now = now_ms();
+//!         let mut records = self.0.lock().unwrap();
+//!         let live = records.get(&id(spec, key)).filter(|r| !r.is_expired(now));
+//!         if let Some(r) = live {
+//!             let left = Duration::from_millis((r.expires_at_ms - now) as u64);
+//!             if let Some(standing) = Standing::of(r, spec, fingerprint, left) {
+//!                 return Ok(Claim::Refused(standing));
+//!             }
+//!         }
+//!         // the key is free, or a failure to retry: its failures still count
+//!         let (attempts, failures) = live.map_or((1, 0), |r| (r.attempts + 1, r.failures));
+//!         let token = format!("{now}-{attempts}");
+//!         let lease_ends = now + spec.lease.as_millis() as i64;
+//!         let mut record = Record::new(spec.name, key.as_str(), Status::InProgress, now, lease_ends);
+//!         (record.attempts, record.failures) = (attempts, failures);
+//!         record.token = Some(token.clone());
+//!         record.fingerprint = fingerprint.map(str::to_owned);
+//!         records.insert(id(spec, key), record);
+//!         Ok(Claim::Acquired { token })
+//!     }
+//!
+//!     async fn complete(
+//!         &self, spec: &'static HandlerSpec, key: &Key, token: &str, outcome: &str,
+//!     ) -> Result<bool, StoreError> {
+//!         Ok(self.settle(spec, key, token, |r, now| {
+//!             r.status = Status::Completed;
+//!             r.outcome = Some(outcome.to_owned());
+//!             r.expires_at_ms = now + spec.ttl.as_millis() as i64;
+//!         }))
+//!     }
+//!
+//!     async fn fail(
+//!         &self, spec: &'static HandlerSpec, key: &Key, token: &str, failure: Failure<'_>,
+//!     ) -> Result<bool, StoreError> {
+//!         Ok(self.settle(spec, key, token, |r, now| {
+//!             r.status = failure.status();
+//!             r.outcome = failure.recorded().map(str::to_owned);
+//!             r.failures += 1;
+//!             r.last_error = Some(failure.text().to_owned());
+//!             r.expires_at_ms = now + spec.ttl.as_millis() as i64;
+//!         }))
+//!     }
+//!
+//!     async fn release(&self, spec: &'static HandlerSpec, key: &Key, token: &str) -> Result<(), StoreError> {
+//!         let mut records = self.0.lock().unwrap();
+//!         if records.get(&id(spec, key)).is_some_and(|r| r.token.as_deref() == Some(token)) {
+//!             records.remove(&id(spec, key));
+//!         }
+//!         Ok(())
+//!     }
+//!
+//!     async fn extend(&self, spec: &'static HandlerSpec, key: &Key, token: &str) -> Result<bool, StoreError> {
+//!         Ok(self.settle(spec, key, token, |r, now| {
+//!             r.expires_at_ms = now + spec.lease.as_millis() as i64;
+//!         }))
+//!     }
+//! }
+//!
+//! struct Shipped { order_id: u64 }
+//!
+//! #[idempotent(key = "order_id", ttl = "1h", store = "crate::Notebook")]
+//! async fn notify(msg: &Shipped) -> Result<u64, std::io::Error> {
+//!     Ok(msg.order_id * 10)
+//! }
+//!
+//! #[tokio::main(flavor = "current_thread")]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let store = Notebook::default();
+//!     let msg = Shipped { order_id: 7 };
+//!     assert_eq!(notify(&store, &msg).await?, Outcome::Executed(70));
+//!     assert_eq!(notify(&store, &msg).await?, Outcome::Duplicate(70));
+//!     Ok(())
+//! }
 //! ```
-
-use std::future::Future;
-use std::time::Duration;
-
-use crate::error::StoreError;
 
 pub(crate) mod batch;
 pub(crate) mod contract;
-pub mod inspect;
+pub(crate) mod inspect;
 pub mod memory;
-#[cfg(feature = "mysql")]
-#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
-pub mod mysql;
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub mod postgres;
+mod record;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+pub(crate) mod rules;
 #[cfg(feature = "_sql")]
 #[cfg_attr(
     docsrs,
     doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
 )]
 pub mod sql;
-#[cfg(feature = "sqlite")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-pub mod sqlite;
+pub(crate) mod sweep;
 
-pub use inspect::{
-    Filter, Forgot, HandlerStats, Inspect, InvalidKey, Order, Query, Schema, Stats, StoredKey,
-    Swept,
+pub use crate::key::{InvalidKey, StoredKey};
+pub use batch::{BatchItem, Held, TxBatch, TxBatchCommit};
+pub use contract::{
+    Claim, Failure, LeaseStore, Standing, StoreTransaction, TxClaim, TxCommit, TxStore,
 };
-
-/// Where a record stands: being worked on, done, failed for good, or failed
-/// and waiting for the next delivery.
-///
-/// # Examples
-///
-/// ```
-/// use idem_runtime::store::Status;
-/// assert_eq!(Status::parse("completed"), Some(Status::Completed));
-/// assert_eq!(Status::InProgress.as_str(), "in_progress");
-/// assert_eq!(Status::ALL.len(), 4);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    /// Claimed; the body has not finished (lease mode), or the transaction
-    /// has not committed (never visible to others in transaction mode).
-    InProgress,
-    /// The body finished and its outcome is recorded.
-    Completed,
-    /// The body failed with a final error, recorded as the outcome:
-    /// duplicates get the error back until the ttl ends.
-    Failed,
-    /// The body failed with an error that may pass (a handler with
-    /// `max_attempts`): the failure is counted, and the next delivery may
-    /// claim the key, until the count reaches `max_attempts`.
-    Retry,
-}
-
-impl Status {
-    /// Every status, in the order operators' tools list them.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use idem_runtime::store::Status;
-    /// let names: Vec<&str> = Status::ALL.iter().map(|s| s.as_str()).collect();
-    /// assert_eq!(names, ["in_progress", "completed", "failed", "retry"]);
-    /// ```
-    pub const ALL: [Status; 4] = [
-        Status::InProgress,
-        Status::Completed,
-        Status::Failed,
-        Status::Retry,
-    ];
-
-    /// The text stored in the `status` column.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use idem_runtime::store::Status;
-    /// assert_eq!(Status::Completed.as_str(), "completed");
-    /// ```
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::InProgress => "in_progress",
-            Status::Completed => "completed",
-            Status::Failed => "failed",
-            Status::Retry => "retry",
-        }
-    }
-
-    /// Reads the text of the `status` column.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use idem_runtime::store::Status;
-    /// assert_eq!(Status::parse("in_progress"), Some(Status::InProgress));
-    /// assert_eq!(Status::parse("done"), None);
-    /// ```
-    pub fn parse(s: &str) -> Option<Status> {
-        Status::ALL.into_iter().find(|status| status.as_str() == s)
-    }
-}
-
-impl std::fmt::Display for Status {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// One dedup record, as an operator would ask for it: was this message
-/// processed, when, with what result; how often did it fail, and why.
-///
-/// Times are milliseconds since the Unix epoch. It serializes (for
-/// operators' tools, such as `idem show --json`) with these field names,
-/// the status as its column's text.
-///
-/// # Examples
-///
-/// ```
-/// # async fn demo() -> Result<(), idem_runtime::StoreError> {
-/// use idem_runtime::{Key, MemoryStore};
-/// let store = MemoryStore::new();
-/// let key = Key::from_parts(&[&"A-17"]).unwrap();
-/// if let Some(record) = store.record("deduct_stock", &key) {
-///     println!("{} at {} -> {:?}", record.status, record.updated_at_ms, record.outcome);
-///     println!("{} failures, last: {:?}", record.failures, record.last_error);
-/// }
-/// # Ok(()) }
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[non_exhaustive]
-pub struct Record {
-    /// The handler's registered name.
-    pub handler: String,
-    /// The stored key (see [`Key`](crate::Key)).
-    pub key: String,
-    /// In progress, completed, failed or waiting for a retry.
-    pub status: Status,
-    /// The recorded result as JSON, once completed; the recorded error as
-    /// JSON, once failed for good.
-    pub outcome: Option<String>,
-    /// How many claims this record has seen in its current window (1, plus
-    /// one per lease takeover and per redelivery after a failure).
-    pub attempts: i64,
-    /// How many deliveries failed in the current window: bodies that
-    /// returned an error (counted for handlers with `max_attempts`, and for
-    /// final errors), and, in lease mode, claims whose lease ran out before
-    /// their body finished. A success resets nothing.
-    pub failures: i64,
-    /// The text of the last failure, if any.
-    pub last_error: Option<String>,
-    /// The payload fingerprint of the delivery that wrote the record, for a
-    /// handler that declares one.
-    pub fingerprint: Option<String>,
-    /// The fencing token of the claim in progress: who holds the lease.
-    pub token: Option<String>,
-    /// When the current claim was made.
-    pub created_at_ms: i64,
-    /// When the record last changed.
-    pub updated_at_ms: i64,
-    /// When a completed (or failed, or retry) record stops counting, or when
-    /// an in-progress lease runs out.
-    pub expires_at_ms: i64,
-}
-
-impl Record {
-    /// A record with nothing but its identity, status and times: no
-    /// outcome, one attempt, no failure.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use idem_runtime::store::{Record, Status};
-    /// let r = Record::new("notify", "3:m-1", Status::InProgress, 1_000, 31_000);
-    /// assert_eq!((r.attempts, r.failures, r.expires_at_ms), (1, 0, 31_000));
-    /// ```
-    pub fn new(
-        handler: &str,
-        key: &str,
-        status: Status,
-        created_at_ms: i64,
-        expires_at_ms: i64,
-    ) -> Self {
-        Record {
-            handler: handler.to_owned(),
-            key: key.to_owned(),
-            status,
-            outcome: None,
-            attempts: 1,
-            failures: 0,
-            last_error: None,
-            fingerprint: None,
-            token: None,
-            created_at_ms,
-            updated_at_ms: created_at_ms,
-            expires_at_ms,
-        }
-    }
-
-    /// Whether the record has expired at `now_ms` (a lease run out, a
-    /// window over): it no longer counts, and a claim replaces it.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use idem_runtime::store::{Record, Status};
-    /// let r = Record::new("notify", "3:m-1", Status::Completed, 0, 60_000);
-    /// assert!(!r.is_expired(59_999));
-    /// assert!(r.is_expired(60_000));
-    /// ```
-    pub fn is_expired(&self, now_ms: i64) -> bool {
-        self.expires_at_ms <= now_ms
-    }
-}
-
-/// Whether the lease of a claim in progress ended less than `ttl` before
-/// `now`: its stall still counts as a failure. One that ended longer ago
-/// belongs to a window that is over.
-pub(crate) fn in_window(record: &Record, now: i64, ttl: std::time::Duration) -> bool {
-    record.expires_at_ms > now.saturating_sub(crate::clock::millis(ttl))
-}
-
-/// The last error a claim records when it takes over a claim whose lease
-/// ran out: that delivery's body never reported back.
-///
-/// # Examples
-///
-/// ```
-/// use idem_runtime::store::{LEASE_RAN_OUT, Record};
-///
-/// fn stalled(record: &Record) -> bool {
-///     record.last_error.as_deref() == Some(LEASE_RAN_OUT)
-/// }
-/// # let _ = stalled;
-/// ```
-pub const LEASE_RAN_OUT: &str =
-    "the lease ran out before the body finished (the consumer stopped, or stalled past its lease)";
-
-/// What a claim carries over from the record it replaces: the counts of a
-/// failed delivery's record it may retry, one more failure for a claim
-/// whose lease ran out, nothing from a record whose window is over. The
-/// memory store applies it as is; the SQL stores and Redis write the same
-/// rules in their claim statements.
-pub(crate) struct Carried {
-    pub(crate) attempts: i64,
-    pub(crate) failures: i64,
-    pub(crate) last_error: Option<String>,
-}
-
-impl Carried {
-    /// What a claim at `now` carries over from `previous`, which it may
-    /// replace (the caller checked [`Standing::of`](crate::Standing::of)),
-    /// for a handler whose records last `ttl`. A stalled claim whose lease
-    /// ended a ttl ago or more ended its window: nothing of it is carried.
-    pub(crate) fn from(previous: Option<&Record>, now: i64, ttl: std::time::Duration) -> Carried {
-        match previous {
-            Some(p) if p.status == Status::InProgress && in_window(p, now, ttl) => Carried {
-                attempts: p.attempts + 1,
-                failures: p.failures + 1,
-                last_error: Some(LEASE_RAN_OUT.to_owned()),
-            },
-            Some(p) if p.status == Status::Retry && !p.is_expired(now) => Carried {
-                attempts: p.attempts + 1,
-                failures: p.failures,
-                last_error: p.last_error.clone(),
-            },
-            _ => Carried {
-                attempts: 1,
-                failures: 0,
-                last_error: None,
-            },
-        }
-    }
-}
-
-/// What a claim at `now` does with the record it finds: the one place the
-/// lease-mode claim rules are put together, for the stores that decide in
-/// the process (memory; Redis, which then writes its decision only if the
-/// record is still the one it read).
-pub(crate) enum ClaimPlan {
-    /// The record stands: [`Standing::of`](crate::Standing::of).
-    Refused(crate::Standing),
-    /// A claim whose lease ran out was the last failure allowed
-    /// ([`Standing::of_ran_out`](crate::Standing::of_ran_out)): the record
-    /// becomes a [`Status::Retry`] one with the stall counted (one more
-    /// failure, [`LEASE_RAN_OUT`]), keeping its token, and the delivery is
-    /// refused with this answer.
-    Exhausted(crate::Standing),
-    /// The key is free (absent, expired, its lease ran out, or a failure
-    /// that may be retried): claim it, carrying this over.
-    Take(Carried),
-}
-
-impl ClaimPlan {
-    /// The plan for a claim at `now` of a key whose record is `existing`,
-    /// for a delivery with payload `fingerprint`.
-    pub(crate) fn of(
-        existing: Option<&Record>,
-        spec: &crate::registry::HandlerSpec,
-        fingerprint: Option<&str>,
-        now: i64,
-    ) -> ClaimPlan {
-        if let Some(e) = existing.filter(|e| !e.is_expired(now)) {
-            let left = std::time::Duration::from_millis(
-                u64::try_from(e.expires_at_ms.saturating_sub(now)).unwrap_or(0),
-            );
-            if let Some(standing) = crate::Standing::of(e, spec, fingerprint, left) {
-                return ClaimPlan::Refused(standing);
-            }
-        }
-        if let Some(exhausted) = existing.and_then(|e| crate::Standing::of_ran_out(e, spec, now)) {
-            return ClaimPlan::Exhausted(exhausted);
-        }
-        ClaimPlan::Take(Carried::from(existing, now, spec.ttl))
-    }
-}
-
-/// `record`, a claim whose lease ran out, settled as the failure that
-/// exhausts its key (see [`ClaimPlan::Exhausted`]) at `now`, for a
-/// handler whose records last `ttl`.
-pub(crate) fn settle_stall(record: &mut Record, now: i64, ttl: std::time::Duration) {
-    record.status = Status::Retry;
-    record.failures += 1;
-    record.last_error = Some(LEASE_RAN_OUT.to_owned());
-    record.updated_at_ms = now;
-    record.expires_at_ms = crate::clock::expiry(now, ttl);
-}
-
-/// A store whose expired records can be deleted in batches.
-///
-/// What a [`Sweeper`] runs. The memory and SQL stores implement it; Redis
-/// expires its records by itself.
-///
-/// # Examples
-///
-/// A one-off sweep at start-up, for any store:
-///
-/// ```
-/// use idem_runtime::{MemoryStore, StoreError, store::Sweep};
-///
-/// async fn sweep_all<S: Sweep>(store: &S) -> Result<u64, StoreError> {
-///     let mut total = 0;
-///     loop {
-///         let n = store.sweep_expired(500).await?;
-///         total += n;
-///         if n < 500 {
-///             return Ok(total);
-///         }
-///     }
-/// }
-///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), StoreError> {
-/// assert_eq!(sweep_all(&MemoryStore::new()).await?, 0);
-/// # Ok(()) }
-/// ```
-pub trait Sweep: Clone + Send + Sync + 'static {
-    /// Deletes at most `batch` expired records; returns how many it deleted.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use idem_runtime::registry::{HandlerSpec, Mode};
-    /// # use std::time::Duration;
-    /// # static SPEC: HandlerSpec = HandlerSpec {
-    /// #     name: "notify", function: "notify", key: "message_id",
-    /// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
-    /// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
-    /// #     fingerprint: None, max_attempts: None,
-    /// # };
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::clock::ManualClock;
-    /// use idem_runtime::store::Sweep;
-    /// use idem_runtime::{Key, LeaseStore, MemoryStore};
-    ///
-    /// let clock = ManualClock::starting_now();
-    /// let store = MemoryStore::with_clock(clock.clone());
-    /// store.claim(&SPEC, &Key::from_parts(&[&"m-1"])?, None).await?;
-    /// clock.advance(SPEC.lease); // the lease runs out
-    /// assert_eq!(Sweep::sweep_expired(&store, 100).await?, 1);
-    /// # Ok(()) }
-    /// ```
-    fn sweep_expired(&self, batch: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
-}
-
-/// A background task that deletes expired records; stops when dropped.
-///
-/// Every `every`, it deletes expired records in batches of `batch` until a
-/// batch comes back short, so the table stays the size of the dedup window
-/// without one long-running delete.
-///
-/// # Examples
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// use idem_runtime::{MemoryStore, Sweeper};
-/// use std::time::Duration;
-/// let store = MemoryStore::new();
-/// let sweeper = Sweeper::spawn(store.clone(), Duration::from_secs(60), 1000);
-/// drop(sweeper); // stops the task
-/// # }
-/// ```
-#[derive(Debug)]
-pub struct Sweeper {
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Sweeper {
-    /// Spawns the sweeper on the current tokio runtime.
-    ///
-    /// The first sweep runs at once, then one every `every`. A failed sweep is
-    /// logged and retried at the next tick.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use idem_runtime::registry::{HandlerSpec, Mode};
-    /// # use std::time::Duration;
-    /// # static SPEC: HandlerSpec = HandlerSpec {
-    /// #     name: "notify", function: "notify", key: "message_id",
-    /// #     ttl: Duration::from_secs(3_600), lease: Duration::from_secs(30),
-    /// #     store: "memory", mode: Mode::Lease, module: "app", file: "src/app.rs", line: 1,
-    /// #     fingerprint: None, max_attempts: None,
-    /// # };
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::clock::ManualClock;
-    /// use idem_runtime::Sweeper;
-    /// use idem_runtime::{Key, LeaseStore, MemoryStore};
-    ///
-    /// let clock = ManualClock::starting_now();
-    /// let store = MemoryStore::with_clock(clock.clone());
-    /// store.claim(&SPEC, &Key::from_parts(&[&"m-1"])?, None).await?;
-    /// clock.advance(SPEC.lease); // the lease runs out
-    ///
-    /// let _sweeper = Sweeper::spawn(store.clone(), Duration::from_secs(60), 1_000);
-    /// tokio::time::sleep(Duration::from_millis(50)).await;
-    /// assert!(store.is_empty());
-    /// # Ok(()) }
-    /// ```
-    pub fn spawn<S: Sweep>(store: S, every: Duration, batch: u32) -> Sweeper {
-        let batch = batch.max(1);
-        // tokio's interval needs a period above zero.
-        let every = every.max(Duration::from_millis(1));
-        let task = tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(every);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                ticks.tick().await;
-                loop {
-                    match store.sweep_expired(batch).await {
-                        Ok(n) if n >= u64::from(batch) => tokio::task::yield_now().await,
-                        Ok(_) => break,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "sweeping expired idempotency records failed");
-                            break;
-                        }
-                    }
-                }
-            }
-        });
-        Sweeper { task }
-    }
-}
-
-impl Drop for Sweeper {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// Checks that `name` is a plain SQL identifier, optionally schema-qualified:
-/// ASCII letters, digits and `_`, not starting with a digit, each part at most
-/// 63 bytes. Nothing else ever reaches the SQL text.
-#[cfg_attr(not(feature = "_sql"), allow(dead_code))]
-pub(crate) fn validate_table_name(name: &str) -> Result<(), StoreError> {
-    let ok_part = |p: &str| {
-        !p.is_empty()
-            && p.len() <= 63
-            && p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-            && !p.as_bytes()[0].is_ascii_digit()
-    };
-    let parts: Vec<&str> = name.split('.').collect();
-    if parts.len() <= 2 && parts.iter().all(|p| ok_part(p)) {
-        Ok(())
-    } else {
-        Err(StoreError::InvalidTableName {
-            name: name.to_owned(),
-        })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::validate_table_name;
-
-    #[test]
-    fn table_names() {
-        for ok in ["idem_keys", "app.idem_keys", "_t1", "T"] {
-            assert!(validate_table_name(ok).is_ok(), "{ok}");
-        }
-        for bad in [
-            "",
-            "1abc",
-            "a-b",
-            "a.b.c",
-            "a b",
-            "keys;drop",
-            "\"q\"",
-            "é",
-            ".a",
-            &"x".repeat(64),
-        ] {
-            assert!(validate_table_name(bad).is_err(), "{bad}");
-        }
-    }
-}
+pub use inspect::{
+    DEFAULT_LIMIT, Filter, Forgot, HandlerStats, Inspect, Order, Query, Schema, Stats, Swept,
+};
+pub use record::{Record, Status};
+pub use rules::LEASE_RAN_OUT;
+pub use sweep::Sweep;

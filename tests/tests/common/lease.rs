@@ -24,8 +24,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use idem_runtime::clock::{Clock, ManualClock, TimeShift};
+use idem_runtime::store::{Claim, LeaseStore};
 use idem_runtime::store::{Record, Status};
-use idem_runtime::{Claim, Error, Key, LeaseStore, Outcome, idempotent};
+use idem_runtime::{Error, Key, Outcome, idempotent};
 
 use super::{AppError, Probe, Tally, eventually, together};
 

@@ -310,7 +310,7 @@ pub(crate) async fn a_final_error_is_recorded_and_replayed<F: LeaseFixture>(fx: 
 /// counts as a failure of the key: with `max_attempts = 5`, four failures
 /// and one stalled consumer exhaust it.
 pub(crate) async fn a_claim_whose_lease_ran_out_counts_as_a_failure<F: LeaseFixture>(fx: Arc<F>) {
-    use idem_runtime::{Claim, LeaseStore};
+    use idem_runtime::store::{Claim, LeaseStore};
     let probe = Probe::new();
     let msg = Reserve::new("s-1", "apple", 1, 1.0);
     for _ in 0..4 {
@@ -366,7 +366,7 @@ pub(crate) async fn a_claim_whose_lease_ran_out_counts_as_a_failure<F: LeaseFixt
 /// A stalled claim counted as the last failure allowed keeps its token: if
 /// its body finishes after all, its outcome is recorded, not lost.
 pub(crate) async fn a_stalled_last_attempt_that_finishes_is_recorded<F: LeaseFixture>(fx: Arc<F>) {
-    use idem_runtime::{Claim, LeaseStore};
+    use idem_runtime::store::{Claim, LeaseStore};
     let msg = Reserve::new("l-1", "apple", 7, 1.0);
     let spec = idem_runtime::registry::find("lease_once").unwrap();
     let Claim::Acquired { token } = fx.store().claim(spec, &msg.key(), None).await.unwrap() else {

@@ -12,9 +12,10 @@
 
 use std::time::Duration;
 
+use idem_runtime::Key;
 use idem_runtime::registry::{HandlerSpec, Mode};
+use idem_runtime::store::{BatchItem, Claim, Failure, Held, LeaseStore, Standing};
 use idem_runtime::store::{Forgot, Inspect, LEASE_RAN_OUT, Query, Record, Status};
-use idem_runtime::{BatchItem, Claim, Failure, Held, Key, LeaseStore, Standing};
 
 use super::RedisFx;
 use super::lease::{self, Job, LeaseFixture, system_now_ms};

@@ -23,7 +23,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idem_runtime::{ClaimOrder, Error, Key, Outcome, RoundTrips, StoreError, TxStore};
+use idem_runtime::store::TxStore;
+use idem_runtime::{ClaimOrder, Error, Key, Outcome, RoundTrips, StoreError};
 
 /// How a consumer's transaction-mode handlers write their dedup row: the
 /// claim order, and how the row travels (a store that cannot merge it

@@ -24,9 +24,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::clock::TimeShift;
-use idem_runtime::{
-    ClaimOrder, Error, Key, Outcome, Record, RoundTrips, Status, StoreError, TxStore,
-};
+use idem_runtime::store::TxStore;
+use idem_runtime::{ClaimOrder, Error, Key, Outcome, Record, RoundTrips, Status, StoreError};
 use idem_tests::or_skip;
 
 use super::ops::{OpsError, Reserve, Settled};

@@ -18,7 +18,8 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::registry::HandlerSpec;
 use crate::store::contract::{Claim, Standing};
-use crate::store::{ClaimPlan, LEASE_RAN_OUT, Status, settle_stall};
+use crate::store::rules::{ClaimPlan, settle_stall};
+use crate::store::{LEASE_RAN_OUT, Status};
 
 /// How often a claim may find that the record it read changed before it
 /// could replace it; each time, another delivery wrote the key, so the

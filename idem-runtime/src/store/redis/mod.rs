@@ -17,9 +17,9 @@
 //! * `read.rs`: reading a record with plain commands;
 //! * `claim.rs`: the claim, `SET ... NX PX ... GET` and then the function
 //!   that replaces the record found, step by step, one key or a batch;
-//! * `lease.rs`: [`LeaseStore`](crate::LeaseStore): the claim, completion,
+//! * `lease.rs`: [`LeaseStore`](crate::store::LeaseStore): the claim, completion,
 //!   failure, release and extension, one key or a batch;
-//! * `inspect.rs`: [`Inspect`](crate::Inspect), what an operator asks.
+//! * `inspect.rs`: [`Inspect`](crate::store::Inspect), what an operator asks.
 //!
 //! # Examples
 //!
@@ -85,8 +85,8 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Cluster ([`connect_cluster`](Self::connect_cluster)), Redis 7.0 or
 /// later (it loads a library of Lua functions). Each record is one value
 /// under [`redis_key`](Self::redis_key), which Redis expires by itself;
-/// the store is a [`LeaseStore`](crate::LeaseStore) and answers
-/// [`Inspect`](crate::Inspect) (`idem show`, `list`, `stats`, `forget`).
+/// the store is a [`LeaseStore`](crate::store::LeaseStore) and answers
+/// [`Inspect`](crate::store::Inspect) (`idem show`, `list`, `stats`, `forget`).
 ///
 /// # Examples
 ///

@@ -8,7 +8,7 @@
 //!
 //! A claim is no function at all on the common path: `SET key value NX PX
 //! ms GET` takes an absent key, or answers the record that stands, from
-//! which the process decides ([`ClaimPlan`](crate::store::ClaimPlan)).
+//! which the process decides ([`ClaimPlan`](crate::store::rules::ClaimPlan)).
 //! The functions are what must read and write in one step: a claim that
 //! replaces a record ([`SWAP`], only if the record is still the one the
 //! claim read), and the completion, failure, release, extension and

@@ -2,7 +2,7 @@
 //!
 //! A batch travels as one parameter, `:rows`: a JSON array of `{"k", "f",
 //! "o", "t"}` objects (key, fingerprint, outcome, token), sorted by key,
-//! which each database reads as a table ([`Dialect::BATCH_ROWS`]: PostgreSQL's `json_array_elements`,
+//! which each database reads as a table ([`Dialect::BATCH_ROWS`]: PostgreSQL's `json_to_recordset`,
 //! SQLite's `json_each`, MySQL's and MariaDB's `JSON_TABLE`). The statement
 //! text is fixed, whatever the batch holds.
 //!
@@ -34,88 +34,13 @@ use std::time::Duration;
 use sqlx::Transaction;
 
 use super::exec::Found;
-use super::statement::{CLAIMED, COMPLETED};
-use super::statement::{NewRow, Statement, Values, render, values_of};
-use super::{Dialect, Fault, SqlStore, Taken, fault, may_take};
+use super::template::{Statement, Values};
+use super::{Dialect, Fault, SqlStore, Taken, fault};
 use crate::clock::millis;
 use crate::error::StoreError;
 use crate::registry::HandlerSpec;
 use crate::store::contract::{BatchItem, Claim, Held, LeaseStore, TxBatch, TxBatchCommit};
-
-/// A claim in progress, one per batch row: its token and fingerprint are
-/// the row's.
-const BATCH_CLAIMED: NewRow = NewRow {
-    token: "r.t",
-    fingerprint: "r.f",
-    ..CLAIMED
-};
-
-/// A dedup row written with its outcome, one per batch row, marked with
-/// the batch's token.
-const BATCH_COMPLETED: NewRow = NewRow {
-    token: "r.t",
-    outcome: "r.o",
-    fingerprint: "r.f",
-    ..COMPLETED
-};
-
-/// The batch statements of one store, built once per table.
-#[derive(Debug)]
-pub(crate) struct BatchStatements {
-    /// The records of the batch's keys: handler, key and the record's
-    /// columns.
-    select: Statement,
-    /// As `select`, reading the latest committed rows inside a
-    /// transaction ([`Dialect::LATEST_READ`]).
-    select_latest: Statement,
-    /// Inserts every row as a claim in progress.
-    insert_claims: Statement,
-    /// Inserts every row completed, with its outcome.
-    insert_completed: Statement,
-    /// Completes the claims the rows' tokens hold, keeping the tokens.
-    complete: Statement,
-    /// Moves the end of the leases the rows' tokens hold.
-    extend: Statement,
-    /// Deletes the claims the rows' tokens hold.
-    release: Statement,
-    /// The keys whose row the row's token holds with status `:status`.
-    held: Statement,
-}
-
-impl BatchStatements {
-    pub(crate) fn new<D: Dialect>(table: &str) -> Self {
-        let render = |template: &str| render::<D>(table, template);
-        let rows = D::BATCH_ROWS;
-        let insert = |row: NewRow| {
-            render(&D::insert_ignoring(&format!(
-                "SELECT {} FROM {rows} WHERE r.k IS NOT NULL",
-                values_of(row, "r.k")
-            )))
-        };
-        let select = D::select_from_rows("cur.handler, cur.{key}, {record}", "TRUE");
-        BatchStatements {
-            select_latest: render(&format!("{select}{}", D::LATEST_READ)),
-            select: render(&select),
-            insert_claims: insert(BATCH_CLAIMED),
-            insert_completed: insert(BATCH_COMPLETED),
-            complete: render(&D::update_from_rows(
-                "status = 'completed', outcome = r.o, updated_at = {now}, expires_at = {until}",
-                "cur.token = r.t AND cur.status IN ('in_progress', 'retry')",
-            )),
-            extend: render(&D::update_from_rows(
-                "updated_at = {now}, expires_at = {until}",
-                "cur.token = r.t AND cur.status = 'in_progress'",
-            )),
-            release: render(&D::delete_from_rows(
-                "cur.token = r.t AND cur.status = 'in_progress'",
-            )),
-            held: render(&D::select_from_rows(
-                "cur.{key}",
-                "cur.token = r.t AND cur.status = :status",
-            )),
-        }
-    }
-}
+use crate::store::rules::may_take;
 
 /// One batch row: key, fingerprint, outcome, token.
 type Row<'a> = [Option<&'a str>; 4];
@@ -502,7 +427,7 @@ impl<D: Dialect> SqlStore<D> {
                     .claim_values(spec, item.key, item.fingerprint, spec.ttl)
                     .map_err(protocol)?
             };
-            if found.is_some_and(|f| !may_take(f, spec, item.fingerprint)) {
+            if found.is_some_and(|f| !may_take(&f.record, f.now, spec, item.fingerprint)) {
                 return Ok(false);
             }
             if !matches!(

@@ -1,6 +1,6 @@
 //! What differs between the SQL databases: the [`Dialect`] trait, which
 //! sqlx's database types implement in the store's modules
-//! ([`sqlx::Sqlite`] in `store/sqlite.rs`, and so on).
+//! ([`sqlx::Sqlite`] in `sqlite.rs` beside this file, and so on).
 //!
 //! A dialect says how its statements are written, how a claim's transaction
 //! begins, and what its errors mean. Everything else, the claim loop,
@@ -8,7 +8,8 @@
 //! [`super::SqlStore`].
 
 use super::exec::Exec;
-use super::statement::{Literals, NewRow, Placeholders};
+use super::rows::NewRow;
+use super::template::{Literals, Placeholders};
 
 /// The SQL databases a [`SqlStore`](super::SqlStore) runs on: implemented
 /// for sqlx's [`Sqlite`](sqlx::Sqlite), [`Postgres`](sqlx::Postgres) and

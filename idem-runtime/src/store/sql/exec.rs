@@ -16,7 +16,7 @@ use std::future::Future;
 
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
 
-use super::statement::{Param, Statement, Values};
+use super::template::{Param, Statement, Values};
 use crate::store::{Record, Status};
 
 /// Binds, runs and decodes the store's statements on a database.
@@ -50,7 +50,7 @@ pub trait Exec: Database {
     ) -> impl Future<Output = Result<Self::QueryResult, sqlx::Error>> + Send + 'a;
 
     /// Runs `message`, one or more statements of this crate with their
-    /// values written in ([`Inline`](super::statement::Inline)), through
+    /// values written in ([`Inline`](super::template::Inline)), through
     /// the text protocol in one round trip.
     fn run_message<'a>(
         conn: &'a mut Self::Connection,
@@ -109,7 +109,7 @@ pub struct Cells {
 }
 
 /// The record in `row`'s columns from `at` on (the columns of
-/// [`RECORD`](super::statement::RECORD), in its order), with the now read
+/// [`RECORD`](super::rows::RECORD), in its order), with the now read
 /// after them.
 fn record<R: Row>(row: &R, at: usize, handler: &str, key: &str) -> Result<Found, sqlx::Error>
 where

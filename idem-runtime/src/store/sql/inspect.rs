@@ -1,6 +1,6 @@
 //! [`Inspect`] for every SQL store, written once: the statements an
 //! operator's questions take, in the named-parameter form of
-//! `statement.rs`, rendered for the store's dialect and table. As
+//! `template.rs`, rendered for the store's dialect and table. As
 //! everywhere in the store, every value is a bound parameter; the only text
 //! spliced in is the validated table name (and fixed fragments of this
 //! file, chosen by the filter and the order).
@@ -11,7 +11,8 @@ use crate::store::inspect::{
 };
 use crate::store::{Record, Status};
 
-use super::statement::{Statement, Values, render};
+use super::statements::render;
+use super::template::{Statement, Values};
 use super::{Dialect, SqlStore};
 
 /// A handler's records, filtered (`{filter}`), sorted (`{dir}`), cut.

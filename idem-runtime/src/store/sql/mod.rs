@@ -19,8 +19,8 @@
 //!   record read the database's now with it. The consumer's clock is never
 //!   read, so consumers whose clocks disagree still agree on who holds a
 //!   lease.
-//! * **In the dialect** (`dialect.rs`, implemented in `store/sqlite.rs`,
-//!   `store/postgres.rs`, `store/mysql.rs`): the statements that differ
+//! * **In the dialect** (`dialect.rs`, implemented in `sqlite.rs`,
+//!   `postgres.rs`, `mysql.rs` beside it): the statements that differ
 //!   (create, claim, sweep), how a claim's transaction begins, how a lock
 //!   wait, a deadlock, a busy database and a missing table show in its
 //!   errors, and its affected-rows count.
@@ -29,9 +29,23 @@
 //!
 //! The execution is generic too, not repeated per dialect: the sqlx bounds it
 //! takes are stated once, on one blanket impl (`exec.rs`), and binding goes by
-//! name (`statement.rs`), so MySQL's positional `?` and Postgres's `$1` take
+//! name (`template.rs`), so MySQL's positional `?` and Postgres's `$1` take
 //! the same statements and values. Dialects hold no execution code at all,
 //! which kept each of them to its SQL and its error codes.
+//!
+//! The files, each using only those above it:
+//!
+//! ```text
+//! template.rs    the template language: `:name` parameters, placeholders, literals
+//! rows.rs        the dedup row's SQL: columns, what a claim writes, when it may take a row
+//! table.rs       the table's name: the default, the check
+//! exec.rs        what the store needs of a sqlx driver: bind, run, decode
+//! dialect.rs     the Dialect trait: what differs between the databases
+//! statements.rs  the statements of one store, built once per table
+//! mod.rs         SqlStore: the claim loop, both modes, LeaseStore and TxStore
+//! batch.rs       SqlStore's batches         inspect.rs  SqlStore's Inspect
+//! sqlite.rs, postgres.rs, mysql.rs: each database's Dialect, constructors, migrate()
+//! ```
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -47,30 +61,33 @@ use crate::store::contract::{
     BatchItem, Claim, Failure, Held, LeaseStore, Standing, TxBatch, TxBatchCommit, TxClaim,
     TxCommit, TxStore,
 };
-use crate::store::{Record, Sweep, validate_table_name};
+use crate::store::rules::{live_standing, may_take};
+use crate::store::{Record, Sweep};
 
 mod batch;
 mod dialect;
 mod exec;
 mod inspect;
-mod statement;
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub mod mysql;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres;
+mod rows;
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub mod sqlite;
+mod statements;
+mod table;
+mod template;
 
 pub use dialect::Dialect;
-pub(crate) use dialect::Fault;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) use dialect::WithCommit;
+use dialect::Fault;
 use exec::Found;
-pub(crate) use statement::COLUMNS;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) use statement::Literals;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) use statement::insert_or_take_over;
-#[cfg(feature = "postgres")]
-pub(crate) use statement::unicode_escapes;
-pub(crate) use statement::{NewRow, Placeholders};
-use statement::{Statement, Statements, Take, Values};
-#[cfg(feature = "mysql")]
-pub(crate) use statement::{claimable, inserted, take_over_assignments};
+use statements::{Statements, Take};
+use table::{DEFAULT_TABLE, bare, validate_table_name};
+use template::{Statement, Values};
 
 /// The version of the dedup table this release writes and reads: 1 was
 /// the first release's; 2 added `failures`, `last_error` and `fingerprint`.
@@ -92,9 +109,6 @@ pub(crate) use statement::{claimable, inserted, take_over_assignments};
 /// # Ok(()) }
 /// ```
 pub const SCHEMA_VERSION: u32 = 2;
-
-/// The dedup table every SQL store uses unless told otherwise.
-pub(crate) const DEFAULT_TABLE: &str = "idem_keys";
 
 /// How often a lease claim retries when the record it lost to vanished
 /// before it could be read (released or swept in between), or when the
@@ -634,7 +648,7 @@ impl<D: Dialect> SqlStore<D> {
     }
 
     /// Runs `take` on `conn`: inserts the claim row, or takes over one a
-    /// claim may take (see [`statement::claimable`]); otherwise reads the
+    /// claim may take (see [`rows::claimable`]); otherwise reads the
     /// record that stands.
     async fn take(
         &self,
@@ -648,7 +662,9 @@ impl<D: Dialect> SqlStore<D> {
         }
         let standing = D::fetch(conn, &self.sql.select_latest, values).await?;
         match (&take.take_over, standing) {
-            (Some(take_over), Some(standing)) if may_take(&standing, spec, values.fingerprint) => {
+            (Some(take_over), Some(standing))
+                if may_take(&standing.record, standing.now, spec, values.fingerprint) =>
+            {
                 if D::rows_affected(&D::run(conn, take_over, values).await?) > 0 {
                     return Ok(Taken::Key);
                 }
@@ -709,9 +725,8 @@ impl<D: Dialect> SqlStore<D> {
         spec: &HandlerSpec,
         fingerprint: Option<&str>,
     ) -> Option<Standing> {
-        let Found { record, now } = found.filter(|f| !f.record.is_expired(f.now))?;
-        let left = Duration::from_millis(u64::try_from(record.expires_at_ms - now).unwrap_or(0));
-        Standing::of(&record, spec, fingerprint, left)
+        let Found { record, now } = found?;
+        live_standing(Some(&record), spec, fingerprint, now)
     }
 
     /// The values of a claim of `key` for a delivery with `fingerprint`: as
@@ -825,28 +840,8 @@ fn fault<D: Dialect>(e: &sqlx::Error) -> Fault {
     }
 }
 
-/// A table name without its schema.
-fn bare(table: &str) -> &str {
-    table.rsplit('.').next().unwrap_or_default()
-}
-
 fn millis_u64(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// Whether a claim of `spec` for a delivery with `fingerprint` may take the
-/// standing record `found`, at the database's now when it was read: the
-/// rule of [`statement::claimable`], read from the record with the rules
-/// every store shares. An expired record may be taken unless it is a
-/// stalled claim whose failure exhausts the key; a live one unless it
-/// stands (a failure that may be retried does not).
-fn may_take(found: &Found, spec: &HandlerSpec, fingerprint: Option<&str>) -> bool {
-    let Found { record, now } = found;
-    if record.is_expired(*now) {
-        Standing::of_ran_out(record, spec, *now).is_none()
-    } else {
-        Standing::of(record, spec, fingerprint, Duration::ZERO).is_none()
-    }
 }
 
 impl<D: Dialect> LeaseStore for SqlStore<D> {
@@ -1052,10 +1047,7 @@ impl<D: Dialect> SqlStore<D> {
 impl<D: Dialect> SqlStore<D> {
     /// The message of `statement` (in [`RoundTrips::Merged`]) when the
     /// store sends it so.
-    fn merged<'s>(
-        &self,
-        statement: &'s Option<statement::Inline>,
-    ) -> Option<&'s statement::Inline> {
+    fn merged<'s>(&self, statement: &'s Option<template::Inline>) -> Option<&'s template::Inline> {
         statement
             .as_ref()
             .filter(|_| self.trips == RoundTrips::Merged)
@@ -1072,7 +1064,7 @@ impl<D: Dialect> SqlStore<D> {
     async fn commit_claim_merged(
         &self,
         mut tx: Transaction<'static, D>,
-        message: &statement::Inline,
+        message: &template::Inline,
         spec: &HandlerSpec,
         values: &Values<'_>,
     ) -> Result<TxCommit, StoreError> {
@@ -1087,7 +1079,7 @@ impl<D: Dialect> SqlStore<D> {
             Fault::Unique => {
                 let savepoint = D::WITH_COMMIT.is_some_and(|with| with.savepoint);
                 if savepoint
-                    && let Err(back) = D::run_text(&mut tx, statement::BACK_BEFORE_DEDUP_ROW).await
+                    && let Err(back) = D::run_text(&mut tx, statements::BACK_BEFORE_DEDUP_ROW).await
                 {
                     let _ = tx.rollback().await;
                     // No transaction to go back into: the unique key the
@@ -1122,7 +1114,7 @@ impl<D: Dialect> SqlStore<D> {
         values: &Values<'_>,
     ) -> Result<Taken, sqlx::Error> {
         match D::fetch(tx, &self.sql.select_latest, values).await? {
-            Some(found) if !may_take(&found, spec, values.fingerprint) => {
+            Some(found) if !may_take(&found.record, found.now, spec, values.fingerprint) => {
                 Ok(Taken::Lost(Some(found)))
             }
             _ => {

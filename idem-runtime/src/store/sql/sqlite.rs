@@ -6,7 +6,7 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let dir = tempfile::tempdir()?;
-//! use idem_runtime::store::sqlite::SqliteStore;
+//! use idem_runtime::store::sql::sqlite::SqliteStore;
 //!
 //! let store = SqliteStore::open(dir.path().join("idem.db")).await?;
 //! store.migrate().await?;
@@ -23,11 +23,12 @@ use sqlx::sqlite::{
 };
 use sqlx::{AssertSqlSafe, Sqlite, Transaction};
 
+use super::dialect::Fault;
+use super::rows::{COLUMNS, NewRow, insert_or_take_over};
+use super::template::Placeholders;
+use super::{ClaimOrder, Dialect, SqlStore};
 use crate::error::StoreError;
 use crate::registry;
-use crate::store::sql::{
-    COLUMNS, ClaimOrder, Dialect, Fault, NewRow, Placeholders, SqlStore, insert_or_take_over,
-};
 
 /// The transaction a transaction-mode SQLite handler receives:
 /// `tx: &mut SqliteTx<'_>`, used as `&mut **tx` with sqlx.
@@ -67,14 +68,14 @@ pub type SqliteTx<'c> = Transaction<'c, Sqlite>;
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
-/// use idem_runtime::store::sqlite::{DEFAULT_TABLE, SqliteStore};
+/// use idem_runtime::store::sql::sqlite::{DEFAULT_TABLE, SqliteStore};
 ///
 /// let store = SqliteStore::open(dir.path().join("idem.db")).await?;
 /// assert_eq!(store.table(), DEFAULT_TABLE);
 /// assert_eq!(DEFAULT_TABLE, "idem_keys");
 /// # Ok(()) }
 /// ```
-pub const DEFAULT_TABLE: &str = crate::store::sql::DEFAULT_TABLE;
+pub const DEFAULT_TABLE: &str = super::table::DEFAULT_TABLE;
 
 /// How long a writer waits for SQLite's write lock before giving up.
 ///
@@ -82,7 +83,7 @@ pub const DEFAULT_TABLE: &str = crate::store::sql::DEFAULT_TABLE;
 ///
 /// ```
 /// use idem_runtime::StoreError;
-/// use idem_runtime::store::sqlite::DEFAULT_BUSY_TIMEOUT;
+/// use idem_runtime::store::sql::sqlite::DEFAULT_BUSY_TIMEOUT;
 /// use std::time::Duration;
 ///
 /// assert_eq!(DEFAULT_BUSY_TIMEOUT, Duration::from_secs(5));

@@ -20,14 +20,13 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgQueryResult};
 use sqlx::{AssertSqlSafe, Postgres, Transaction};
 
+use super::dialect::{Fault, WithCommit};
+use super::rows::{COLUMNS, NewRow, insert_or_take_over};
+use super::template::{Literals, Placeholders, unicode_escapes};
+use super::{ClaimOrder, RoundTrips};
+use super::{Dialect, SqlStore, reach};
 use crate::error::StoreError;
 use crate::registry;
-pub use crate::store::sql::ClaimOrder;
-pub use crate::store::sql::RoundTrips;
-use crate::store::sql::{
-    COLUMNS, Dialect, Fault, Literals, NewRow, Placeholders, SqlStore, WithCommit,
-    insert_or_take_over, reach, unicode_escapes,
-};
 
 /// The transaction a transaction-mode Postgres handler receives:
 /// `tx: &mut PgTx<'_>`, used as `&mut **tx` with sqlx.
@@ -65,14 +64,14 @@ pub type PgTx<'c> = Transaction<'c, Postgres>;
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://postgres@127.0.0.1/test")?;
-/// use idem_runtime::store::postgres::{DEFAULT_TABLE, PgStore};
+/// use idem_runtime::store::sql::postgres::{DEFAULT_TABLE, PgStore};
 ///
 /// let store = PgStore::from_pool(pool);
 /// assert_eq!(store.table(), DEFAULT_TABLE);
 /// assert_eq!(DEFAULT_TABLE, "idem_keys");
 /// # Ok(()) }
 /// ```
-pub const DEFAULT_TABLE: &str = crate::store::sql::DEFAULT_TABLE;
+pub const DEFAULT_TABLE: &str = super::table::DEFAULT_TABLE;
 
 /// How long a claim waits on another transaction holding the same key
 /// before the call returns [`Error::InProgress`](crate::Error::InProgress).
@@ -80,7 +79,7 @@ pub const DEFAULT_TABLE: &str = crate::store::sql::DEFAULT_TABLE;
 /// # Examples
 ///
 /// ```
-/// use idem_runtime::store::postgres::DEFAULT_LOCK_TIMEOUT;
+/// use idem_runtime::store::sql::postgres::DEFAULT_LOCK_TIMEOUT;
 /// use std::time::Duration;
 ///
 /// assert_eq!(DEFAULT_LOCK_TIMEOUT, Duration::from_secs(5));

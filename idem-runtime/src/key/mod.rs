@@ -14,10 +14,16 @@
 //! (which Postgres text refuses), is stored as `#sha256:<64 hex digits>` of
 //! the encoding instead, so every stored key fits an index and every column. A plain encoding always starts with a digit, a digest with `#`,
 //! so the two forms never meet either.
+//!
+//! [`StoredKey`] reads a stored key back: its parts, or that it is a digest.
 
 use std::fmt::{self, Write as _};
 
 use sha2::{Digest, Sha256};
+
+mod stored;
+
+pub use stored::{InvalidKey, StoredKey};
 
 /// The longest encoded key stored as it is; longer ones are stored as a digest.
 ///
@@ -34,6 +40,10 @@ use sha2::{Digest, Sha256};
 /// assert_eq!(long.as_str().len(), "#sha256:".len() + 64);
 /// ```
 pub const MAX_KEY_LEN: usize = 128;
+
+/// What a key stored as its digest starts with: `#sha256:`, then the
+/// SHA-256 of the encoding in 64 lowercase hex digits.
+const DIGEST_PREFIX: &str = "#sha256:";
 
 /// A derived idempotency key, as the store keeps it.
 ///
@@ -350,7 +360,7 @@ impl KeyBuilder {
             return Key::with_shown(self.encoded, self.shown, self.cut);
         }
         let hash = Sha256::digest(self.encoded.as_bytes());
-        Key::with_shown(format!("#sha256:{}", hex(&hash)), self.shown, true)
+        Key::with_shown(format!("{DIGEST_PREFIX}{}", hex(&hash)), self.shown, true)
     }
 }
 

@@ -24,14 +24,13 @@ use sqlx::mysql::{
 };
 use sqlx::{AssertSqlSafe, Executor as _, MySql, Transaction};
 
+use super::dialect::{Fault, WithCommit};
+use super::rows::{COLUMNS, NewRow, claimable, inserted, take_over_assignments};
+use super::template::{Literals, Placeholders};
+use super::{ClaimOrder, RoundTrips};
+use super::{Dialect, SqlStore, reach};
 use crate::error::StoreError;
 use crate::registry;
-pub use crate::store::sql::ClaimOrder;
-pub use crate::store::sql::RoundTrips;
-use crate::store::sql::{
-    COLUMNS, Dialect, Fault, Literals, NewRow, Placeholders, SqlStore, WithCommit, claimable,
-    inserted, reach, take_over_assignments,
-};
 
 /// The transaction a transaction-mode MySQL handler receives:
 /// `tx: &mut MySqlTx<'_>`, used as `&mut **tx` with sqlx.
@@ -69,14 +68,14 @@ pub type MySqlTx<'c> = Transaction<'c, MySql>;
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let pool = sqlx::mysql::MySqlPoolOptions::new().connect_lazy("mysql://root@127.0.0.1:3306/test")?;
-/// use idem_runtime::store::mysql::{DEFAULT_TABLE, MySqlStore};
+/// use idem_runtime::store::sql::mysql::{DEFAULT_TABLE, MySqlStore};
 ///
 /// let store = MySqlStore::from_pool(pool);
 /// assert_eq!(store.table(), DEFAULT_TABLE);
 /// assert_eq!(DEFAULT_TABLE, "idem_keys");
 /// # Ok(()) }
 /// ```
-pub const DEFAULT_TABLE: &str = crate::store::sql::DEFAULT_TABLE;
+pub const DEFAULT_TABLE: &str = super::table::DEFAULT_TABLE;
 
 /// How long a claim waits on another transaction holding the same key
 /// before the call returns [`Error::InProgress`](crate::Error::InProgress):
@@ -86,7 +85,7 @@ pub const DEFAULT_TABLE: &str = crate::store::sql::DEFAULT_TABLE;
 /// # Examples
 ///
 /// ```
-/// use idem_runtime::store::mysql::DEFAULT_LOCK_TIMEOUT;
+/// use idem_runtime::store::sql::mysql::DEFAULT_LOCK_TIMEOUT;
 /// use std::time::Duration;
 ///
 /// assert_eq!(DEFAULT_LOCK_TIMEOUT, Duration::from_secs(5));

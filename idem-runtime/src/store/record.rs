@@ -1,0 +1,190 @@
+//! The record of a key, as an operator reads it back from any store, and
+//! its status.
+
+/// Where a record stands: being worked on, done, failed for good, or failed
+/// and waiting for the next delivery.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::store::Status;
+/// assert_eq!(Status::parse("completed"), Some(Status::Completed));
+/// assert_eq!(Status::InProgress.as_str(), "in_progress");
+/// assert_eq!(Status::ALL.len(), 4);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Claimed; the body has not finished (lease mode), or the transaction
+    /// has not committed (never visible to others in transaction mode).
+    InProgress,
+    /// The body finished and its outcome is recorded.
+    Completed,
+    /// The body failed with a final error, recorded as the outcome:
+    /// duplicates get the error back until the ttl ends.
+    Failed,
+    /// The body failed with an error that may pass (a handler with
+    /// `max_attempts`): the failure is counted, and the next delivery may
+    /// claim the key, until the count reaches `max_attempts`.
+    Retry,
+}
+
+impl Status {
+    /// Every status, in the order operators' tools list them.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::store::Status;
+    /// let names: Vec<&str> = Status::ALL.iter().map(|s| s.as_str()).collect();
+    /// assert_eq!(names, ["in_progress", "completed", "failed", "retry"]);
+    /// ```
+    pub const ALL: [Status; 4] = [
+        Status::InProgress,
+        Status::Completed,
+        Status::Failed,
+        Status::Retry,
+    ];
+
+    /// The text stored in the `status` column.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::store::Status;
+    /// assert_eq!(Status::Completed.as_str(), "completed");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::InProgress => "in_progress",
+            Status::Completed => "completed",
+            Status::Failed => "failed",
+            Status::Retry => "retry",
+        }
+    }
+
+    /// Reads the text of the `status` column.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::store::Status;
+    /// assert_eq!(Status::parse("in_progress"), Some(Status::InProgress));
+    /// assert_eq!(Status::parse("done"), None);
+    /// ```
+    pub fn parse(s: &str) -> Option<Status> {
+        Status::ALL.into_iter().find(|status| status.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One dedup record, as an operator would ask for it: was this message
+/// processed, when, with what result; how often did it fail, and why.
+///
+/// Times are milliseconds since the Unix epoch. It serializes (for
+/// operators' tools, such as `idem show --json`) with these field names,
+/// the status as its column's text.
+///
+/// # Examples
+///
+/// ```
+/// # async fn demo() -> Result<(), idem_runtime::StoreError> {
+/// use idem_runtime::{Key, MemoryStore};
+/// let store = MemoryStore::new();
+/// let key = Key::from_parts(&[&"A-17"]).unwrap();
+/// if let Some(record) = store.record("deduct_stock", &key) {
+///     println!("{} at {} -> {:?}", record.status, record.updated_at_ms, record.outcome);
+///     println!("{} failures, last: {:?}", record.failures, record.last_error);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct Record {
+    /// The handler's registered name.
+    pub handler: String,
+    /// The stored key (see [`Key`](crate::Key)).
+    pub key: String,
+    /// In progress, completed, failed or waiting for a retry.
+    pub status: Status,
+    /// The recorded result as JSON, once completed; the recorded error as
+    /// JSON, once failed for good.
+    pub outcome: Option<String>,
+    /// How many claims this record has seen in its current window (1, plus
+    /// one per lease takeover and per redelivery after a failure).
+    pub attempts: i64,
+    /// How many deliveries failed in the current window: bodies that
+    /// returned an error (counted for handlers with `max_attempts`, and for
+    /// final errors), and, in lease mode, claims whose lease ran out before
+    /// their body finished. A success resets nothing.
+    pub failures: i64,
+    /// The text of the last failure, if any.
+    pub last_error: Option<String>,
+    /// The payload fingerprint of the delivery that wrote the record, for a
+    /// handler that declares one.
+    pub fingerprint: Option<String>,
+    /// The fencing token of the claim in progress: who holds the lease.
+    pub token: Option<String>,
+    /// When the current claim was made.
+    pub created_at_ms: i64,
+    /// When the record last changed.
+    pub updated_at_ms: i64,
+    /// When a completed (or failed, or retry) record stops counting, or when
+    /// an in-progress lease runs out.
+    pub expires_at_ms: i64,
+}
+
+impl Record {
+    /// A record with nothing but its identity, status and times: no
+    /// outcome, one attempt, no failure.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::store::{Record, Status};
+    /// let r = Record::new("notify", "3:m-1", Status::InProgress, 1_000, 31_000);
+    /// assert_eq!((r.attempts, r.failures, r.expires_at_ms), (1, 0, 31_000));
+    /// ```
+    pub fn new(
+        handler: &str,
+        key: &str,
+        status: Status,
+        created_at_ms: i64,
+        expires_at_ms: i64,
+    ) -> Self {
+        Record {
+            handler: handler.to_owned(),
+            key: key.to_owned(),
+            status,
+            outcome: None,
+            attempts: 1,
+            failures: 0,
+            last_error: None,
+            fingerprint: None,
+            token: None,
+            created_at_ms,
+            updated_at_ms: created_at_ms,
+            expires_at_ms,
+        }
+    }
+
+    /// Whether the record has expired at `now_ms` (a lease run out, a
+    /// window over): it no longer counts, and a claim replaces it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::store::{Record, Status};
+    /// let r = Record::new("notify", "3:m-1", Status::Completed, 0, 60_000);
+    /// assert!(!r.is_expired(59_999));
+    /// assert!(r.is_expired(60_000));
+    /// ```
+    pub fn is_expired(&self, now_ms: i64) -> bool {
+        self.expires_at_ms <= now_ms
+    }
+}
