@@ -58,8 +58,10 @@
 //! A store of your own implements the traits of [`store`], whose page is
 //! the contract with a store written in full.
 //!
-//! See the README for the attribute's arguments, the stores and the design
-//! decisions.
+//! The [`guide`] is the rest of the documentation: a tutorial, a chapter for
+//! each subject (the attribute, the modes, keys, failures, batches, each
+//! store, the consumers, operations), the benchmarks and the design
+//! decisions. Every sample in it runs in the test suite.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, unreachable_pub, clippy::unwrap_used)]
 
@@ -84,8 +86,8 @@ mod telemetry;
 pub use error::{BoxError, Error, StoreError};
 pub use final_error::FinalError;
 pub use fingerprint::fingerprint;
-pub use idem_grammar::{format_duration, parse_duration};
-/// Makes an async handler idempotent; see the crate docs and the README.
+/// Makes an async handler idempotent: a duplicate of a message gets the
+/// first delivery's recorded result instead of running the body again.
 ///
 /// ```text
 /// #[idempotent(key = "order_id + sku", ttl = "24h", store = "sqlite")]
@@ -108,56 +110,12 @@ pub use idem_grammar::{format_duration, parse_duration};
 /// `AppResult<T>`, `type Handled = Result<u64, AppError>`); a return type
 /// that is not a `Result` is a compile error on that type.
 ///
-/// # Payload fingerprint and attempts
-///
-/// `fingerprint = "qty + price"` compares deliveries of one key: the parts
-/// are read as the key's are (the same paths and roots, checked against the
-/// message's fields at compile time), but may be of any `serde::Serialize`
-/// type, floats included, and an `Option` part that is `None` is simply a
-/// value. `fingerprint = "*"` takes the whole message (a handler with
-/// several messages names its parts instead). The digest of the parts (see
-/// [`fingerprint()`](crate::fingerprint())) is recorded with the key; a
-/// delivery whose digest differs gets [`Error::PayloadMismatch`] and does
-/// not run the body: the same key named two different messages.
-///
-/// `max_attempts = N` counts a key's failed deliveries in its record (with
-/// the last error's text); after the `N`-th failure, every delivery of the
-/// key, until the ttl has run from that failure, gets [`Error::Exhausted`]
-/// without running the body.
-/// An error type that implements [`FinalError`] records its final errors
-/// whatever `max_attempts` says: they are replayed as [`Error::Failed`].
-///
-/// Both cost nothing to a handler that does not ask for them: without
-/// `fingerprint` nothing is serialized or hashed, and without `max_attempts`
-/// a failed delivery leaves nothing behind.
-///
-/// # Batch handlers
-///
-/// A handler whose key reads a slice parameter, `msgs: &[M]`, takes a whole
-/// batch (a Kafka poll, a prefetch window): the key and the fingerprint are
-/// checked against `M`'s fields and derived for each message, the batch's
-/// keys are claimed at once, the body runs once, and every outcome is
-/// recorded at once. Its `Ok` type is a `Vec<T>`, and the rewritten function
-/// returns `Result<Vec<Result<Outcome<T>, Error<E>>>, Error<E>>`: one answer
-/// per message, in input order, each what a single call would answer.
-///
-/// * The body is given only the fresh messages, in input order, through the
-///   same parameter, and returns one value per message it was given, in the
-///   same order (another number is [`Error::OutcomeCount`]). `M` must be
-///   `Clone`: the fresh messages are cloned out of the batch unless all are
-///   fresh.
-/// * A key the batch holds twice runs once; the later message gets a
-///   `Duplicate` of the first's value (or [`Error::PayloadMismatch`] when a
-///   declared fingerprint differs). A message whose key has a `None` part
-///   gets [`Error::KeyMissing`]; the others run.
-/// * A body error fails the whole batch (the outer [`Error::Handler`]) and
-///   records nothing, so every message runs again when redelivered. It is
-///   never recorded as final ([`FinalError`] is not consulted), and
-///   `max_attempts` is a compile error: a failure belongs to no one message.
-/// * In transaction mode the body may run again, over the messages still
-///   fresh, when another delivery records one of the batch's keys before it
-///   commits: parameters beside the batch are taken by reference, or by value
-///   when `Copy`. A `&Key` parameter is refused (each message has its own).
+/// The first parameter decides the mode: the store's transaction
+/// (`tx: &mut SqliteTx<'_>`) is transaction mode, anything else lease mode
+/// ([`guide::modes`]). A parameter `key: &Key` hands the
+/// body its derived key. A parameter `msgs: &[M]` makes a batch handler: one
+/// call for the whole batch, one answer per message, in input order
+/// ([`guide::batches`]):
 ///
 /// ```standalone_crate
 /// use idem_runtime::{idempotent, Error, MemoryStore, Outcome};
@@ -187,23 +145,8 @@ pub use idem_grammar::{format_duration, parse_duration};
 /// # Ok(()) }
 /// ```
 ///
-/// # The key parameter
-///
-/// A parameter `&Key` lets the body read its derived key. The macro sees
-/// paths, not types, so it decides which parameter that is by how it is
-/// written:
-///
-/// * `&idem_runtime::Key` (or `&<crate>::Key` with `crate = "..."`) is always
-///   the key parameter;
-/// * a bare `&Key` is the key parameter only when no parameter is written
-///   `&idem_runtime::Key`, another parameter can be the message, and no key
-///   path starts with its name; otherwise it is a message, so an
-///   application's own type named `Key` works as the only parameter;
-/// * `&some::path::Key` with any other path is a message.
-///
-/// A bare `&Key` taken for the key parameter that names the application's
-/// own type is a compile error on that type, saying to write it with a path
-/// (`&crate::Key`).
+/// Every argument, the handler shapes the macro takes and how it reads
+/// them, and what it refuses at compile time: [`guide::attribute`].
 ///
 /// # Examples
 ///
