@@ -33,7 +33,8 @@
 //! the same statements and values. Dialects hold no execution code at all,
 //! which kept each of them to its SQL and its error codes.
 //!
-//! The files, each using only those above it:
+//! The files, each using only those above it (`batch.rs` and `inspect.rs`
+//! are more of `SqlStore`'s methods, beside `mod.rs`):
 //!
 //! ```text
 //! template.rs    the template language: `:name` parameters, placeholders, literals
