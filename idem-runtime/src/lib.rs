@@ -79,7 +79,7 @@ pub mod guide;
 mod key;
 mod outcome;
 pub mod registry;
-mod retry;
+mod retry_after;
 pub mod store;
 mod telemetry;
 

@@ -327,7 +327,11 @@ async fn a_redis_handler_runs_on_the_memory_store() {
         Outcome::Duplicate(42)
     );
     let key = Key::from_parts(&[&21u64]).unwrap();
-    let record = store.record("notify_redis", &key).expect("recorded");
+    let record = store
+        .record("notify_redis", &key)
+        .await
+        .unwrap()
+        .expect("recorded");
     assert_eq!(record.outcome.as_deref(), Some("42"));
 
     // A shared store is a store.

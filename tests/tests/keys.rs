@@ -103,7 +103,7 @@ async fn lease_body_reads_its_own_key() {
     let out = pair(&store, &msg, &probe).await.unwrap();
     assert_eq!(out, Outcome::Executed("x+y -> 1:x|1:y".to_string()));
     let key = Key::from_parts(&[&"x", &"y"]).unwrap();
-    let rec = store.record("keys_pair", &key).unwrap();
+    let rec = store.record("keys_pair", &key).await.unwrap().unwrap();
     assert_eq!(
         (rec.status, rec.attempts, rec.outcome.as_deref()),
         (Status::Completed, 1, Some("\"x+y -> 1:x|1:y\""))
@@ -240,7 +240,7 @@ async fn constants_nested_fields_and_tuple_indices_build_the_documented_key() {
         ship(&store, &msg).await.unwrap(),
         Outcome::Executed(format!("3xsku-9 as {}", key.as_str()))
     );
-    assert!(store.record("keys_nested", &key).is_some());
+    assert!(store.record("keys_nested", &key).await.unwrap().is_some());
     // Same business key, other quantity: a duplicate.
     let again = Shipment {
         items: ("sku-9".into(), 7),
@@ -337,8 +337,20 @@ async fn handler_names_scope_keys_and_default_to_the_function_name() {
     );
     assert_eq!(probe.runs(), 2);
     let key = Key::from_parts(&[&"p", &"q"]).unwrap();
-    assert!(store.record("keys_scope_one", &key).is_some());
-    assert!(store.record("keys_scope_default", &key).is_some());
+    assert!(
+        store
+            .record("keys_scope_one", &key)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        store
+            .record("keys_scope_default", &key)
+            .await
+            .unwrap()
+            .is_some()
+    );
 
     let spec = idem_runtime::registry::find("keys_scope_default").expect("registered");
     assert_eq!(spec.function, "keys_scope_default");

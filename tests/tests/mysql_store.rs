@@ -128,7 +128,7 @@ async fn lease_tokens_guard_extension_release_and_completion() {
     assert_eq!(LeaseStore::store_name(&store), "mysql");
     assert_eq!(TxStore::store_name(&store), "mysql");
     let k = key("m-2");
-    let Claim::Acquired { token } = store.claim(&LEASE, &k, None).await.unwrap() else {
+    let Claim::Fresh { token } = store.claim(&LEASE, &k, None).await.unwrap() else {
         panic!("a fresh key is taken")
     };
     shift.advance(Duration::from_secs(10));
@@ -149,7 +149,7 @@ async fn lease_tokens_guard_extension_release_and_completion() {
     assert!(store.record(LEASE.name, &k).await.unwrap().is_some());
     store.release(&LEASE, &k, &token).await.unwrap();
     assert!(store.record(LEASE.name, &k).await.unwrap().is_none());
-    let Claim::Acquired { token } = store.claim(&LEASE, &k, None).await.unwrap() else {
+    let Claim::Fresh { token } = store.claim(&LEASE, &k, None).await.unwrap() else {
         panic!("a released key is taken again")
     };
     assert!(
@@ -189,7 +189,7 @@ async fn keys_and_handlers_compare_byte_for_byte() {
         (&UPPER, key("a")),
     ];
     for (i, (spec, k)) in claims.iter().enumerate() {
-        let Claim::Acquired { token } = store.claim(spec, k, None).await.unwrap() else {
+        let Claim::Fresh { token } = store.claim(spec, k, None).await.unwrap() else {
             panic!("{:?} under {:?} is a key of its own", k.as_str(), spec.name)
         };
         assert!(
@@ -536,7 +536,7 @@ async fn concurrent_migrations_all_succeed() {
     store.migrate().await.expect("and again");
     assert!(matches!(
         store.claim(&LEASE, &key("k"), None).await.unwrap(),
-        Claim::Acquired { .. }
+        Claim::Fresh { .. }
     ));
 }
 
@@ -614,7 +614,7 @@ async fn a_sweep_deletes_in_batches_and_does_not_wait_on_live_claims() {
         .with_claim_order(ClaimOrder::First);
     for i in 0..5 {
         let k = key(&format!("old-{i}"));
-        let Claim::Acquired { token } = store.claim(&LEASE, &k, None).await.unwrap() else {
+        let Claim::Fresh { token } = store.claim(&LEASE, &k, None).await.unwrap() else {
             panic!("a fresh key is taken")
         };
         assert!(store.complete(&LEASE, &k, &token, "null").await.unwrap());
@@ -646,7 +646,7 @@ async fn a_sweep_deletes_in_batches_and_does_not_wait_on_live_claims() {
     // Claims of other keys do not wait on a sweep either.
     assert!(matches!(
         store.claim(&LEASE, &key("new"), None).await.unwrap(),
-        Claim::Acquired { .. }
+        Claim::Fresh { .. }
     ));
     assert_eq!(
         store

@@ -626,7 +626,7 @@ async fn a_batch_is_one_pipeline_and_scripts_run_only_where_a_record_stands() {
         .iter()
         .zip(&claims)
         .map(|(key, claim)| match claim {
-            Claim::Acquired { token } => (Held { key, token }, "0"),
+            Claim::Fresh { token } => (Held { key, token }, "0"),
             other => panic!("a fresh key: {other:?}"),
         })
         .collect();
@@ -640,16 +640,16 @@ async fn a_batch_is_one_pipeline_and_scripts_run_only_where_a_record_stands() {
     let claims = store.claim_batch(&SPEC, &warm_items[..1]).await;
     assert!(matches!(claims.unwrap()[0], Claim::Refused(_)));
     let retried = Key::from_parts(&[&"warm-3"]).unwrap();
-    let Claim::Acquired { token } = store.claim(&SPEC, &retried, None).await.unwrap() else {
+    let Claim::Fresh { token } = store.claim(&SPEC, &retried, None).await.unwrap() else {
         panic!("a fresh key")
     };
-    let failure = Failure::Retry { error: "warm" };
+    let failure = Failure::Counted { error: "warm" };
     assert!(store.fail(&SPEC, &retried, &token, failure).await.unwrap());
     let item = [BatchItem {
         key: &retried,
         fingerprint: None,
     }];
-    let Claim::Acquired { token } = &store.claim_batch(&SPEC, &item).await.unwrap()[0] else {
+    let Claim::Fresh { token } = &store.claim_batch(&SPEC, &item).await.unwrap()[0] else {
         panic!("the failure may be retried")
     };
     assert!(store.complete(&SPEC, &retried, token, "0").await.unwrap());
@@ -670,13 +670,13 @@ async fn a_batch_is_one_pipeline_and_scripts_run_only_where_a_record_stands() {
     let tokens: Vec<&str> = claims
         .iter()
         .map(|c| match c {
-            Claim::Acquired { token } => token.as_str(),
+            Claim::Fresh { token } => token.as_str(),
             other => panic!("a fresh key: {other:?}"),
         })
         .collect();
     // Ten bodies fail (counted, one at a time), the others complete at once.
     for i in 0..10 {
-        let failure = Failure::Retry { error: "timeout" };
+        let failure = Failure::Counted { error: "timeout" };
         assert!(
             store
                 .fail(&SPEC, &keys[i], tokens[i], failure)
@@ -716,9 +716,7 @@ async fn a_batch_is_one_pipeline_and_scripts_run_only_where_a_record_stands() {
         (KEYS + 10, 10)
     );
     assert!(
-        again[..10]
-            .iter()
-            .all(|c| matches!(c, Claim::Acquired { .. })),
+        again[..10].iter().all(|c| matches!(c, Claim::Fresh { .. })),
         "{:?}",
         &again[..10]
     );

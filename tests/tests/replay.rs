@@ -309,8 +309,11 @@ async fn memory_replays_every_value_or_refuses_it() {
             async move { on_memory(&store, &d).await }
         },
         |k| {
-            let r = store.record("replay_memory", &k);
-            async move { r.map(|r| (r.status, r.outcome)) }
+            let store = store.clone();
+            async move {
+                let r = store.record("replay_memory", &k).await.unwrap();
+                r.map(|r| (r.status, r.outcome))
+            }
         },
     )
     .await;

@@ -199,7 +199,7 @@ async fn upgrade_under_load<T: OldTable>(old: Arc<T>) {
         store.claim(&SPEC, &key(total), None).await.unwrap(),
         Claim::Refused(Standing::Completed { .. })
     ));
-    let Claim::Acquired { token } = store.claim(&SPEC, &key(total + 1), None).await.unwrap() else {
+    let Claim::Fresh { token } = store.claim(&SPEC, &key(total + 1), None).await.unwrap() else {
         panic!("a new key is claimed");
     };
     assert!(

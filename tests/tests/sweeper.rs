@@ -129,11 +129,11 @@ async fn memory_sweep_deletes_expired_records_in_bounded_batches_and_keeps_live_
     fill_memory(&store, &clock, &probe).await;
     assert_eq!(store.len(), (EXPIRED + LIVE) as usize);
 
-    assert_eq!(store.sweep_expired(0), 0);
+    assert_eq!(store.sweep_expired(0).await.unwrap(), 0);
     let mut batches = Vec::new();
     loop {
         let before = store.len();
-        let n = store.sweep_expired(7);
+        let n = store.sweep_expired(7).await.unwrap();
         assert!(n <= 7, "a batch of 7 deleted {n}");
         assert_eq!(store.len(), before - n as usize);
         batches.push(n);
@@ -202,5 +202,5 @@ async fn memory_sweeper_task_deletes_expired_records_and_stops_when_dropped() {
     clock.advance(Duration::from_secs(3_600));
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert_eq!(store.len(), LIVE as usize, "the dropped sweeper ran");
-    assert_eq!(store.sweep_expired(100), u64::from(LIVE));
+    assert_eq!(store.sweep_expired(100).await.unwrap(), u64::from(LIVE));
 }

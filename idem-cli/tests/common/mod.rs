@@ -167,7 +167,7 @@ pub(crate) async fn claim<S: LeaseStore>(
     fingerprint: Option<&str>,
 ) -> String {
     match store.claim(spec, key, fingerprint).await.expect("claim") {
-        Claim::Acquired { token } => token,
+        Claim::Fresh { token } => token,
         other => panic!("{key:?} was not claimed: {other:?}"),
     }
 }
@@ -202,7 +202,7 @@ pub(crate) async fn claimable_afresh<S: LeaseStore>(
     key: &Key,
 ) {
     match store.claim(spec, key, None).await.expect("claim") {
-        Claim::Acquired { token } => store.release(spec, key, &token).await.unwrap(),
+        Claim::Fresh { token } => store.release(spec, key, &token).await.unwrap(),
         other => panic!("{key:?} is not claimable again: {other:?}"),
     }
 }

@@ -131,7 +131,7 @@ async fn populate<F: StoreFx>(fx: &F) -> Population {
         &fx.store_at(base + 4_000),
         &ORDERS_SPEC,
         &key("R-1", sku),
-        Failure::Retry {
+        Failure::Counted {
             error: "warehouse API timed out",
         },
     )
@@ -141,7 +141,7 @@ async fn populate<F: StoreFx>(fx: &F) -> Population {
             &fx.store_at(base + 5_000 + i * 1_000),
             &ORDERS_SPEC,
             &key("X-1", sku),
-            Failure::Retry {
+            Failure::Counted {
                 error: "warehouse API timed out",
             },
         )
@@ -285,7 +285,7 @@ pub(crate) async fn show_prints_every_field_of_a_record<F: StoreFx>(fx: &F) {
         fx.store(),
         &ORDERS_SPEC,
         &key("R-1", "apple"),
-        Failure::Retry {
+        Failure::Counted {
             error: "warehouse API timed out",
         },
     )

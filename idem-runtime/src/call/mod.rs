@@ -155,7 +155,7 @@ impl Recording {
                 error: text,
                 encoded,
             }),
-            Recording::Counted { text } => Some(Failure::Retry { error: text }),
+            Recording::Counted { text } => Some(Failure::Counted { error: text }),
             Recording::Unrecorded => None,
         }
     }

@@ -91,10 +91,10 @@ pub struct TxBatch<Tx> {
 /// fn next_step(commit: TxBatchCommit) -> &'static str {
 ///     match commit {
 ///         TxBatchCommit::Committed => "every fresh message is recorded with the body's writes",
-///         TxBatchCommit::Taken => "rolled back: read the batch again and run what is still fresh",
+///         TxBatchCommit::Lost => "rolled back: read the batch again and run what is still fresh",
 ///     }
 /// }
-/// assert!(next_step(TxBatchCommit::Taken).starts_with("rolled back"));
+/// assert!(next_step(TxBatchCommit::Lost).starts_with("rolled back"));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TxBatchCommit {
@@ -103,5 +103,5 @@ pub enum TxBatchCommit {
     /// Another delivery recorded one of the keys between the batch's begin
     /// and its commit: everything was rolled back, and the runtime begins
     /// the batch again (the key is now a duplicate).
-    Taken,
+    Lost,
 }

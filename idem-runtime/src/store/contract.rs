@@ -103,7 +103,7 @@ pub enum Standing {
 /// let store = MemoryStore::new();
 /// let key = Key::from_parts(&[&"m-1"])?;
 /// match store.claim(&SPEC, &key, None).await? {
-///     Claim::Acquired { token } => {
+///     Claim::Fresh { token } => {
 ///         // run the body, then record its result under the token
 ///         assert!(store.complete(&SPEC, &key, &token, "42").await?);
 ///     }
@@ -121,7 +121,7 @@ pub enum Claim {
     /// The key was absent, expired, its lease had run out, or its last
     /// delivery failed and may be retried: this caller holds it now,
     /// identified by `token`.
-    Acquired {
+    Fresh {
         /// The fencing token of this claim; completion, failure, release and
         /// lease extension only succeed while the record still holds it.
         token: String,
@@ -137,7 +137,7 @@ pub enum Claim {
 /// ```
 /// use idem_runtime::store::Failure;
 ///
-/// let retry = Failure::Retry { error: "connection reset by peer" };
+/// let retry = Failure::Counted { error: "connection reset by peer" };
 /// assert_eq!(retry.text(), "connection reset by peer");
 /// let last = Failure::Final { error: "unknown SKU pear-9", encoded: r#"{"UnknownSku":"pear-9"}"# };
 /// assert_eq!(last.text(), "unknown SKU pear-9");
@@ -147,7 +147,7 @@ pub enum Failure<'a> {
     /// The error may pass on a redelivery: the store counts it (one more
     /// failure, `error` as the last error) and lets the next delivery claim
     /// the key, until the handler's `max_attempts`.
-    Retry {
+    Counted {
         /// The error's text (`Display`).
         error: &'a str,
     },
@@ -167,11 +167,11 @@ impl Failure<'_> {
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(idem_runtime::store::Failure::Retry { error: "timeout" }.text(), "timeout");
+    /// assert_eq!(idem_runtime::store::Failure::Counted { error: "timeout" }.text(), "timeout");
     /// ```
     pub fn text(&self) -> &str {
         match self {
-            Failure::Retry { error } | Failure::Final { error, .. } => error,
+            Failure::Counted { error } | Failure::Final { error, .. } => error,
         }
     }
 
@@ -182,11 +182,11 @@ impl Failure<'_> {
     ///
     /// ```
     /// use idem_runtime::store::{Failure, Status};
-    /// assert_eq!(Failure::Retry { error: "timeout" }.status(), Status::Retry);
+    /// assert_eq!(Failure::Counted { error: "timeout" }.status(), Status::Retry);
     /// ```
     pub fn status(&self) -> crate::store::Status {
         match self {
-            Failure::Retry { .. } => crate::store::Status::Retry,
+            Failure::Counted { .. } => crate::store::Status::Retry,
             Failure::Final { .. } => crate::store::Status::Failed,
         }
     }
@@ -200,11 +200,11 @@ impl Failure<'_> {
     /// use idem_runtime::store::Failure;
     /// let last = Failure::Final { error: "unknown SKU", encoded: r#""pear""# };
     /// assert_eq!(last.recorded(), Some(r#""pear""#));
-    /// assert_eq!(Failure::Retry { error: "timeout" }.recorded(), None);
+    /// assert_eq!(Failure::Counted { error: "timeout" }.recorded(), None);
     /// ```
     pub fn recorded(&self) -> Option<&str> {
         match self {
-            Failure::Retry { .. } => None,
+            Failure::Counted { .. } => None,
             Failure::Final { encoded, .. } => Some(encoded),
         }
     }
@@ -269,7 +269,7 @@ impl Failure<'_> {
 ///
 /// let store = Counted::default();
 /// let key = Key::from_parts(&[&"m-1"])?;
-/// assert!(matches!(store.claim(&SPEC, &key, None).await?, Claim::Acquired { .. }));
+/// assert!(matches!(store.claim(&SPEC, &key, None).await?, Claim::Fresh { .. }));
 /// assert_eq!(store.claims.load(Ordering::Relaxed), 1);
 /// # Ok(()) }
 /// ```
@@ -322,7 +322,7 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     /// let store = MemoryStore::new();
     /// let key = Key::from_parts(&[&"m-1"])?;
     /// let first = store.claim(&SPEC, &key, None).await?;
-    /// assert!(matches!(first, Claim::Acquired { .. }));
+    /// assert!(matches!(first, Claim::Fresh { .. }));
     /// // a second consumer finds the live lease
     /// let Claim::Refused(Standing::InProgress { retry_after }) =
     ///     store.claim(&SPEC, &key, None).await? else { panic!() };
@@ -357,7 +357,7 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     ///
     /// let store = MemoryStore::new();
     /// let key = Key::from_parts(&[&"m-1"])?;
-    /// let Claim::Acquired { token } = store.claim(&SPEC, &key, None).await? else { panic!() };
+    /// let Claim::Fresh { token } = store.claim(&SPEC, &key, None).await? else { panic!() };
     /// assert!(store.complete(&SPEC, &key, &token, r#"{"sent":true}"#).await?);
     /// // the token no longer holds a claim
     /// assert!(!store.complete(&SPEC, &key, &token, "null").await?);
@@ -372,7 +372,7 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Records a failed body, if `token` still holds the claim: a
-    /// [`Failure::Retry`] counts one more failure and leaves the key for the
+    /// [`Failure::Counted`] counts one more failure and leaves the key for the
     /// next delivery (status [`Retry`](crate::store::Status::Retry), kept for
     /// `spec.ttl` so the count survives); a [`Failure::Final`] is recorded
     /// like an outcome (status [`Failed`](crate::store::Status::Failed)).
@@ -401,8 +401,8 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     /// let store = MemoryStore::new();
     /// let key = Key::from_parts(&[&"m-1"])?;
     /// for _ in 0..2 {
-    ///     let Claim::Acquired { token } = store.claim(&SPEC, &key, None).await? else { panic!() };
-    ///     assert!(store.fail(&SPEC, &key, &token, Failure::Retry { error: "smtp timeout" }).await?);
+    ///     let Claim::Fresh { token } = store.claim(&SPEC, &key, None).await? else { panic!() };
+    ///     assert!(store.fail(&SPEC, &key, &token, Failure::Counted { error: "smtp timeout" }).await?);
     /// }
     /// // two failures, and SPEC allows two attempts
     /// let Claim::Refused(Standing::Exhausted { failures, last_error }) =
@@ -438,10 +438,10 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     ///
     /// let store = MemoryStore::new();
     /// let key = Key::from_parts(&[&"m-1"])?;
-    /// let Claim::Acquired { token } = store.claim(&SPEC, &key, None).await? else { panic!() };
+    /// let Claim::Fresh { token } = store.claim(&SPEC, &key, None).await? else { panic!() };
     /// // the body failed: give the key back so a redelivery runs it again
     /// store.release(&SPEC, &key, &token).await?;
-    /// assert!(matches!(store.claim(&SPEC, &key, None).await?, Claim::Acquired { .. }));
+    /// assert!(matches!(store.claim(&SPEC, &key, None).await?, Claim::Fresh { .. }));
     /// # Ok(()) }
     /// ```
     fn release(
@@ -472,7 +472,7 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     ///
     /// let store = MemoryStore::new();
     /// let key = Key::from_parts(&[&"m-1"])?;
-    /// let Claim::Acquired { token } = store.claim(&SPEC, &key, None).await? else { panic!() };
+    /// let Claim::Fresh { token } = store.claim(&SPEC, &key, None).await? else { panic!() };
     /// assert!(store.extend(&SPEC, &key, &token).await?);
     /// assert!(!store.extend(&SPEC, &key, "someone else's token").await?);
     /// # Ok(()) }
@@ -508,13 +508,13 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     ///
     /// let store = MemoryStore::new();
     /// let (a, b) = (Key::from_parts(&[&"m-1"])?, Key::from_parts(&[&"m-2"])?);
-    /// let Claim::Acquired { token } = store.claim(&SPEC, &a, None).await? else { panic!() };
+    /// let Claim::Fresh { token } = store.claim(&SPEC, &a, None).await? else { panic!() };
     /// store.complete(&SPEC, &a, &token, "1").await?;
     ///
     /// let items = [BatchItem { key: &a, fingerprint: None }, BatchItem { key: &b, fingerprint: None }];
     /// let claims = store.claim_batch(&SPEC, &items).await?;
     /// assert!(matches!(claims[0], Claim::Refused(_)));
-    /// let Claim::Acquired { token } = &claims[1] else { panic!() };
+    /// let Claim::Fresh { token } = &claims[1] else { panic!() };
     /// assert_eq!(store.complete_batch(&SPEC, &[(Held { key: &b, token }, "2")]).await?, [true]);
     /// # Ok(()) }
     /// ```
@@ -563,7 +563,7 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     /// let store = MemoryStore::new();
     /// let key = Key::from_parts(&[&"m-1"])?;
     /// let claims = store.claim_batch(&SPEC, &[BatchItem { key: &key, fingerprint: None }]).await?;
-    /// let Claim::Acquired { token } = &claims[0] else { panic!() };
+    /// let Claim::Fresh { token } = &claims[0] else { panic!() };
     /// assert_eq!(store.complete_batch(&SPEC, &[(Held { key: &key, token }, "7")]).await?, [true]);
     /// # Ok(()) }
     /// ```
@@ -602,9 +602,9 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     /// let store = MemoryStore::new();
     /// let key = Key::from_parts(&[&"m-1"])?;
     /// let claims = store.claim_batch(&SPEC, &[BatchItem { key: &key, fingerprint: None }]).await?;
-    /// let Claim::Acquired { token } = &claims[0] else { panic!() };
+    /// let Claim::Fresh { token } = &claims[0] else { panic!() };
     /// store.release_batch(&SPEC, &[Held { key: &key, token }]).await?;
-    /// assert!(matches!(store.claim(&SPEC, &key, None).await?, Claim::Acquired { .. }));
+    /// assert!(matches!(store.claim(&SPEC, &key, None).await?, Claim::Fresh { .. }));
     /// # Ok(()) }
     /// ```
     fn release_batch(
@@ -642,7 +642,7 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     /// let store = MemoryStore::new();
     /// let key = Key::from_parts(&[&"m-1"])?;
     /// let claims = store.claim_batch(&SPEC, &[BatchItem { key: &key, fingerprint: None }]).await?;
-    /// let Claim::Acquired { token } = &claims[0] else { panic!() };
+    /// let Claim::Fresh { token } = &claims[0] else { panic!() };
     /// assert_eq!(store.extend_batch(&SPEC, &[Held { key: &key, token }]).await?, [true]);
     /// # Ok(()) }
     /// ```
@@ -667,7 +667,7 @@ pub(crate) fn held<'a>(items: &[BatchItem<'a>], claims: &'a [Claim]) -> Vec<Held
         .iter()
         .zip(claims)
         .filter_map(|(item, claim)| match claim {
-            Claim::Acquired { token } => Some(Held {
+            Claim::Fresh { token } => Some(Held {
                 key: item.key,
                 token,
             }),
@@ -948,7 +948,7 @@ pub trait TxStore: Send + Sync {
     ///
     /// let key = Key::from_parts(&[&17u64])?;
     /// let TxClaim::Fresh(tx) = store.begin_claim(&SPEC, &key, None).await? else { panic!() };
-    /// let failure = Failure::Retry { error: "warehouse API timed out" };
+    /// let failure = Failure::Counted { error: "warehouse API timed out" };
     /// assert_eq!(store.commit_failure(tx, &SPEC, &key, None, failure).await?, TxCommit::Committed);
     /// let record = store.record("deduct_stock", &key).await?.unwrap();
     /// assert_eq!((record.failures, record.last_error.as_deref()), (1, Some("warehouse API timed out")));
@@ -1064,7 +1064,7 @@ pub trait TxStore: Send + Sync {
     /// (`outcomes` is aligned with `items`: `Some` for each key
     /// [`TxStore::begin_batch`] found fresh) and commits them with the
     /// body's writes, or rolls everything back and answers
-    /// [`TxBatchCommit::Taken`] when another delivery recorded one of those
+    /// [`TxBatchCommit::Lost`] when another delivery recorded one of those
     /// keys meanwhile.
     ///
     /// # Examples

@@ -34,7 +34,7 @@
 //! let store = MemoryStore::new();
 //! let key = Key::from_parts(&[&"m-1"])?;
 //! let claim = store.claim(&SPEC, &key, None).await?;
-//! # let idem_runtime::store::Claim::Acquired { token } = claim else { panic!() };
+//! # let idem_runtime::store::Claim::Fresh { token } = claim else { panic!() };
 //! # store.complete(&SPEC, &key, &token, "42").await?;
 //!
 //! let record = Inspect::lookup(&store, "notify", key.as_str()).await?.unwrap();
@@ -898,13 +898,13 @@ mod tests {
         let clock = ManualClock::new(1_000_000);
         let store = MemoryStore::with_clock(clock.clone());
         let k = |id: &str| Key::from_parts(&[&id]).unwrap();
-        let Claim::Acquired { token } = store.claim(&SPEC, &k("a"), None).await.unwrap() else {
+        let Claim::Fresh { token } = store.claim(&SPEC, &k("a"), None).await.unwrap() else {
             panic!()
         };
-        let Claim::Acquired { token: b } = store.claim(&SPEC, &k("b"), None).await.unwrap() else {
+        let Claim::Fresh { token: b } = store.claim(&SPEC, &k("b"), None).await.unwrap() else {
             panic!()
         };
-        let failure = Failure::Retry { error: "timeout" };
+        let failure = Failure::Counted { error: "timeout" };
         store.fail(&SPEC, &k("b"), &b, failure).await.unwrap();
 
         assert!(matches!(

@@ -100,7 +100,7 @@ impl MemoryStore {
     /// let clock = ManualClock::new(1_000);
     /// let store = MemoryStore::with_clock(clock.clone());
     /// let key = Key::from_parts(&[&"m-1"])?;
-    /// let Claim::Acquired { token } = store.claim(&SPEC, &key, None).await? else { panic!() };
+    /// let Claim::Fresh { token } = store.claim(&SPEC, &key, None).await? else { panic!() };
     /// store.complete(&SPEC, &key, &token, "null").await?;
     /// assert!(matches!(
     ///     store.claim(&SPEC, &key, None).await?,
@@ -108,7 +108,7 @@ impl MemoryStore {
     /// ));
     ///
     /// clock.advance(SPEC.ttl); // the record expires: the key runs again
-    /// assert!(matches!(store.claim(&SPEC, &key, None).await?, Claim::Acquired { .. }));
+    /// assert!(matches!(store.claim(&SPEC, &key, None).await?, Claim::Fresh { .. }));
     /// # Ok(()) }
     /// ```
     pub fn with_clock(clock: impl Clock) -> Self {
@@ -170,19 +170,20 @@ impl MemoryStore {
     ///
     /// let store = MemoryStore::with_clock(ManualClock::new(1_000));
     /// let key = Key::from_parts(&[&"m-1"])?;
-    /// assert!(store.record("notify", &key).is_none());
+    /// assert!(store.record("notify", &key).await?.is_none());
     ///
     /// store.claim(&SPEC, &key, None).await?;
-    /// let record = store.record("notify", &key).unwrap();
+    /// let record = store.record("notify", &key).await?.unwrap();
     /// assert_eq!(record.status, Status::InProgress);
     /// assert_eq!(record.created_at_ms, 1_000);
     /// assert_eq!(record.expires_at_ms, 31_000); // the 30 s lease
     /// # Ok(()) }
     /// ```
-    pub fn record(&self, handler: &str, key: &Key) -> Option<Record> {
+    pub async fn record(&self, handler: &str, key: &Key) -> Result<Option<Record>, StoreError> {
         let map = self.lock();
-        map.get(&(handler.to_owned(), key.as_str().to_owned()))
-            .cloned()
+        Ok(map
+            .get(&(handler.to_owned(), key.as_str().to_owned()))
+            .cloned())
     }
 
     /// Deletes at most `batch` expired records; returns how many.
@@ -190,9 +191,17 @@ impl MemoryStore {
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(idem_runtime::MemoryStore::new().sweep_expired(100), 0);
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), idem_runtime::StoreError> {
+    /// assert_eq!(idem_runtime::MemoryStore::new().sweep_expired(100).await?, 0);
+    /// # Ok(()) }
     /// ```
-    pub fn sweep_expired(&self, batch: u32) -> u64 {
+    pub async fn sweep_expired(&self, batch: u32) -> Result<u64, StoreError> {
+        Ok(self.sweep_now(batch))
+    }
+
+    /// Deletes at most `batch` expired records under the lock.
+    fn sweep_now(&self, batch: u32) -> u64 {
         let now = self.clock.now_millis();
         let mut map = self.lock();
         let expired: Vec<_> = map
@@ -275,7 +284,7 @@ impl LeaseStore for MemoryStore {
             record.fingerprint = fingerprint.map(str::to_owned);
             record.token = Some(token.clone());
             *slot = Some(record);
-            Claim::Acquired { token }
+            Claim::Fresh { token }
         }))
     }
 
@@ -360,7 +369,7 @@ impl LeaseStore for MemoryStore {
 
 impl Sweep for MemoryStore {
     async fn sweep_expired(&self, batch: u32) -> Result<u64, StoreError> {
-        Ok(MemoryStore::sweep_expired(self, batch))
+        MemoryStore::sweep_expired(self, batch).await
     }
 }
 
@@ -407,7 +416,7 @@ impl Inspect for MemoryStore {
     }
 
     async fn sweep(&self) -> Result<Swept, StoreError> {
-        Ok(Swept::deleted(MemoryStore::sweep_expired(self, u32::MAX)))
+        Ok(Swept::deleted(self.sweep_now(u32::MAX)))
     }
 
     async fn handlers(&self) -> Result<Vec<String>, StoreError> {

@@ -100,7 +100,7 @@
 //!         record.token = Some(token.clone());
 //!         record.fingerprint = fingerprint.map(str::to_owned);
 //!         records.insert(id(spec, key), record);
-//!         Ok(Claim::Acquired { token })
+//!         Ok(Claim::Fresh { token })
 //!     }
 //!
 //!     async fn complete(

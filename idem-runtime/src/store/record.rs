@@ -97,7 +97,7 @@ impl std::fmt::Display for Status {
 /// use idem_runtime::{Key, MemoryStore};
 /// let store = MemoryStore::new();
 /// let key = Key::from_parts(&[&"A-17"]).unwrap();
-/// if let Some(record) = store.record("deduct_stock", &key) {
+/// if let Some(record) = store.record("deduct_stock", &key).await? {
 ///     println!("{} at {} -> {:?}", record.status, record.updated_at_ms, record.outcome);
 ///     println!("{} failures, last: {:?}", record.failures, record.last_error);
 /// }

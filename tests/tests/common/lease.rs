@@ -1010,7 +1010,7 @@ pub(crate) async fn stored_outcome_that_no_longer_decodes_is_a_codec_error<F: Le
     let msg = Job::new("j-11", 6);
     let spec = idem_runtime::registry::find(POINTS).expect("registered");
     let key = msg.key();
-    let Claim::Acquired { token } = fx.store().claim(spec, &key, None).await.unwrap() else {
+    let Claim::Fresh { token } = fx.store().claim(spec, &key, None).await.unwrap() else {
         panic!("a fresh key")
     };
     let completed = fx.store().complete(spec, &key, &token, "\"points-v1\"");

@@ -321,7 +321,7 @@ pub(crate) async fn a_claim_whose_lease_ran_out_counts_as_a_failure<F: LeaseFixt
     }
     // A consumer claims and stops: its lease runs out.
     let spec = idem_runtime::registry::find("lease_flaky").unwrap();
-    let Claim::Acquired { .. } = fx.store().claim(spec, &msg.key(), None).await.unwrap() else {
+    let Claim::Fresh { .. } = fx.store().claim(spec, &msg.key(), None).await.unwrap() else {
         panic!("the fifth delivery claims the key");
     };
     fx.run_out_lease("lease_flaky", &msg.key()).await;
@@ -347,7 +347,7 @@ pub(crate) async fn a_claim_whose_lease_ran_out_counts_as_a_failure<F: LeaseFixt
     // A first claim that stalls counts too: the next delivery runs as the
     // second attempt, one failure on record.
     let first = Reserve::new("s-2", "apple", 1, 1.0);
-    let Claim::Acquired { .. } = fx.store().claim(spec, &first.key(), None).await.unwrap() else {
+    let Claim::Fresh { .. } = fx.store().claim(spec, &first.key(), None).await.unwrap() else {
         panic!("a fresh key is claimed");
     };
     fx.run_out_lease("lease_flaky", &first.key()).await;
@@ -369,7 +369,7 @@ pub(crate) async fn a_stalled_last_attempt_that_finishes_is_recorded<F: LeaseFix
     use idem_runtime::store::{Claim, LeaseStore};
     let msg = Reserve::new("l-1", "apple", 7, 1.0);
     let spec = idem_runtime::registry::find("lease_once").unwrap();
-    let Claim::Acquired { token } = fx.store().claim(spec, &msg.key(), None).await.unwrap() else {
+    let Claim::Fresh { token } = fx.store().claim(spec, &msg.key(), None).await.unwrap() else {
         panic!("the only attempt claims the key");
     };
     fx.run_out_lease("lease_once", &msg.key()).await;

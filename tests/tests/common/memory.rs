@@ -62,7 +62,10 @@ impl LeaseFixture for MemoryFx {
     }
 
     async fn record(&self, handler: &str, key: &Key) -> Option<Record> {
-        self.store.record(handler, key)
+        self.store
+            .record(handler, key)
+            .await
+            .expect("the memory store never fails")
     }
 
     async fn records(&self) -> usize {

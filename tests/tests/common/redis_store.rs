@@ -54,7 +54,7 @@ fn items<'a>(keys: &'a [Key], fingerprint: Option<&'a str>) -> Vec<BatchItem<'a>
 
 fn token(claim: &Claim) -> &str {
     match claim {
-        Claim::Acquired { token } => token,
+        Claim::Fresh { token } => token,
         Claim::Refused(standing) => panic!("expected a claim, got {standing:?}"),
     }
 }
@@ -158,7 +158,7 @@ pub(crate) async fn a_batch_mixes_recorded_live_and_fresh_keys(fx: &RedisFx) {
     assert!(store.complete(&COUNTED, &keys[0], &t, "1").await.unwrap());
     let busy = claim(1).await;
     let t = claim(3).await;
-    let failure = Failure::Retry {
+    let failure = Failure::Counted {
         error: "smtp | timeout é",
     };
     assert!(store.fail(&COUNTED, &keys[3], &t, failure).await.unwrap());
@@ -378,7 +378,7 @@ impl OldScripts {
         failure: Failure<'_>,
     ) {
         let status = match failure {
-            Failure::Retry { .. } => "retry",
+            Failure::Counted { .. } => "retry",
             Failure::Final { .. } => "failed",
         };
         let mut inv = self.fail.prepare_invoke();
@@ -418,7 +418,7 @@ pub(crate) async fn hashes_of_the_previous_release_are_read_and_honoured(fx: &Re
     old.complete(fx, &OLD, &done, &t(1), "{\"points\":5}").await;
     assert_eq!(old.claim(fx, &OLD, &busy, &t(2), "").await, 1);
     assert_eq!(old.claim(fx, &OLD_COUNTED, &retry, &t(3), "").await, 1);
-    let failure = Failure::Retry { error: "boom | é" };
+    let failure = Failure::Counted { error: "boom | é" };
     old.fail(fx, &OLD_COUNTED, &retry, &t(3), failure).await;
     assert_eq!(old.claim(fx, &OLD_COUNTED, &stalled, &t(4), "").await, 1);
     // Its consumer stopped: the lease ended, the record stays for the ttl.

@@ -56,17 +56,17 @@ where
             .map_err(|e| store_err(spec, &plan.lead(&[]), e))?;
         claim_latency(spec, claim_start);
         let fresh: Vec<usize> = (0..claims.len())
-            .filter(|&u| matches!(claims[u], Claim::Acquired { .. }))
+            .filter(|&u| matches!(claims[u], Claim::Fresh { .. }))
             .collect();
         tracing::Span::current().record("fresh", fresh.len());
         let refusal = |claim: &Claim| match claim {
             Claim::Refused(Standing::InProgress { retry_after }) => {
                 Fate::Refused(Standing::InProgress {
-                    retry_after: crate::retry::lease_hint(spec, *retry_after),
+                    retry_after: crate::retry_after::lease_hint(spec, *retry_after),
                 })
             }
             Claim::Refused(other) => Fate::Refused(other.clone()),
-            Claim::Acquired { .. } => Fate::Lost,
+            Claim::Fresh { .. } => Fate::Lost,
         };
         if fresh.is_empty() {
             let fates = claims.iter().map(refusal).collect();
@@ -78,7 +78,7 @@ where
         let body_start = Instant::now();
         let result = body(plan.fresh_messages(msgs, &fresh)).await;
         body_latency(spec, body_start);
-        crate::retry::body_finished(spec, body_start.elapsed());
+        crate::retry_after::body_finished(spec, body_start.elapsed());
 
         let values = match result {
             Ok(values) => values,
@@ -117,7 +117,7 @@ where
         let fates = claims
             .iter()
             .map(|claim| match claim {
-                Claim::Acquired { .. } => match ran.next() {
+                Claim::Fresh { .. } => match ran.next() {
                     Some(((value, outcome), true)) => Fate::Ran(value, outcome),
                     _ => Fate::Lost,
                 },

@@ -67,13 +67,13 @@ where
     check_registry(spec)?;
     let claim_start = Instant::now();
     let token = match store.claim(spec, key, fingerprint).await {
-        Ok(Claim::Acquired { token }) => token,
+        Ok(Claim::Fresh { token }) => token,
         Ok(Claim::Refused(standing)) => {
             claim_latency(spec, claim_start);
             let standing = match standing {
                 // What is left of the other claim's lease becomes a hint.
                 Standing::InProgress { retry_after } => Standing::InProgress {
-                    retry_after: crate::retry::lease_hint(spec, retry_after),
+                    retry_after: crate::retry_after::lease_hint(spec, retry_after),
                 },
                 other => other,
             };
@@ -87,7 +87,7 @@ where
     let body_start = Instant::now();
     let result = body.await;
     body_latency(spec, body_start);
-    crate::retry::body_finished(spec, body_start.elapsed());
+    crate::retry_after::body_finished(spec, body_start.elapsed());
 
     match result {
         Ok(value) => {
@@ -118,7 +118,7 @@ where
                     // a handler that counts failures counts this one.
                     if spec.max_attempts.is_some() {
                         let text = crate::call::capped((errors.text)(&error));
-                        let failure = crate::store::contract::Failure::Retry { error: &text };
+                        let failure = crate::store::contract::Failure::Counted { error: &text };
                         if let Err(e) = store.fail(spec, key, &token, failure).await {
                             tracing::warn!(error = %e, "could not record the body's failure");
                         }

@@ -208,12 +208,12 @@ impl<'s, S: TxStore, T, E> TxBatchRun<'s, S, T, E> {
                         .collect();
                     TxBatchStep::Done(Ok(self.answer(fates)))
                 }
-                Ok(TxBatchCommit::Taken) if self.tries > 1 => {
+                Ok(TxBatchCommit::Lost) if self.tries > 1 => {
                     self.tries -= 1;
                     tracing::debug!("a key of the batch was recorded meanwhile; beginning again");
                     TxBatchStep::Again
                 }
-                Ok(TxBatchCommit::Taken) => TxBatchStep::Done(Err(store_err(
+                Ok(TxBatchCommit::Lost) => TxBatchStep::Done(Err(store_err(
                     self.spec,
                     &self.plan.lead(&fresh),
                     StoreError::Schema(

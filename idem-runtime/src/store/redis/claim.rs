@@ -130,7 +130,7 @@ impl Step {
         match self {
             Step::Done(claim) => claim,
             Step::Swap(_) | Step::Hash => Claim::Refused(Standing::InProgress {
-                retry_after: crate::retry::MIN_RETRY,
+                retry_after: crate::retry_after::MIN_RETRY,
             }),
         }
     }
@@ -242,7 +242,7 @@ impl<'a> Claiming<'a> {
     }
 
     fn acquired(&self) -> Claim {
-        Claim::Acquired {
+        Claim::Fresh {
             token: self.token.clone(),
         }
     }

@@ -142,7 +142,7 @@ impl LeaseStore for RedisStore {
                     .iter()
                     .zip(&steps)
                     .filter_map(|(item, step)| match step {
-                        Step::Done(Claim::Acquired { token }) => Some(Held {
+                        Step::Done(Claim::Fresh { token }) => Some(Held {
                             key: item.key,
                             token,
                         }),

@@ -35,7 +35,7 @@ use sqlx::Transaction;
 
 use super::exec::Found;
 use super::template::{Statement, Values};
-use super::{Dialect, Fault, SqlStore, Taken, fault};
+use super::{Dialect, Fault, Race, SqlStore, fault};
 use crate::clock::millis;
 use crate::error::StoreError;
 use crate::registry::HandlerSpec;
@@ -201,7 +201,7 @@ impl<D: Dialect> SqlStore<D> {
             .write(&self.sql.batch.insert_claims, &values, None)
             .await?;
         if inserted == items.len() as u64 {
-            return Ok(vec![Claim::Acquired { token }; items.len()]);
+            return Ok(vec![Claim::Fresh { token }; items.len()]);
         }
         let mut claims = Vec::with_capacity(items.len());
         let sorted = self.sort_out(spec, items, &token, &mut claims).await;
@@ -249,7 +249,7 @@ impl<D: Dialect> SqlStore<D> {
                     && f.record.status == crate::store::Status::InProgress
             });
             if ours {
-                claims.push(Claim::Acquired {
+                claims.push(Claim::Fresh {
                     token: token.to_owned(),
                 });
                 continue;
@@ -359,13 +359,13 @@ impl<D: Dialect> SqlStore<D> {
             }
             Ok(false) => {
                 tx.rollback().await.map_err(|e| self.err(e))?;
-                Ok(TxBatchCommit::Taken)
+                Ok(TxBatchCommit::Lost)
             }
             Err(e) => {
                 let _ = tx.rollback().await;
                 match fault::<D>(&e) {
                     // The database rolled the transaction back: begin again.
-                    Fault::Deadlock => Ok(TxBatchCommit::Taken),
+                    Fault::Deadlock => Ok(TxBatchCommit::Lost),
                     _ => Err(self.err(e)),
                 }
             }
@@ -433,7 +433,7 @@ impl<D: Dialect> SqlStore<D> {
             if !matches!(
                 self.take(tx, &self.sql.claim_with_outcome, spec, &values)
                     .await?,
-                Taken::Key
+                Race::Won
             ) {
                 return Ok(false);
             }

@@ -284,10 +284,10 @@ impl<D: Dialect> Clone for SqlStore<D> {
     }
 }
 
-/// What a claim statement found.
-enum Taken {
-    /// It took the key.
-    Key,
+/// Who a claim statement's race for the key went to.
+enum Race {
+    /// This delivery: it took the key.
+    Won,
     /// A live record stands: this one (with the database's now when it was
     /// read), or none when it vanished before it could be read.
     Lost(Option<Found>),
@@ -657,9 +657,9 @@ impl<D: Dialect> SqlStore<D> {
         take: &Take,
         spec: &HandlerSpec,
         values: &Values<'_>,
-    ) -> Result<Taken, sqlx::Error> {
+    ) -> Result<Race, sqlx::Error> {
         if D::rows_affected(&D::run(conn, &take.insert, values).await?) > 0 {
-            return Ok(Taken::Key);
+            return Ok(Race::Won);
         }
         let standing = D::fetch(conn, &self.sql.select_latest, values).await?;
         match (&take.take_over, standing) {
@@ -667,14 +667,14 @@ impl<D: Dialect> SqlStore<D> {
                 if may_take(&standing.record, standing.now, spec, values.fingerprint) =>
             {
                 if D::rows_affected(&D::run(conn, take_over, values).await?) > 0 {
-                    return Ok(Taken::Key);
+                    return Ok(Race::Won);
                 }
                 // Another claim took it over first: what stands now.
-                Ok(Taken::Lost(
+                Ok(Race::Lost(
                     D::fetch(conn, &self.sql.select_latest, values).await?,
                 ))
             }
-            (_, standing) => Ok(Taken::Lost(standing)),
+            (_, standing) => Ok(Race::Lost(standing)),
         }
     }
 
@@ -864,8 +864,8 @@ impl<D: Dialect> LeaseStore for SqlStore<D> {
             };
             let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
             match self.take(&mut conn, &self.sql.claim, spec, &values).await {
-                Ok(Taken::Key) => return Ok(Claim::Acquired { token }),
-                Ok(Taken::Lost(found)) => {
+                Ok(Race::Won) => return Ok(Claim::Fresh { token }),
+                Ok(Race::Lost(found)) => {
                     if let Some(exhausted) = found
                         .as_ref()
                         .and_then(|f| Standing::of_ran_out(&f.record, spec, f.now))
@@ -1025,14 +1025,14 @@ impl<D: Dialect> SqlStore<D> {
         tx: Transaction<'static, D>,
         spec: &HandlerSpec,
         values: &Values<'_>,
-        taken: Result<Taken, sqlx::Error>,
+        taken: Result<Race, sqlx::Error>,
     ) -> Result<TxCommit, StoreError> {
         let standing = match taken {
-            Ok(Taken::Key) => {
+            Ok(Race::Won) => {
                 tx.commit().await.map_err(|e| self.err(e))?;
                 return Ok(TxCommit::Committed);
             }
-            Ok(Taken::Lost(found)) => self.standing(found, spec, values.fingerprint),
+            Ok(Race::Lost(found)) => self.standing(found, spec, values.fingerprint),
             Err(e) if matches!(fault::<D>(&e), Fault::LockWait | Fault::Deadlock) => None,
             Err(e) => return Err(self.err(e)),
         };
@@ -1113,10 +1113,10 @@ impl<D: Dialect> SqlStore<D> {
         tx: &mut D::Connection,
         spec: &HandlerSpec,
         values: &Values<'_>,
-    ) -> Result<Taken, sqlx::Error> {
+    ) -> Result<Race, sqlx::Error> {
         match D::fetch(tx, &self.sql.select_latest, values).await? {
             Some(found) if !may_take(&found.record, found.now, spec, values.fingerprint) => {
-                Ok(Taken::Lost(Some(found)))
+                Ok(Race::Lost(Some(found)))
             }
             _ => {
                 self.take(tx, &self.sql.claim_with_outcome, spec, values)
@@ -1154,7 +1154,7 @@ impl<D: Dialect> TxStore for SqlStore<D> {
         }
         let values = self.claim_values(spec, key, fingerprint, spec.ttl)?;
         let standing = match self.take(&mut tx, &self.sql.claim, spec, &values).await {
-            Ok(Taken::Key) => {
+            Ok(Race::Won) => {
                 // A failure is to be counted in the claim row: the body's
                 // writes must be undoable without it.
                 if spec.max_attempts.is_some() {
@@ -1164,7 +1164,7 @@ impl<D: Dialect> TxStore for SqlStore<D> {
                 }
                 return Ok(TxClaim::Fresh(tx));
             }
-            Ok(Taken::Lost(found)) => self.standing(found, spec, fingerprint),
+            Ok(Race::Lost(found)) => self.standing(found, spec, fingerprint),
             // Another transaction holds the key past the lock timeout, or
             // this one was a deadlock victim: either way nothing of it
             // remains (the dropped transaction rolls back).
@@ -1197,7 +1197,7 @@ impl<D: Dialect> TxStore for SqlStore<D> {
                     .write_claimed(&mut tx, &self.sql.complete_tx, &values)
                     .await
                 {
-                    Ok(()) => Ok(Taken::Key),
+                    Ok(()) => Ok(Race::Won),
                     Err(e) => {
                         let _ = tx.rollback().await;
                         return Err(self.err(e));
