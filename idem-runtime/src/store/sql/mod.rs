@@ -146,8 +146,8 @@ const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT idem_body";
 pub enum ClaimOrder {
     /// After the body, in one statement that carries the outcome: one extra
     /// statement a fresh message. A duplicate's body runs and is rolled back
-    /// when the insert finds the row. The default: it is the faster one (see
-    /// the README's benchmark).
+    /// when the insert finds the row. The default: it is the faster one
+    /// ([`guide::benchmarks`](crate::guide::benchmarks)).
     #[default]
     Last,
     /// Before the body, with the outcome written by an `UPDATE` before the
@@ -189,26 +189,15 @@ pub enum ClaimOrder {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RoundTrips {
-    /// The statement that records the outcome goes in the message that
-    /// carries the `COMMIT`, unprepared, with its values written in (text
-    /// as hex digits the database decodes). Claiming last (the default
-    /// order), that statement is a plain `INSERT` of the dedup row: a fresh
-    /// message costs the round trips of its business transaction and no
-    /// more. When a record of the key stands, the `INSERT` fails (a unique
-    /// violation, which PostgreSQL writes to its log as an error), the
-    /// `COMMIT` after it does not run, and the store goes back to before
-    /// the `INSERT` (a savepoint on PostgreSQL; MySQL undoes the failed
-    /// statement alone) and claims as [`Separate`](Self::Separate) does: a
-    /// duplicate costs
-    /// at most one round trip more than there, a record the claim takes
-    /// over (expired, or a failure to retry) at most three. Claiming first
-    /// (and for handlers with `max_attempts`), nothing changes: the claim
-    /// and the outcome's `UPDATE` stay statements of their own (measured:
-    /// the outcome with the `COMMIT`, checked by a statement that fails
-    /// when the claim row is gone, cost more than the round trip it saved,
-    /// at 250 µs each way too). For a database across a network, where a
-    /// round trip costs more than parsing a short statement. PostgreSQL's
-    /// default for a server that is not on the consumer's host.
+    /// Claiming last, the dedup row is a plain `INSERT` in the message that
+    /// carries the `COMMIT`, its values written in as literals the runtime
+    /// encoded (text as hex digits): a fresh message costs the round trips
+    /// of its business transaction and no more. When a record of the key
+    /// stands, the `INSERT` fails alone and the store claims as
+    /// [`Separate`](Self::Separate) does: a duplicate costs at most one round
+    /// trip more than there. Claiming first, nothing changes. PostgreSQL's
+    /// default for a server that is not on the consumer's host; round trips
+    /// and measurements in [`guide::postgres`](crate::guide::postgres).
     Merged,
     /// The dedup row is a prepared statement of its own: one more round
     /// trip per fresh message, the least CPU on the server, and no error in

@@ -106,74 +106,13 @@ const MIGRATE_LOCK_WAIT: Duration = Duration::from_secs(30);
 ///   a fencing token; completion, release and lease extension compare the
 ///   token.
 ///
-/// A claim is `INSERT IGNORE`, which affects one row when it took the key
-/// and none when a row stands; only then does the claim read the row, and
-/// take it over with a conditional `UPDATE ... WHERE expires_at <= now` if
-/// it has expired. That is one statement a fresh key, two a duplicate, three
-/// a takeover. The one-statement alternative, `INSERT ... ON DUPLICATE KEY
-/// UPDATE col = IF(expired, VALUES(col), col)`, cannot tell a taken key from
-/// a live row: sqlx's driver always sets `CLIENT_FOUND_ROWS`, so a row left
-/// as it was counts one affected row, as a fresh insert does, and the claim
-/// has to read the row back every time. Measured with `cargo run --release
-/// -p idem-examples --example bench_mysql_claim` (MariaDB 10.11 on loopback,
-/// 8 clients, 2 cores, medians of 5 interleaved rounds of 3 s): fresh keys
-/// 8,926 claims/s against 4,349, **2.05** times the upsert's rate (1.92 in
-/// an earlier run); duplicates 8,889 against 8,315, 1.07 (0.94 earlier: the
-/// same, within the rounds' spread).
-///
-/// `INSERT IGNORE` turns every error of the insert into a warning, not only
-/// the duplicate key; nothing else can fail there: the handler name (at most
-/// 128 bytes, checked before the statement) and the key
-/// ([`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes) fit their columns, and every
-/// other value is the store's own.
-///
-/// With [`RoundTrips::Merged`] the claim-last row is instead a plain
-/// `INSERT` in the `COMMIT`'s message, its values written in as `X'...'`
-/// hex literals: a duplicate key fails that statement alone, and the claim
-/// goes on as above. The literals double the outcome's size, which the
-/// server's `max_allowed_packet` bounds (a larger message fails, and the
-/// connection with it): keep outcomes under half of it, or keep
-/// `Separate`.
-///
-/// A concurrent delivery of the same key waits on the row's lock until the
-/// first commits or rolls back, bounded by `innodb_lock_wait_timeout` (5 s
-/// when the store made the pool; error 1205), and then gets
-/// [`Error::InProgress`](crate::Error::InProgress). A deadlock victim (error
-/// 1213), which InnoDB rolls back whole: a statement of the store's that runs
-/// on its own runs again, and a transaction-mode call whose store statement
-/// was the victim returns `InProgress` for a redelivery.
-///
-/// When the lock wait or the deadlock hits a statement of the body, the
-/// body must return that error (the call is then `Error::Handler` with it:
-/// nack and redeliver), not retry the statement: InnoDB has already rolled
-/// the transaction back and ended it, claim included, so a retried statement
-/// would commit on its own. Claiming first, the store finds its claim row
-/// gone at the commit and fails the call instead of reporting it recorded.
-///
-/// The table is InnoDB with `handler` and `key` as `VARBINARY(128)`: keys
-/// compare byte for byte, so `A` and `a` (merged by the default
-/// case-insensitive collations) and `a` and `a ` (merged by `PAD SPACE`
-/// collations such as `utf8mb4_bin`) stay apart. Times are `BIGINT`
-/// milliseconds since the epoch of the server's clock, read in each
-/// statement (`UTC_TIMESTAMP(3)`, the statement's start, whatever the
-/// session's `time_zone`): leases and expiry are computed in SQL from the
-/// lease and the ttl, never from the consumer's clock. Expired rows are
-/// reclaimed at claim time and deleted by [`sweep_expired`] in batches on
-/// the `expires_at` index: it locks a batch of expired rows with `FOR UPDATE SKIP LOCKED`
-/// (skipping those a claim is taking over) and deletes them by primary key,
-/// in a `READ COMMITTED` transaction, which takes no gap locks. So a sweep
-/// never waits on a claim, and a claim waits on a sweep only for a key the
-/// sweep is deleting, for as long as that one statement takes. (A server
-/// that logs statements, `binlog_format = STATEMENT`, refuses such a
-/// delete; `MIXED`, the MariaDB default, and `ROW`, the MySQL default, are
-/// fine.)
-///
-/// Written for MariaDB 10.11 and tested on it. The statements avoid
-/// `RETURNING` (MariaDB only), `VALUES()` in `ON DUPLICATE KEY UPDATE`
-/// (deprecated since MySQL 8.0.20) and `CREATE INDEX IF NOT EXISTS`; the
-/// sweep's `SKIP LOCKED` needs MariaDB 10.6 or MySQL 8.0. So they fit
-/// MariaDB 10.6 and later and MySQL 8.0 and later (tested on MariaDB only);
-/// the lock names of `migrate` stay within MySQL's 64 characters.
+/// A concurrent delivery of the same key waits on the row's lock for
+/// `innodb_lock_wait_timeout` (5 s when the store made the pool) and then
+/// gets [`Error::InProgress`](crate::Error::InProgress). Expired rows are
+/// reclaimed at claim time and deleted by [`sweep_expired`]. Tested on
+/// MariaDB 10.11; the statements fit MariaDB 10.6 and MySQL 8.0 or later.
+/// How the claim, the round trips, the locks and the sweep work, and what
+/// was measured to choose them: [the guide's MySQL chapter](crate::guide::mysql).
 ///
 /// [`sweep_expired`]: MySqlStore::sweep_expired
 ///
