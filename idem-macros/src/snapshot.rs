@@ -1,4 +1,4 @@
-//! The expansions shown in the README, kept honest: this test expands each
+//! The expansions shown in the guide (`idem_runtime::guide::expansion`, which includes these files), kept honest: this test expands each
 //! handler `tests/expanded/<name>.input.rs`, compares the result with
 //! `tests/expanded/<name>.rs` and fails when they differ (`IDEM_BLESS=1`
 //! rewrites the files).
@@ -24,11 +24,11 @@ fn check(name: &str) {
     let committed = std::fs::read_to_string(&path).unwrap_or_default();
     assert_eq!(
         pretty, committed,
-        "expansion of {name} changed; rerun with IDEM_BLESS=1 and update the README"
+        "expansion of {name} changed; rerun with IDEM_BLESS=1 (the guide includes the files as they are)"
     );
 }
 
-/// A handler in transaction mode, as at the top of the README.
+/// A handler in transaction mode, as in the tutorial.
 #[test]
 fn readme_expansion_is_current() {
     check("deduct_stock");

@@ -571,7 +571,7 @@ async fn tables(admin: &sqlx::PgPool) -> (String, String, DropTables) {
 
 /// Lease mode under store outages: the consumers run the whole time, and
 /// their Redis (a server of the test's own, with an fsync'd append-only
-/// file, as the README advises) is killed with SIGKILL and restarted three
+/// file, as the Redis chapter of the guide advises) is killed with SIGKILL and restarted three
 /// times while the messages flow. Each outage is far shorter than the 5 s
 /// lease, so a body whose completion meets it keeps retrying until Redis is
 /// back: no effect is doubled. Doubled effects are counted and printed.
