@@ -8,7 +8,7 @@
 //! DATABASE_URL=postgres://... DELAYS_US=0 SECS=3 cargo run --release -p idem-examples --example bench_postgres
 //! ```
 //!
-//! The business transaction is the one of `shared/bench/pg-limit`: deduct one
+//! The business transaction is the one of `examples/pgbench-ceiling`: deduct one
 //! unit from one of 10,000 stock rows (`BEGIN; UPDATE ...; COMMIT`). These
 //! variants run with `TASKS` concurrent consumers on a pool of as many
 //! connections:

@@ -1,8 +1,9 @@
 //! # The idem guide
 //!
-//! The README shows one handler and one consumer; this guide is the rest,
+//! The README shows a handler of each mode and one consumer; this guide is the rest,
 //! one chapter a subject. Every Rust sample in it is a doctest: `cargo test
-//! --workspace` compiles and runs each one (the samples that need a server
+//! --workspace` compiles and runs each one (the listings of the generated
+//! code are checked by the macro's snapshot test instead) (the samples that need a server
 //! connect to the one on loopback named in [`contributing`], and skip,
 //! saying so, when it is not there, unless `IDEM_REQUIRE_SERVICES=1`).
 //!
@@ -26,7 +27,7 @@
 //! | [`operations`] | the `idem` CLI, records, the registry, tracing and metrics |
 //! | [`expansion`] | the code the attribute generates, verbatim |
 //! | [`benchmarks`] | what idem costs, measured, with the commands to measure it again |
-//! | [`design`] | the decisions the design left open, and why they went the way they did |
+//! | [`design`] | the design decisions, and why they went the way they did |
 //! | [`contributing`] | the layout of the workspace, the tests and the servers they use |
 
 #[cfg(any(doc, feature = "rabbitmq"))]
