@@ -3,8 +3,8 @@
 //! as ratios measured in one run.
 //!
 //! ```text
-//! cargo run --release -p idem-examples --example bench_batch_postgres
-//! DATABASE_URL=postgres://... SECS=3 ROUNDS=5 TASKS=4 BATCH=1000 cargo run --release -p idem-examples --example bench_batch_postgres
+//! cargo run --release -p idem-examples --features postgres --example bench_batch_postgres
+//! DATABASE_URL=postgres://... SECS=3 ROUNDS=5 TASKS=4 BATCH=1000 cargo run --release -p idem-examples --features postgres --example bench_batch_postgres
 //! ```
 //!
 //! Every key is fresh. `TASKS` consumers, each with a connection of its

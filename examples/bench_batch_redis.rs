@@ -3,8 +3,8 @@
 //! as ratios measured in one run.
 //!
 //! ```text
-//! cargo run --release -p idem-examples --example bench_batch_redis
-//! REDIS_URL=redis://... SECS=3 ROUNDS=5 TASKS=4 BATCH=1000 cargo run --release -p idem-examples --example bench_batch_redis
+//! cargo run --release -p idem-examples --features redis --example bench_batch_redis
+//! REDIS_URL=redis://... SECS=3 ROUNDS=5 TASKS=4 BATCH=1000 cargo run --release -p idem-examples --features redis --example bench_batch_redis
 //! ```
 //!
 //! Every key is fresh. `TASKS` consumers share one multiplexed connection

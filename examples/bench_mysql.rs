@@ -3,9 +3,9 @@
 //! of one extra prepared statement on the same server.
 //!
 //! ```text
-//! cargo run --release -p idem-examples --example bench_mysql
-//! MYSQL_URL=mysql://root@127.0.0.1:3306/test SECS=5 ROUNDS=5 TASKS=8 cargo run --release -p idem-examples --example bench_mysql
-//! DELAY_US=250 cargo run --release -p idem-examples --example bench_mysql
+//! cargo run --release -p idem-examples --features mysql --example bench_mysql
+//! MYSQL_URL=mysql://root@127.0.0.1:3306/test SECS=5 ROUNDS=5 TASKS=8 cargo run --release -p idem-examples --features mysql --example bench_mysql
+//! DELAY_US=250 cargo run --release -p idem-examples --features mysql --example bench_mysql
 //! ```
 //!
 //! With `DELAY_US` above 0 every variant connects through a

@@ -2,8 +2,8 @@
 //! candidates, measured against each other in one run.
 //!
 //! ```text
-//! cargo run --release -p idem-examples --example bench_mysql_claim
-//! MYSQL_URL=mysql://... SECS=3 ROUNDS=5 TASKS=8 cargo run --release -p idem-examples --example bench_mysql_claim
+//! cargo run --release -p idem-examples --features mysql --example bench_mysql_claim
+//! MYSQL_URL=mysql://... SECS=3 ROUNDS=5 TASKS=8 cargo run --release -p idem-examples --features mysql --example bench_mysql_claim
 //! ```
 //!
 //! * `ignore`: `INSERT IGNORE` of the claim row. It affects one row when it

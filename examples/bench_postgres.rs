@@ -3,9 +3,9 @@
 //! database on loopback and behind a network's latency.
 //!
 //! ```text
-//! cargo run --release -p idem-examples --example bench_postgres
-//! DELAYS_US=0,125,250 SECS=5 ROUNDS=5 TASKS=8 cargo run --release -p idem-examples --example bench_postgres
-//! DATABASE_URL=postgres://... DELAYS_US=0 SECS=3 cargo run --release -p idem-examples --example bench_postgres
+//! cargo run --release -p idem-examples --features postgres --example bench_postgres
+//! DELAYS_US=0,125,250 SECS=5 ROUNDS=5 TASKS=8 cargo run --release -p idem-examples --features postgres --example bench_postgres
+//! DATABASE_URL=postgres://... DELAYS_US=0 SECS=3 cargo run --release -p idem-examples --features postgres --example bench_postgres
 //! ```
 //!
 //! The business transaction is the one of `examples/pgbench-ceiling`: deduct one

@@ -2,7 +2,7 @@
 //! 10,000,000 rows, measured interleaved in one run.
 //!
 //! ```text
-//! cargo run --release -p idem-examples --example bench_postgres_scale
+//! cargo run --release -p idem-examples --features postgres --example bench_postgres_scale
 //! DATABASE_URL=postgres://... BIG=10000000 SMALL=100000 CALLS=2000 ROUNDS=5 cargo run --release ...
 //! ```
 //!

@@ -5,7 +5,7 @@
 //! medians.
 //!
 //! ```sh
-//! MESSAGES=3000 ROUNDS=5 cargo run --release -p idem-examples --example bench_rabbitmq
+//! MESSAGES=3000 ROUNDS=5 cargo run --release -p idem-examples --features rabbitmq,postgres --example bench_rabbitmq
 //! ```
 //!
 //! Each round publishes `MESSAGES` fresh messages first (not timed), then

@@ -2,8 +2,8 @@
 //! `SET NX PX` round trips at the same concurrency, interleaved in one run.
 //!
 //! ```text
-//! cargo run --release -p idem-examples --example bench_redis
-//! REDIS_URL=redis://... SECS=3 ROUNDS=5 TASKS=8 cargo run --release -p idem-examples --example bench_redis
+//! cargo run --release -p idem-examples --features redis --example bench_redis
+//! REDIS_URL=redis://... SECS=3 ROUNDS=5 TASKS=8 cargo run --release -p idem-examples --features redis --example bench_redis
 //! ```
 //!
 //! Both variants use one multiplexed connection and `TASKS` concurrent

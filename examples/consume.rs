@@ -2,8 +2,8 @@
 //! that publishes every message more than once:
 //!
 //! ```sh
-//! cargo run -p idem-examples --example consume -- rabbitmq stock
-//! cargo run -p idem-examples --example consume -- nats sms
+//! cargo run -p idem-examples --features rabbitmq,nats,postgres,redis --example consume -- rabbitmq stock
+//! cargo run -p idem-examples --features rabbitmq,nats,postgres,redis --example consume -- nats sms
 //! ```
 //!
 //! Brokers: `rabbitmq` (`AMQP_URL`, default `amqp://guest:guest@127.0.0.1:5672/%2f`)

@@ -2,7 +2,7 @@
 //! transaction-mode handlers, and what the dedup record adds to each.
 //!
 //! ```text
-//! DATABASE_URL=mysql://root@127.0.0.1:3306/test cargo run -p idem-examples --example orders_mysql
+//! DATABASE_URL=mysql://root@127.0.0.1:3306/test cargo run -p idem-examples --features mysql --example orders_mysql
 //! ```
 //!
 //! **A state machine** (`UPDATE orders SET status = 'paid' WHERE id = ? AND

@@ -1,7 +1,7 @@
 //! Loyalty points keyed by the message id, on Redis (lease mode).
 //!
 //! ```text
-//! REDIS_URL=redis://127.0.0.1:6379 cargo run -p idem-examples --example points_redis
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run -p idem-examples --features redis --example points_redis
 //! ```
 //!
 //! The points ledger lives outside Redis (here, a map standing in for the

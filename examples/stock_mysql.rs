@@ -1,7 +1,7 @@
 //! Stock deduction on MySQL/MariaDB, in transaction mode.
 //!
 //! ```text
-//! DATABASE_URL=mysql://root@127.0.0.1:3306/test cargo run -p idem-examples --example stock_mysql
+//! DATABASE_URL=mysql://root@127.0.0.1:3306/test cargo run -p idem-examples --features mysql --example stock_mysql
 //! ```
 //!
 //! Three consumers each receive every order line at once (three deliveries of

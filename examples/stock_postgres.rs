@@ -1,7 +1,7 @@
 //! Stock deduction on PostgreSQL, in transaction mode.
 //!
 //! ```text
-//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test cargo run -p idem-examples --example stock_postgres
+//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test cargo run -p idem-examples --features postgres --example stock_postgres
 //! ```
 //!
 //! Eight consumers receive the same order lines, each line three times, at

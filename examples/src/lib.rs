@@ -42,7 +42,9 @@ impl Drop for TempDb {
     }
 }
 
-/// Deletes every Redis key under `prefix:` (the examples' own keys).
+/// Deletes every Redis key under `prefix:` (the examples' own keys). With
+/// the `redis` feature.
+#[cfg(feature = "redis")]
 pub async fn delete_redis_prefix(url: &str, prefix: &str) -> Result<u64, redis::RedisError> {
     let client = redis::Client::open(url)?;
     let mut conn = client.get_connection_manager().await?;
@@ -87,7 +89,7 @@ pub fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
 /// summary (the statement's first words).
 ///
 /// ```no_run
-/// # async fn demo(pool: sqlx::PgPool) -> Result<(), sqlx::Error> {
+/// # async fn demo(pool: sqlx::SqlitePool) -> Result<(), sqlx::Error> {
 /// let _guard = tracing::subscriber::set_default(idem_examples::statement_log::StatementLog);
 /// let seen = idem_examples::statement_log::statements_of(async {
 ///     sqlx::query("SELECT 1").execute(&pool).await.map(drop)

@@ -3,7 +3,7 @@
 //! shapes of handlers compile and can be called as rewritten (`ui/pass`).
 //!
 //! Regenerate the expected output after an intended change with
-//! `TRYBUILD=overwrite cargo test -p idem-tests --test ui`, then read every
+//! `TRYBUILD=overwrite cargo test -p idem-macro-ui --test ui`, then read every
 //! changed `.stderr` as a user would.
 
 #[test]

@@ -1,0 +1,1 @@
+//! Compile-time behaviour of `#[idempotent]`; see `tests/ui.rs`.
