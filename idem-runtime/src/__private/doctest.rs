@@ -27,7 +27,10 @@ pub fn service(var: &str, default: &str) -> Option<String> {
                 panic!("{line}; IDEM_REQUIRE_SERVICES=1 makes this a failure");
             }
             // Straight to the process's stderr: the print macros are captured.
-            let _ = writeln!(std::io::stderr(), "SKIPPED: {line}");
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED {line}; set IDEM_REQUIRE_SERVICES=1 to fail instead"
+            );
             None
         }
     }
