@@ -69,7 +69,10 @@ mod call;
 pub mod clock;
 mod codec;
 #[cfg(feature = "_consume")]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "rabbitmq", feature = "nats"))))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "rabbitmq", feature = "nats", feature = "kafka")))
+)]
 pub mod consume;
 mod error;
 mod final_error;

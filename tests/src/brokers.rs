@@ -116,3 +116,230 @@ impl Drop for DeleteStreams {
         });
     }
 }
+
+/// The Kafka brokers: `KAFKA_BROKERS`, or the loopback default (the
+/// Kafka-protocol broker `.ci/run` starts).
+pub fn kafka_brokers() -> String {
+    std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".to_owned())
+}
+
+fn kafka_config() -> rdkafka::ClientConfig {
+    let mut c = rdkafka::ClientConfig::new();
+    c.set("bootstrap.servers", kafka_brokers());
+    c
+}
+
+/// Runs a blocking librdkafka call off the runtime's workers.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f)
+        .await
+        .expect("a blocking task")
+}
+
+/// A Kafka admin client, or `None` (after [`unavailable`]) when the brokers
+/// cannot be reached.
+pub async fn kafka() -> Option<Kafka> {
+    use rdkafka::admin::AdminClient;
+    use rdkafka::client::DefaultClientContext;
+    let brokers = kafka_brokers();
+    let admin: AdminClient<DefaultClientContext> = match kafka_config()
+        .set("socket.connection.setup.timeout.ms", "3000")
+        .create()
+    {
+        Ok(a) => a,
+        Err(e) => return unavailable("Kafka", &brokers, e),
+    };
+    let admin = std::sync::Arc::new(admin);
+    let probe = std::sync::Arc::clone(&admin);
+    let reached = blocking(move || {
+        probe
+            .inner()
+            .fetch_metadata(None, Duration::from_secs(5))
+            .map(|_| ())
+    })
+    .await;
+    match reached {
+        Ok(()) => Some(Kafka { admin }),
+        Err(e) => unavailable("Kafka", &brokers, e),
+    }
+}
+
+/// The brokers of [`kafka_brokers`], for a test's own topics.
+#[derive(Clone)]
+pub struct Kafka {
+    admin: std::sync::Arc<rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>>,
+}
+
+impl Kafka {
+    /// Creates `topic` with `partitions` partitions.
+    pub async fn create_topic(&self, topic: &str, partitions: i32) {
+        use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+        let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(-1));
+        let done = self
+            .admin
+            .create_topics([&new], &AdminOptions::new())
+            .await
+            .expect("create topics");
+        for r in done {
+            if let Err((name, code)) = r {
+                panic!("could not create topic {name}: {code}");
+            }
+        }
+    }
+
+    /// A producer (`acks=all`).
+    pub fn producer(&self) -> rdkafka::producer::FutureProducer {
+        kafka_config()
+            .set("acks", "all")
+            .create()
+            .expect("a producer")
+    }
+
+    /// Every message of `topic` now, partition by partition, each in
+    /// offset order.
+    pub async fn read(&self, topic: &str) -> Vec<rdkafka::message::OwnedMessage> {
+        let topic = topic.to_owned();
+        blocking(move || read_topic(&topic)).await
+    }
+
+    /// The partitions of `topic` and their high watermarks.
+    pub async fn ends(&self, topic: &str) -> Vec<(i32, i64)> {
+        let topic = topic.to_owned();
+        blocking(move || ends(&topic)).await
+    }
+
+    /// What `group` committed for each partition of `topic` (`None` where
+    /// nothing was).
+    pub async fn committed(&self, group: &str, topic: &str) -> Vec<(i32, Option<i64>)> {
+        let (group, topic) = (group.to_owned(), topic.to_owned());
+        blocking(move || committed(&group, &topic)).await
+    }
+
+    /// Messages of `topics` that `group` has not committed past.
+    pub async fn lag(&self, group: &str, topics: &[String]) -> u64 {
+        let mut lag = 0;
+        for topic in topics {
+            let ends = self.ends(topic).await;
+            let committed = self.committed(group, topic).await;
+            for (p, end) in ends {
+                let at = committed
+                    .iter()
+                    .find(|(cp, _)| *cp == p)
+                    .and_then(|(_, o)| *o)
+                    .unwrap_or(0);
+                lag += u64::try_from(end - at).unwrap_or(0);
+            }
+        }
+        lag
+    }
+}
+
+fn ends(topic: &str) -> Vec<(i32, i64)> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let c: BaseConsumer = kafka_config().create().expect("a client");
+    let md = c
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("metadata");
+    let Some(t) = md.topics().iter().find(|t| t.name() == topic) else {
+        return Vec::new();
+    };
+    t.partitions()
+        .iter()
+        .map(|p| {
+            let (_, high) = c
+                .fetch_watermarks(topic, p.id(), Duration::from_secs(10))
+                .expect("watermarks");
+            (p.id(), high)
+        })
+        .collect()
+}
+
+fn committed(group: &str, topic: &str) -> Vec<(i32, Option<i64>)> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let c: BaseConsumer = kafka_config()
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("a client");
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for (p, _) in ends(topic) {
+        tpl.add_partition(topic, p);
+    }
+    let got = c
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .expect("committed offsets");
+    got.elements()
+        .iter()
+        .map(|e| match e.offset() {
+            rdkafka::Offset::Offset(o) => (e.partition(), Some(o)),
+            _ => (e.partition(), None),
+        })
+        .collect()
+}
+
+fn read_topic(topic: &str) -> Vec<rdkafka::message::OwnedMessage> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Message;
+    let mut out = Vec::new();
+    for (p, end) in ends(topic) {
+        if end == 0 {
+            continue;
+        }
+        let c: BaseConsumer = kafka_config()
+            .set(
+                "group.id",
+                format!("idem-read-{}", uuid::Uuid::new_v4().simple()),
+            )
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("a client");
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        tpl.add_partition_offset(topic, p, rdkafka::Offset::Beginning)
+            .expect("a partition");
+        c.assign(&tpl).expect("assign");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            match c.poll(Duration::from_millis(100)) {
+                Some(Ok(m)) => {
+                    let last = m.offset() + 1 >= end;
+                    out.push(m.detach());
+                    if last {
+                        break;
+                    }
+                }
+                Some(Err(e)) => panic!("reading {topic}/{p}: {e}"),
+                None => {}
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "reading {topic}/{p} took over 20 s"
+            );
+        }
+    }
+    out
+}
+
+/// Deletes Kafka topics when dropped.
+pub struct DeleteTopics(Vec<String>);
+
+impl DeleteTopics {
+    /// Deletes `topics` at the end of the scope.
+    pub fn new(topics: Vec<String>) -> Self {
+        DeleteTopics(topics)
+    }
+}
+
+impl Drop for DeleteTopics {
+    fn drop(&mut self) {
+        let topics = std::mem::take(&mut self.0);
+        on_own_runtime(async move {
+            use rdkafka::admin::{AdminClient, AdminOptions};
+            use rdkafka::client::DefaultClientContext;
+            let Ok(admin) = kafka_config().create::<AdminClient<DefaultClientContext>>() else {
+                return;
+            };
+            let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+            let _ = admin.delete_topics(&names, &AdminOptions::new()).await;
+        });
+    }
+}

@@ -8,7 +8,7 @@
 //! * [`processes`]: servers a test starts and kills itself (`redis-server`,
 //!   a Redis Cluster), and a test of the running binary as a child process
 //!   (a consumer of its own, under libfaketime if need be);
-//! * [`brokers`]: the same for RabbitMQ and NATS.
+//! * [`brokers`]: the same for RabbitMQ, NATS and Kafka.
 //!
 //! The items are re-exported here, so a test writes `idem_tests::pg_pool`.
 

@@ -75,6 +75,8 @@ pub mod mysql;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
+#[cfg(feature = "kafka")]
+pub(crate) mod rider;
 mod rows;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
@@ -1175,6 +1177,14 @@ impl<D: Dialect> TxStore for SqlStore<D> {
         fingerprint: Option<&str>,
         outcome: &str,
     ) -> Result<TxCommit, StoreError> {
+        // A consumer's write (its offset) that commits with the outcome.
+        #[cfg(feature = "kafka")]
+        if let Some(rider) = rider::take::<D>()
+            && let Err(e) = rider.write(&mut tx).await
+        {
+            let _ = tx.rollback().await;
+            return Err(self.err(e));
+        }
         let values = Values {
             outcome: Some(outcome),
             ..self.claim_values(spec, key, fingerprint, spec.ttl)?

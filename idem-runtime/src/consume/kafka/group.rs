@@ -1,0 +1,444 @@
+//! The consumer's membership of its group: the poll thread, the partitions
+//! it owns, what it commits, and what a rebalance does to them.
+//!
+//! librdkafka runs rebalance callbacks on the thread that polls. That thread
+//! is a plain one of the consumer's own, not a runtime worker, so a revoke
+//! can wait there for the bodies in flight (which run on the runtime) and
+//! commit before the partitions go, whatever the runtime's flavour.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _, ConsumerContext};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Message as _, OwnedMessage};
+use rdkafka::producer::FutureProducer;
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tokio::sync::{Semaphore, mpsc, watch};
+
+use super::lane::{Call, lane};
+use super::offsets::Offsets;
+use super::progress::Progress;
+use super::{Retries, lock_std};
+use crate::consume::{Report, Shutdown, lock};
+
+/// A partition the consumer owns, from its assignment to its revocation.
+pub(crate) struct Part {
+    pub(crate) topic: String,
+    pub(crate) partition: i32,
+    /// One sender per lane; a message goes to the lane of its key.
+    lanes: Vec<mpsc::UnboundedSender<OwnedMessage>>,
+    pub(crate) progress: Mutex<Progress>,
+    /// Set when the partition is revoked or the consumer stops: lanes take
+    /// nothing more and give up their waits.
+    pub(crate) revoked: watch::Sender<bool>,
+    /// Bodies running now.
+    pub(crate) in_flight: AtomicUsize,
+    /// Messages taken and not yet settled or given up, for the pause.
+    pub(crate) queued: AtomicUsize,
+    paused: AtomicBool,
+}
+
+impl Part {
+    pub(crate) fn is_revoked(&self) -> bool {
+        *self.revoked.borrow()
+    }
+}
+
+/// What the poll thread, the lanes and the rebalance callbacks share.
+pub(crate) struct Group {
+    pub(crate) topic: String,
+    pub(crate) group: String,
+    pub(crate) call: Call,
+    pub(crate) producer: FutureProducer,
+    pub(crate) retries: Retries,
+    pub(crate) lanes: usize,
+    /// Bodies at once, over all partitions (the policy's concurrency).
+    pub(crate) permits: Arc<Semaphore>,
+    pub(crate) report: Arc<Mutex<Report>>,
+    pub(crate) shutdown: Shutdown,
+    /// Why the consumer must stop (`Error::Config`), once a call said so.
+    pub(crate) halt: Mutex<Option<String>>,
+    pub(crate) halted: AtomicBool,
+    pub(crate) grace: Duration,
+    /// Messages queued per partition before it is paused.
+    pub(crate) buffer: usize,
+    pub(crate) offsets: Option<Offsets>,
+    pub(crate) rt: tokio::runtime::Handle,
+    parts: Mutex<HashMap<(String, i32), Arc<Part>>>,
+}
+
+impl Group {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        topic: String,
+        group: String,
+        call: Call,
+        producer: FutureProducer,
+        retries: Retries,
+        lanes: usize,
+        concurrency: usize,
+        report: Arc<Mutex<Report>>,
+        shutdown: Shutdown,
+        grace: Duration,
+        buffer: usize,
+        offsets: Option<Offsets>,
+        rt: tokio::runtime::Handle,
+    ) -> Self {
+        Group {
+            topic,
+            group,
+            call,
+            producer,
+            retries,
+            lanes: lanes.max(1),
+            permits: Arc::new(Semaphore::new(concurrency.max(1))),
+            report,
+            shutdown,
+            halt: Mutex::new(None),
+            halted: AtomicBool::new(false),
+            grace,
+            buffer: buffer.max(1),
+            offsets,
+            rt,
+            parts: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A call reported the binary misconfigured: the consumer stops.
+    pub(crate) fn stop(&self, reason: String) {
+        lock_std(&self.halt).get_or_insert(reason);
+        self.halted.store(true, Ordering::SeqCst);
+    }
+
+    fn stopping(&self) -> bool {
+        self.halted.load(Ordering::SeqCst) || self.shutdown.is_requested()
+    }
+
+    fn parts(&self) -> Vec<Arc<Part>> {
+        lock_std(&self.parts).values().cloned().collect()
+    }
+
+    /// Takes ownership of newly assigned partitions: a part and its lanes each.
+    fn assigned(self: &Arc<Self>, tpl: &TopicPartitionList) {
+        let mut parts = lock_std(&self.parts);
+        for e in tpl.elements() {
+            let id = (e.topic().to_owned(), e.partition());
+            if parts.contains_key(&id) {
+                continue;
+            }
+            let mut senders = Vec::with_capacity(self.lanes);
+            let mut receivers = Vec::with_capacity(self.lanes);
+            for _ in 0..self.lanes {
+                let (tx, rx) = mpsc::unbounded_channel();
+                senders.push(tx);
+                receivers.push(rx);
+            }
+            let mut progress = Progress::default();
+            if let Offset::Offset(o) = e.offset() {
+                progress.committed(o);
+            }
+            let part = Arc::new(Part {
+                topic: id.0.clone(),
+                partition: id.1,
+                lanes: senders,
+                progress: Mutex::new(progress),
+                revoked: watch::Sender::new(false),
+                in_flight: AtomicUsize::new(0),
+                queued: AtomicUsize::new(0),
+                paused: AtomicBool::new(false),
+            });
+            for rx in receivers {
+                self.rt.spawn(lane(Arc::clone(self), Arc::clone(&part), rx));
+            }
+            parts.insert(id, part);
+        }
+    }
+
+    /// Gives partitions up: their lanes take nothing more, the bodies in
+    /// flight get up to the grace to finish, and what is settled is
+    /// committed. A body still running then goes on, but its partition's
+    /// offset stays before it: the next owner gets the message again, and
+    /// the store's claim keeps the two runs from both taking effect.
+    fn revoke(&self, consumer: &BaseConsumer<Ctx>, which: &[(String, i32)], grace: Duration) {
+        let gone: Vec<Arc<Part>> = {
+            let parts = lock_std(&self.parts);
+            which
+                .iter()
+                .filter_map(|id| parts.get(id).cloned())
+                .collect()
+        };
+        for part in &gone {
+            part.revoked.send_replace(true);
+        }
+        let deadline = Instant::now() + grace;
+        while gone.iter().any(|p| p.in_flight.load(Ordering::SeqCst) > 0)
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let running: usize = gone
+            .iter()
+            .map(|p| p.in_flight.load(Ordering::SeqCst))
+            .sum();
+        if running > 0 {
+            tracing::warn!(
+                running,
+                ?grace,
+                "bodies still running when their partitions went; their messages go to the next owner"
+            );
+        }
+        self.commit(consumer, &gone, CommitMode::Sync);
+        let mut parts = lock_std(&self.parts);
+        for id in which {
+            parts.remove(id);
+        }
+    }
+
+    /// Commits every part's watermark that moved, to the broker and, with
+    /// offsets in the store, to the store too.
+    fn commit(&self, consumer: &BaseConsumer<Ctx>, parts: &[Arc<Part>], mode: CommitMode) {
+        let mut tpl = TopicPartitionList::new();
+        let mut marks = Vec::new();
+        for part in parts {
+            let mark = lock_std(&part.progress).to_commit();
+            if let Some(mark) = mark
+                && tpl
+                    .add_partition_offset(&part.topic, part.partition, Offset::Offset(mark))
+                    .is_ok()
+            {
+                marks.push((Arc::clone(part), mark));
+            }
+        }
+        if marks.is_empty() {
+            return;
+        }
+        if let Some(offsets) = &self.offsets {
+            let rows: Vec<(String, i32, i64)> = marks
+                .iter()
+                .map(|(p, m)| (p.topic.clone(), p.partition, *m))
+                .collect();
+            if let Err(e) = self.rt.block_on(offsets.save(&self.group, &rows)) {
+                tracing::warn!(error = %e, "could not save offsets in the store; retried at the next commit");
+                return;
+            }
+        }
+        match consumer.commit(&tpl, mode) {
+            Ok(()) => {
+                for (part, mark) in marks {
+                    lock_std(&part.progress).committed(mark);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "offset commit failed; retried at the next commit")
+            }
+        }
+    }
+
+    /// Hands a message to its lane, and pauses its partition once too many
+    /// wait there.
+    fn route(&self, consumer: &BaseConsumer<Ctx>, msg: OwnedMessage) {
+        let part = lock_std(&self.parts)
+            .get(&(msg.topic().to_owned(), msg.partition()))
+            .cloned();
+        let Some(part) = part else {
+            // A late message of a partition already revoked: not ours.
+            return;
+        };
+        if part.is_revoked() {
+            return;
+        }
+        let lane = match msg.key() {
+            _ if part.lanes.len() == 1 => 0,
+            Some(key) => lane_of(key, part.lanes.len()),
+            None => 0,
+        };
+        lock_std(&part.progress).took(msg.offset());
+        let queued = part.queued.fetch_add(1, Ordering::SeqCst) + 1;
+        if part.lanes[lane].send(msg).is_err() {
+            return;
+        }
+        if queued >= self.buffer && !part.paused.swap(true, Ordering::SeqCst) {
+            let _ = consumer.pause(&one(&part));
+        }
+    }
+
+    /// Resumes paused partitions whose lanes caught up.
+    fn resume_caught_up(&self, consumer: &BaseConsumer<Ctx>) {
+        for part in self.parts() {
+            if part.paused.load(Ordering::SeqCst)
+                && part.queued.load(Ordering::SeqCst) <= self.buffer / 2
+            {
+                part.paused.store(false, Ordering::SeqCst);
+                let _ = consumer.resume(&one(&part));
+            }
+        }
+    }
+}
+
+/// The lane of a message key: its hash, spread over `lanes`.
+fn lane_of(key: &[u8], lanes: usize) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    usize::try_from(h.finish() % lanes as u64).unwrap_or(0)
+}
+
+fn one(part: &Part) -> TopicPartitionList {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(&part.topic, part.partition);
+    tpl
+}
+
+/// The librdkafka context: rebalances and commits, handed to the group.
+pub(crate) struct Ctx {
+    pub(crate) group: Arc<Group>,
+}
+
+impl ClientContext for Ctx {}
+
+impl ConsumerContext for Ctx {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                lock(&self.group.report).rebalances += 1;
+                if let Some(offsets) = &self.group.offsets {
+                    self.read_back(offsets, tpl);
+                }
+                if let Err(e) = consumer.assign(tpl) {
+                    tracing::error!(error = %e, "could not take the assigned partitions");
+                    return;
+                }
+                self.group.assigned(tpl);
+                // A partition paused before a rebalance could stay paused.
+                let _ = consumer.resume(tpl);
+                tracing::info!(partitions = %names(tpl), "partitions assigned");
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                let which: Vec<(String, i32)> = tpl
+                    .elements()
+                    .iter()
+                    .map(|e| (e.topic().to_owned(), e.partition()))
+                    .collect();
+                tracing::info!(partitions = %names(tpl), "partitions revoked");
+                // Partitions lost (the session timed out) are another
+                // member's already: committing for them would fail.
+                if consumer.assignment_lost() {
+                    self.group.revoke_lost(&which);
+                } else {
+                    self.group.revoke(consumer, &which, self.group.grace);
+                }
+                let _ = consumer.unassign();
+            }
+            other => {
+                let code: RDKafkaErrorCode = other.into();
+                tracing::error!(error = %code, "rebalance failed");
+                let _ = consumer.unassign();
+            }
+        }
+    }
+}
+
+impl Ctx {
+    /// Offsets in the store override the broker's: they were written with
+    /// the effects.
+    fn read_back(&self, offsets: &Offsets, tpl: &mut TopicPartitionList) {
+        let wanted: Vec<(String, i32)> = tpl
+            .elements()
+            .iter()
+            .map(|e| (e.topic().to_owned(), e.partition()))
+            .collect();
+        match self
+            .group
+            .rt
+            .block_on(offsets.load(&self.group.group, &wanted))
+        {
+            Ok(stored) => {
+                for (topic, partition, offset) in stored {
+                    let _ = tpl.set_partition_offset(&topic, partition, Offset::Offset(offset));
+                }
+            }
+            Err(e) => tracing::error!(
+                error = %e,
+                "could not read the offsets in the store; starting from the broker's"
+            ),
+        }
+    }
+}
+
+impl Group {
+    /// Partitions lost with the session: nothing to commit, nothing to wait for.
+    fn revoke_lost(&self, which: &[(String, i32)]) {
+        let mut parts = lock_std(&self.parts);
+        for id in which {
+            if let Some(part) = parts.remove(id) {
+                part.revoked.send_replace(true);
+            }
+        }
+    }
+}
+
+fn names(tpl: &TopicPartitionList) -> String {
+    tpl.elements()
+        .iter()
+        .map(|e| format!("{}/{}", e.topic(), e.partition()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// How long the poll loop waits for a message before it looks at commits,
+/// pauses and shutdown again.
+const TICK: Duration = Duration::from_millis(50);
+/// How often settled offsets are committed while running.
+const COMMIT_EVERY: Duration = Duration::from_millis(200);
+
+/// The poll loop, on its own thread: takes messages, routes them to lanes,
+/// commits, and on shutdown or a stop lets the bodies in flight finish,
+/// commits and leaves the group.
+pub(crate) fn poll(consumer: BaseConsumer<Ctx>, group: Arc<Group>) {
+    let mut last_commit = Instant::now();
+    let mut brokers_down = false;
+    while !group.stopping() {
+        match consumer.poll(TICK) {
+            Some(Ok(msg)) => group.route(&consumer, msg.detach()),
+            Some(Err(KafkaError::MessageConsumption(RDKafkaErrorCode::AllBrokersDown)))
+                if !brokers_down =>
+            {
+                tracing::warn!("every broker is down; librdkafka reconnects");
+                lock(&group.report).reconnects += 1;
+                brokers_down = true;
+            }
+            Some(Err(e)) => tracing::warn!(error = %e, "consumer error"),
+            None => {}
+        }
+        if brokers_down && consumer.fetch_metadata(None, Duration::ZERO).is_ok() {
+            brokers_down = false;
+        }
+        group.resume_caught_up(&consumer);
+        if last_commit.elapsed() >= COMMIT_EVERY {
+            group.commit(&consumer, &group.parts(), CommitMode::Sync);
+            last_commit = Instant::now();
+        }
+    }
+    // Take nothing more; let what runs finish (its waits are given up), then
+    // commit and leave, which revokes what is left with nothing to wait for.
+    let parts = group.parts();
+    for part in &parts {
+        part.revoked.send_replace(true);
+    }
+    while parts.iter().any(|p| p.in_flight.load(Ordering::SeqCst) > 0) {
+        // Serve the group (heartbeats go on by themselves) while waiting.
+        let _ = consumer.poll(Duration::ZERO).map(|m| m.map(|_| ()));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    group.commit(&consumer, &parts, CommitMode::Sync);
+    drop(consumer);
+}

@@ -1,0 +1,230 @@
+//! A lane: the messages of one partition (or, with lanes by key, of the
+//! keys that hash to it), handled one after another, each settled before
+//! the next: executed, a duplicate, handed to a retry topic or dead-lettered.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use rdkafka::message::{Message as _, OwnedMessage};
+use rdkafka::producer::FutureRecord;
+use tokio::sync::{mpsc, watch};
+
+use super::group::{Group, Part};
+use super::lock_std;
+use super::topics::{self, HeaderList, now_ms};
+use super::{Retries, offsets};
+use crate::consume::{Settled, Verdict, lock};
+
+/// The handler, with the message's payload and failures so far, to the
+/// verdict on its delivery and whether it was a duplicate.
+pub(crate) type Call =
+    Arc<dyn Fn(Vec<u8>, u32) -> BoxFuture<'static, (Verdict, bool)> + Send + Sync>;
+
+/// Handles the messages `rx` hands it until the partition is revoked or the
+/// consumer stops.
+pub(crate) async fn lane(
+    group: Arc<Group>,
+    part: Arc<Part>,
+    mut rx: mpsc::UnboundedReceiver<OwnedMessage>,
+) {
+    let mut revoked = part.revoked.subscribe();
+    while let Some(msg) = rx.recv().await {
+        if part.is_revoked() {
+            break;
+        }
+        let headers = HeaderList::of(msg.headers());
+        // A retry waits in its retry topic's partition until it is due;
+        // the messages behind it are due later still.
+        if let Some(due) = headers.number(topics::DUE) {
+            let wait = Duration::from_millis(due.saturating_sub(now_ms()));
+            if !wait.is_zero() && !sleep_unless_revoked(wait, &mut revoked).await {
+                break;
+            }
+        }
+        let permit = tokio::select! {
+            permit = Arc::clone(&group.permits).acquire_owned() => match permit {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            () = until_revoked(&mut revoked) => break,
+        };
+        part.in_flight.fetch_add(1, Ordering::SeqCst);
+        if part.is_revoked() {
+            part.in_flight.fetch_sub(1, Ordering::SeqCst);
+            break;
+        }
+        let settled = settle(&group, &part, &msg, headers, &mut revoked).await;
+        part.in_flight.fetch_sub(1, Ordering::SeqCst);
+        drop(permit);
+        let Some(settled) = settled else {
+            break;
+        };
+        lock_std(&part.progress).settled(msg.offset());
+        part.queued.fetch_sub(1, Ordering::SeqCst);
+        tally(&group, settled);
+    }
+}
+
+fn tally(group: &Group, settled: Settled) {
+    let mut r = lock(&group.report);
+    match settled {
+        Settled::Acked { duplicate, alert } => {
+            r.acked += 1;
+            r.duplicates += u64::from(duplicate);
+            r.alerts += u64::from(alert);
+        }
+        Settled::Retried => r.retried += 1,
+        Settled::DeadLettered => r.dead_lettered += 1,
+        Settled::Stop(_) | Settled::Unsettled => {}
+    }
+}
+
+/// Runs one message through the handler until its delivery is settled;
+/// `None` when it was given up (its partition revoked, or the consumer
+/// stopping), to be delivered again to whoever owns the partition next.
+async fn settle(
+    group: &Group,
+    part: &Part,
+    msg: &OwnedMessage,
+    mut headers: HeaderList,
+    revoked: &mut watch::Receiver<bool>,
+) -> Option<Settled> {
+    let payload = msg.payload().unwrap_or_default().to_vec();
+    let mut failures =
+        u32::try_from(headers.number(topics::FAILURES).unwrap_or(0)).unwrap_or(u32::MAX);
+    let retries = headers.number(topics::RETRIES).unwrap_or(0);
+    loop {
+        let call = (group.call)(payload.clone(), failures);
+        let (verdict, duplicate) = match &group.offsets {
+            Some(store) => {
+                let at = offsets::Position {
+                    group: group.group.clone(),
+                    topic: part.topic.clone(),
+                    partition: part.partition,
+                    next: msg.offset() + 1,
+                };
+                store.in_tx(at, call).await
+            }
+            None => call.await,
+        };
+        match verdict {
+            Verdict::Ack { alert } => {
+                if let Some(alert) = &alert {
+                    tracing::error!(topic = %part.topic, partition = part.partition, offset = msg.offset(), "settled, but look: {alert}");
+                }
+                return Some(Settled::Acked {
+                    duplicate,
+                    alert: alert.is_some(),
+                });
+            }
+            Verdict::Retry {
+                after,
+                failed,
+                reason,
+            } => {
+                failures = failures.saturating_add(u32::from(failed));
+                match group.retries {
+                    Retries::InPlace => {
+                        tracing::debug!(topic = %part.topic, partition = part.partition, ?after, %reason, "waiting in place");
+                        if !sleep_unless_revoked(after, revoked).await {
+                            return None;
+                        }
+                    }
+                    Retries::Topics => {
+                        let delay = topics::tier(after);
+                        let to = topics::retry_topic(&group.topic, delay);
+                        mark_origin(&mut headers, group, msg);
+                        headers.set(topics::FAILURES, failures.to_string());
+                        headers.set(topics::RETRIES, (retries + 1).to_string());
+                        headers.set_text(topics::LAST_ERROR, &reason);
+                        let due = now_ms()
+                            .saturating_add(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
+                        headers.set(topics::DUE, due.to_string());
+                        tracing::debug!(topic = %part.topic, partition = part.partition, %to, %reason, "retrying later");
+                        publish(group, &to, msg, &headers, revoked).await?;
+                        return Some(Settled::Retried);
+                    }
+                }
+            }
+            Verdict::DeadLetter { reason, failed } => {
+                failures = failures.saturating_add(u32::from(failed));
+                mark_origin(&mut headers, group, msg);
+                headers.set(topics::FAILURES, failures.to_string());
+                headers.set(topics::RETRIES, retries.to_string());
+                headers.set_text(topics::REASON, &reason);
+                headers.set_text(topics::DLT_MESSAGE, &reason);
+                headers.set(topics::DLT_GROUP, &group.group);
+                let to = topics::dead_letter_topic(&group.topic);
+                tracing::warn!(topic = %part.topic, partition = part.partition, offset = msg.offset(), %reason, "dead-lettered");
+                publish(group, &to, msg, &headers, revoked).await?;
+                return Some(Settled::DeadLettered);
+            }
+            Verdict::Stop { reason } => {
+                group.stop(reason);
+                return None;
+            }
+        }
+    }
+}
+
+/// Where the message was first consumed, written once: a retry's copy keeps
+/// its origin through every retry topic to the dead letters.
+fn mark_origin(headers: &mut HeaderList, group: &Group, msg: &OwnedMessage) {
+    let (topic, partition, offset) = (msg.topic(), msg.partition(), msg.offset());
+    let first = headers.text(topics::TOPIC).is_none();
+    headers.keep_or_set(topics::TOPIC, topic);
+    headers.keep_or_set(topics::PARTITION, partition.to_string());
+    headers.keep_or_set(topics::OFFSET, offset.to_string());
+    if first {
+        headers.set(topics::DLT_TOPIC, topic);
+        headers.set(topics::DLT_PARTITION, partition.to_be_bytes());
+        headers.set(topics::DLT_OFFSET, offset.to_be_bytes());
+    }
+    let _ = group;
+}
+
+/// Publishes a copy of `msg` (its key and payload) with `headers` to `to`,
+/// until the broker acknowledges it; `None` when the partition was revoked
+/// or the consumer stops first (the original is then delivered again).
+async fn publish(
+    group: &Group,
+    to: &str,
+    msg: &OwnedMessage,
+    headers: &HeaderList,
+    revoked: &mut watch::Receiver<bool>,
+) -> Option<()> {
+    let payload = msg.payload().unwrap_or_default();
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let mut record = FutureRecord::to(to)
+            .payload(payload)
+            .headers(headers.to_owned_headers());
+        if let Some(key) = msg.key() {
+            record = record.key(key);
+        }
+        match group.producer.send(record, Duration::from_secs(30)).await {
+            Ok(_) => return Some(()),
+            Err((e, _)) => {
+                tracing::warn!(error = %e, %to, "could not publish; trying again in {pause:?}");
+            }
+        }
+        if !sleep_unless_revoked(pause, revoked).await {
+            return None;
+        }
+        pause = (pause * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Sleeps `wait`; `false` when the partition was revoked first.
+async fn sleep_unless_revoked(wait: Duration, revoked: &mut watch::Receiver<bool>) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep(wait) => true,
+        () = until_revoked(revoked) => false,
+    }
+}
+
+async fn until_revoked(revoked: &mut watch::Receiver<bool>) {
+    let _ = revoked.wait_for(|r| *r).await;
+}
