@@ -441,6 +441,7 @@ pub enum StoreError {
 
 impl StoreError {
     /// Wraps a driver error.
+    #[cfg_attr(not(any(feature = "_sql", feature = "redis")), allow(dead_code))]
     pub(crate) fn backend(e: impl std::error::Error + Send + Sync + 'static) -> Self {
         StoreError::Backend(Box::new(e))
     }

@@ -19,6 +19,7 @@ use crate::BoxError;
 
 /// Where a partition is, as the offsets table holds it.
 #[derive(Debug, Clone)]
+#[cfg_attr(not(feature = "_sql"), allow(dead_code))]
 pub(crate) struct Position {
     pub(crate) group: String,
     pub(crate) topic: String,
