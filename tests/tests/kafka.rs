@@ -32,6 +32,13 @@ struct Topic {
 }
 
 impl Topic {
+    /// Messages of the topic the group has not committed past.
+    async fn main_lag(&self) -> u64 {
+        self.kafka
+            .lag(&self.group, std::slice::from_ref(&self.topic))
+            .await
+    }
+
     fn all_topics(&self) -> Vec<String> {
         let mut all = vec![self.topic.clone()];
         all.extend(self.consumer.retry_topics());
@@ -127,3 +134,646 @@ on_kafka!(
     a_panicking_handler_is_retried_then_dead_lettered,
     shutdown_lets_bodies_in_flight_finish_and_acks_them,
 );
+
+// ---------------------------------------------------------------------------
+// What is Kafka's own.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::eventually;
+use idem_runtime::consume::kafka::Retries;
+use idem_runtime::consume::{ConsumeError, Report};
+use idem_runtime::{FinalError, MemoryStore, PgStore, PgTx, idempotent};
+use idem_tests::{DropTables, pg_pool};
+use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
+
+/// A topic of the test's own with `partitions`, its consumer and group.
+async fn topic(name: &str, partitions: i32) -> Option<Topic> {
+    let kafka = kafka().await?;
+    let topic = unique_table(name);
+    let group = format!("{topic}-group");
+    let consumer = Consumer::new(kafka_brokers(), group.clone(), topic.clone());
+    let mut topics = vec![topic.clone(), consumer.dead_letter_topic()];
+    topics.extend(consumer.retry_topics());
+    let cleanup = DeleteTopics::new(topics);
+    kafka.create_topic(&topic, partitions).await;
+    let producer = kafka.producer();
+    Some(Topic {
+        kafka,
+        consumer,
+        topic,
+        group,
+        producer,
+        _cleanup: cleanup,
+    })
+}
+
+/// What the bodies saw: the order of ids, and how many ran at once.
+#[derive(Default)]
+struct Seen {
+    order: Mutex<Vec<String>>,
+    running: AtomicUsize,
+    most: AtomicUsize,
+}
+
+impl Seen {
+    fn order(&self) -> Vec<String> {
+        self.order.lock().unwrap().clone()
+    }
+}
+
+/// Records the message, 20 ms into its body, and how many bodies ran
+/// beside it.
+#[idempotent(key = "msg.id", ttl = "1h", store = "memory", name = "kafka_record")]
+async fn record(msg: &Points, seen: &Seen) -> Result<u32, AppError> {
+    let now = seen.running.fetch_add(1, Ordering::SeqCst) + 1;
+    seen.most.fetch_max(now, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    seen.order.lock().unwrap().push(msg.id.clone());
+    seen.running.fetch_sub(1, Ordering::SeqCst);
+    Ok(msg.points)
+}
+
+fn start(
+    consumer: Consumer,
+    handler: impl Fn(Points) -> BoxedCall + Send + Sync + 'static,
+) -> Running {
+    let (stop, signal) = broker::shutdown();
+    Running::new(stop, tokio::spawn(consumer.run(handler, signal)))
+}
+
+type BoxedCall =
+    std::pin::Pin<Box<dyn Future<Output = Result<Outcome<u32>, Error<AppError>>> + Send>>;
+
+fn recording(
+    store: &MemoryStore,
+    seen: &Arc<Seen>,
+) -> impl Fn(Points) -> BoxedCall + Send + Sync + 'static {
+    let (store, seen) = (store.clone(), Arc::clone(seen));
+    move |msg: Points| {
+        let (store, seen) = (store.clone(), Arc::clone(&seen));
+        Box::pin(async move { record(&store, &msg, &seen).await })
+    }
+}
+
+/// One partition, one lane: the bodies run one at a time, in the order the
+/// messages were published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_is_handled_in_order_one_message_at_a_time() {
+    let t = or_skip!(topic("kafka_order", 1).await);
+    let ids: Vec<String> = (0..30).map(|i| format!("o-{i}")).collect();
+    for id in &ids {
+        t.send(Some(id), &Points::payload(id, 1)).await;
+    }
+    let (store, seen) = (MemoryStore::new(), Arc::new(Seen::default()));
+    let running = start(t.consumer.clone(), recording(&store, &seen));
+    eventually(Duration::from_secs(20), "30 bodies", || async {
+        seen.order().len() == 30
+    })
+    .await;
+    let report = running.stop().await;
+    assert_eq!(seen.order(), ids);
+    assert_eq!(seen.most.load(Ordering::SeqCst), 1, "one body at a time");
+    assert_eq!(report.acked, 30, "{report:?}");
+    assert_eq!(t.main_lag().await, 0);
+}
+
+/// Lanes by key: bodies of one partition run side by side, and each key's
+/// messages still run in their order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lanes_run_keys_side_by_side_each_in_order() {
+    let t = or_skip!(topic("kafka_lanes", 1).await);
+    let keys = ["a", "b", "c", "d"];
+    for i in 0..10 {
+        for k in keys {
+            let id = format!("{k}-{i}");
+            t.send(Some(k), &Points::payload(&id, 1)).await;
+        }
+    }
+    let (store, seen) = (MemoryStore::new(), Arc::new(Seen::default()));
+    let running = start(t.consumer.clone().lanes(8), recording(&store, &seen));
+    eventually(Duration::from_secs(20), "40 bodies", || async {
+        seen.order().len() == 40
+    })
+    .await;
+    let report = running.stop().await;
+    let order = seen.order();
+    for k in keys {
+        let of_key: Vec<&String> = order.iter().filter(|id| id.starts_with(k)).collect();
+        let want: Vec<String> = (0..10).map(|i| format!("{k}-{i}")).collect();
+        assert_eq!(of_key, want.iter().collect::<Vec<_>>(), "key {k} in order");
+    }
+    assert!(
+        seen.most.load(Ordering::SeqCst) > 1,
+        "bodies of one partition ran side by side"
+    );
+    assert_eq!(report.acked, 40, "{report:?}");
+    assert_eq!(t.main_lag().await, 0);
+}
+
+/// With lanes, a later message can settle before an earlier one: the
+/// commit stays at the earlier one until it settles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_commit_never_passes_a_message_still_running() {
+    let t = or_skip!(topic("kafka_commit", 1).await);
+    t.send(Some("held"), &Points::payload("held", 1)).await;
+    for i in 0..3 {
+        t.send(Some("free"), &Points::payload(&format!("free-{i}"), 1))
+            .await;
+    }
+    let release = Arc::new(tokio::sync::Notify::new());
+    let done = Arc::new(AtomicUsize::new(0));
+    let store = MemoryStore::new();
+    let handler = {
+        let (release, done) = (Arc::clone(&release), Arc::clone(&done));
+        move |msg: Points| -> BoxedCall {
+            let (store, release, done) = (store.clone(), Arc::clone(&release), Arc::clone(&done));
+            Box::pin(async move {
+                if msg.id == "held" {
+                    release.notified().await;
+                }
+                let r = broker::grant(&store, &msg, &broker::Effects::default()).await;
+                done.fetch_add(1, Ordering::SeqCst);
+                r
+            })
+        }
+    };
+    let running = start(t.consumer.clone().lanes(4), handler);
+    eventually(
+        Duration::from_secs(20),
+        "the three free messages",
+        || async { done.load(Ordering::SeqCst) == 3 },
+    )
+    .await;
+    // Several commit rounds (every 200 ms) pass: none goes past offset 0.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let committed = t.kafka.committed(&t.group, &t.topic).await;
+    assert!(
+        matches!(committed.as_slice(), [(0, None)] | [(0, Some(0))]),
+        "committed past a running message: {committed:?}"
+    );
+    release.notify_one();
+    eventually(Duration::from_secs(20), "the commit at the end", || async {
+        t.kafka.committed(&t.group, &t.topic).await == vec![(0, Some(4))]
+    })
+    .await;
+    let report = running.stop().await;
+    assert_eq!(report.acked, 4, "{report:?}");
+}
+
+/// A body that fails once, on the first message of its partition.
+#[idempotent(
+    key = "msg.id",
+    ttl = "1h",
+    store = "memory",
+    name = "kafka_fails_once"
+)]
+async fn fails_once(msg: &Points, seen: &Seen, failed: &AtomicUsize) -> Result<u32, AppError> {
+    if msg.id == "first" && failed.fetch_add(1, Ordering::SeqCst) == 0 {
+        return Err(AppError::Refused("not yet".into()));
+    }
+    seen.order.lock().unwrap().push(msg.id.clone());
+    Ok(msg.points)
+}
+
+fn failing_once(
+    store: &MemoryStore,
+    seen: &Arc<Seen>,
+) -> impl Fn(Points) -> BoxedCall + Send + Sync + 'static {
+    let (store, seen, failed) = (
+        store.clone(),
+        Arc::clone(seen),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    move |msg: Points| {
+        let (store, seen, failed) = (store.clone(), Arc::clone(&seen), Arc::clone(&failed));
+        Box::pin(async move { fails_once(&store, &msg, &seen, &failed).await })
+    }
+}
+
+async fn first_then_five(t: &Topic) {
+    t.send(Some("k"), &Points::payload("first", 1)).await;
+    for i in 0..5 {
+        t.send(Some("k"), &Points::payload(&format!("next-{i}"), 1))
+            .await;
+    }
+}
+
+fn quick_retries() -> Policy {
+    Policy {
+        first_delay: Duration::from_millis(300),
+        ..Policy::default()
+    }
+}
+
+/// By default a message that must wait goes to a retry topic: the messages
+/// behind it go on, and it comes back from there with its failure counted
+/// and where it came from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_goes_to_a_retry_topic_and_does_not_block_its_partition() {
+    let t = or_skip!(topic("kafka_retry", 1).await);
+    first_then_five(&t).await;
+    let (store, seen) = (MemoryStore::new(), Arc::new(Seen::default()));
+    let running = start(
+        t.consumer.clone().policy(quick_retries()),
+        failing_once(&store, &seen),
+    );
+    eventually(Duration::from_secs(20), "six effects", || async {
+        seen.order().len() == 6
+    })
+    .await;
+    let report = running.stop().await;
+    let order = seen.order();
+    assert_eq!(
+        order.last().map(String::as_str),
+        Some("first"),
+        "the retry came last: {order:?}"
+    );
+    assert_eq!((report.retried, report.acked), (1, 6), "{report:?}");
+    let retry_topic = t.consumer.retry_topic(Duration::from_millis(300));
+    assert_eq!(retry_topic, format!("{}-retry-1000", t.topic));
+    let retries = t.kafka.read(&retry_topic).await;
+    assert_eq!(retries.len(), 1);
+    let h = headers(&retries[0]);
+    assert_eq!(h.get("x-idem-failures").map(String::as_str), Some("1"));
+    assert_eq!(h.get("x-idem-retries").map(String::as_str), Some("1"));
+    assert_eq!(h.get("x-idem-topic"), Some(&t.topic));
+    assert_eq!(h.get("x-idem-offset").map(String::as_str), Some("0"));
+    assert!(
+        h.get("x-idem-last-error")
+            .is_some_and(|e| e.contains("not yet")),
+        "{h:?}"
+    );
+    assert_eq!(retries[0].key(), Some(&b"k"[..]), "the key is kept");
+    assert_eq!(t.kafka.lag(&t.group, &t.all_topics()).await, 0);
+}
+
+/// In place, the partition waits for its first message: strict order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_place_retries_keep_the_partition_in_order() {
+    let t = or_skip!(topic("kafka_in_place", 1).await);
+    first_then_five(&t).await;
+    let (store, seen) = (MemoryStore::new(), Arc::new(Seen::default()));
+    let consumer = t
+        .consumer
+        .clone()
+        .policy(quick_retries())
+        .retries(Retries::InPlace);
+    let running = start(consumer, failing_once(&store, &seen));
+    eventually(Duration::from_secs(20), "six effects", || async {
+        seen.order().len() == 6
+    })
+    .await;
+    let report = running.stop().await;
+    let want: Vec<String> = std::iter::once("first".to_owned())
+        .chain((0..5).map(|i| format!("next-{i}")))
+        .collect();
+    assert_eq!(seen.order(), want);
+    assert_eq!((report.retried, report.acked), (0, 6), "{report:?}");
+    assert!(
+        t.kafka
+            .ends(&t.consumer.retry_topic(Duration::ZERO))
+            .await
+            .is_empty(),
+        "no retry topics in place"
+    );
+    assert_eq!(t.main_lag().await, 0);
+}
+
+#[derive(Debug, thiserror::Error, serde::Serialize, serde::Deserialize)]
+enum Declined {
+    #[error("card declined for {0}")]
+    Card(String),
+}
+
+impl FinalError for Declined {
+    fn is_final(&self) -> bool {
+        true
+    }
+}
+
+#[idempotent(key = "id", ttl = "1h", store = "memory", name = "kafka_declined")]
+async fn decline(msg: &Points) -> Result<u32, Declined> {
+    Err(Declined::Card(msg.id.clone()))
+}
+
+/// A final error is dead-lettered at once, with the key, payload and
+/// headers of the message, idem's reason, and Spring Kafka's headers of
+/// where it came from in Spring's encodings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_says_why_and_where_it_came_from() {
+    let t = or_skip!(topic("kafka_dead", 2).await);
+    let payload = Points::payload("pay-1", 5);
+    let record = FutureRecord::to(&t.topic)
+        .key("pay-1")
+        .partition(1)
+        .payload(&payload)
+        .headers(OwnedHeaders::new().insert(Header {
+            key: "trace-id",
+            value: Some("t-42"),
+        }));
+    t.producer
+        .send(record, Duration::from_secs(10))
+        .await
+        .expect("publish");
+    let store = MemoryStore::new();
+    let running = start(t.consumer.clone(), move |msg: Points| -> BoxedCall {
+        let store = store.clone();
+        Box::pin(async move {
+            decline(&store, &msg).await.map_err(|e| match e {
+                Error::Failed {
+                    handler,
+                    key,
+                    error,
+                    replayed,
+                } => Error::Failed {
+                    handler,
+                    key,
+                    error: AppError::Refused(error.to_string()),
+                    replayed,
+                },
+                other => panic!("{other}"),
+            })
+        })
+    });
+    eventually(Duration::from_secs(20), "a dead letter", || async {
+        !t.kafka
+            .read(&t.consumer.dead_letter_topic())
+            .await
+            .is_empty()
+    })
+    .await;
+    let report = running.stop().await;
+    assert_eq!((report.dead_lettered, report.retried), (1, 0), "{report:?}");
+    let dead = t.kafka.read(&t.consumer.dead_letter_topic()).await;
+    assert_eq!(dead.len(), 1);
+    let d = &dead[0];
+    assert_eq!(d.key(), Some(&b"pay-1"[..]));
+    assert_eq!(d.payload(), Some(payload.as_slice()));
+    let h = headers(d);
+    assert_eq!(
+        h.get("trace-id").map(String::as_str),
+        Some("t-42"),
+        "the message's headers are kept"
+    );
+    assert!(
+        h["x-idem-reason"].contains("card declined for pay-1"),
+        "{h:?}"
+    );
+    assert_eq!(h.get("x-idem-partition").map(String::as_str), Some("1"));
+    assert_eq!(h.get("x-idem-offset").map(String::as_str), Some("0"));
+    let raw = |name: &str| -> Vec<u8> {
+        d.headers()
+            .and_then(|hs| hs.iter().find(|x| x.key == name))
+            .and_then(|x| x.value)
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default()
+    };
+    assert_eq!(raw("kafka_dlt-original-topic"), t.topic.as_bytes());
+    assert_eq!(raw("kafka_dlt-original-partition"), 1i32.to_be_bytes());
+    assert_eq!(raw("kafka_dlt-original-offset"), 0i64.to_be_bytes());
+    assert_eq!(raw("kafka_dlt-original-consumer-group"), t.group.as_bytes());
+    assert_eq!(t.main_lag().await, 0);
+}
+
+/// Two members of one group: the second's arrival rebalances the first,
+/// both consume, and every message takes effect once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_members_share_the_partitions_and_each_message_takes_effect_once() {
+    let t = or_skip!(topic("kafka_members", 4).await);
+    let member = || {
+        t.consumer
+            .clone()
+            .set("session.timeout.ms", "6000")
+            .set("heartbeat.interval.ms", "500")
+    };
+    let store = MemoryStore::new();
+    let (seen_a, seen_b) = (Arc::new(Seen::default()), Arc::new(Seen::default()));
+    let first = start(member(), recording(&store, &seen_a));
+    let mut sent = 0;
+    while seen_a.order().len() < 10 {
+        t.send(
+            Some(&format!("m-{sent}")),
+            &Points::payload(&format!("m-{sent}"), 1),
+        )
+        .await;
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let second = start(member(), recording(&store, &seen_b));
+    let joined = std::time::Instant::now();
+    // Keep publishing until the second member has consumed some.
+    while seen_b.order().len() < 10 {
+        assert!(
+            joined.elapsed() < Duration::from_secs(60),
+            "the second member got nothing in 60 s"
+        );
+        t.send(
+            Some(&format!("m-{sent}")),
+            &Points::payload(&format!("m-{sent}"), 1),
+        )
+        .await;
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!(
+        "the second member consumed {:?} after it started",
+        joined.elapsed()
+    );
+    eventually(
+        Duration::from_secs(60),
+        "every message's effect",
+        || async { seen_a.order().len() + seen_b.order().len() >= sent },
+    )
+    .await;
+    let (a, b) = (first.stop().await, second.stop().await);
+    let mut ids: Vec<String> = seen_a.order();
+    ids.extend(seen_b.order());
+    let all = ids.len();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(
+        (ids.len(), all),
+        (sent, sent),
+        "each message took effect once"
+    );
+    assert!(
+        a.rebalances >= 2,
+        "the second member's arrival rebalanced the first: {a:?}"
+    );
+    assert_eq!(
+        a.acked + b.acked - a.duplicates - b.duplicates,
+        sent as u64,
+        "{a:?} {b:?}"
+    );
+    assert_eq!(t.kafka.lag(&t.group, &t.all_topics()).await, 0);
+}
+
+/// A topic that does not exist is a set-up error, not a silent wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_topic_is_a_setup_error() {
+    let _kafka = or_skip!(kafka().await);
+    let name = unique_table("kafka_missing");
+    let consumer = Consumer::new(kafka_brokers(), format!("{name}-group"), name.clone());
+    let store = MemoryStore::new();
+    let (stop, signal) = broker::shutdown();
+    let run = consumer.run(recording(&store, &Arc::new(Seen::default())), signal);
+    let ended = tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .expect("the consumer gave up within 30 s");
+    drop(stop);
+    match ended {
+        Err(ConsumeError::Setup(e)) => assert!(e.to_string().contains("does not exist"), "{e}"),
+        other => panic!("expected a set-up error, got {other:?}"),
+    }
+}
+
+/// Adds one to the message's row, in the handler's transaction.
+#[idempotent(key = "msg.id", ttl = "1h", store = "postgres", name = "kafka_apply")]
+async fn apply(tx: &mut PgTx<'_>, msg: &Points, table: &str) -> Result<u32, AppError> {
+    let sql = format!(
+        "INSERT INTO {table} (id, applied) VALUES ($1, 1)
+         ON CONFLICT (id) DO UPDATE SET applied = {table}.applied + 1"
+    );
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(&msg.id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(msg.points)
+}
+
+/// With offsets in the database, each partition's next offset is written
+/// with the effects and read back on assignment: a consumer whose broker
+/// commits went back to the start does not see the messages again. Without
+/// them the same consumer gets every message again (as duplicates).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offsets_in_the_database_win_over_the_brokers() {
+    let t = or_skip!(topic("kafka_offsets", 2).await);
+    let pool = or_skip!(pg_pool(4).await);
+    let (dedup, business) = (unique_table("kdedup"), unique_table("kapplied"));
+    let offsets_table = format!("{dedup}_kafka_offsets");
+    let _tables = DropTables::new(&[&dedup, &business, &offsets_table]);
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {business} (id TEXT PRIMARY KEY, applied INT NOT NULL)"
+    )))
+    .execute(&pool)
+    .await
+    .expect("business table");
+    let store = PgStore::from_pool(pool.clone())
+        .with_table(&dedup)
+        .expect("a table name");
+    store.migrate().await.expect("migrate");
+    for i in 0..20 {
+        t.send(
+            Some(&format!("x-{i}")),
+            &Points::payload(&format!("x-{i}"), 1),
+        )
+        .await;
+    }
+    let applying = |store: &PgStore, business: &str, calls: &Arc<AtomicUsize>| {
+        let (store, business, calls) = (store.clone(), business.to_owned(), Arc::clone(calls));
+        move |msg: Points| -> BoxedCall {
+            let (store, business, calls) = (store.clone(), business.clone(), Arc::clone(&calls));
+            Box::pin(async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                apply(&store, &msg, &business).await
+            })
+        }
+    };
+    let calls = Arc::new(AtomicUsize::new(0));
+    let running = start(
+        t.consumer.clone().offsets_in(&store),
+        applying(&store, &business, &calls),
+    );
+    eventually(Duration::from_secs(20), "20 calls", || async {
+        calls.load(Ordering::SeqCst) == 20
+    })
+    .await;
+    let first: Report = running.stop().await;
+    assert_eq!(first.acked, 20, "{first:?}");
+    let rows: Vec<(i32, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT partition_id, next_offset FROM {offsets_table} WHERE consumer_group = $1 AND topic = $2 ORDER BY partition_id"
+    )))
+    .bind(&t.group)
+    .bind(&t.topic)
+    .fetch_all(&pool)
+    .await
+    .expect("the offsets");
+    let ends = t.kafka.ends(&t.topic).await;
+    let with_messages: Vec<(i32, i64)> = ends.into_iter().filter(|(_, end)| *end > 0).collect();
+    assert_eq!(
+        rows, with_messages,
+        "each partition's next offset is in the table"
+    );
+
+    // The broker forgets: its commits go back to the start.
+    rewind(&t.group, &t.topic, rows.iter().map(|(p, _)| *p).collect()).await;
+    let again = Arc::new(AtomicUsize::new(0));
+    let running = start(
+        t.consumer.clone().offsets_in(&store),
+        applying(&store, &business, &again),
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let second = running.stop().await;
+    assert_eq!(
+        again.load(Ordering::SeqCst),
+        0,
+        "nothing came again: {second:?}"
+    );
+
+    // The same without the table's offsets: everything comes again.
+    let running = start(t.consumer.clone(), applying(&store, &business, &again));
+    eventually(Duration::from_secs(20), "20 calls again", || async {
+        again.load(Ordering::SeqCst) == 20
+    })
+    .await;
+    let third = running.stop().await;
+    assert_eq!(third.duplicates, 20, "{third:?}");
+    let doubled: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {business} WHERE applied <> 1"
+    )))
+    .fetch_one(&pool)
+    .await
+    .expect("count");
+    assert_eq!(doubled, 0);
+}
+
+/// Commits offset 0 for `partitions` of `topic` in `group`.
+async fn rewind(group: &str, topic: &str, partitions: Vec<i32>) {
+    let (group, topic) = (group.to_owned(), topic.to_owned());
+    tokio::task::spawn_blocking(move || {
+        use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _};
+        let c: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", kafka_brokers())
+            .set("group.id", &group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("a client");
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        for p in partitions {
+            tpl.add_partition_offset(&topic, p, rdkafka::Offset::Offset(0))
+                .expect("a partition");
+        }
+        c.commit(&tpl, CommitMode::Sync).expect("commit offset 0");
+    })
+    .await
+    .expect("rewind");
+}
+
+/// A message's headers as text, by name.
+fn headers(m: &OwnedMessage) -> std::collections::HashMap<String, String> {
+    m.headers()
+        .map(|hs| {
+            hs.iter()
+                .map(|h| {
+                    (
+                        h.key.to_owned(),
+                        String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
