@@ -137,37 +137,81 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 }
 
 /// A Kafka admin client, or `None` (after [`unavailable`]) when the brokers
-/// cannot be reached.
+/// cannot be reached. When nothing answers on the loopback default and
+/// `tansu` (the Kafka-protocol broker `.ci/run` installs) is installed, it
+/// is started, in memory, and outlives the test like the other services.
 pub async fn kafka() -> Option<Kafka> {
-    use rdkafka::admin::AdminClient;
-    use rdkafka::client::DefaultClientContext;
     let brokers = kafka_brokers();
-    let admin: AdminClient<DefaultClientContext> = match kafka_config()
-        .set("socket.connection.setup.timeout.ms", "3000")
-        .create()
-    {
-        Ok(a) => a,
-        Err(e) => return unavailable("Kafka", &brokers, e),
-    };
-    let admin = std::sync::Arc::new(admin);
-    let probe = std::sync::Arc::clone(&admin);
-    let reached = blocking(move || {
-        probe
-            .inner()
-            .fetch_metadata(None, Duration::from_secs(5))
-            .map(|_| ())
-    })
-    .await;
+    let mut reached = reach_kafka().await;
+    if reached.is_err() && std::env::var("KAFKA_BROKERS").is_err() && start_tansu() {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while reached.is_err() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            reached = reach_kafka().await;
+        }
+    }
     match reached {
-        Ok(()) => Some(Kafka { admin }),
+        Ok(admin) => Some(Kafka {
+            admin: std::sync::Arc::new(admin),
+        }),
         Err(e) => unavailable("Kafka", &brokers, e),
     }
+}
+
+type Admin = rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>;
+
+async fn reach_kafka() -> Result<Admin, rdkafka::error::KafkaError> {
+    blocking(|| {
+        let admin: Admin = kafka_config()
+            .set("socket.connection.setup.timeout.ms", "3000")
+            .create()?;
+        admin
+            .inner()
+            .fetch_metadata(None, Duration::from_secs(5))
+            .map(|_| admin)
+    })
+    .await
+}
+
+/// Starts `tansu` on the loopback default, in memory, if it is installed
+/// (on `PATH` or in cargo's bin); `false` when it is not.
+fn start_tansu() -> bool {
+    let cargo_bin = std::env::var("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|_| std::env::var("HOME").map(|h| std::path::Path::new(&h).join(".cargo")))
+        .map(|home| home.join("bin").join("tansu"));
+    let program = match cargo_bin {
+        Ok(p) if p.exists() => p,
+        _ => std::path::PathBuf::from("tansu"),
+    };
+    let log = std::env::temp_dir().join("idem-tests-tansu.log");
+    let Ok(out) = std::fs::File::create(&log) else {
+        return false;
+    };
+    let Ok(err) = out.try_clone() else {
+        return false;
+    };
+    std::process::Command::new(program)
+        .args([
+            "broker",
+            "--listener-url",
+            "tcp://127.0.0.1:9092",
+            "--advertised-listener-url",
+            "tcp://127.0.0.1:9092",
+            "--storage-engine",
+            "memory://tansu/",
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .is_ok()
 }
 
 /// The brokers of [`kafka_brokers`], for a test's own topics.
 #[derive(Clone)]
 pub struct Kafka {
-    admin: std::sync::Arc<rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>>,
+    admin: std::sync::Arc<Admin>,
 }
 
 impl Kafka {

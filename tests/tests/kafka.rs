@@ -143,10 +143,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::eventually;
+use idem_runtime::consume::kafka::Offsets;
 use idem_runtime::consume::kafka::Retries;
 use idem_runtime::consume::{ConsumeError, Report};
-use idem_runtime::{FinalError, MemoryStore, PgStore, PgTx, idempotent};
-use idem_tests::{DropTables, pg_pool};
+use idem_runtime::{
+    FinalError, MemoryStore, MySqlStore, MySqlTx, PgStore, PgTx, SqliteStore, SqliteTx, idempotent,
+};
+use idem_tests::{DropMySqlTables, DropTables, mysql_pool, pg_pool};
 use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
 
 /// A topic of the test's own with `partitions`, its consumer and group.
@@ -543,12 +546,7 @@ async fn a_dead_letter_says_why_and_where_it_came_from() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_members_share_the_partitions_and_each_message_takes_effect_once() {
     let t = or_skip!(topic("kafka_members", 4).await);
-    let member = || {
-        t.consumer
-            .clone()
-            .set("session.timeout.ms", "6000")
-            .set("heartbeat.interval.ms", "500")
-    };
+    let member = || short_sessions(t.consumer.clone());
     let store = MemoryStore::new();
     let (seen_a, seen_b) = (Arc::new(Seen::default()), Arc::new(Seen::default()));
     let first = start(member(), recording(&store, &seen_a));
@@ -630,13 +628,16 @@ async fn a_missing_topic_is_a_setup_error() {
     }
 }
 
-/// Adds one to the message's row, in the handler's transaction.
-#[idempotent(key = "msg.id", ttl = "1h", store = "postgres", name = "kafka_apply")]
-async fn apply(tx: &mut PgTx<'_>, msg: &Points, table: &str) -> Result<u32, AppError> {
-    let sql = format!(
-        "INSERT INTO {table} (id, applied) VALUES ($1, 1)
-         ON CONFLICT (id) DO UPDATE SET applied = {table}.applied + 1"
-    );
+/// Inserts a row for the message in the handler's transaction: a doubled
+/// effect shows as two rows of one id.
+#[idempotent(
+    key = "msg.id",
+    ttl = "1h",
+    store = "postgres",
+    name = "kafka_apply_pg"
+)]
+async fn apply_pg(tx: &mut PgTx<'_>, msg: &Points, table: &str) -> Result<u32, AppError> {
+    let sql = format!("INSERT INTO {table} (id) VALUES ($1)");
     sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(&msg.id)
         .execute(&mut **tx)
@@ -644,27 +645,124 @@ async fn apply(tx: &mut PgTx<'_>, msg: &Points, table: &str) -> Result<u32, AppE
     Ok(msg.points)
 }
 
+#[idempotent(
+    key = "msg.id",
+    ttl = "1h",
+    store = "mysql",
+    name = "kafka_apply_mysql"
+)]
+async fn apply_mysql(tx: &mut MySqlTx<'_>, msg: &Points, table: &str) -> Result<u32, AppError> {
+    let sql = format!("INSERT INTO {table} (id) VALUES (?)");
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(&msg.id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(msg.points)
+}
+
+#[idempotent(
+    key = "msg.id",
+    ttl = "1h",
+    store = "sqlite",
+    name = "kafka_apply_sqlite"
+)]
+async fn apply_sqlite(tx: &mut SqliteTx<'_>, msg: &Points, table: &str) -> Result<u32, AppError> {
+    let sql = format!("INSERT INTO {table} (id) VALUES (?)");
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(&msg.id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(msg.points)
+}
+
+/// A SQL database for the offsets scenario: its store's offsets, a handler
+/// counting its calls, and what the database holds afterwards.
+trait OffsetsDb {
+    fn offsets(&self) -> Offsets;
+    fn handler(
+        &self,
+        calls: &Arc<AtomicUsize>,
+    ) -> impl Fn(Points) -> BoxedCall + Send + Sync + 'static;
+    /// Each partition's next offset in the offsets table, by partition.
+    async fn rows(&self, group: &str, topic: &str) -> Vec<(i32, i64)>;
+    /// Ids with more than one row in the business table.
+    async fn doubled(&self) -> i64;
+}
+
+macro_rules! offsets_db {
+    ($name:ident, $store:ty, $apply:ident, $pool:ty, $p:expr) => {
+        struct $name {
+            store: $store,
+            pool: $pool,
+            business: String,
+        }
+
+        impl OffsetsDb for $name {
+            fn offsets(&self) -> Offsets {
+                Offsets::from(&self.store)
+            }
+
+            fn handler(&self, calls: &Arc<AtomicUsize>) -> impl Fn(Points) -> BoxedCall + Send + Sync + 'static {
+                let (store, business, calls) = (self.store.clone(), self.business.clone(), Arc::clone(calls));
+                move |msg: Points| -> BoxedCall {
+                    let (store, business, calls) = (store.clone(), business.clone(), Arc::clone(&calls));
+                    Box::pin(async move {
+                        calls.fetch_add(1, Ordering::SeqCst);
+                        $apply(&store, &msg, &business).await
+                    })
+                }
+            }
+
+            async fn rows(&self, group: &str, topic: &str) -> Vec<(i32, i64)> {
+                let sql = format!(
+                    "SELECT partition_id, next_offset FROM {} WHERE consumer_group = {} AND topic = {} ORDER BY partition_id",
+                    self.offsets().table(),
+                    $p[0],
+                    $p[1]
+                );
+                sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                    .bind(group)
+                    .bind(topic)
+                    .fetch_all(&self.pool)
+                    .await
+                    .expect("the offsets")
+            }
+
+            async fn doubled(&self) -> i64 {
+                let sql = format!(
+                    "SELECT count(*) FROM (SELECT id FROM {} GROUP BY id HAVING count(*) > 1) d",
+                    self.business
+                );
+                sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                    .fetch_one(&self.pool)
+                    .await
+                    .expect("count")
+            }
+        }
+    };
+}
+
+offsets_db!(PgOffsets, PgStore, apply_pg, sqlx::PgPool, ["$1", "$2"]);
+offsets_db!(
+    MySqlOffsets,
+    MySqlStore,
+    apply_mysql,
+    sqlx::MySqlPool,
+    ["?", "?"]
+);
+offsets_db!(
+    SqliteOffsets,
+    SqliteStore,
+    apply_sqlite,
+    sqlx::SqlitePool,
+    ["?", "?"]
+);
+
 /// With offsets in the database, each partition's next offset is written
 /// with the effects and read back on assignment: a consumer whose broker
 /// commits went back to the start does not see the messages again. Without
 /// them the same consumer gets every message again (as duplicates).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn offsets_in_the_database_win_over_the_brokers() {
-    let t = or_skip!(topic("kafka_offsets", 2).await);
-    let pool = or_skip!(pg_pool(4).await);
-    let (dedup, business) = (unique_table("kdedup"), unique_table("kapplied"));
-    let offsets_table = format!("{dedup}_kafka_offsets");
-    let _tables = DropTables::new(&[&dedup, &business, &offsets_table]);
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE TABLE {business} (id TEXT PRIMARY KEY, applied INT NOT NULL)"
-    )))
-    .execute(&pool)
-    .await
-    .expect("business table");
-    let store = PgStore::from_pool(pool.clone())
-        .with_table(&dedup)
-        .expect("a table name");
-    store.migrate().await.expect("migrate");
+async fn offsets_in_the_database_win_over_the_brokers(t: &Topic, db: &impl OffsetsDb) {
     for i in 0..20 {
         t.send(
             Some(&format!("x-{i}")),
@@ -672,20 +770,10 @@ async fn offsets_in_the_database_win_over_the_brokers() {
         )
         .await;
     }
-    let applying = |store: &PgStore, business: &str, calls: &Arc<AtomicUsize>| {
-        let (store, business, calls) = (store.clone(), business.to_owned(), Arc::clone(calls));
-        move |msg: Points| -> BoxedCall {
-            let (store, business, calls) = (store.clone(), business.clone(), Arc::clone(&calls));
-            Box::pin(async move {
-                calls.fetch_add(1, Ordering::SeqCst);
-                apply(&store, &msg, &business).await
-            })
-        }
-    };
     let calls = Arc::new(AtomicUsize::new(0));
     let running = start(
-        t.consumer.clone().offsets_in(&store),
-        applying(&store, &business, &calls),
+        t.consumer.clone().offsets_in(db.offsets()),
+        db.handler(&calls),
     );
     eventually(Duration::from_secs(20), "20 calls", || async {
         calls.load(Ordering::SeqCst) == 20
@@ -693,14 +781,7 @@ async fn offsets_in_the_database_win_over_the_brokers() {
     .await;
     let first: Report = running.stop().await;
     assert_eq!(first.acked, 20, "{first:?}");
-    let rows: Vec<(i32, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT partition_id, next_offset FROM {offsets_table} WHERE consumer_group = $1 AND topic = $2 ORDER BY partition_id"
-    )))
-    .bind(&t.group)
-    .bind(&t.topic)
-    .fetch_all(&pool)
-    .await
-    .expect("the offsets");
+    let rows = db.rows(&t.group, &t.topic).await;
     let ends = t.kafka.ends(&t.topic).await;
     let with_messages: Vec<(i32, i64)> = ends.into_iter().filter(|(_, end)| *end > 0).collect();
     assert_eq!(
@@ -712,8 +793,8 @@ async fn offsets_in_the_database_win_over_the_brokers() {
     rewind(&t.group, &t.topic, rows.iter().map(|(p, _)| *p).collect()).await;
     let again = Arc::new(AtomicUsize::new(0));
     let running = start(
-        t.consumer.clone().offsets_in(&store),
-        applying(&store, &business, &again),
+        t.consumer.clone().offsets_in(db.offsets()),
+        db.handler(&again),
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
     let second = running.stop().await;
@@ -724,20 +805,93 @@ async fn offsets_in_the_database_win_over_the_brokers() {
     );
 
     // The same without the table's offsets: everything comes again.
-    let running = start(t.consumer.clone(), applying(&store, &business, &again));
+    let running = start(t.consumer.clone(), db.handler(&again));
     eventually(Duration::from_secs(20), "20 calls again", || async {
         again.load(Ordering::SeqCst) == 20
     })
     .await;
     let third = running.stop().await;
     assert_eq!(third.duplicates, 20, "{third:?}");
-    let doubled: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT count(*) FROM {business} WHERE applied <> 1"
+    assert_eq!(db.doubled().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offsets_in_postgres_win_over_the_brokers() {
+    let t = or_skip!(topic("kafka_offsets_pg", 2).await);
+    let pool = or_skip!(pg_pool(4).await);
+    let (dedup, business) = (unique_table("kdedup"), unique_table("kapplied"));
+    let _tables = DropTables::new(&[&dedup, &business, &format!("{dedup}_kafka_offsets")]);
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {business} (id TEXT NOT NULL)"
     )))
-    .fetch_one(&pool)
+    .execute(&pool)
     .await
-    .expect("count");
-    assert_eq!(doubled, 0);
+    .expect("business table");
+    let store = PgStore::from_pool(pool.clone())
+        .with_table(&dedup)
+        .expect("a table name");
+    store.migrate().await.expect("migrate");
+    offsets_in_the_database_win_over_the_brokers(
+        &t,
+        &PgOffsets {
+            store,
+            pool,
+            business,
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offsets_in_mariadb_win_over_the_brokers() {
+    let t = or_skip!(topic("kafka_offsets_my", 2).await);
+    let pool = or_skip!(mysql_pool(4, 5).await);
+    let (dedup, business) = (unique_table("kdedup"), unique_table("kapplied"));
+    let _tables = DropMySqlTables::new(&[&dedup, &business, &format!("{dedup}_kafka_offsets")]);
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {business} (id VARCHAR(64) NOT NULL)"
+    )))
+    .execute(&pool)
+    .await
+    .expect("business table");
+    let store = MySqlStore::from_pool(pool.clone())
+        .with_table(&dedup)
+        .expect("a table name");
+    store.migrate().await.expect("migrate");
+    offsets_in_the_database_win_over_the_brokers(
+        &t,
+        &MySqlOffsets {
+            store,
+            pool,
+            business,
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offsets_in_sqlite_win_over_the_brokers() {
+    let t = or_skip!(topic("kafka_offsets_lite", 2).await);
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let store = SqliteStore::open(dir.path().join("idem.db"))
+        .await
+        .expect("open");
+    store.migrate().await.expect("migrate");
+    let pool = store.pool().clone();
+    let business = "applied".to_owned();
+    sqlx::query("CREATE TABLE applied (id TEXT NOT NULL)")
+        .execute(&pool)
+        .await
+        .expect("business table");
+    offsets_in_the_database_win_over_the_brokers(
+        &t,
+        &SqliteOffsets {
+            store,
+            pool,
+            business,
+        },
+    )
+    .await;
 }
 
 /// Commits offset 0 for `partitions` of `topic` in `group`.
@@ -762,6 +916,14 @@ async fn rewind(group: &str, topic: &str, partitions: Vec<i32>) {
     .expect("rewind");
 }
 
+/// A member presumed dead 6 s after its last heartbeat (librdkafka's
+/// default is 45 s), for tests that kill one.
+fn short_sessions(consumer: Consumer) -> Consumer {
+    consumer
+        .set("session.timeout.ms", "6000")
+        .set("heartbeat.interval.ms", "500")
+}
+
 /// A message's headers as text, by name.
 fn headers(m: &OwnedMessage) -> std::collections::HashMap<String, String> {
     m.headers()
@@ -776,4 +938,114 @@ fn headers(m: &OwnedMessage) -> std::collections::HashMap<String, String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// The offset rides in the handler's transaction: a consumer killed right
+/// after a message's transaction committed, before the consumer learned of
+/// it, leaves that message's offset in the table (its broker commit is
+/// behind), and the next consumer starts after it, with no duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_offset_commits_with_the_effect_when_the_consumer_dies_after_it() {
+    let t = or_skip!(topic("kafka_offsets_die", 1).await);
+    let pool = or_skip!(pg_pool(4).await);
+    let (dedup, business) = (unique_table("kdedup"), unique_table("kapplied"));
+    let _tables = DropTables::new(&[&dedup, &business, &format!("{dedup}_kafka_offsets")]);
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {business} (id TEXT NOT NULL)"
+    )))
+    .execute(&pool)
+    .await
+    .expect("business table");
+    let store = PgStore::from_pool(pool.clone())
+        .with_table(&dedup)
+        .expect("a table name");
+    store.migrate().await.expect("migrate");
+    for i in 0..10 {
+        t.send(Some("k"), &Points::payload(&format!("x-{i}"), 1))
+            .await;
+    }
+    let mut child = idem_tests::ChildTest::spawn(
+        "kafka_consumer_dies_after_a_commit",
+        &[
+            ("IDEM_KAFKA_TOPIC", &t.topic),
+            ("IDEM_KAFKA_GROUP", &t.group),
+            ("IDEM_KAFKA_DEDUP", &dedup),
+            ("IDEM_KAFKA_BUSINESS", &business),
+            ("IDEM_KAFKA_DIE_AT", "x-5"),
+        ],
+    );
+    child.line("DYING", Duration::from_secs(30)).await;
+    drop(child);
+    let db = PgOffsets {
+        store: store.clone(),
+        pool: pool.clone(),
+        business: business.clone(),
+    };
+    assert_eq!(
+        db.rows(&t.group, &t.topic).await,
+        vec![(0, 6)],
+        "x-5 (offset 5) committed its offset"
+    );
+    let broker = t.kafka.committed(&t.group, &t.topic).await;
+    assert!(
+        matches!(broker.as_slice(), [(0, None)] | [(0, Some(0..=5))]),
+        "the broker's commit is behind: {broker:?}"
+    );
+    let calls = Arc::new(AtomicUsize::new(0));
+    let running = start(t.consumer.clone().offsets_in(&store), db.handler(&calls));
+    eventually(Duration::from_secs(20), "the last four", || async {
+        calls.load(Ordering::SeqCst) >= 4
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let report = running.stop().await;
+    assert_eq!(
+        (calls.load(Ordering::SeqCst), report.duplicates),
+        (4, 0),
+        "{report:?}"
+    );
+    assert_eq!(db.doubled().await, 0);
+    let applied: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {business}"
+    )))
+    .fetch_one(&pool)
+    .await
+    .expect("count");
+    assert_eq!(applied, 10);
+}
+
+/// The consumer of the test above, in a process of its own: it aborts
+/// inside the handler, right after the call that committed the message
+/// `IDEM_KAFKA_DIE_AT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run by the_offset_commits_with_the_effect_when_the_consumer_dies_after_it"]
+async fn kafka_consumer_dies_after_a_commit() {
+    let var = |name: &str| std::env::var(name).expect(name);
+    let (topic, group, dedup, business, die_at) = (
+        var("IDEM_KAFKA_TOPIC"),
+        var("IDEM_KAFKA_GROUP"),
+        var("IDEM_KAFKA_DEDUP"),
+        var("IDEM_KAFKA_BUSINESS"),
+        var("IDEM_KAFKA_DIE_AT"),
+    );
+    let pool = pg_pool(4).await.expect("PostgreSQL");
+    let store = PgStore::from_pool(pool)
+        .with_table(&dedup)
+        .expect("a table name");
+    let handler = {
+        let store = store.clone();
+        move |msg: Points| -> BoxedCall {
+            let (store, business, die_at) = (store.clone(), business.clone(), die_at.clone());
+            Box::pin(async move {
+                let r = apply_pg(&store, &msg, &business).await;
+                if msg.id == die_at && matches!(r, Ok(Outcome::Executed(_))) {
+                    println!("DYING");
+                    std::process::abort();
+                }
+                r
+            })
+        }
+    };
+    let consumer = short_sessions(Consumer::new(kafka_brokers(), group, topic)).offsets_in(&store);
+    let _ = consumer.run(handler, std::future::pending()).await;
 }
