@@ -39,6 +39,8 @@ pub fn service(var: &str, default: &str) -> Option<String> {
 /// Connects to the host and port of `url` (`scheme://[user[:pass]@]host[:port][/...]`).
 fn reach(url: &str) -> Result<(), String> {
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    // The first of a comma-separated list (Kafka's bootstrap servers).
+    let rest = rest.split(',').next().unwrap_or(rest);
     let authority = rest.split(['/', '?']).next().unwrap_or(rest);
     let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
     let host_port = if host_port
@@ -210,6 +212,82 @@ pub async fn nats_delete(url: &str, stream: &str) -> Result<(), crate::BoxError>
         // a stream the consumer never made is not an error
         let _ = js.delete_stream(&name).await;
     }
+    Ok(())
+}
+
+/// Creates `topic` with `partitions` partitions on the Kafka brokers
+/// `brokers` (an existing one is left as it is).
+///
+/// # Errors
+///
+/// When the brokers refuse it.
+#[cfg(feature = "kafka")]
+pub async fn kafka_create_topic(
+    brokers: &str,
+    topic: &str,
+    partitions: i32,
+) -> Result<(), crate::BoxError> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()?;
+    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(-1));
+    for r in admin.create_topics([&new], &AdminOptions::new()).await? {
+        if let Err((name, code)) = r
+            && code != rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists
+        {
+            return Err(format!("could not create {name}: {code}").into());
+        }
+    }
+    Ok(())
+}
+
+/// Publishes `payloads` to `topic`, each with its record key, and waits for
+/// the brokers' acknowledgements.
+///
+/// # Errors
+///
+/// When a publish fails.
+#[cfg(feature = "kafka")]
+pub async fn kafka_publish(
+    brokers: &str,
+    topic: &str,
+    payloads: &[(&str, &[u8])],
+) -> Result<(), crate::BoxError> {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let producer: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("acks", "all")
+        .create()?;
+    for (key, payload) in payloads {
+        producer
+            .send(
+                FutureRecord::to(topic).key(*key).payload(*payload),
+                Duration::from_secs(10),
+            )
+            .await
+            .map_err(|(e, _)| e)?;
+    }
+    Ok(())
+}
+
+/// Deletes `topic` with its retry and dead-letter topics.
+///
+/// # Errors
+///
+/// When the brokers cannot be reached.
+#[cfg(feature = "kafka")]
+pub async fn kafka_delete(brokers: &str, topic: &str) -> Result<(), crate::BoxError> {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()?;
+    let consumer = crate::consume::kafka::Consumer::new(brokers, "-", topic);
+    let mut names = vec![topic.to_owned(), consumer.dead_letter_topic()];
+    names.extend(consumer.retry_topics());
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    // a topic the consumer never made is not an error
+    let _ = admin.delete_topics(&names, &AdminOptions::new()).await?;
     Ok(())
 }
 

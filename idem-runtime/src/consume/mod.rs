@@ -1,9 +1,10 @@
 //! Consumers on real brokers around any idempotent handler (features
-//! `rabbitmq` and `nats`): decode the payload, call the handler, and turn
-//! what it returned into the broker's ack, delayed retry or dead letter.
+//! `rabbitmq`, `nats` and `kafka`): decode the payload, call the handler,
+//! and turn what it returned into the broker's ack (Kafka: a commit up to
+//! it), delayed retry or dead letter.
 //!
 //! A consumer is started in a few lines, with a closure that calls the
-//! rewritten function with its store: see [`rabbitmq`] and [`nats`].
+//! rewritten function with its store: see `rabbitmq`, `nats` and `kafka`.
 //!
 //! # What happens to a delivery
 //!
@@ -24,7 +25,8 @@
 //!
 //! Retries never hold a prefetch slot: the delivery is acked and handed back
 //! to the broker with a delay (RabbitMQ: a retry queue whose TTL expires it
-//! back into the work queue; JetStream: `Nak` with a delay).
+//! back into the work queue; JetStream: `Nak` with a delay; Kafka: a retry
+//! topic, or, for strict order, a wait in place).
 
 use std::fmt::Display;
 use std::future::Future;

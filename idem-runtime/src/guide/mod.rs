@@ -24,6 +24,7 @@
 //! | [`stores`] | the stores side by side, the dedup table, a store of your own |
 //! | [`postgres`], [`mysql`], [`redis`] | each server store: its options, round trips, and what was proven on it |
 //! | [`consumers`] | the RabbitMQ and NATS JetStream consumers: acks, retries, dead letters, chaos runs |
+//! | [`kafka`] | the Kafka consumer: partition order, commits, retry and dead-letter topics, rebalances, offsets in the database |
 //! | [`operations`] | the `idem` CLI, records, the registry, tracing and metrics |
 //! | [`expansion`] | the code the attribute generates, verbatim |
 //! | [`benchmarks`] | what idem costs, measured, with the commands to measure it again |
@@ -69,6 +70,10 @@ pub mod redis {}
 #[cfg(any(doc, feature = "nats"))]
 #[doc = include_str!("consumers.md")]
 pub mod consumers {}
+
+#[cfg(any(doc, all(feature = "kafka", feature = "sqlite")))]
+#[doc = include_str!("kafka.md")]
+pub mod kafka {}
 
 #[doc = include_str!("operations.md")]
 pub mod operations {}
