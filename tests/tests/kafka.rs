@@ -542,11 +542,12 @@ async fn a_dead_letter_says_why_and_where_it_came_from() {
 }
 
 /// Two members of one group: the second's arrival rebalances the first,
-/// both consume, and every message takes effect once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_members_share_the_partitions_and_each_message_takes_effect_once() {
-    let t = or_skip!(topic("kafka_members", 4).await);
-    let member = || short_sessions(t.consumer.clone());
+/// both consume, and every message takes effect once; with eager
+/// rebalancing (every partition revoked, then assigned again) and with
+/// cooperative rebalancing (only what moves).
+async fn two_members_share_the_partitions(t: &Topic, strategy: &str) {
+    let member =
+        || short_sessions(t.consumer.clone()).set("partition.assignment.strategy", strategy);
     let store = MemoryStore::new();
     let (seen_a, seen_b) = (Arc::new(Seen::default()), Arc::new(Seen::default()));
     let first = start(member(), recording(&store, &seen_a));
@@ -607,6 +608,26 @@ async fn two_members_share_the_partitions_and_each_message_takes_effect_once() {
         "{a:?} {b:?}"
     );
     assert_eq!(t.kafka.lag(&t.group, &t.all_topics()).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_members_share_the_partitions_with_eager_rebalancing() {
+    let t = or_skip!(topic("kafka_members", 4).await);
+    two_members_share_the_partitions(&t, "range,roundrobin").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_members_share_the_partitions_with_cooperative_rebalancing() {
+    let t = or_skip!(topic("kafka_members_coop", 4).await);
+    two_members_share_the_partitions(&t, "cooperative-sticky").await;
+}
+
+/// The poll loop is a thread of the consumer's own, so a consumer on a
+/// current-thread runtime works as on a multi-threaded one.
+#[tokio::test(flavor = "current_thread")]
+async fn a_consumer_runs_on_a_current_thread_runtime() {
+    let b = or_skip!(topic("kafka_current_thread", 2).await);
+    broker::every_message_takes_effect_once(&b).await;
 }
 
 /// A topic that does not exist is a set-up error, not a silent wait.

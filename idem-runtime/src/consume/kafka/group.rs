@@ -314,7 +314,14 @@ impl ConsumerContext for Ctx {
                 if let Some(offsets) = &self.group.offsets {
                     self.read_back(offsets, tpl);
                 }
-                if let Err(e) = consumer.assign(tpl) {
+                // Cooperative rebalancing (`partition.assignment.strategy=
+                // cooperative-sticky`) hands over only what moves.
+                let taken = if cooperative(consumer) {
+                    consumer.incremental_assign(tpl)
+                } else {
+                    consumer.assign(tpl)
+                };
+                if let Err(e) = taken {
                     tracing::error!(error = %e, "could not take the assigned partitions");
                     return;
                 }
@@ -337,7 +344,11 @@ impl ConsumerContext for Ctx {
                 } else {
                     self.group.revoke(consumer, &which, self.group.grace);
                 }
-                let _ = consumer.unassign();
+                let _ = if cooperative(consumer) {
+                    consumer.incremental_unassign(tpl)
+                } else {
+                    consumer.unassign()
+                };
             }
             other => {
                 let code: RDKafkaErrorCode = other.into();
@@ -385,6 +396,13 @@ impl Group {
             }
         }
     }
+}
+
+fn cooperative(consumer: &BaseConsumer<Ctx>) -> bool {
+    matches!(
+        consumer.rebalance_protocol(),
+        rdkafka::consumer::RebalanceProtocol::Cooperative
+    )
 }
 
 fn names(tpl: &TopicPartitionList) -> String {
