@@ -123,9 +123,9 @@ pub fn kafka_brokers() -> String {
     std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".to_owned())
 }
 
-fn kafka_config() -> rdkafka::ClientConfig {
+fn kafka_config(brokers: &str) -> rdkafka::ClientConfig {
     let mut c = rdkafka::ClientConfig::new();
-    c.set("bootstrap.servers", kafka_brokers());
+    c.set("bootstrap.servers", brokers);
     c
 }
 
@@ -142,27 +142,49 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 /// is started, in memory, and outlives the test like the other services.
 pub async fn kafka() -> Option<Kafka> {
     let brokers = kafka_brokers();
-    let mut reached = reach_kafka().await;
+    let mut reached = reach_kafka(&brokers).await;
     if reached.is_err() && std::env::var("KAFKA_BROKERS").is_err() && start_tansu() {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while reached.is_err() && std::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(200)).await;
-            reached = reach_kafka().await;
+            reached = reach_kafka(&brokers).await;
         }
     }
     match reached {
         Ok(admin) => Some(Kafka {
             admin: std::sync::Arc::new(admin),
+            brokers,
         }),
         Err(e) => unavailable("Kafka", &brokers, e),
     }
 }
 
+impl Kafka {
+    /// The brokers at `brokers` (a test's own, such as a
+    /// [`TansuServer`](crate::TansuServer)), or `None` (after
+    /// [`unavailable`]) when they cannot be reached.
+    pub async fn at(brokers: &str) -> Option<Kafka> {
+        match reach_kafka(brokers).await {
+            Ok(admin) => Some(Kafka {
+                admin: std::sync::Arc::new(admin),
+                brokers: brokers.to_owned(),
+            }),
+            Err(e) => unavailable("Kafka", brokers, e),
+        }
+    }
+
+    /// The brokers' addresses.
+    pub fn brokers(&self) -> &str {
+        &self.brokers
+    }
+}
+
 type Admin = rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>;
 
-async fn reach_kafka() -> Result<Admin, rdkafka::error::KafkaError> {
-    blocking(|| {
-        let admin: Admin = kafka_config()
+async fn reach_kafka(brokers: &str) -> Result<Admin, rdkafka::error::KafkaError> {
+    let brokers = brokers.to_owned();
+    blocking(move || {
+        let admin: Admin = kafka_config(&brokers)
             .set("socket.connection.setup.timeout.ms", "3000")
             .create()?;
         admin
@@ -173,17 +195,23 @@ async fn reach_kafka() -> Result<Admin, rdkafka::error::KafkaError> {
     .await
 }
 
-/// Starts `tansu` on the loopback default, in memory, if it is installed
-/// (on `PATH` or in cargo's bin); `false` when it is not.
-fn start_tansu() -> bool {
+/// The `tansu` binary: in cargo's bin, where `cargo install` puts it, or
+/// on `PATH`.
+pub fn tansu_program() -> std::path::PathBuf {
     let cargo_bin = std::env::var("CARGO_HOME")
         .map(std::path::PathBuf::from)
         .or_else(|_| std::env::var("HOME").map(|h| std::path::Path::new(&h).join(".cargo")))
         .map(|home| home.join("bin").join("tansu"));
-    let program = match cargo_bin {
+    match cargo_bin {
         Ok(p) if p.exists() => p,
         _ => std::path::PathBuf::from("tansu"),
-    };
+    }
+}
+
+/// Starts `tansu` on the loopback default, in memory, if it is installed;
+/// `false` when it is not.
+fn start_tansu() -> bool {
+    let program = tansu_program();
     let log = std::env::temp_dir().join("idem-tests-tansu.log");
     let Ok(out) = std::fs::File::create(&log) else {
         return false;
@@ -212,6 +240,7 @@ fn start_tansu() -> bool {
 #[derive(Clone)]
 pub struct Kafka {
     admin: std::sync::Arc<Admin>,
+    brokers: String,
 }
 
 impl Kafka {
@@ -233,7 +262,7 @@ impl Kafka {
 
     /// A producer (`acks=all`).
     pub fn producer(&self) -> rdkafka::producer::FutureProducer {
-        kafka_config()
+        kafka_config(&self.brokers)
             .set("acks", "all")
             .create()
             .expect("a producer")
@@ -242,21 +271,21 @@ impl Kafka {
     /// Every message of `topic` now, partition by partition, each in
     /// offset order.
     pub async fn read(&self, topic: &str) -> Vec<rdkafka::message::OwnedMessage> {
-        let topic = topic.to_owned();
-        blocking(move || read_topic(&topic)).await
+        let (brokers, topic) = (self.brokers.clone(), topic.to_owned());
+        blocking(move || read_topic(&brokers, &topic)).await
     }
 
     /// The partitions of `topic` and their high watermarks.
     pub async fn ends(&self, topic: &str) -> Vec<(i32, i64)> {
-        let topic = topic.to_owned();
-        blocking(move || ends(&topic)).await
+        let (brokers, topic) = (self.brokers.clone(), topic.to_owned());
+        blocking(move || ends(&brokers, &topic)).await
     }
 
     /// What `group` committed for each partition of `topic` (`None` where
     /// nothing was).
     pub async fn committed(&self, group: &str, topic: &str) -> Vec<(i32, Option<i64>)> {
-        let (group, topic) = (group.to_owned(), topic.to_owned());
-        blocking(move || committed(&group, &topic)).await
+        let (brokers, group, topic) = (self.brokers.clone(), group.to_owned(), topic.to_owned());
+        blocking(move || committed(&brokers, &group, &topic)).await
     }
 
     /// Messages of `topics` that `group` has not committed past.
@@ -278,9 +307,9 @@ impl Kafka {
     }
 }
 
-fn ends(topic: &str) -> Vec<(i32, i64)> {
+fn ends(brokers: &str, topic: &str) -> Vec<(i32, i64)> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
-    let c: BaseConsumer = kafka_config().create().expect("a client");
+    let c: BaseConsumer = kafka_config(brokers).create().expect("a client");
     let md = c
         .fetch_metadata(Some(topic), Duration::from_secs(10))
         .expect("metadata");
@@ -298,15 +327,15 @@ fn ends(topic: &str) -> Vec<(i32, i64)> {
         .collect()
 }
 
-fn committed(group: &str, topic: &str) -> Vec<(i32, Option<i64>)> {
+fn committed(brokers: &str, group: &str, topic: &str) -> Vec<(i32, Option<i64>)> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
-    let c: BaseConsumer = kafka_config()
+    let c: BaseConsumer = kafka_config(brokers)
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .create()
         .expect("a client");
     let mut tpl = rdkafka::TopicPartitionList::new();
-    for (p, _) in ends(topic) {
+    for (p, _) in ends(brokers, topic) {
         tpl.add_partition(topic, p);
     }
     let got = c
@@ -321,15 +350,15 @@ fn committed(group: &str, topic: &str) -> Vec<(i32, Option<i64>)> {
         .collect()
 }
 
-fn read_topic(topic: &str) -> Vec<rdkafka::message::OwnedMessage> {
+fn read_topic(brokers: &str, topic: &str) -> Vec<rdkafka::message::OwnedMessage> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::message::Message;
     let mut out = Vec::new();
-    for (p, end) in ends(topic) {
+    for (p, end) in ends(brokers, topic) {
         if end == 0 {
             continue;
         }
-        let c: BaseConsumer = kafka_config()
+        let c: BaseConsumer = kafka_config(brokers)
             .set(
                 "group.id",
                 format!("idem-read-{}", uuid::Uuid::new_v4().simple()),
@@ -379,11 +408,74 @@ impl Drop for DeleteTopics {
         on_own_runtime(async move {
             use rdkafka::admin::{AdminClient, AdminOptions};
             use rdkafka::client::DefaultClientContext;
-            let Ok(admin) = kafka_config().create::<AdminClient<DefaultClientContext>>() else {
+            let Ok(admin) =
+                kafka_config(&kafka_brokers()).create::<AdminClient<DefaultClientContext>>()
+            else {
                 return;
             };
             let names: Vec<&str> = topics.iter().map(String::as_str).collect();
             let _ = admin.delete_topics(&names, &AdminOptions::new()).await;
         });
+    }
+}
+
+/// A TCP proxy on a free loopback port to a port of the test's, which the
+/// test can cut: every connection through it is dropped and new ones are
+/// closed at once, until it is restored. A broker advertising the proxy's
+/// port is reached only through it, so a cut is a real network outage.
+pub struct CutProxy {
+    port: u16,
+    open: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CutProxy {
+    /// A proxy on `port` (free, reserved by the caller) to `target`.
+    pub async fn start(port: u16, target: u16) -> CutProxy {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .expect("bind the proxy's port");
+        let (open, watch) = tokio::sync::watch::channel(true);
+        let task = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if !*watch.borrow() {
+                    continue; // dropped: closed at once
+                }
+                let mut cut = watch.clone();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", target)).await
+                    else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = cut.wait_for(|open| !*open) => {}
+                    }
+                });
+            }
+        });
+        CutProxy { port, open, task }
+    }
+
+    /// The proxy's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Drops every connection and refuses new ones.
+    pub fn cut(&self) {
+        self.open.send_replace(false);
+    }
+
+    /// Lets connections through again.
+    pub fn restore(&self) {
+        self.open.send_replace(true);
+    }
+}
+
+impl Drop for CutProxy {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }

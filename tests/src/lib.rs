@@ -18,7 +18,7 @@ pub mod processes;
 pub mod services;
 
 pub use databases::{DeleteKeys, DropMySqlTables, DropTables, unique_prefix, unique_table};
-pub use processes::{ChildTest, LIBFAKETIME, RedisCluster, RedisServer};
+pub use processes::{ChildTest, LIBFAKETIME, RedisCluster, RedisServer, TansuServer, free_port};
 pub use services::{
     mysql_pool, mysql_url, pg_pool, pg_url, redis_store, redis_url, services_required, unavailable,
 };

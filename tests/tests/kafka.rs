@@ -1070,3 +1070,65 @@ async fn kafka_consumer_dies_after_a_commit() {
     let consumer = short_sessions(Consumer::new(kafka_brokers(), group, topic)).offsets_in(&store);
     let _ = consumer.run(handler, std::future::pending()).await;
 }
+
+/// The network between the consumer and its broker goes for 3 s, every
+/// connection dropped, while bodies run: librdkafka reconnects, the consumer
+/// goes on, and every message takes effect once with the commits at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_consumer_rides_out_a_lost_connection() {
+    let proxy_port = idem_tests::free_port().expect("a free port");
+    let server = or_skip!(idem_tests::TansuServer::start(proxy_port));
+    let proxy = idem_tests::brokers::CutProxy::start(proxy_port, server.port()).await;
+    let brokers = format!("127.0.0.1:{}", proxy.port());
+    let kafka = or_skip!(Kafka::at(&brokers).await);
+    let topic = unique_table("kafka_cut");
+    kafka.create_topic(&topic, 2).await;
+    let producer = kafka.producer();
+    let publish = |range: std::ops::Range<usize>| {
+        let (producer, topic) = (producer.clone(), topic.clone());
+        async move {
+            for i in range {
+                let id = format!("c-{i}");
+                let payload = Points::payload(&id, 1);
+                let record = FutureRecord::to(&topic).key(&id).payload(&payload);
+                producer
+                    .send(record, Duration::from_secs(30))
+                    .await
+                    .expect("publish");
+            }
+        }
+    };
+    publish(0..20).await;
+    let group = format!("{topic}-group");
+    let consumer = Consumer::new(&brokers, group.clone(), topic.clone())
+        .set("reconnect.backoff.ms", "100")
+        .set("reconnect.backoff.max.ms", "500");
+    let (store, seen) = (MemoryStore::new(), Arc::new(Seen::default()));
+    let running = start(consumer, recording(&store, &seen));
+    eventually(Duration::from_secs(20), "the first five", || async {
+        seen.order().len() >= 5
+    })
+    .await;
+    proxy.cut();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    proxy.restore();
+    // Published after the outage: consumed over the new connections.
+    publish(20..40).await;
+    eventually(Duration::from_secs(60), "all 40", || async {
+        seen.order().len() == 40
+    })
+    .await;
+    eventually(
+        Duration::from_secs(30),
+        "the commits at the end",
+        || async { kafka.lag(&group, std::slice::from_ref(&topic)).await == 0 },
+    )
+    .await;
+    let report = running.stop().await;
+    let mut ids = seen.order();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 40, "each message took effect once");
+    assert_eq!(report.acked, 40, "{report:?}");
+    assert!(report.reconnects >= 1, "the outage was seen: {report:?}");
+}
