@@ -1132,3 +1132,82 @@ async fn the_consumer_rides_out_a_lost_connection() {
     assert_eq!(report.acked, 40, "{report:?}");
     assert!(report.reconnects >= 1, "the outage was seen: {report:?}");
 }
+
+#[idempotent(key = "msg.id", ttl = "1h", store = "memory", name = "kafka_stuck")]
+async fn stuck(msg: &Points, seen: &Seen) -> Result<u32, AppError> {
+    if msg.id == "stuck" {
+        seen.running.fetch_add(1, Ordering::SeqCst);
+        return Err(AppError::Refused("never".into()));
+    }
+    seen.order.lock().unwrap().push(msg.id.clone());
+    Ok(msg.points)
+}
+
+/// A message waiting in place holds its partition, not a slot of the
+/// policy's concurrency: with one slot, another partition's messages run
+/// while it waits out its backoffs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_waiting_in_place_holds_no_slot() {
+    let t = or_skip!(topic("kafka_in_place_slot", 2).await);
+    let send_to = |partition: i32, id: &str| {
+        let payload = Points::payload(id, 1);
+        let (producer, topic) = (t.producer.clone(), t.topic.clone());
+        async move {
+            let record = FutureRecord::<str, _>::to(&topic)
+                .partition(partition)
+                .payload(&payload);
+            producer
+                .send(record, Duration::from_secs(10))
+                .await
+                .expect("publish");
+        }
+    };
+    send_to(0, "stuck").await;
+    let policy = Policy {
+        concurrency: 1,
+        max_attempts: 4,
+        first_delay: Duration::from_millis(500),
+        ..Policy::default()
+    };
+    let consumer = t.consumer.clone().policy(policy).retries(Retries::InPlace);
+    let (store, seen) = (MemoryStore::new(), Arc::new(Seen::default()));
+    let handler = {
+        let seen = Arc::clone(&seen);
+        move |msg: Points| -> BoxedCall {
+            let (store, seen) = (store.clone(), Arc::clone(&seen));
+            Box::pin(async move { stuck(&store, &msg, &seen).await })
+        }
+    };
+    let running = start(consumer, handler);
+    // Once the stuck message has failed and waits, the others arrive.
+    eventually(Duration::from_secs(20), "the first failure", || async {
+        seen.running.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    for i in 0..5 {
+        send_to(1, &format!("free-{i}")).await;
+    }
+    eventually(
+        Duration::from_secs(20),
+        "the other partition's five",
+        || async { seen.order().len() == 5 },
+    )
+    .await;
+    // The stuck message waits 0.5 + 1 + 2 s before its last attempt.
+    assert!(
+        t.kafka
+            .read(&t.consumer.dead_letter_topic())
+            .await
+            .is_empty(),
+        "the other partition ran while the stuck message waited, not after"
+    );
+    eventually(Duration::from_secs(20), "the dead letter", || async {
+        !t.kafka
+            .read(&t.consumer.dead_letter_topic())
+            .await
+            .is_empty()
+    })
+    .await;
+    let report = running.stop().await;
+    assert_eq!((report.acked, report.dead_lettered), (5, 1), "{report:?}");
+}

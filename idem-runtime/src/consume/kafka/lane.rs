@@ -43,13 +43,6 @@ pub(crate) async fn lane(
                 break;
             }
         }
-        let permit = tokio::select! {
-            permit = Arc::clone(&group.permits).acquire_owned() => match permit {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-            () = until_revoked(&mut revoked) => break,
-        };
         part.in_flight.fetch_add(1, Ordering::SeqCst);
         if part.is_revoked() {
             part.in_flight.fetch_sub(1, Ordering::SeqCst);
@@ -57,7 +50,6 @@ pub(crate) async fn lane(
         }
         let settled = settle(&group, &part, &msg, headers, &mut revoked).await;
         part.in_flight.fetch_sub(1, Ordering::SeqCst);
-        drop(permit);
         let Some(settled) = settled else {
             break;
         };
@@ -96,6 +88,12 @@ async fn settle(
         u32::try_from(headers.number(topics::FAILURES).unwrap_or(0)).unwrap_or(u32::MAX);
     let retries = headers.number(topics::RETRIES).unwrap_or(0);
     loop {
+        // A slot of the policy's concurrency for the call only: a message
+        // waiting in place, or publishing its copy, holds none.
+        let permit = tokio::select! {
+            permit = Arc::clone(&group.permits).acquire_owned() => permit.ok()?,
+            () = until_revoked(revoked) => return None,
+        };
         let call = (group.call)(payload.clone(), failures);
         let (verdict, duplicate) = match &group.offsets {
             Some(store) => {
@@ -109,6 +107,7 @@ async fn settle(
             }
             None => call.await,
         };
+        drop(permit);
         match verdict {
             Verdict::Ack { alert } => {
                 if let Some(alert) = &alert {
