@@ -54,6 +54,38 @@ mod session;
 #[cfg(any(feature = "rabbitmq", feature = "nats"))]
 pub(crate) use session::{Ended, drive, sessions};
 
+/// The delay tiers of the consumers that retry through the broker's own
+/// queues or topics (RabbitMQ's retry queues, Kafka's retry topics): one
+/// queue or topic per delay, so a short retry never waits behind a long
+/// one. A retry goes to the shortest tier at least as long as its delay, or
+/// the longest.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::consume::RETRY_DELAYS;
+/// use std::time::Duration;
+///
+/// assert_eq!(RETRY_DELAYS.first(), Some(&Duration::from_millis(100)));
+/// assert_eq!(RETRY_DELAYS.last(), Some(&Duration::from_secs(300)));
+/// ```
+pub const RETRY_DELAYS: [Duration; 5] = [
+    Duration::from_millis(100),
+    Duration::from_secs(1),
+    Duration::from_secs(5),
+    Duration::from_secs(30),
+    Duration::from_secs(300),
+];
+
+/// The tier of [`RETRY_DELAYS`] a wait of `delay` goes to.
+#[cfg_attr(not(any(feature = "rabbitmq", feature = "kafka")), allow(dead_code))]
+pub(crate) fn retry_tier(delay: Duration) -> Duration {
+    *RETRY_DELAYS
+        .iter()
+        .find(|d| **d >= delay)
+        .unwrap_or(&RETRY_DELAYS[RETRY_DELAYS.len() - 1])
+}
+
 /// How a consumer retries: attempts, backoff and concurrency.
 ///
 /// # Examples

@@ -79,14 +79,8 @@ use crate::BoxError;
 use crate::error::Error;
 use crate::outcome::Outcome;
 
-/// The retry queues' delays.
-pub const RETRY_DELAYS: [Duration; 5] = [
-    Duration::from_millis(100),
-    Duration::from_secs(1),
-    Duration::from_secs(5),
-    Duration::from_secs(30),
-    Duration::from_secs(300),
-];
+/// The retry queues' delays, one queue each.
+pub use super::RETRY_DELAYS;
 
 /// A consumer of one RabbitMQ queue; see the [module docs](self).
 ///
@@ -182,10 +176,7 @@ impl Consumer {
     /// assert_eq!(c.retry_queue(Duration::from_secs(3_600)), "orders.idem.retry.300000ms");
     /// ```
     pub fn retry_queue(&self, delay: Duration) -> String {
-        let tier = RETRY_DELAYS
-            .iter()
-            .find(|d| **d >= delay)
-            .unwrap_or(&RETRY_DELAYS[RETRY_DELAYS.len() - 1]);
+        let tier = super::retry_tier(delay);
         format!("{}.idem.retry.{}ms", self.queue, tier.as_millis())
     }
 

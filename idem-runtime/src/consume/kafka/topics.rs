@@ -5,23 +5,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 
-/// The retry topics' delays: a retry goes to the shortest at least as long
-/// as the delay it asked for, or the longest.
-pub const RETRY_DELAYS: [Duration; 5] = [
-    Duration::from_millis(100),
-    Duration::from_secs(1),
-    Duration::from_secs(5),
-    Duration::from_secs(30),
-    Duration::from_secs(300),
-];
+/// The retry topics' delays, one topic each.
+pub use crate::consume::RETRY_DELAYS;
 
 /// The delay of the retry topic a wait of `delay` goes to.
-pub(crate) fn tier(delay: Duration) -> Duration {
-    *RETRY_DELAYS
-        .iter()
-        .find(|d| **d >= delay)
-        .unwrap_or(&RETRY_DELAYS[RETRY_DELAYS.len() - 1])
-}
+pub(crate) use crate::consume::retry_tier as tier;
 
 /// `<topic>-retry-<delay in ms>`, as Spring Kafka names a retry topic whose
 /// delays differ.
