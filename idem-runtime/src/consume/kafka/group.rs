@@ -140,6 +140,10 @@ impl Group {
             let mut progress = Progress::default();
             if let Offset::Offset(o) = e.offset() {
                 progress.committed(o);
+                if self.offsets.is_some() {
+                    // Read back from the offsets table (`read_back`).
+                    progress.stored(o);
+                }
             }
             let part = Arc::new(Part {
                 topic: id.0.clone(),
@@ -217,13 +221,27 @@ impl Group {
             return;
         }
         if let Some(offsets) = &self.offsets {
-            let rows: Vec<(String, i32, i64)> = marks
+            // Only what no executed message's transaction wrote already.
+            let rows: Vec<(String, i32, i64)> = parts
                 .iter()
-                .map(|(p, m)| (p.topic.clone(), p.partition, *m))
+                .filter_map(|p| {
+                    let mark = lock_std(&p.progress).to_store()?;
+                    Some((p.topic.clone(), p.partition, mark))
+                })
                 .collect();
-            if let Err(e) = self.rt.block_on(offsets.save(&self.group, &rows)) {
-                tracing::warn!(error = %e, "could not save offsets in the store; retried at the next commit");
-                return;
+            if !rows.is_empty() {
+                if let Err(e) = self.rt.block_on(offsets.save(&self.group, &rows)) {
+                    tracing::warn!(error = %e, "could not save offsets in the store; retried at the next commit");
+                    return;
+                }
+                for part in parts {
+                    if let Some((_, _, mark)) = rows
+                        .iter()
+                        .find(|(t, p, _)| *t == part.topic && *p == part.partition)
+                    {
+                        lock_std(&part.progress).stored(*mark);
+                    }
+                }
             }
         }
         match consumer.commit(&tpl, mode) {

@@ -49,13 +49,19 @@ pub(crate) async fn lane(
             break;
         }
         let settled = settle(&group, &part, &msg, headers, &mut revoked).await;
+        // Settled and counted before it stops being in flight: a revoke or
+        // a shutdown waiting for the bodies in flight then commits past it,
+        // and the report has it.
+        let given_up = settled.is_none();
+        if let Some(settled) = settled {
+            lock_std(&part.progress).settled(msg.offset());
+            part.queued.fetch_sub(1, Ordering::SeqCst);
+            tally(&group, settled);
+        }
         part.in_flight.fetch_sub(1, Ordering::SeqCst);
-        let Some(settled) = settled else {
+        if given_up {
             break;
-        };
-        lock_std(&part.progress).settled(msg.offset());
-        part.queued.fetch_sub(1, Ordering::SeqCst);
-        tally(&group, settled);
+        }
     }
 }
 
@@ -95,7 +101,7 @@ async fn settle(
             () = until_revoked(revoked) => return None,
         };
         let call = (group.call)(payload.clone(), failures);
-        let (verdict, duplicate) = match &group.offsets {
+        let ((verdict, duplicate), rode) = match &group.offsets {
             Some(store) => {
                 let at = offsets::Position {
                     group: group.group.clone(),
@@ -105,9 +111,13 @@ async fn settle(
                 };
                 store.in_tx(at, call).await
             }
-            None => call.await,
+            None => (call.await, false),
         };
         drop(permit);
+        if rode {
+            // Written with the effects: the next commit need not save it.
+            lock_std(&part.progress).stored(msg.offset() + 1);
+        }
         match verdict {
             Verdict::Ack { alert } => {
                 if let Some(alert) = &alert {

@@ -118,8 +118,10 @@ impl Offsets {
         self.table.save(group, rows).await
     }
 
-    /// Runs `call` with the offset after it written in its transaction.
-    pub(crate) async fn in_tx(&self, at: Position, call: CallFut<'static>) -> Verdicted {
+    /// Runs `call` with the offset after it written in its transaction;
+    /// also says whether it was (an executed transaction-mode call on this
+    /// database), so the consumer need not write it again.
+    pub(crate) async fn in_tx(&self, at: Position, call: CallFut<'static>) -> (Verdicted, bool) {
         let (out, rode) = self.table.in_tx(at, call).await;
         // Only an executed call commits a transaction the offset can ride
         // in; a duplicate's or a failure's offset is saved at the commit.
@@ -130,7 +132,7 @@ impl Offsets {
                 "a handler call was executed without the offset in its transaction: the handler is not a transaction-mode one on this database; offsets are saved after the call instead"
             );
         }
-        out
+        (out, executed && rode)
     }
 }
 

@@ -12,6 +12,9 @@ pub(crate) struct Progress {
     next: Option<i64>,
     /// What was last committed (or read back at assignment).
     committed: Option<i64>,
+    /// With offsets in the database: what the table holds, written by an
+    /// executed message's transaction or by a commit.
+    stored: Option<i64>,
 }
 
 impl Progress {
@@ -42,6 +45,20 @@ impl Progress {
         }
     }
 
+    /// The watermark, when it moved past what the offsets table holds.
+    pub(crate) fn to_store(&self) -> Option<i64> {
+        let mark = self.watermark()?;
+        match self.stored {
+            Some(s) if s >= mark => None,
+            _ => Some(mark),
+        }
+    }
+
+    /// The offsets table holds `offset`.
+    pub(crate) fn stored(&mut self, offset: i64) {
+        self.stored = Some(self.stored.map_or(offset, |s| s.max(offset)));
+    }
+
     /// `offset` was committed.
     pub(crate) fn committed(&mut self, offset: i64) {
         self.committed = Some(self.committed.map_or(offset, |c| c.max(offset)));
@@ -70,6 +87,10 @@ mod tests {
         assert_eq!(p.to_commit(), Some(15));
         p.committed(15);
         assert_eq!(p.to_commit(), None);
+        // Written by the last message's transaction: nothing left to save.
+        assert_eq!(p.to_store(), Some(15));
+        p.stored(15);
+        assert_eq!(p.to_store(), None);
     }
 
     proptest! {
