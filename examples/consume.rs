@@ -1,13 +1,18 @@
-//! The four scenarios as consumers on a real broker, each with a producer
-//! that publishes every message more than once:
+//! The four scenarios as consumers on real brokers, each with a producer
+//! that publishes every message more than once. With no arguments, every
+//! scenario on every broker; with a broker, its four scenarios; with both,
+//! one:
 //!
 //! ```sh
-//! cargo run -p idem-examples --features rabbitmq,nats,postgres,redis --example consume -- rabbitmq stock
-//! cargo run -p idem-examples --features rabbitmq,nats,postgres,redis --example consume -- nats sms
+//! cargo run -p idem-examples --features rabbitmq,nats,kafka,postgres,redis --example consume
+//! cargo run -p idem-examples --features rabbitmq,nats,kafka,postgres,redis --example consume -- kafka
+//! cargo run -p idem-examples --features rabbitmq,nats,kafka,postgres,redis --example consume -- nats sms
 //! ```
 //!
-//! Brokers: `rabbitmq` (`AMQP_URL`, default `amqp://guest:guest@127.0.0.1:5672/%2f`)
-//! or `nats` (`NATS_URL`, default `nats://127.0.0.1:4222`, with JetStream).
+//! Brokers (in [`idem_examples::broker`], one module each): `rabbitmq`
+//! (`AMQP_URL`, default `amqp://guest:guest@127.0.0.1:5672/%2f`), `nats`
+//! (`NATS_URL`, default `nats://127.0.0.1:4222`, with JetStream) and `kafka`
+//! (`KAFKA_BROKERS`, default `127.0.0.1:9092`; topics of 3 partitions).
 //! Scenarios:
 //!
 //! * `stock`: an order line deducts stock (transaction mode, Postgres at
@@ -19,23 +24,29 @@
 //! * `statistic`: an order is counted once in its day's statistic, keyed by
 //!   message id plus the aggregation key (transaction mode, Postgres).
 //!
-//! Each run works on queues, streams, tables and keys of its own, prints
-//! what it published and what took effect, and removes what it made.
+//! Each run works on queues, streams, topics, consumer groups, tables and
+//! keys of its own (named after the broker, the scenario and the process
+//! id), waits until the consumer has handled every copy, prints what took
+//! effect and what the consumer did, checks that each message took effect
+//! exactly once, and removes what it made. The last lines say, per broker
+//! and scenario, whether it did.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_runtime::consume::{Policy, Report, nats, rabbitmq};
+use idem_examples::broker::{BoxError, Broker, kafka, nats, rabbitmq};
+use idem_runtime::consume::{Policy, Report};
 use idem_runtime::{Error, Key, Outcome, PgStore, PgTx, RedisStore, idempotent};
 use serde::{Deserialize, Serialize};
 use sqlx::{AssertSqlSafe, PgPool};
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Messages per scenario, and how many times each is published.
+/// Messages per scenario, how many times each is published, and so the
+/// deliveries per scenario.
 const MESSAGES: u32 = 40;
 const COPIES: u32 = 3;
+const PUBLISHED: u32 = MESSAGES * COPIES;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct OrderPlaced {
@@ -103,6 +114,15 @@ impl Gateway {
     fn sends(&self) -> u32 {
         self.by_key.lock().expect("gateway").values().sum()
     }
+
+    fn keys(&self) -> u32 {
+        u32::try_from(self.by_key.lock().expect("gateway").len()).unwrap_or(u32::MAX)
+    }
+
+    /// Forgets what was sent, for the next run.
+    fn clear(&self) {
+        self.by_key.lock().expect("gateway").clear();
+    }
 }
 
 static GATEWAY: std::sync::LazyLock<Gateway> = std::sync::LazyLock::new(Gateway::default);
@@ -137,234 +157,134 @@ async fn count_order(tx: &mut PgTx<'_>, msg: &OrderCounted) -> Result<i64, sqlx:
         .await
 }
 
-/// A broker, with the queue or stream of this run.
-enum Broker {
-    Rabbit {
-        consumer: rabbitmq::Consumer,
-        channel: lapin::Channel,
-        conn: lapin::Connection,
-        queue: String,
-    },
-    Nats {
-        consumer: nats::Consumer,
-        js: async_nats::jetstream::Context,
-        stream: String,
-        subject: String,
-    },
-}
-
-impl Broker {
-    async fn open(kind: &str, name: &str) -> Result<Broker, BoxError> {
-        match kind {
-            "rabbitmq" => {
-                let url = std::env::var("AMQP_URL")
-                    .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
-                let conn = lapin::Connection::connect(&url, Default::default()).await?;
-                let channel = conn.create_channel().await?;
-                channel.confirm_select(Default::default()).await?;
-                let durable = lapin::options::QueueDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                };
-                channel
-                    .queue_declare(name.into(), durable, Default::default())
-                    .await?;
-                Ok(Broker::Rabbit {
-                    consumer: rabbitmq::Consumer::new(url, name),
-                    channel,
-                    conn,
-                    queue: name.to_owned(),
-                })
-            }
-            "nats" => {
-                let url =
-                    std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
-                let js = async_nats::jetstream::new(async_nats::connect(&url).await?);
-                let subject = format!("idem.example.{name}");
-                js.get_or_create_stream(async_nats::jetstream::stream::Config {
-                    name: name.to_owned(),
-                    subjects: vec![subject.clone()],
-                    ..Default::default()
-                })
-                .await?;
-                Ok(Broker::Nats {
-                    consumer: nats::Consumer::new(url, name, subject.clone()),
-                    js,
-                    stream: name.to_owned(),
-                    subject,
-                })
-            }
-            other => Err(format!("unknown broker {other:?}: rabbitmq or nats").into()),
-        }
-    }
-
-    async fn publish<M: Serialize>(&self, msg: &M) -> Result<(), BoxError> {
-        let payload = serde_json::to_vec(msg)?;
-        match self {
-            Broker::Rabbit { channel, queue, .. } => {
-                channel
-                    .basic_publish(
-                        "".into(),
-                        queue.as_str().into(),
-                        Default::default(),
-                        &payload,
-                        lapin::BasicProperties::default().with_delivery_mode(2),
-                    )
-                    .await?
-                    .await?;
-            }
-            Broker::Nats { js, subject, .. } => {
-                js.publish(subject.clone(), payload.into()).await?.await?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Runs a consumer around `handler` until `done` says everything took
-    /// effect, then shuts it down and returns its report.
-    async fn consume<M, T, E, F, Fut, D, DFut>(
-        &self,
-        handler: F,
-        done: D,
-    ) -> Result<Report, BoxError>
-    where
-        M: serde::de::DeserializeOwned + Send + 'static,
-        T: Send + 'static,
-        E: std::fmt::Display + Send + 'static,
-        F: Fn(M) -> Fut + Send + Sync + 'static,
-        Fut: std::future::Future<Output = Result<Outcome<T>, Error<E>>> + Send + 'static,
-        D: Fn() -> DFut,
-        DFut: std::future::Future<Output = bool>,
-    {
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let signal = async move {
-            let _ = stopped.await;
-        };
-        let policy = Policy {
-            first_delay: Duration::from_millis(200),
-            ..Policy::default()
-        };
-        let running = match self {
-            Broker::Rabbit { consumer, .. } => {
-                tokio::spawn(consumer.clone().policy(policy).run(handler, signal))
-            }
-            Broker::Nats { consumer, .. } => {
-                tokio::spawn(consumer.clone().policy(policy).run(handler, signal))
-            }
-        };
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        while !done().await {
-            if tokio::time::Instant::now() > deadline {
-                return Err("the messages did not all take effect within 60 s".into());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        // Let the last copies arrive and be acked as duplicates.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let _ = stop.send(());
-        Ok(running.await??)
-    }
-
-    /// Removes the queues or streams of this run.
-    async fn remove(self) {
-        match self {
-            Broker::Rabbit {
-                consumer,
-                channel,
-                conn,
-                queue,
-            } => {
-                let mut queues = vec![queue, consumer.dead_letter_queue()];
-                queues.extend(
-                    rabbitmq::RETRY_DELAYS
-                        .iter()
-                        .map(|d| consumer.retry_queue(*d)),
-                );
-                for q in queues {
-                    let _ = channel
-                        .queue_delete(q.as_str().into(), Default::default())
-                        .await;
+/// Runs the consumer around `handler` until every delivery was handled
+/// (executed or a duplicate), then shuts it down and returns its report.
+async fn consume<B, M, T, E, F, Fut>(broker: &B, handler: F) -> Result<Report, BoxError>
+where
+    B: Broker,
+    M: serde::de::DeserializeOwned + Send + 'static,
+    T: Send + 'static,
+    E: std::fmt::Display + Send + 'static,
+    F: Fn(M) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<Outcome<T>, Error<E>>> + Send + 'static,
+{
+    let handled = Arc::new(AtomicU32::new(0));
+    let counted = {
+        let handled = Arc::clone(&handled);
+        move |msg: M| {
+            let (call, handled) = (handler(msg), Arc::clone(&handled));
+            async move {
+                let result = call.await;
+                if result.is_ok() {
+                    handled.fetch_add(1, Ordering::SeqCst);
                 }
-                let _ = conn.close(200, "done".into()).await;
-            }
-            Broker::Nats {
-                consumer,
-                js,
-                stream,
-                ..
-            } => {
-                let _ = js.delete_stream(&stream).await;
-                let _ = js.delete_stream(consumer.dead_letter_stream()).await;
+                result
             }
         }
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let signal = async move {
+        let _ = stopped.await;
+    };
+    let policy = Policy {
+        first_delay: Duration::from_millis(200),
+        ..Policy::default()
+    };
+    let running = tokio::spawn(broker.consume(policy, counted, signal));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while handled.load(Ordering::SeqCst) < PUBLISHED && !running.is_finished() {
+        if tokio::time::Instant::now() > deadline {
+            let _ = stop.send(());
+            let _ = running.await;
+            let n = handled.load(Ordering::SeqCst);
+            return Err(
+                format!("only {n} of {PUBLISHED} deliveries were handled within 60 s").into(),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let _ = stop.send(());
+    Ok(running.await??)
 }
 
 async fn scalar(pool: &PgPool, sql: String) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar(AssertSqlSafe(sql)).fetch_one(pool).await
 }
 
-async fn run(broker: &Broker, scenario: &str, run_id: &str) -> Result<(), BoxError> {
-    let published = MESSAGES * COPIES;
-    let report = match scenario {
-        "stock" | "points" | "statistic" => {
-            let url = std::env::var("DATABASE_URL")
-                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-            let pool = PgPool::connect(&url).await?;
-            let (table, dedup) = (format!("{run_id}_business"), format!("{run_id}_dedup"));
-            let store = PgStore::from_pool(pool.clone()).with_table(&dedup)?;
-            store.migrate().await?;
-            let result = match scenario {
-                "stock" => stock(broker, &pool, store, &table).await,
-                "points" => points(broker, &pool, store, &table).await,
-                _ => statistic(broker, &pool, store, &table).await,
-            };
-            let _ = sqlx::query(AssertSqlSafe(format!(
-                "DROP TABLE IF EXISTS {table}, {dedup}"
-            )))
-            .execute(&pool)
-            .await;
-            result?
-        }
-        "sms" => {
-            let url =
-                std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-            let store = RedisStore::connect(&url).await?.with_prefix(run_id)?;
-            let result = sms(broker, store).await;
-            idem_examples::delete_redis_prefix(&url, run_id).await?;
-            result?
-        }
-        other => {
-            return Err(
-                format!("unknown scenario {other:?}: stock, points, sms or statistic").into(),
-            );
-        }
-    };
+/// Runs `scenario` on a destination of its own on broker `B`, prints what
+/// took effect and what the consumer did, and checks that every message
+/// took effect once.
+async fn on<B: Broker>(scenario: &str) -> Result<(), BoxError> {
+    let run_id = format!("idem_{}_{scenario}_{}", B::NAME, std::process::id());
+    let broker = B::open(&run_id).await?;
+    let result = run(&broker, scenario, &run_id).await;
+    broker.remove().await;
+    let (effect, report) = result?;
+    let name = format!("{}/{scenario}", B::NAME);
+    println!("{name}: {effect}");
+    let executed = report.acked - report.duplicates - report.alerts;
     println!(
-        "published {published} deliveries of {MESSAGES} messages; the consumer acked {} ({} duplicates), retried {}, dead-lettered {}",
-        report.acked, report.duplicates, report.retried, report.dead_lettered
+        "{name}: {PUBLISHED} deliveries: {executed} executed, {} duplicates, {} retried, {} dead-lettered, {} alerts",
+        report.duplicates, report.retried, report.dead_lettered, report.alerts
     );
+    if executed != u64::from(MESSAGES) || report.dead_lettered + report.alerts > 0 {
+        return Err(format!("{name}: {executed} of {MESSAGES} messages executed").into());
+    }
     Ok(())
 }
 
-async fn publish_all<M: Serialize>(
-    broker: &Broker,
+/// What took effect, once checked, and the consumer's report.
+type Ran = (String, Report);
+
+/// Sets up `scenario`'s store and tables, runs it, and removes them.
+async fn run<B: Broker>(broker: &B, scenario: &str, run_id: &str) -> Result<Ran, BoxError> {
+    if scenario == "sms" {
+        let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+        let store = RedisStore::connect(&url).await?.with_prefix(run_id)?;
+        let result = sms(broker, store).await;
+        idem_examples::delete_redis_prefix(&url, run_id).await?;
+        return result;
+    }
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let pool = PgPool::connect(&url).await?;
+    let (table, dedup) = (format!("{run_id}_business"), format!("{run_id}_dedup"));
+    let store = PgStore::from_pool(pool.clone()).with_table(&dedup)?;
+    store.migrate().await?;
+    let result = match scenario {
+        "stock" => stock(broker, &pool, store, &table).await,
+        "points" => points(broker, &pool, store, &table).await,
+        _ => statistic(broker, &pool, store, &table).await,
+    };
+    let _ = sqlx::query(AssertSqlSafe(format!(
+        "DROP TABLE IF EXISTS {table}, {dedup}"
+    )))
+    .execute(&pool)
+    .await;
+    result
+}
+
+/// Publishes each message `COPIES` times, keyed by its number (so that on
+/// Kafka its copies go to one partition, as a producer's retries do).
+async fn publish_all<B: Broker, M: Serialize>(
+    broker: &B,
     make: impl Fn(u32) -> M,
 ) -> Result<(), BoxError> {
     for _ in 0..COPIES {
         for i in 0..MESSAGES {
-            broker.publish(&make(i)).await?;
+            let payload = serde_json::to_vec(&make(i))?;
+            broker.publish(&i.to_string(), payload).await?;
         }
     }
     Ok(())
 }
 
-async fn stock(
-    broker: &Broker,
+async fn stock<B: Broker>(
+    broker: &B,
     pool: &PgPool,
     store: PgStore,
     table: &str,
-) -> Result<Report, BoxError> {
+) -> Result<Ran, BoxError> {
     sqlx::query(AssertSqlSafe(format!(
         "CREATE TABLE {table} (sku TEXT PRIMARY KEY, stock BIGINT NOT NULL)"
     )))
@@ -382,34 +302,28 @@ async fn stock(
         inventory: table.to_owned(),
     })
     .await?;
-    let expected = 1000 - 2 * i64::from(MESSAGES);
-    let report = broker
-        .consume(
-            move |msg: OrderPlaced| {
-                let store = store.clone();
-                async move { deduct_stock(&store, &msg).await }
-            },
-            || async {
-                scalar(pool, format!("SELECT stock FROM {table}"))
-                    .await
-                    .ok()
-                    == Some(expected)
-            },
-        )
-        .await?;
+    let report = consume(broker, move |msg: OrderPlaced| {
+        let store = store.clone();
+        async move { deduct_stock(&store, &msg).await }
+    })
+    .await?;
     let left = scalar(pool, format!("SELECT stock FROM {table}")).await?;
-    println!(
-        "stock: {MESSAGES} order lines of 2 apples each, published {COPIES} times: 1000 -> {left} (each deducted once)"
+    let expected = 1000 - 2 * i64::from(MESSAGES);
+    if left != expected {
+        return Err(format!("stock: 1000 -> {left}, not {expected}").into());
+    }
+    let effect = format!(
+        "{MESSAGES} order lines of 2 apples each, published {COPIES} times: stock 1000 -> {left} (each deducted once)"
     );
-    Ok(report)
+    Ok((effect, report))
 }
 
-async fn points(
-    broker: &Broker,
+async fn points<B: Broker>(
+    broker: &B,
     pool: &PgPool,
     store: PgStore,
     table: &str,
-) -> Result<Report, BoxError> {
+) -> Result<Ran, BoxError> {
     sqlx::query(AssertSqlSafe(format!(
         "CREATE TABLE {table} (user_id BIGINT PRIMARY KEY, points BIGINT NOT NULL)"
     )))
@@ -422,112 +336,138 @@ async fn points(
         balances: table.to_owned(),
     })
     .await?;
+    let report = consume(broker, move |msg: PointsEarned| {
+        let store = store.clone();
+        async move { grant_points(&store, &msg).await }
+    })
+    .await?;
+    let total = scalar(
+        pool,
+        format!("SELECT COALESCE(SUM(points), 0)::BIGINT FROM {table}"),
+    )
+    .await?;
     let expected = 10 * i64::from(MESSAGES);
-    let report = broker
-        .consume(
-            move |msg: PointsEarned| {
-                let store = store.clone();
-                async move { grant_points(&store, &msg).await }
-            },
-            || async {
-                scalar(
-                    pool,
-                    format!("SELECT COALESCE(SUM(points), 0)::BIGINT FROM {table}"),
-                )
-                .await
-                .ok()
-                    == Some(expected)
-            },
-        )
-        .await?;
-    let total = scalar(pool, format!("SELECT SUM(points)::BIGINT FROM {table}")).await?;
-    println!(
-        "points: {MESSAGES} purchases of 10 points over 4 users, published {COPIES} times: {total} points granted"
+    if total != expected {
+        return Err(format!("points: {total} granted, not {expected}").into());
+    }
+    let effect = format!(
+        "{MESSAGES} purchases of 10 points over 4 users, published {COPIES} times: {total} points granted"
     );
-    Ok(report)
+    Ok((effect, report))
 }
 
-async fn statistic(
-    broker: &Broker,
+async fn statistic<B: Broker>(
+    broker: &B,
     pool: &PgPool,
     store: PgStore,
     table: &str,
-) -> Result<Report, BoxError> {
+) -> Result<Ran, BoxError> {
     sqlx::query(AssertSqlSafe(format!(
         "CREATE TABLE {table} (day TEXT PRIMARY KEY, orders BIGINT NOT NULL)"
     )))
     .execute(pool)
     .await?;
+    let day = |i: u32| format!("2026-11-{:02}", 28 + i % 3);
     publish_all(broker, |i| OrderCounted {
         message_id: format!("order-{i}"),
-        day: format!("2026-11-{:02}", 28 + i % 3),
+        day: day(i),
         stats: table.to_owned(),
     })
     .await?;
-    let expected = i64::from(MESSAGES);
-    let report = broker
-        .consume(
-            move |msg: OrderCounted| {
-                let store = store.clone();
-                async move { count_order(&store, &msg).await }
-            },
-            || async {
-                scalar(
-                    pool,
-                    format!("SELECT COALESCE(SUM(orders), 0)::BIGINT FROM {table}"),
-                )
-                .await
-                .ok()
-                    == Some(expected)
-            },
-        )
-        .await?;
+    let report = consume(broker, move |msg: OrderCounted| {
+        let store = store.clone();
+        async move { count_order(&store, &msg).await }
+    })
+    .await?;
     let rows: Vec<(String, i64)> = sqlx::query_as(AssertSqlSafe(format!(
         "SELECT day, orders FROM {table} ORDER BY day"
     )))
     .fetch_all(pool)
     .await?;
-    println!("statistic: {MESSAGES} orders published {COPIES} times, counted per day: {rows:?}");
-    Ok(report)
+    let mut expected = std::collections::BTreeMap::<String, i64>::new();
+    for i in 0..MESSAGES {
+        *expected.entry(day(i)).or_default() += 1;
+    }
+    if rows != expected.into_iter().collect::<Vec<_>>() {
+        return Err(format!("statistic: counted {rows:?}").into());
+    }
+    let effect = format!("{MESSAGES} orders published {COPIES} times, counted per day: {rows:?}");
+    Ok((effect, report))
 }
 
-async fn sms(broker: &Broker, store: RedisStore) -> Result<Report, BoxError> {
+async fn sms<B: Broker>(broker: &B, store: RedisStore) -> Result<Ran, BoxError> {
+    GATEWAY.clear();
     publish_all(broker, |i| OrderShipped {
         order_id: i,
         phone: format!("+1555{i:07}"),
     })
     .await?;
-    let report = broker
-        .consume(
-            move |msg: OrderShipped| {
-                let store = store.clone();
-                async move { send_sms(&store, &msg).await }
-            },
-            || async { GATEWAY.sends() >= MESSAGES },
-        )
-        .await?;
-    println!(
-        "sms: {MESSAGES} shipments published {COPIES} times: the gateway sent {} messages",
-        GATEWAY.sends()
-    );
-    Ok(report)
+    let report = consume(broker, move |msg: OrderShipped| {
+        let store = store.clone();
+        async move { send_sms(&store, &msg).await }
+    })
+    .await?;
+    let (sends, keys) = (GATEWAY.sends(), GATEWAY.keys());
+    if sends != MESSAGES || keys != MESSAGES {
+        return Err(format!("sms: the gateway sent {sends} messages under {keys} keys").into());
+    }
+    let effect =
+        format!("{MESSAGES} shipments published {COPIES} times: the gateway sent {sends} messages");
+    Ok((effect, report))
+}
+
+/// The brokers and the scenarios, as the command line names them.
+const BROKERS: [&str; 3] = ["rabbitmq", "nats", "kafka"];
+const SCENARIOS: [&str; 4] = ["stock", "points", "sms", "statistic"];
+
+/// Runs `scenario` on the broker named `kind`.
+async fn on_broker(kind: &str, scenario: &str) -> Result<(), BoxError> {
+    match kind {
+        "rabbitmq" => on::<rabbitmq::Queue>(scenario).await,
+        "nats" => on::<nats::Stream>(scenario).await,
+        _ => on::<kafka::Topic>(scenario).await,
+    }
 }
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (kind, scenario) = match args.as_slice() {
-        [kind, scenario] => (kind.as_str(), scenario.as_str()),
+    let (brokers, scenarios): (Vec<&str>, Vec<&str>) = match args.as_slice() {
+        [] => (BROKERS.to_vec(), SCENARIOS.to_vec()),
+        [kind] => (vec![kind.as_str()], SCENARIOS.to_vec()),
+        [kind, scenario] => (vec![kind.as_str()], vec![scenario.as_str()]),
         _ => {
-            return Err("usage: consume <rabbitmq|nats> <stock|points|sms|statistic>".into());
+            return Err("usage: consume [rabbitmq|nats|kafka [stock|points|sms|statistic]]".into());
         }
     };
-    let run_id = format!(
-        "idem_{scenario}_{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    );
-    let broker = Broker::open(kind, &run_id).await?;
-    let result = run(&broker, scenario, &run_id).await;
-    broker.remove().await;
-    result
+    if let Some(b) = brokers.iter().find(|b| !BROKERS.contains(b)) {
+        return Err(format!("unknown broker {b:?}: rabbitmq, nats or kafka").into());
+    }
+    if let Some(s) = scenarios.iter().find(|s| !SCENARIOS.contains(s)) {
+        return Err(format!("unknown scenario {s:?}: stock, points, sms or statistic").into());
+    }
+    let mut outcomes = Vec::new();
+    for kind in &brokers {
+        for scenario in &scenarios {
+            let outcome = on_broker(kind, scenario).await;
+            if let Err(e) = &outcome {
+                println!("{kind}/{scenario}: FAILED: {e}");
+            }
+            outcomes.push((*kind, *scenario, outcome.is_ok()));
+        }
+    }
+    println!("outcome (every message took effect once?):");
+    for kind in &brokers {
+        let line: Vec<String> = outcomes
+            .iter()
+            .filter(|(k, _, _)| k == kind)
+            .map(|(_, s, ok)| format!("{s} {}", if *ok { "yes" } else { "NO" }))
+            .collect();
+        println!("  {kind:<8} {}", line.join(", "));
+    }
+    let failed = outcomes.iter().filter(|(_, _, ok)| !ok).count();
+    if failed > 0 {
+        return Err(format!("{failed} of {} runs failed", outcomes.len()).into());
+    }
+    Ok(())
 }

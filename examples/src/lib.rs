@@ -1,11 +1,14 @@
 //! Pieces shared by the examples: a throw-away database file, Redis clean-up,
-//! the benchmarks' medians and settings, and a TCP proxy that delays traffic
-//! like a network ([`delay_proxy`]).
+//! the benchmarks' medians and settings, a TCP proxy that delays traffic
+//! like a network ([`delay_proxy`]), and the brokers of the `consume`
+//! example ([`broker`], with a broker's feature).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+#[cfg(any(feature = "rabbitmq", feature = "nats", feature = "kafka"))]
+pub mod broker;
 pub mod delay_proxy;
 
 /// A fresh SQLite file under the system's temp directory, removed (with its

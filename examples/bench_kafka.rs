@@ -1,0 +1,411 @@
+//! Messages per second through Kafka: the same consumer (partitions in
+//! order, one lane each) around
+//!
+//! * `idem`: an idempotent transaction-mode Postgres handler inserting one
+//!   business row,
+//! * `bare`: a bare transaction doing the same insert (`BEGIN; INSERT;
+//!   COMMIT`),
+//! * `offsets-in-tx`: the idempotent handler with the consumer's offsets
+//!   written in its transaction (`Consumer::offsets_in`).
+//!
+//! Rounds are interleaved in one run (idem, bare, offsets-in-tx, idem, ...);
+//! the last line is the ratio of the medians idem/bare.
+//!
+//! ```sh
+//! MESSAGES=5000 ROUNDS=5 cargo run --release -p idem-examples --features kafka,postgres --example bench_kafka
+//! ```
+//!
+//! Each round publishes `MESSAGES` fresh messages, keyed by order id, to a
+//! fresh topic of 3 partitions first (not timed), then starts a consumer in
+//! a fresh group, which reads the backlog: the time runs from its first
+//! processed message to its last, so the group's join is not in it. The
+//! consumer may hold the whole backlog (`buffer`), so that no partition is
+//! paused: on tansu, a partition resumed inside a record batch gets no more
+//! messages. Each
+//! round checks that every message was executed once and its row is there.
+//! The CPU's busy and steal shares (from `/proc/stat`, all processes) are
+//! printed for each round's timed part and for the whole run, with the load
+//! average: on a shared machine, a round with high steal, or busy time this
+//! run does not account for, measured the neighbours too.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use idem_examples::broker::kafka::{self, Admin};
+use idem_examples::{env, median};
+use idem_runtime::consume::Policy;
+use idem_runtime::consume::kafka::Consumer;
+use idem_runtime::{Error, Key, Outcome, PgStore, PgTx, idempotent};
+use rdkafka::producer::FutureRecord;
+use serde::{Deserialize, Serialize};
+use sqlx::{AssertSqlSafe, PgPool};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct OrderPlaced {
+    order_id: i64,
+    sku: i64,
+    /// The run's business table.
+    orders: String,
+}
+
+fn insert(orders: &str) -> String {
+    format!("INSERT INTO {orders} (order_id, sku) VALUES ($1, $2)")
+}
+
+#[idempotent(key = "order_id", ttl = "1h", store = "postgres")]
+async fn record(tx: &mut PgTx<'_>, msg: &OrderPlaced) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(AssertSqlSafe(insert(&msg.orders)))
+        .bind(msg.order_id)
+        .bind(msg.sku)
+        .execute(&mut **tx)
+        .await?;
+    Ok(done.rows_affected())
+}
+
+async fn record_bare(pool: &PgPool, msg: &OrderPlaced) -> Result<u64, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let done = sqlx::query(AssertSqlSafe(insert(&msg.orders)))
+        .bind(msg.order_id)
+        .bind(msg.sku)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(done.rows_affected())
+}
+
+/// When the first and the last message of a round were processed.
+#[derive(Default)]
+struct Clock {
+    done: AtomicU64,
+    first: Mutex<Option<Instant>>,
+    last: Mutex<Option<Instant>>,
+}
+
+impl Clock {
+    fn tick(&self) {
+        let now = Instant::now();
+        self.first.lock().expect("clock").get_or_insert(now);
+        *self.last.lock().expect("clock") = Some(now);
+        self.done.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn rate(&self, messages: u64) -> f64 {
+        let first = self.first.lock().expect("clock").expect("a first message");
+        let last = self.last.lock().expect("clock").expect("a last message");
+        (messages - 1) as f64 / (last - first).as_secs_f64()
+    }
+}
+
+/// The CPU's time so far, in clock ticks, from the `cpu` line of
+/// `/proc/stat`: all of it, the busy part, and the stolen part.
+#[derive(Debug, Clone, Copy)]
+struct Cpu {
+    total: u64,
+    busy: u64,
+    steal: u64,
+}
+
+impl Cpu {
+    fn now() -> Result<Cpu, BoxError> {
+        let stat = std::fs::read_to_string("/proc/stat")?;
+        let line = stat.lines().next().ok_or("an empty /proc/stat")?;
+        let f: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .map(str::parse)
+            .collect::<Result<_, _>>()?;
+        // user nice system idle iowait irq softirq steal (guest time is in user)
+        let [user, nice, system, idle, iowait, irq, softirq, steal, ..] = f[..] else {
+            return Err("a short cpu line in /proc/stat".into());
+        };
+        Ok(Cpu {
+            total: user + nice + system + idle + iowait + irq + softirq + steal,
+            busy: user + nice + system + irq + softirq,
+            steal,
+        })
+    }
+
+    /// The busy and stolen shares of the time since `before`, in percent.
+    fn since(self, before: Cpu) -> (f64, f64) {
+        let total = (self.total - before.total).max(1) as f64;
+        (
+            100.0 * (self.busy - before.busy) as f64 / total,
+            100.0 * (self.steal - before.steal) as f64 / total,
+        )
+    }
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Variant {
+    Idem,
+    Bare,
+    OffsetsInTx,
+}
+
+impl Variant {
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Idem => "idem",
+            Variant::Bare => "bare",
+            Variant::OffsetsInTx => "offsets-in-tx",
+        }
+    }
+}
+
+/// What a round leaves to delete: its topics and its group.
+struct Made {
+    topics: Vec<String>,
+    groups: Vec<String>,
+}
+
+/// The run's database side: the pool, the store and the business table.
+struct Db {
+    pool: PgPool,
+    store: PgStore,
+    orders: String,
+}
+
+/// Publishes `messages` orders to `topic` and waits for every
+/// acknowledgement.
+async fn publish(
+    producer: &rdkafka::producer::FutureProducer,
+    topic: &str,
+    first_id: i64,
+    messages: u64,
+    orders: &str,
+) -> Result<(), BoxError> {
+    let mut pending = Vec::new();
+    for i in 0..messages {
+        let order_id = first_id + i64::try_from(i)?;
+        let payload = serde_json::to_vec(&OrderPlaced {
+            order_id,
+            sku: order_id % 1_000,
+            orders: orders.to_owned(),
+        })?;
+        let key = order_id.to_string();
+        let record = FutureRecord::to(topic).key(&key).payload(&payload);
+        pending.push(producer.send_result(record).map_err(|(e, _)| e)?);
+    }
+    for delivery in pending {
+        delivery.await?.map_err(|(e, _)| e)?;
+    }
+    Ok(())
+}
+
+async fn round(
+    variant: Variant,
+    round: u64,
+    messages: u64,
+    run_id: &str,
+    admin: &Admin,
+    db: &Db,
+    made: &mut Made,
+) -> Result<(f64, (f64, f64)), BoxError> {
+    let topic = format!("{run_id}_r{round}_{}", variant.name().replace('-', "_"));
+    let consumer = Consumer::new(kafka::brokers(), &topic, &topic);
+    made.topics.push(topic.clone());
+    made.topics.extend(kafka::made_by(&consumer));
+    admin.create_topic(&topic).await?;
+    made.groups.push(topic.clone());
+    let first_id = i64::try_from(round)? * 1_000_000;
+    publish(&kafka::producer()?, &topic, first_id, messages, &db.orders).await?;
+
+    // The whole backlog may wait in the consumer: a paused partition is
+    // resumed from inside a record batch, which the test broker (tansu 0.6)
+    // answers with nothing, for good.
+    let consumer = consumer.buffer(usize::try_from(messages)?).policy(Policy {
+        concurrency: 8,
+        ..Policy::default()
+    });
+    let consumer = match variant {
+        Variant::OffsetsInTx => consumer.offsets_in(&db.store),
+        Variant::Idem | Variant::Bare => consumer,
+    };
+    let clock = Arc::new(Clock::default());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let signal = async move {
+        let _ = stopped.await;
+    };
+    let running = {
+        let (clock, pool, store) = (Arc::clone(&clock), db.pool.clone(), db.store.clone());
+        tokio::spawn(consumer.run(
+            move |msg: OrderPlaced| {
+                let (clock, pool, store) = (Arc::clone(&clock), pool.clone(), store.clone());
+                async move {
+                    let r = match variant {
+                        Variant::Idem | Variant::OffsetsInTx => record(&store, &msg).await,
+                        Variant::Bare => record_bare(&pool, &msg)
+                            .await
+                            .map(Outcome::Executed)
+                            .map_err(|error| Error::Handler {
+                                handler: "bare",
+                                key: Key::from_parts(&[&msg.order_id]).expect("a key"),
+                                error,
+                            }),
+                    };
+                    if r.is_ok() {
+                        clock.tick();
+                    }
+                    r
+                }
+            },
+            signal,
+        ))
+    };
+    // The CPU over the timed part, to within a tick of its ends.
+    let (mut began, deadline) = (None, Instant::now() + Duration::from_secs(300));
+    while clock.done.load(Ordering::SeqCst) < messages && !running.is_finished() {
+        if Instant::now() > deadline {
+            let _ = stop.send(());
+            let _ = running.await;
+            let done = clock.done.load(Ordering::SeqCst);
+            return Err(format!(
+                "round {round} {}: {done} of {messages} messages within 300 s",
+                variant.name()
+            )
+            .into());
+        }
+        if began.is_none() && clock.done.load(Ordering::SeqCst) > 0 {
+            began = Some(Cpu::now()?);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cpu = Cpu::now()?.since(began.ok_or("the round ended within a tick")?);
+    let _ = stop.send(());
+    let report = running.await??;
+
+    let rows: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM {} WHERE order_id >= $1 AND order_id < $2",
+        db.orders
+    )))
+    .bind(first_id)
+    .bind(first_id + 1_000_000)
+    .fetch_one(&db.pool)
+    .await?;
+    let executed = report.acked - report.duplicates;
+    if executed != messages || u64::try_from(rows)? != messages || report.retried > 0 {
+        return Err(format!(
+            "round {round} {}: {executed} executed, {rows} rows, {} retried, {} dead-lettered, of {messages}",
+            variant.name(),
+            report.retried,
+            report.dead_lettered
+        )
+        .into());
+    }
+    if variant == Variant::OffsetsInTx {
+        let table = kafka_offsets_table(&db.store);
+        let next: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT COALESCE(SUM(next_offset), 0)::BIGINT FROM {table} WHERE consumer_group = $1 AND topic = $1"
+        )))
+        .bind(&topic)
+        .fetch_one(&db.pool)
+        .await?;
+        if u64::try_from(next)? != messages {
+            return Err(format!(
+                "round {round}: the offsets in {table} add up to {next}, not {messages}"
+            )
+            .into());
+        }
+    }
+    Ok((clock.rate(messages), cpu))
+}
+
+fn kafka_offsets_table(store: &PgStore) -> String {
+    idem_runtime::consume::kafka::Offsets::from(store)
+        .table()
+        .to_owned()
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let messages: u64 = env("MESSAGES", 5_000);
+    let rounds: u64 = env("ROUNDS", 5);
+    let pg = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let run_id = format!("bench_kafka_{}", std::process::id());
+    let (orders, dedup) = (format!("{run_id}_orders"), format!("{run_id}_dedup"));
+
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(16)
+        .connect(&pg)
+        .await?;
+    sqlx::query(AssertSqlSafe(format!(
+        "CREATE TABLE {orders} (order_id BIGINT PRIMARY KEY, sku BIGINT NOT NULL)"
+    )))
+    .execute(&pool)
+    .await?;
+    let store = PgStore::from_pool(pool.clone()).with_table(&dedup)?;
+    store.migrate().await?;
+    let offsets = kafka_offsets_table(&store);
+    let db = Db {
+        pool: pool.clone(),
+        store,
+        orders: orders.clone(),
+    };
+    let admin = Admin::connect()?;
+
+    println!(
+        "{messages} messages a round on {} partitions, {rounds} rounds; {} cores, load average {}",
+        kafka::PARTITIONS,
+        std::thread::available_parallelism().map_or(0, usize::from),
+        load_average()
+    );
+    let variants = [Variant::Idem, Variant::Bare, Variant::OffsetsInTx];
+    let mut rates: [Vec<f64>; 3] = Default::default();
+    let mut made = Made {
+        topics: Vec::new(),
+        groups: Vec::new(),
+    };
+    let start = Cpu::now()?;
+    let result: Result<(), BoxError> = async {
+        for r in 0..rounds {
+            for (v, variant) in variants.iter().enumerate() {
+                let id = r * 3 + v as u64;
+                let (rate, (busy, steal)) =
+                    round(*variant, id, messages, &run_id, &admin, &db, &mut made).await?;
+                println!(
+                    "round {r} {}: {rate:.0} msg/s (cpu busy {busy:.0}%, steal {steal:.1}%)",
+                    variant.name()
+                );
+                rates[v].push(rate);
+            }
+        }
+        Ok(())
+    }
+    .await;
+    let (busy, steal) = Cpu::now()?.since(start);
+
+    if let Err(e) = admin.delete_topics(&made.topics).await {
+        eprintln!("{e}");
+    }
+    for group in &made.groups {
+        if let Err(e) = admin.delete_group(group).await {
+            eprintln!("{e}");
+        }
+    }
+    let _ = sqlx::query(AssertSqlSafe(format!(
+        "DROP TABLE IF EXISTS {orders}, {dedup}, {offsets}"
+    )))
+    .execute(&pool)
+    .await;
+    result?;
+
+    let [idem, bare, in_tx] = rates.map(median);
+    println!(
+        "cpu over the run: busy {busy:.0}%, steal {steal:.1}%; load average after {}",
+        load_average()
+    );
+    println!("median: idem {idem:.0} msg/s, bare {bare:.0} msg/s, offsets-in-tx {in_tx:.0} msg/s");
+    println!("offsets-in-tx/idem {:.3}", in_tx / idem);
+    println!("idem/bare {:.3}", idem / bare);
+    Ok(())
+}
