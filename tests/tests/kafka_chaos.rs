@@ -1,0 +1,1006 @@
+//! Chaos on Kafka: a producer publishes 3,000 messages keyed by their id, a
+//! fifth of them twice, to a topic of 4 partitions; three members of one
+//! consumer group (this test binary, re-run as `kafka_chaos_member`) apply
+//! them through a transaction-mode Postgres handler. One member is killed
+//! with SIGKILL at random intervals and started again, so that the group
+//! rebalances under load, and the members' Postgres connections are
+//! terminated now and then. Then the members stop gracefully, and a fresh
+//! set drains what is left (see `chaos` for why). At the end the truth is
+//! read from the business table (every message applied exactly once: 0
+//! doubled, 0 lost) and from the broker (every partition of the topic and of
+//! its retry topics committed at its end, nothing dead-lettered). Run twice:
+//! offsets in the broker, then in the handler's transaction (`offsets_in`).
+//! Each run is bounded to 120 s; the counts are printed, with the seed
+//! (`IDEM_KCHAOS_SEED` replays one). `RUST_LOG` (`warn`,
+//! `idem_runtime=debug`...) shows the members' logs on stderr.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use idem_runtime::consume::{Policy, kafka};
+use idem_runtime::{PgStore, PgTx, idempotent};
+use idem_tests::brokers::{DeleteTopics, Kafka, kafka_brokers};
+use idem_tests::{DropTables, or_skip, pg_pool, pg_url, unique_table};
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::message::Message as _;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+use sqlx::AssertSqlSafe;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tracing::level_filters::LevelFilter;
+
+/// Logical messages, and how many of them are published twice.
+const MESSAGES: i64 = 3_000;
+const TWICE_EVERY: i64 = 5;
+const PUBLISHED_TWICE: i64 = (MESSAGES + TWICE_EVERY - 1) / TWICE_EVERY;
+const PARTITIONS: i32 = 4;
+const MEMBERS: usize = 3;
+/// Members killed in a run; the group settles and drains after the last.
+const KILLS: u32 = 6;
+/// How long the whole run may take before it fails.
+const DEADLINE: Duration = Duration::from_secs(120);
+/// The members' session timeout: a killed member's partitions go to the
+/// others this long after its last heartbeat.
+const SESSION_TIMEOUT: Duration = Duration::from_secs(6);
+
+/// One at a time: the two runs share the machine's two cores.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Applied {
+    message_id: i64,
+    /// The business table (one per run).
+    table: String,
+}
+
+/// Adds one to the message's row: an effect applied twice shows as 2.
+#[idempotent(
+    key = "message_id",
+    ttl = "1h",
+    store = "postgres",
+    name = "kafka_chaos_apply"
+)]
+async fn apply(tx: &mut PgTx<'_>, msg: &Applied) -> Result<i64, sqlx::Error> {
+    let sql = format!(
+        "INSERT INTO {} (message_id, applied) VALUES ($1, 1)
+         ON CONFLICT (message_id) DO UPDATE SET applied = {0}.applied + 1 RETURNING applied",
+        msg.table
+    );
+    sqlx::query_scalar(AssertSqlSafe(sql))
+        .bind(msg.message_id)
+        .fetch_one(&mut **tx)
+        .await
+}
+
+/// A member of the group: runs until it is killed, or until its stdin
+/// closes, which shuts it down gracefully; then prints its report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run by the chaos tests as a child process"]
+async fn kafka_chaos_member() {
+    let Ok(topic) = std::env::var("IDEM_KCHAOS_TOPIC") else {
+        return;
+    };
+    let _ = tracing::subscriber::set_global_default(Log::from_env());
+    let group = std::env::var("IDEM_KCHAOS_GROUP").expect("the group");
+    let dedup = std::env::var("IDEM_KCHAOS_DEDUP").expect("the dedup table");
+    // The dedup table's name is the run's own: its connections, and no
+    // one else's, are the ones the run terminates.
+    let options = PgConnectOptions::from_str(&pg_url())
+        .expect("DATABASE_URL")
+        .application_name(&dedup);
+    let connect = || {
+        PgPoolOptions::new()
+            .max_connections(8)
+            .connect_with(options.clone())
+    };
+    let pool = idem_runtime::consume::until_ok("postgres", connect, std::future::pending())
+        .await
+        .expect("a pool");
+    let store = PgStore::from_pool(pool.clone())
+        .with_table(&dedup)
+        .expect("table");
+    let mut consumer = kafka::Consumer::new(kafka_brokers(), group, topic)
+        .policy(Policy {
+            first_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(1),
+            max_attempts: 1_000,
+            concurrency: 8,
+        })
+        .set(
+            "session.timeout.ms",
+            SESSION_TIMEOUT.as_millis().to_string(),
+        )
+        .set("heartbeat.interval.ms", "1000")
+        // Retries one record a batch, as the producer publishes (see
+        // `Run::produce`).
+        .set("batch.num.messages", "1");
+    if std::env::var("IDEM_KCHAOS_OFFSETS_IN_DB").is_ok() {
+        consumer = consumer.offsets_in(&store);
+    }
+    let handler = move |msg: Applied| {
+        let (store, pool) = (store.clone(), pool.clone());
+        async move {
+            let result = apply(&store, &msg).await;
+            // What this call came to, for the run's counts (lost when the
+            // process dies first: the counts are a floor).
+            let kind = match &result {
+                Ok(o) if o.is_duplicate() => "duplicate",
+                Ok(_) => "executed",
+                Err(e) => e.kind(),
+            };
+            let sql = format!("INSERT INTO {}_seen (kind) VALUES ($1)", msg.table);
+            for _ in 0..3 {
+                let done = sqlx::query(AssertSqlSafe(sql.clone()))
+                    .bind(kind)
+                    .execute(&pool)
+                    .await;
+                if done.is_ok() {
+                    break;
+                }
+            }
+            result
+        }
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        while std::io::stdin().read_line(&mut line).is_ok_and(|n| n > 0) {
+            line.clear();
+        }
+        let _ = stop.send(());
+    });
+    println!("READY");
+    let report = consumer
+        .run(handler, async {
+            let _ = stopped.await;
+        })
+        .await
+        .expect("the consumer ran");
+    println!(
+        "REPORT {} {} {} {} {} {}",
+        report.acked,
+        report.duplicates,
+        report.retried,
+        report.dead_lettered,
+        report.rebalances,
+        report.alerts
+    );
+}
+
+/// What a member printed at its graceful end.
+#[derive(Debug, Default, Clone, Copy)]
+struct MemberReport {
+    acked: u64,
+    duplicates: u64,
+    retried: u64,
+    dead_lettered: u64,
+    rebalances: u64,
+    alerts: u64,
+}
+
+impl MemberReport {
+    fn parse(line: &str) -> Option<MemberReport> {
+        let n: Vec<u64> = line
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .ok()?;
+        let [
+            acked,
+            duplicates,
+            retried,
+            dead_lettered,
+            rebalances,
+            alerts,
+        ] = n[..]
+        else {
+            return None;
+        };
+        Some(MemberReport {
+            acked,
+            duplicates,
+            retried,
+            dead_lettered,
+            rebalances,
+            alerts,
+        })
+    }
+}
+
+/// What every member, killed or not, said while it ran.
+#[derive(Debug, Default)]
+struct Heard {
+    /// Assignments of one partition or more the members took (each
+    /// member's rebalance callback).
+    assignments: AtomicU64,
+    /// Warnings and errors the members logged, by message.
+    warnings: Mutex<BTreeMap<String, u64>>,
+}
+
+/// A member process of this binary.
+struct Member {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    /// Partitions the member holds, by its last assignment or revocation.
+    holds: Arc<AtomicU64>,
+    report: Arc<Mutex<Option<MemberReport>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Member {
+    /// Starts a member and waits until it is about to join the group.
+    fn start(env: &[(&str, String)], heard: &Arc<Heard>) -> Member {
+        let exe = std::env::current_exe().expect("test binary");
+        let mut command = Command::new(exe);
+        command
+            .args([
+                "kafka_chaos_member",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().expect("start a member");
+        let stdin = child.stdin.take();
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        loop {
+            match lines.next() {
+                Some(Ok(line)) if line.contains("READY") => break,
+                Some(_) => {}
+                None => panic!("a member exited before it was ready"),
+            }
+        }
+        let report = Arc::new(Mutex::new(None));
+        let holds = Arc::new(AtomicU64::new(0));
+        let (heard, into, held) = (Arc::clone(heard), Arc::clone(&report), Arc::clone(&holds));
+        // Keep reading so the child never blocks on a full pipe.
+        let reader = std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                if let Some(at) = line.find("ASSIGNED ") {
+                    let n: u64 = line[at + "ASSIGNED ".len()..].trim().parse().unwrap_or(0);
+                    held.store(n, Ordering::SeqCst);
+                    if n > 0 {
+                        heard.assignments.fetch_add(1, Ordering::SeqCst);
+                    }
+                } else if line.contains("REVOKED") {
+                    held.store(0, Ordering::SeqCst);
+                } else if let Some(at) = line.find("EVENT ") {
+                    let what = line[at + "EVENT ".len()..].to_owned();
+                    *heard.warnings.lock().unwrap().entry(what).or_default() += 1;
+                } else if let Some(at) = line.find("REPORT ") {
+                    *into.lock().unwrap() = MemberReport::parse(&line[at + "REPORT ".len()..]);
+                }
+            }
+        });
+        Member {
+            child,
+            stdin,
+            holds,
+            report,
+            reader: Some(reader),
+        }
+    }
+
+    /// SIGKILL: no leave, no commit; the group finds out at the session's end.
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Closes the member's stdin: it stops taking, settles what is in
+    /// flight, commits, leaves the group, prints its report and exits.
+    fn stop(mut self) -> MemberReport {
+        drop(self.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("the member's status") {
+                assert!(status.success(), "a member failed at its end: {status}");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "a member did not shut down within 30 s of its stdin closing"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        let report = *self.report.lock().unwrap();
+        report.expect("a member ended without its report")
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Random intervals and victims; the seed is printed, and
+/// `IDEM_KCHAOS_SEED` replays one.
+struct Rng(u64);
+
+impl Rng {
+    fn seeded() -> Rng {
+        let seed = std::env::var("IDEM_KCHAOS_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| uuid::Uuid::new_v4().as_u64_pair().0);
+        Rng(seed.max(1))
+    }
+
+    /// xorshift64*.
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// One run's names: the topic and group, the tables, and their guards.
+struct Run {
+    kafka: Kafka,
+    topic: String,
+    group: String,
+    retry_topics: Vec<String>,
+    dead_letter_topic: String,
+    table: String,
+    dedup: String,
+    offsets_table: String,
+    offsets_in_db: bool,
+    admin: sqlx::PgPool,
+    /// Each partition's end, from the producer's delivery reports.
+    produced: Mutex<BTreeMap<i32, i64>>,
+    _topics: DeleteTopics,
+    _tables: DropTables,
+}
+
+impl Run {
+    async fn open(offsets_in_db: bool) -> Option<Run> {
+        let admin = pg_pool(4).await?;
+        let kafka = idem_tests::brokers::kafka().await?;
+        let topic = unique_table("kchaos");
+        let group = format!("{topic}-group");
+        let names = kafka::Consumer::new(kafka_brokers(), group.clone(), topic.clone());
+        let (retry_topics, dead_letter_topic) = (names.retry_topics(), names.dead_letter_topic());
+        let mut all = vec![topic.clone(), dead_letter_topic.clone()];
+        all.extend(retry_topics.iter().cloned());
+        let topics = DeleteTopics::new(all);
+        let (table, dedup) = (unique_table("kchaos_effects"), unique_table("kchaos_dedup"));
+        let (seen, offsets_table) = (format!("{table}_seen"), format!("{dedup}_kafka_offsets"));
+        let tables = DropTables::new(&[&table, &seen, &dedup, &offsets_table]);
+        sqlx::query(AssertSqlSafe(format!(
+            "CREATE TABLE {seen} (kind TEXT NOT NULL)"
+        )))
+        .execute(&admin)
+        .await
+        .expect("counts table");
+        sqlx::query(AssertSqlSafe(format!(
+            "CREATE TABLE {table} (message_id BIGINT PRIMARY KEY, applied BIGINT NOT NULL)"
+        )))
+        .execute(&admin)
+        .await
+        .expect("business table");
+        PgStore::from_pool(admin.clone())
+            .with_table(&dedup)
+            .expect("table")
+            .migrate()
+            .await
+            .expect("migrate");
+        kafka.create_topic(&topic, PARTITIONS).await;
+        Some(Run {
+            kafka,
+            topic,
+            group,
+            retry_topics,
+            dead_letter_topic,
+            table,
+            dedup,
+            offsets_table,
+            offsets_in_db,
+            admin,
+            produced: Mutex::default(),
+            _topics: topics,
+            _tables: tables,
+        })
+    }
+
+    fn env(&self) -> Vec<(&'static str, String)> {
+        let mut env = vec![
+            ("IDEM_KCHAOS_TOPIC", self.topic.clone()),
+            ("IDEM_KCHAOS_GROUP", self.group.clone()),
+            ("IDEM_KCHAOS_DEDUP", self.dedup.clone()),
+        ];
+        if self.offsets_in_db {
+            env.push(("IDEM_KCHAOS_OFFSETS_IN_DB", "1".to_owned()));
+        }
+        env
+    }
+
+    /// Publishes every message, a fifth of them twice, keyed by id, in
+    /// slices over a few seconds so that the chaos meets them in flight.
+    /// One record a batch: tansu 0.6 answers a fetch from an offset inside
+    /// a batch with the next batch, so a member resuming from a commit in
+    /// the middle of one would never see the rest of it.
+    async fn produce(&self) {
+        let producer: FutureProducer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", kafka_brokers())
+            .set("acks", "all")
+            .set("batch.num.messages", "1")
+            .create()
+            .expect("a producer");
+        let ids: Vec<i64> = (0..MESSAGES).collect();
+        for slice in ids.chunks(100) {
+            let mut records = Vec::new();
+            for id in slice {
+                let payload = serde_json::to_vec(&Applied {
+                    message_id: *id,
+                    table: self.table.clone(),
+                })
+                .expect("encode");
+                let copies = if id % TWICE_EVERY == 0 { 2 } else { 1 };
+                for _ in 0..copies {
+                    records.push((id.to_string(), payload.clone()));
+                }
+            }
+            let sent = join_all(records.iter().map(|(key, payload)| {
+                producer.send(
+                    FutureRecord::to(&self.topic).key(key).payload(payload),
+                    Duration::from_secs(10),
+                )
+            }))
+            .await;
+            for s in sent {
+                let d = s.map_err(|(e, _)| e).expect("publish");
+                let mut ends = self.produced.lock().unwrap();
+                let end = ends.entry(d.partition).or_default();
+                *end = (*end).max(d.offset + 1);
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// How many messages took effect so far.
+    async fn applied(&self) -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT COUNT(*) FROM {}",
+            self.table
+        )))
+        .fetch_one(&self.admin)
+        .await
+        .expect("count")
+    }
+
+    /// The topic and its retry topics.
+    fn consumed_topics(&self) -> Vec<String> {
+        let mut all = vec![self.topic.clone()];
+        all.extend(self.retry_topics.iter().cloned());
+        all
+    }
+
+    /// Partitions of the consumed topics whose committed offset is not at
+    /// their end, as `topic/partition committed end`; with offsets in the
+    /// database, those whose offsets row is not.
+    async fn behind(&self, ends: &Ends, in_db: bool) -> Vec<String> {
+        let stored: Vec<(String, i32, i64)> = if in_db {
+            sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT topic, partition_id, next_offset FROM {} WHERE consumer_group = $1",
+                self.offsets_table
+            )))
+            .bind(&self.group)
+            .fetch_all(&self.admin)
+            .await
+            .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let mut behind = Vec::new();
+        for topic in self.consumed_topics() {
+            let committed: Vec<(i32, Option<i64>)> = if in_db {
+                stored
+                    .iter()
+                    .filter(|(t, _, _)| *t == topic)
+                    .map(|(_, p, o)| (*p, Some(*o)))
+                    .collect()
+            } else {
+                self.kafka.committed(&self.group, &topic).await
+            };
+            for p in 0..PARTITIONS {
+                let end = ends.of(&topic, p);
+                let at = committed
+                    .iter()
+                    .find(|(cp, _)| *cp == p)
+                    .and_then(|(_, o)| *o);
+                if at.unwrap_or(0) != end {
+                    behind.push(format!("{topic}/{p} {at:?} {end}"));
+                }
+            }
+        }
+        behind
+    }
+
+    /// Where the run is at the end: everything applied, and committed at
+    /// every partition's end where the mode keeps its offsets.
+    async fn done(&self) -> bool {
+        if self.applied().await < MESSAGES {
+            return false;
+        }
+        let ends = Ends::scan(self.all_topics()).await;
+        self.behind(&ends, self.offsets_in_db).await.is_empty()
+    }
+
+    /// The topic, its retry topics and its dead-letter topic.
+    fn all_topics(&self) -> Vec<String> {
+        let mut all = self.consumed_topics();
+        all.push(self.dead_letter_topic.clone());
+        all
+    }
+
+    /// Terminates the members' Postgres connections; how many.
+    async fn terminate_backends(&self) -> i64 {
+        sqlx::query_scalar(
+            "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity
+             WHERE application_name = $1 AND pid <> pg_backend_pid()",
+        )
+        .bind(&self.dedup)
+        .fetch_one(&self.admin)
+        .await
+        .expect("terminate")
+    }
+}
+
+/// The partitions' ends (one past their last offset) of some topics, read
+/// by consuming them from the beginning until nothing more comes: the high
+/// watermarks tansu 0.6 answers (`Kafka::ends`) are one past the first
+/// offset of a partition's last batch, short of the rest of that batch.
+#[derive(Debug, Default)]
+struct Ends {
+    ends: BTreeMap<(String, i32), i64>,
+    /// Where each message id's copies are: `topic/partition@offset`.
+    copies: BTreeMap<i64, Vec<String>>,
+}
+
+impl Ends {
+    async fn scan(topics: Vec<String>) -> Ends {
+        tokio::task::spawn_blocking(move || {
+            let c: BaseConsumer = rdkafka::ClientConfig::new()
+                .set("bootstrap.servers", kafka_brokers())
+                .set("group.id", unique_table("kchaos_scan"))
+                .set("enable.auto.commit", "false")
+                .create()
+                .expect("a client");
+            let mut tpl = TopicPartitionList::new();
+            let (mut ends, mut copies) = (BTreeMap::new(), BTreeMap::<i64, Vec<String>>::new());
+            for t in &topics {
+                for p in 0..PARTITIONS {
+                    tpl.add_partition_offset(t, p, Offset::Beginning)
+                        .expect("a partition");
+                    ends.insert((t.clone(), p), 0);
+                }
+            }
+            c.assign(&tpl).expect("assign");
+            // Two seconds for the first message, one after the last.
+            let (mut last, mut quiet) = (Instant::now(), Duration::from_secs(2));
+            while last.elapsed() < quiet {
+                match c.poll(Duration::from_millis(100)) {
+                    Some(Ok(m)) => {
+                        let end = ends
+                            .entry((m.topic().to_owned(), m.partition()))
+                            .or_default();
+                        *end = (*end).max(m.offset() + 1);
+                        if let Some(Ok(msg)) = m.payload().map(serde_json::from_slice::<Applied>) {
+                            copies.entry(msg.message_id).or_default().push(format!(
+                                "{}/{}@{}",
+                                m.topic(),
+                                m.partition(),
+                                m.offset()
+                            ));
+                        }
+                        (last, quiet) = (Instant::now(), Duration::from_secs(1));
+                    }
+                    Some(Err(e)) => panic!("reading {topics:?}: {e}"),
+                    None => {}
+                }
+            }
+            Ends { ends, copies }
+        })
+        .await
+        .expect("a scan")
+    }
+
+    fn of(&self, topic: &str, partition: i32) -> i64 {
+        self.ends
+            .get(&(topic.to_owned(), partition))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Messages in `topics`.
+    fn count(&self, topics: &[String]) -> i64 {
+        self.ends
+            .iter()
+            .filter(|((t, _), _)| topics.contains(t))
+            .map(|(_, e)| e)
+            .sum()
+    }
+}
+
+/// What the members' calls came to, from the counts table (a floor: a call
+/// whose process died before it was counted is not).
+#[derive(Debug, Default)]
+struct Seen {
+    calls: i64,
+    duplicates: i64,
+    /// Answered with a retry: a store error or a claim in progress.
+    retried: i64,
+}
+
+impl Seen {
+    async fn read(admin: &sqlx::PgPool, table: &str) -> Seen {
+        let rows: Vec<(String, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT kind, COUNT(*) FROM {table}_seen GROUP BY kind"
+        )))
+        .fetch_all(admin)
+        .await
+        .expect("read the counts");
+        let mut seen = Seen::default();
+        for (kind, n) in rows {
+            seen.calls += n;
+            match kind.as_str() {
+                "executed" => {}
+                "duplicate" => seen.duplicates += n,
+                _ => seen.retried += n,
+            }
+        }
+        seen
+    }
+}
+
+/// Stops `members` at once and waits for their reports.
+async fn stop_all(members: Vec<Member>) -> Vec<MemberReport> {
+    let stops: Vec<_> = members
+        .into_iter()
+        .map(|m| tokio::task::spawn_blocking(move || m.stop()))
+        .collect();
+    let mut reports = Vec::new();
+    for s in stops {
+        reports.push(s.await.expect("stop"));
+    }
+    reports
+}
+
+async fn chaos(offsets_in_db: bool) {
+    let _serial = SERIAL.lock().await;
+    let run = or_skip!(Run::open(offsets_in_db).await);
+    let started = Instant::now();
+    let mut rng = Rng::seeded();
+    let seed = rng.0;
+    let heard = Arc::new(Heard::default());
+    let env = run.env();
+    let mut members: Vec<Member> = (0..MEMBERS).map(|_| Member::start(&env, &heard)).collect();
+    let mut kills = 0u32;
+    // Kills of a member that held partitions.
+    let mut kills_holding = 0u32;
+    let mut terminated = 0i64;
+    let mut produced = false;
+
+    let produce = async {
+        run.produce().await;
+        produced = true;
+    };
+    let chaos = async {
+        // Kill a member at random intervals and start another at once, and
+        // now and then terminate the members' Postgres connections. Each
+        // kill waits for the group to have handed out partitions since the
+        // last one (tansu takes up to a session timeout), and takes a
+        // member that holds some where one does: a kill lands on work.
+        let mut assigned = heard.assignments.load(Ordering::SeqCst);
+        while kills < KILLS {
+            let wait = Instant::now() + SESSION_TIMEOUT + Duration::from_secs(2);
+            while heard.assignments.load(Ordering::SeqCst) == assigned && Instant::now() < wait {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(300 + rng.below(1_700))).await;
+            assert!(
+                started.elapsed() < DEADLINE,
+                "the run passed {DEADLINE:?} while killing members (seed {seed}, {kills} kills)"
+            );
+            let holding: Vec<usize> = (0..members.len())
+                .filter(|i| members[*i].holds.load(Ordering::SeqCst) > 0)
+                .collect();
+            let among = if holding.is_empty() {
+                (0..members.len()).collect()
+            } else {
+                holding
+            };
+            let pick = usize::try_from(rng.below(among.len() as u64)).unwrap_or(0);
+            let victim = members.remove(among[pick]);
+            if victim.holds.load(Ordering::SeqCst) > 0 {
+                kills_holding += 1;
+            }
+            assigned = heard.assignments.load(Ordering::SeqCst);
+            tokio::task::spawn_blocking(move || victim.kill())
+                .await
+                .expect("kill");
+            kills += 1;
+            let (env, heard) = (env.clone(), Arc::clone(&heard));
+            let fresh = tokio::task::spawn_blocking(move || Member::start(&env, &heard))
+                .await
+                .expect("restart");
+            members.push(fresh);
+            if rng.below(2) == 0 {
+                terminated += run.terminate_backends().await;
+            }
+        }
+    };
+    tokio::join!(produce, chaos);
+    assert!(produced);
+    // Stop the members at once; each settles, commits and leaves.
+    let mut reports = stop_all(members).await;
+    let applied_in_chaos = run.applied().await;
+    let chaos_took = started.elapsed();
+    let assigned_in_chaos = heard.assignments.load(Ordering::SeqCst);
+    // tansu 0.6 does not rebalance the group when a member's session
+    // expires (only the member whose heartbeat finds it out rejoins, and an
+    // expired member can come back), so a killed member's last partitions
+    // can stay its own and the live members never hear of it. A fresh set
+    // of members, once every killed member's session is over, takes them
+    // all, and drains what is left.
+    tokio::time::sleep(SESSION_TIMEOUT + Duration::from_secs(1)).await;
+    let fresh: Vec<Member> = (0..MEMBERS).map(|_| Member::start(&env, &heard)).collect();
+    while !run.done().await && started.elapsed() < DEADLINE {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let drained = started.elapsed();
+    reports.extend(stop_all(fresh).await);
+
+    let rows: Vec<(i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT message_id, applied FROM {}",
+        run.table
+    )))
+    .fetch_all(&run.admin)
+    .await
+    .expect("read the business table");
+    let doubled = rows.iter().filter(|(_, n)| *n > 1).count();
+    let ids: std::collections::BTreeSet<i64> = rows.iter().map(|(id, _)| *id).collect();
+    let missing: Vec<i64> = (0..MESSAGES).filter(|id| !ids.contains(id)).collect();
+    let lost = missing.len();
+    let seen = Seen::read(&run.admin, &run.table).await;
+    let ends = Ends::scan(run.all_topics()).await;
+    let retries = ends.count(&run.retry_topics);
+    let dead_lettered = ends.count(std::slice::from_ref(&run.dead_letter_topic));
+    let produced: Vec<(i32, i64)> = run.produced.lock().unwrap().clone().into_iter().collect();
+    let scanned: Vec<(i32, i64)> = (0..PARTITIONS)
+        .map(|p| (p, ends.of(&run.topic, p)))
+        .collect();
+    let published = MESSAGES + PUBLISHED_TWICE;
+    let delivered: u64 = reports
+        .iter()
+        .map(|r| r.acked + r.retried + r.dead_lettered)
+        .sum();
+    let alerts: u64 = reports.iter().map(|r| r.alerts).sum();
+    let reported_duplicates: u64 = reports.iter().map(|r| r.duplicates).sum();
+    let reported_rebalances: u64 = reports.iter().map(|r| r.rebalances).sum();
+    // Calls beyond one per published copy and one per retry copy: messages
+    // run again after a kill or a rebalance. The calls counted are a floor
+    // (a member killed between a call and its count loses the count), so
+    // this can come out a little below zero where nothing was run again.
+    let redelivered = seen.calls - published - retries;
+    let watermarks = run.kafka.ends(&run.topic).await;
+    let behind_broker = run.behind(&ends, false).await;
+    let behind_db = if offsets_in_db {
+        run.behind(&ends, true).await
+    } else {
+        Vec::new()
+    };
+    let elapsed = started.elapsed();
+    println!(
+        "kafka chaos, offsets in the {} (seed {seed}), chaos for {chaos_took:.1?}, drained in {drained:.1?}, ended in {elapsed:.1?}: \
+         published {published}, delivered {delivered} (graceful members' reports), calls {} (counted), \
+         redelivered {redelivered}, duplicates {}, retries {retries}, dead-lettered {dead_lettered}, \
+         rebalances {} (assignments taken), kills {kills} ({kills_holding} holding partitions), backends terminated {terminated}, \
+         doubled {doubled}, lost {lost}",
+        if offsets_in_db { "database" } else { "broker" },
+        seen.calls,
+        seen.duplicates,
+        heard.assignments.load(Ordering::SeqCst),
+    );
+    println!(
+        "kafka chaos: applied by the members under chaos {applied_in_chaos}, by the fresh ones {}; \
+         assignments under chaos {assigned_in_chaos}; graceful members' duplicates {reported_duplicates}, assignments {reported_rebalances}, \
+         alerts {alerts}; calls answered with a retry {}; \
+         the topic's ends {scanned:?} (its high watermarks {watermarks:?}); \
+         broker commits behind {behind_broker:?}; database offsets behind {behind_db:?}; members logged {:?}",
+        ids.len() as i64 - applied_in_chaos,
+        seen.retried,
+        heard.warnings.lock().unwrap(),
+    );
+    if lost > 0 {
+        // Where the first lost messages are, and what was committed there.
+        for id in missing.iter().take(10) {
+            println!(
+                "kafka chaos: message {id} lost; its copies: {:?}",
+                ends.copies.get(id)
+            );
+        }
+        for t in run.consumed_topics() {
+            println!(
+                "kafka chaos: {t} committed {:?}",
+                run.kafka.committed(&run.group, &t).await
+            );
+        }
+    }
+    assert!(
+        drained < DEADLINE,
+        "the run did not drain within {DEADLINE:?} (seed {seed}): applied {} of {MESSAGES}, behind (partition committed end): {:?}",
+        ids.len(),
+        if offsets_in_db {
+            &behind_db
+        } else {
+            &behind_broker
+        },
+    );
+    assert_eq!(
+        scanned, produced,
+        "the topic read back is not what was published"
+    );
+    assert_eq!(doubled, 0, "messages applied twice");
+    assert_eq!(lost, 0, "messages never applied");
+    assert_eq!(dead_lettered, 0, "nothing here deserves a dead letter");
+    if offsets_in_db {
+        // The offsets that count are the database's; the broker's are a
+        // copy, committed after them, and stay behind where a member died
+        // between the two and no member took a message of that partition
+        // since (printed above).
+        assert!(
+            behind_db.is_empty(),
+            "the offsets in the database are not at the partitions' ends: {behind_db:?}"
+        );
+    } else {
+        assert!(
+            behind_broker.is_empty(),
+            "the group's committed offsets are not at the partitions' ends: {behind_broker:?}"
+        );
+    }
+    assert!(
+        elapsed < DEADLINE,
+        "the run took {elapsed:?}, over {DEADLINE:?}"
+    );
+    assert!(terminated > 0, "no Postgres connection was terminated");
+    assert!(
+        kills_holding * 2 >= KILLS,
+        "fewer than half the kills took a member holding partitions: the group did not rebalance under the kills"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_on_kafka_with_members_killed_and_connections_dropped() {
+    chaos(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_on_kafka_with_offsets_in_the_handlers_transaction() {
+    chaos(true).await;
+}
+
+/// The members' log: assignments and warnings go to stdout for the run's
+/// counts; what `RUST_LOG` enables goes to stderr.
+struct Log {
+    /// `RUST_LOG`'s directives: a target prefix (none for every target)
+    /// and its level.
+    directives: Vec<(Option<String>, LevelFilter)>,
+}
+
+impl Log {
+    fn from_env() -> Log {
+        let spec = std::env::var("RUST_LOG").unwrap_or_default();
+        let directives = spec
+            .split(',')
+            .filter(|d| !d.trim().is_empty())
+            .filter_map(|d| match d.split_once('=') {
+                Some((target, level)) => Some((
+                    Some(target.trim().to_owned()),
+                    LevelFilter::from_str(level.trim()).ok()?,
+                )),
+                None => Some((None, LevelFilter::from_str(d.trim()).ok()?)),
+            })
+            .collect();
+        Log { directives }
+    }
+
+    /// Whether `RUST_LOG` asks for `meta`: the longest target prefix that
+    /// matches decides.
+    fn wanted(&self, meta: &tracing::Metadata<'_>) -> bool {
+        self.directives
+            .iter()
+            .filter(|(t, _)| t.as_deref().is_none_or(|t| meta.target().starts_with(t)))
+            .max_by_key(|(t, _)| t.as_deref().map_or(0, str::len))
+            .is_some_and(|(_, level)| meta.level() <= level)
+    }
+
+    fn ours(meta: &tracing::Metadata<'_>) -> bool {
+        meta.target().starts_with("idem_runtime")
+    }
+}
+
+/// An event's message and its other fields.
+#[derive(Default)]
+struct Fields {
+    message: String,
+    rest: String,
+}
+
+impl tracing::field::Visit for Fields {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.message = format!("{value:?}");
+        } else {
+            self.rest.push_str(&format!(" {}={value:?}", field.name()));
+        }
+    }
+}
+
+impl tracing::Subscriber for Log {
+    fn enabled(&self, meta: &tracing::Metadata<'_>) -> bool {
+        Self::ours(meta) || self.wanted(meta)
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let meta = event.metadata();
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        if Self::ours(meta) {
+            if fields.message == "partitions assigned" {
+                // `partitions=t/0,t/1`: how many.
+                let list = fields.rest.split_once('=').map_or("", |(_, l)| l.trim());
+                println!(
+                    "ASSIGNED {}",
+                    list.split(',').filter(|p| !p.is_empty()).count()
+                );
+            } else if fields.message == "partitions revoked" {
+                println!("REVOKED");
+            } else if *meta.level() <= tracing::Level::WARN {
+                println!("EVENT {} {}", meta.level(), fields.message);
+            }
+        }
+        if self.wanted(meta) {
+            let ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() % 100_000_000);
+            eprintln!(
+                "{ms} [member {}] {} {}: {}{}",
+                std::process::id(),
+                meta.level(),
+                meta.target(),
+                fields.message,
+                fields.rest
+            );
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
