@@ -236,6 +236,18 @@ fn start_tansu() -> bool {
         .is_ok()
 }
 
+/// The librdkafka setting that makes a producer send one record per batch.
+///
+/// tansu 0.6's in-memory storage keeps a partition as whole batches, and
+/// two of its answers are then wrong where Kafka's are right: a fetch from
+/// an offset inside a batch returns only the batches after it (the rest of
+/// that batch is never delivered, so a consumer that resumes there loses
+/// it), and a partition's end is reported as the last batch's first offset
+/// plus one. With one record per batch every offset starts a batch and both
+/// answers are right. The tests' producers, and the consumers' producers of
+/// retries and dead letters, use it; a real Kafka needs nothing of the kind.
+pub const TANSU_ONE_RECORD_A_BATCH: (&str, &str) = ("batch.num.messages", "1");
+
 /// The brokers of [`kafka_brokers`], for a test's own topics.
 #[derive(Clone)]
 pub struct Kafka {
@@ -260,10 +272,14 @@ impl Kafka {
         }
     }
 
-    /// A producer (`acks=all`).
+    /// A producer (`acks=all`) of one record per batch: tansu 0.6, in
+    /// memory, reports a partition's end wrong when records are batched,
+    /// and a fetch from inside a batch skips the rest of it (see
+    /// [`TANSU_ONE_RECORD_A_BATCH`]).
     pub fn producer(&self) -> rdkafka::producer::FutureProducer {
         kafka_config(&self.brokers)
             .set("acks", "all")
+            .set(TANSU_ONE_RECORD_A_BATCH.0, TANSU_ONE_RECORD_A_BATCH.1)
             .create()
             .expect("a producer")
     }

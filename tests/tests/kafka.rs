@@ -13,7 +13,7 @@ use common::broker::{self, Broker, DeadLetter, Points, Running};
 use idem_runtime::consume::Policy;
 use idem_runtime::consume::kafka::Consumer;
 use idem_runtime::{Error, Outcome};
-use idem_tests::brokers::{DeleteTopics, Kafka, kafka, kafka_brokers};
+use idem_tests::brokers::{DeleteTopics, Kafka, TANSU_ONE_RECORD_A_BATCH, kafka, kafka_brokers};
 use idem_tests::{or_skip, unique_table};
 use rdkafka::message::{Headers as _, Message as _};
 use rdkafka::producer::FutureRecord;
@@ -59,23 +59,7 @@ impl Topic {
 
 impl Broker for Topic {
     async fn open(name: &str) -> Option<Self> {
-        let kafka = kafka().await?;
-        let topic = unique_table(name);
-        let group = format!("{topic}-group");
-        let consumer = Consumer::new(kafka_brokers(), group.clone(), topic.clone());
-        let mut topics = vec![topic.clone(), consumer.dead_letter_topic()];
-        topics.extend(consumer.retry_topics());
-        let cleanup = DeleteTopics::new(topics);
-        kafka.create_topic(&topic, PARTITIONS).await;
-        let producer = kafka.producer();
-        Some(Topic {
-            kafka,
-            consumer,
-            topic,
-            group,
-            producer,
-            _cleanup: cleanup,
-        })
+        topic(name, PARTITIONS).await
     }
 
     async fn publish(&self, payload: &[u8]) {
@@ -157,7 +141,8 @@ async fn topic(name: &str, partitions: i32) -> Option<Topic> {
     let kafka = kafka().await?;
     let topic = unique_table(name);
     let group = format!("{topic}-group");
-    let consumer = Consumer::new(kafka_brokers(), group.clone(), topic.clone());
+    let consumer = Consumer::new(kafka_brokers(), group.clone(), topic.clone())
+        .set(TANSU_ONE_RECORD_A_BATCH.0, TANSU_ONE_RECORD_A_BATCH.1);
     let mut topics = vec![topic.clone(), consumer.dead_letter_topic()];
     topics.extend(consumer.retry_topics());
     let cleanup = DeleteTopics::new(topics);
@@ -781,8 +766,9 @@ offsets_db!(
 
 /// With offsets in the database, each partition's next offset is written
 /// with the effects and read back on assignment: a consumer whose broker
-/// commits went back to the start does not see the messages again. Without
-/// them the same consumer gets every message again (as duplicates).
+/// commits went back to the start does not see the messages again, and
+/// brings the broker's commits up to the table's. Without them the same
+/// consumer gets every message again (as duplicates).
 async fn offsets_in_the_database_win_over_the_brokers(t: &Topic, db: &impl OffsetsDb) {
     for i in 0..20 {
         t.send(
@@ -824,6 +810,19 @@ async fn offsets_in_the_database_win_over_the_brokers(t: &Topic, db: &impl Offse
         0,
         "nothing came again: {second:?}"
     );
+    // ... and the broker's commits were brought up to the table's.
+    let committed: Vec<(i32, i64)> = t
+        .kafka
+        .committed(&t.group, &t.topic)
+        .await
+        .into_iter()
+        .filter_map(|(p, o)| Some((p, o?)))
+        .filter(|(p, _)| rows.iter().any(|(rp, _)| rp == p))
+        .collect();
+    assert_eq!(committed, rows, "the table's offsets reached the broker");
+
+    // The broker forgets again.
+    rewind(&t.group, &t.topic, rows.iter().map(|(p, _)| *p).collect()).await;
 
     // The same without the table's offsets: everything comes again.
     let running = start(t.consumer.clone(), db.handler(&again));
@@ -1067,7 +1066,9 @@ async fn kafka_consumer_dies_after_a_commit() {
             })
         }
     };
-    let consumer = short_sessions(Consumer::new(kafka_brokers(), group, topic)).offsets_in(&store);
+    let consumer = short_sessions(Consumer::new(kafka_brokers(), group, topic))
+        .set(TANSU_ONE_RECORD_A_BATCH.0, TANSU_ONE_RECORD_A_BATCH.1)
+        .offsets_in(&store);
     let _ = consumer.run(handler, std::future::pending()).await;
 }
 
@@ -1101,6 +1102,7 @@ async fn the_consumer_rides_out_a_lost_connection() {
     publish(0..20).await;
     let group = format!("{topic}-group");
     let consumer = Consumer::new(&brokers, group.clone(), topic.clone())
+        .set(TANSU_ONE_RECORD_A_BATCH.0, TANSU_ONE_RECORD_A_BATCH.1)
         .set("reconnect.backoff.ms", "100")
         .set("reconnect.backoff.max.ms", "500");
     let (store, seen) = (MemoryStore::new(), Arc::new(Seen::default()));

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use idem_runtime::consume::{Policy, kafka};
 use idem_runtime::{PgStore, PgTx, idempotent};
-use idem_tests::brokers::{DeleteTopics, Kafka, kafka_brokers};
+use idem_tests::brokers::{DeleteTopics, Kafka, TANSU_ONE_RECORD_A_BATCH, kafka_brokers};
 use idem_tests::{DropTables, or_skip, pg_pool, pg_url, unique_table};
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::message::Message as _;
@@ -120,7 +120,7 @@ async fn kafka_chaos_member() {
         .set("heartbeat.interval.ms", "1000")
         // Retries one record a batch, as the producer publishes (see
         // `Run::produce`).
-        .set("batch.num.messages", "1");
+        .set(TANSU_ONE_RECORD_A_BATCH.0, TANSU_ONE_RECORD_A_BATCH.1);
     if std::env::var("IDEM_KCHAOS_OFFSETS_IN_DB").is_ok() {
         consumer = consumer.offsets_in(&store);
     }
@@ -446,7 +446,7 @@ impl Run {
         let producer: FutureProducer = rdkafka::ClientConfig::new()
             .set("bootstrap.servers", kafka_brokers())
             .set("acks", "all")
-            .set("batch.num.messages", "1")
+            .set(TANSU_ONE_RECORD_A_BATCH.0, TANSU_ONE_RECORD_A_BATCH.1)
             .create()
             .expect("a producer");
         let ids: Vec<i64> = (0..MESSAGES).collect();

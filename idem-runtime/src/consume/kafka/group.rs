@@ -138,12 +138,12 @@ impl Group {
                 receivers.push(rx);
             }
             let mut progress = Progress::default();
+            // Set only when read back from the offsets table (`read_back`):
+            // the broker's commit may be behind it, so it is committed
+            // there at the next commit.
             if let Offset::Offset(o) = e.offset() {
-                progress.committed(o);
-                if self.offsets.is_some() {
-                    // Read back from the offsets table (`read_back`).
-                    progress.stored(o);
-                }
+                progress.start_at(o);
+                progress.stored(o);
             }
             let part = Arc::new(Part {
                 topic: id.0.clone(),

@@ -18,6 +18,13 @@ pub(crate) struct Progress {
 }
 
 impl Progress {
+    /// The partition starts at `offset` (read back from the offsets
+    /// table): the watermark is there until a message is taken, so the next
+    /// commit hands it to the broker too.
+    pub(crate) fn start_at(&mut self, offset: i64) {
+        self.next = Some(self.next.map_or(offset, |n| n.max(offset)));
+    }
+
     /// A message at `offset` was taken.
     pub(crate) fn took(&mut self, offset: i64) {
         self.pending.insert(offset);
@@ -91,6 +98,18 @@ mod tests {
         assert_eq!(p.to_store(), Some(15));
         p.stored(15);
         assert_eq!(p.to_store(), None);
+    }
+
+    #[test]
+    fn a_position_read_back_is_committed_before_any_message() {
+        let mut p = Progress::default();
+        p.start_at(7);
+        p.stored(7);
+        assert_eq!((p.to_commit(), p.to_store()), (Some(7), None));
+        p.took(7);
+        assert_eq!(p.watermark(), Some(7));
+        p.settled(7);
+        assert_eq!(p.watermark(), Some(8));
     }
 
     proptest! {
