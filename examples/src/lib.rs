@@ -1,7 +1,7 @@
 //! Pieces shared by the examples: a throw-away database file, Redis clean-up,
 //! the benchmarks' medians and settings, a TCP proxy that delays traffic
 //! like a network ([`delay_proxy`]), and the brokers of the `consume`
-//! example ([`broker`], with a broker's feature).
+//! example (the module `broker`, built with a broker's feature).
 
 use std::path::PathBuf;
 use std::sync::Arc;
