@@ -1213,3 +1213,61 @@ async fn a_message_waiting_in_place_holds_no_slot() {
     let report = running.stop().await;
     assert_eq!((report.acked, report.dead_lettered), (5, 1), "{report:?}");
 }
+
+/// Offsets kept in one database, the handler's transactions in another of
+/// the same kind: the offset does not ride in the handler's transaction
+/// (where its table does not exist), the messages are executed, and the
+/// offsets are written after each call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offsets_in_another_database_are_written_after_the_call() {
+    let t = or_skip!(topic("kafka_offsets_elsewhere", 1).await);
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let handlers = SqliteStore::open(dir.path().join("handlers.db"))
+        .await
+        .expect("open");
+    handlers.migrate().await.expect("migrate");
+    sqlx::query("CREATE TABLE applied (id TEXT NOT NULL)")
+        .execute(handlers.pool())
+        .await
+        .expect("business table");
+    let positions = SqliteStore::open(dir.path().join("offsets.db"))
+        .await
+        .expect("open");
+    positions.migrate().await.expect("migrate");
+    for i in 0..5 {
+        t.send(Some("k"), &Points::payload(&format!("e-{i}"), 1))
+            .await;
+    }
+    let db = SqliteOffsets {
+        store: handlers.clone(),
+        pool: handlers.pool().clone(),
+        business: "applied".to_owned(),
+    };
+    let calls = Arc::new(AtomicUsize::new(0));
+    let running = start(
+        t.consumer.clone().offsets_in(&positions),
+        db.handler(&calls),
+    );
+    eventually(Duration::from_secs(20), "five calls", || async {
+        calls.load(Ordering::SeqCst) >= 5
+    })
+    .await;
+    let in_positions = SqliteOffsets {
+        store: positions.clone(),
+        pool: positions.pool().clone(),
+        business: "applied".to_owned(),
+    };
+    eventually(
+        Duration::from_secs(20),
+        "the offset saved after the calls",
+        || async { in_positions.rows(&t.group, &t.topic).await == vec![(0, 5)] },
+    )
+    .await;
+    let report = running.stop().await;
+    assert_eq!(
+        (calls.load(Ordering::SeqCst), report.acked, report.retried),
+        (5, 5, 0),
+        "{report:?}"
+    );
+    assert_eq!(db.doubled().await, 0);
+}

@@ -114,6 +114,12 @@ impl Group {
         self.halted.store(true, Ordering::SeqCst);
     }
 
+    /// The consumer's `run` is gone (its future dropped): the poll thread
+    /// stops as on shutdown.
+    pub(crate) fn abandon(&self) {
+        self.halted.store(true, Ordering::SeqCst);
+    }
+
     fn stopping(&self) -> bool {
         self.halted.load(Ordering::SeqCst) || self.shutdown.is_requested()
     }
@@ -150,7 +156,9 @@ impl Group {
                 partition: id.1,
                 lanes: senders,
                 progress: Mutex::new(progress),
-                revoked: watch::Sender::new(false),
+                // Assigned while the consumer stops (a rebalance served by
+                // the shutdown's last polls): nothing is taken from it.
+                revoked: watch::Sender::new(self.stopping()),
                 in_flight: AtomicUsize::new(0),
                 queued: AtomicUsize::new(0),
                 paused: AtomicBool::new(false),
@@ -336,6 +344,24 @@ impl ClientContext for Ctx {
 }
 
 impl ConsumerContext for Ctx {
+    /// A periodic (asynchronous) commit that failed is made again at the
+    /// next round.
+    fn commit_callback(
+        &self,
+        result: rdkafka::error::KafkaResult<()>,
+        offsets: &TopicPartitionList,
+    ) {
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "offset commit failed; made again at the next commit");
+            let parts = lock_std(&self.group.parts);
+            for e in offsets.elements() {
+                if let Some(part) = parts.get(&(e.topic().to_owned(), e.partition())) {
+                    lock_std(&part.progress).commit_failed();
+                }
+            }
+        }
+    }
+
     fn rebalance(
         &self,
         consumer: &BaseConsumer<Self>,
@@ -386,7 +412,14 @@ impl ConsumerContext for Ctx {
             }
             other => {
                 let code: RDKafkaErrorCode = other.into();
-                tracing::error!(error = %code, "rebalance failed");
+                tracing::error!(error = %code, "rebalance failed; every partition is given up");
+                let all: Vec<(String, i32)> = self
+                    .group
+                    .parts()
+                    .iter()
+                    .map(|p| (p.topic.clone(), p.partition))
+                    .collect();
+                self.group.revoke_lost(&all);
                 let _ = consumer.unassign();
             }
         }
@@ -402,20 +435,33 @@ impl Ctx {
             .iter()
             .map(|e| (e.topic().to_owned(), e.partition()))
             .collect();
-        match self
-            .group
-            .rt
-            .block_on(offsets.load(&self.group.group, &wanted))
-        {
-            Ok(stored) => {
-                for (topic, partition, offset) in stored {
-                    let _ = tpl.set_partition_offset(&topic, partition, Offset::Offset(offset));
+        // The broker's offsets may be behind the table's (the table is
+        // written first), so starting from them would run again what the
+        // table says is done: wait for the table instead.
+        let mut pause = Duration::from_millis(100);
+        loop {
+            match self
+                .group
+                .rt
+                .block_on(offsets.load(&self.group.group, &wanted))
+            {
+                Ok(stored) => {
+                    for (topic, partition, offset) in stored {
+                        let _ = tpl.set_partition_offset(&topic, partition, Offset::Offset(offset));
+                    }
+                    return;
                 }
+                Err(e) if self.group.stopping() => {
+                    tracing::warn!(error = %e, "could not read the offsets in the store; stopping");
+                    return;
+                }
+                Err(e) => tracing::error!(
+                    error = %e,
+                    "could not read the offsets in the store; trying again in {pause:?}"
+                ),
             }
-            Err(e) => tracing::error!(
-                error = %e,
-                "could not read the offsets in the store; starting from the broker's"
-            ),
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_secs(5));
         }
     }
 }
@@ -461,7 +507,10 @@ pub(crate) fn poll(consumer: BaseConsumer<Ctx>, group: Arc<Group>) {
     let mut brokers_down = false;
     while !group.stopping() {
         match consumer.poll(TICK) {
-            Some(Ok(msg)) => group.route(&consumer, msg.detach()),
+            Some(Ok(msg)) => {
+                brokers_down = false;
+                group.route(&consumer, msg.detach());
+            }
             Some(Err(KafkaError::MessageConsumption(RDKafkaErrorCode::AllBrokersDown)))
                 if !brokers_down =>
             {
@@ -472,12 +521,11 @@ pub(crate) fn poll(consumer: BaseConsumer<Ctx>, group: Arc<Group>) {
             Some(Err(e)) => tracing::warn!(error = %e, "consumer error"),
             None => {}
         }
-        if brokers_down && consumer.fetch_metadata(None, Duration::ZERO).is_ok() {
-            brokers_down = false;
-        }
         group.resume_caught_up(&consumer);
         if last_commit.elapsed() >= COMMIT_EVERY {
-            group.commit(&consumer, &group.parts(), CommitMode::Sync);
+            // Asynchronous: a broker without a coordinator does not hold
+            // the poll thread; a failure is seen by `commit_callback`.
+            group.commit(&consumer, &group.parts(), CommitMode::Async);
             last_commit = Instant::now();
         }
     }
@@ -492,7 +540,8 @@ pub(crate) fn poll(consumer: BaseConsumer<Ctx>, group: Arc<Group>) {
         let _ = consumer.poll(Duration::ZERO).map(|m| m.map(|_| ()));
         std::thread::sleep(Duration::from_millis(5));
     }
-    group.commit(&consumer, &parts, CommitMode::Sync);
+    // What is still ours (a rebalance during the wait may have taken some).
+    group.commit(&consumer, &group.parts(), CommitMode::Sync);
     drop(consumer);
 }
 

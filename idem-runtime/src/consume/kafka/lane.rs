@@ -30,7 +30,15 @@ pub(crate) async fn lane(
     mut rx: mpsc::UnboundedReceiver<OwnedMessage>,
 ) {
     let mut revoked = part.revoked.subscribe();
-    while let Some(msg) = rx.recv().await {
+    loop {
+        // An idle lane ends with its partition too, and lets the part go.
+        let msg = tokio::select! {
+            msg = rx.recv() => match msg {
+                Some(msg) => msg,
+                None => break,
+            },
+            () = until_revoked(&mut revoked) => break,
+        };
         if part.is_revoked() {
             break;
         }

@@ -73,10 +73,10 @@
 //! (10 s), commits what is settled, and only then lets them go. A body
 //! that outlives the grace goes on, but its partition's commit stays before
 //! it: the next owner gets the message again, and the store's claim keeps
-//! the two runs from both taking effect (the next owner's claim waits or
-//! answers `InProgress` until the first run's outcome is recorded, then
-//! `Duplicate`). Partitions lost with the session (the member was presumed
-//! dead) are dropped without a commit: they are another member's already.
+//! the two runs from both taking effect (see the guide's `kafka` chapter
+//! for what each mode does then). Partitions lost with the session (the
+//! member was presumed dead) are dropped without a commit: they are another
+//! member's already.
 //!
 //! # Offsets in the database
 //!
@@ -504,6 +504,9 @@ impl Consumer {
         consumer
             .subscribe(&names)
             .map_err(|e| ConsumeError::Setup(Box::new(e)))?;
+        // Dropping `run`'s future (a timeout around it, a select) stops the
+        // consumer too, as a shutdown does.
+        let _stop_on_drop = StopOnDrop(Arc::clone(&group));
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
         let polled = Arc::clone(&group);
         std::thread::Builder::new()
@@ -578,6 +581,15 @@ impl Consumer {
             }
         }
         Ok(Ok(()))
+    }
+}
+
+/// Stops the poll thread when `run`'s future goes.
+struct StopOnDrop(Arc<group::Group>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.abandon();
     }
 }
 

@@ -122,6 +122,7 @@ impl Offsets {
     /// also says whether it was (an executed transaction-mode call on this
     /// database), so the consumer need not write it again.
     pub(crate) async fn in_tx(&self, at: Position, call: CallFut<'static>) -> (Verdicted, bool) {
+        let (topic, partition, next) = (at.topic.clone(), at.partition, at.next);
         let (out, rode) = self.table.in_tx(at, call).await;
         // Only an executed call commits a transaction the offset can ride
         // in; a duplicate's or a failure's offset is saved at the commit.
@@ -129,10 +130,21 @@ impl Offsets {
         if executed && !rode && !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
             tracing::warn!(
                 table = self.table.name(),
-                "a handler call was executed without the offset in its transaction: the handler is not a transaction-mode one on this database; offsets are saved after the call instead"
+                "a handler call was executed without the offset in its transaction: the handler is not a transaction-mode one on this store's pool; offsets are saved after the call instead"
             );
         }
-        (out, executed && rode)
+        if rode && !executed {
+            // A transaction-mode call committed, with the offset, inside a
+            // handler whose own result is not that call's: a consumer that
+            // dies before this message settles starts after it.
+            tracing::error!(
+                %topic,
+                partition,
+                next,
+                "the offset committed with a transaction, but the handler's call did not end executed: the handler must return its one transaction-mode call's result"
+            );
+        }
+        (out, rode)
     }
 }
 
@@ -168,10 +180,15 @@ macro_rules! sql_table {
         struct $rider {
             upsert: String,
             at: Position,
+            pool: sqlx::Pool<$db>,
         }
 
         #[cfg(feature = $feature)]
         impl crate::store::sql::rider::Rider<$db> for $rider {
+            fn rides_with(&self, pool: &sqlx::Pool<$db>) -> bool {
+                Arc::ptr_eq(&self.pool.connect_options(), &pool.connect_options())
+            }
+
             fn write<'a>(
                 &'a self,
                 tx: &'a mut sqlx::Transaction<'static, $db>,
@@ -244,6 +261,7 @@ macro_rules! sql_table {
                 let rider: Box<dyn crate::store::sql::rider::Rider<$db>> = Box::new($rider {
                     upsert: self.upsert.clone(),
                     at,
+                    pool: self.pool.clone(),
                 });
                 Box::pin(crate::store::sql::rider::ride(rider, call))
             }

@@ -66,6 +66,11 @@ impl Progress {
         self.stored = Some(self.stored.map_or(offset, |s| s.max(offset)));
     }
 
+    /// A commit failed: the next round commits the watermark again.
+    pub(crate) fn commit_failed(&mut self) {
+        self.committed = None;
+    }
+
     /// `offset` was committed.
     pub(crate) fn committed(&mut self, offset: i64) {
         self.committed = Some(self.committed.map_or(offset, |c| c.max(offset)));

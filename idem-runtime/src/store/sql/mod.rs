@@ -768,6 +768,49 @@ impl<D: Dialect> SqlStore<D> {
     }
 
     /// The store's error for a driver error.
+    /// Records `outcome` in the transaction-mode call's transaction and
+    /// commits it ([`TxStore::commit_outcome`] without the rider).
+    async fn record_outcome(
+        &self,
+        mut tx: Transaction<'static, D>,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        fingerprint: Option<&str>,
+        outcome: &str,
+    ) -> Result<TxCommit, StoreError> {
+        let values = Values {
+            outcome: Some(outcome),
+            ..self.claim_values(spec, key, fingerprint, spec.ttl)?
+        };
+        let taken = match self.order_for(spec) {
+            // The claim row is this transaction's: record the outcome in it.
+            ClaimOrder::First => {
+                match self
+                    .write_claimed(&mut tx, &self.sql.complete_tx, &values)
+                    .await
+                {
+                    Ok(()) => Ok(Race::Won),
+                    Err(e) => {
+                        let _ = tx.rollback().await;
+                        return Err(self.err(e));
+                    }
+                }
+            }
+            ClaimOrder::Last => match self.merged(&self.sql.claim_with_commit) {
+                Some(message) => {
+                    return self.commit_claim_merged(tx, message, spec, &values).await;
+                }
+                // Claim-last found a live row: this delivery is a duplicate.
+                // Its body's writes roll back with the transaction.
+                None => {
+                    self.take(&mut tx, &self.sql.claim_with_outcome, spec, &values)
+                        .await
+                }
+            },
+        };
+        self.lost(tx, spec, &values, taken).await
+    }
+
     pub(crate) fn err(&self, e: sqlx::Error) -> StoreError {
         match fault::<D>(&e) {
             // Only this store's table: not one a trigger or the
@@ -1179,43 +1222,24 @@ impl<D: Dialect> TxStore for SqlStore<D> {
     ) -> Result<TxCommit, StoreError> {
         // A consumer's write (its offset) that commits with the outcome.
         #[cfg(feature = "kafka")]
-        if let Some(rider) = rider::take::<D>()
-            && let Err(e) = rider.write(&mut tx).await
-        {
-            let _ = tx.rollback().await;
-            return Err(self.err(e));
-        }
-        let values = Values {
-            outcome: Some(outcome),
-            ..self.claim_values(spec, key, fingerprint, spec.ttl)?
-        };
-        let taken = match self.order_for(spec) {
-            // The claim row is this transaction's: record the outcome in it.
-            ClaimOrder::First => {
-                match self
-                    .write_claimed(&mut tx, &self.sql.complete_tx, &values)
-                    .await
-                {
-                    Ok(()) => Ok(Race::Won),
-                    Err(e) => {
-                        let _ = tx.rollback().await;
-                        return Err(self.err(e));
-                    }
+        let rode = match rider::take(&self.pool) {
+            Some(rider) => {
+                if let Err(e) = rider.write(&mut tx).await {
+                    let _ = tx.rollback().await;
+                    return Err(self.err(e));
                 }
+                true
             }
-            ClaimOrder::Last => match self.merged(&self.sql.claim_with_commit) {
-                Some(message) => {
-                    return self.commit_claim_merged(tx, message, spec, &values).await;
-                }
-                // Claim-last found a live row: this delivery is a duplicate.
-                // Its body's writes roll back with the transaction.
-                None => {
-                    self.take(&mut tx, &self.sql.claim_with_outcome, spec, &values)
-                        .await
-                }
-            },
+            None => false,
         };
-        self.lost(tx, spec, &values, taken).await
+        let committed = self
+            .record_outcome(tx, spec, key, fingerprint, outcome)
+            .await;
+        #[cfg(feature = "kafka")]
+        if rode && matches!(committed, Ok(TxCommit::Committed)) {
+            rider::committed();
+        }
+        committed
     }
 
     async fn commit_failure(

@@ -5,7 +5,8 @@
 //!
 //! The rider is a task-local, so it reaches the store through the handler
 //! the user wrote without a parameter of its own; it rides only on a
-//! transaction of its own database type, and only once.
+//! transaction of its own pool (the store it was made for, or a clone), and
+//! only once.
 
 use std::any::Any;
 use std::cell::RefCell;
@@ -16,39 +17,67 @@ use sqlx::{Database, Transaction};
 
 /// A write in the outcome's transaction of a `D` database.
 pub(crate) trait Rider<D: Database>: Send + Sync {
+    /// Whether this rider belongs in a transaction of `pool`'s: the same
+    /// pool (a store and its clones), not merely the same kind of database.
+    fn rides_with(&self, pool: &sqlx::Pool<D>) -> bool;
+
     fn write<'a>(
         &'a self,
         tx: &'a mut Transaction<'static, D>,
     ) -> Pin<Box<dyn Future<Output = Result<(), sqlx::Error>> + Send + 'a>>;
 }
 
-tokio::task_local! {
-    static RIDER: RefCell<Option<Box<dyn Any + Send>>>;
+/// The rider waiting on a task, and whether the transaction it rode in
+/// committed.
+struct Slot {
+    rider: Option<Box<dyn Any + Send>>,
+    committed: bool,
 }
 
-/// Runs `call` with `rider` waiting for the outcome's transaction of a `D`
-/// store; `true` when it rode (the call committed or rolled back with it).
+tokio::task_local! {
+    static RIDER: RefCell<Slot>;
+}
+
+/// Runs `call` with `rider` waiting for the outcome's transaction of its
+/// pool; `true` when it rode in a transaction that committed.
 pub(crate) async fn ride<D: Database, F: Future>(
     rider: Box<dyn Rider<D>>,
     call: F,
 ) -> (F::Output, bool) {
     let boxed: Box<dyn Any + Send> = Box::new(rider);
+    let slot = Slot {
+        rider: Some(boxed),
+        committed: false,
+    };
     RIDER
-        .scope(RefCell::new(Some(boxed)), async {
+        .scope(RefCell::new(slot), async {
             let out = call.await;
-            let left = RIDER.with(|r| r.borrow().is_some());
-            (out, !left)
+            let committed = RIDER.with(|r| r.borrow().committed);
+            (out, committed)
         })
         .await
 }
 
-/// The rider waiting for a `D` transaction on this task, taken.
-pub(crate) fn take<D: Database>() -> Option<Box<dyn Rider<D>>> {
+/// The transaction the rider was taken into committed.
+pub(crate) fn committed() {
+    let _ = RIDER.try_with(|r| r.borrow_mut().committed = true);
+}
+
+/// The rider waiting for a transaction of `pool`'s on this task, taken; a
+/// rider of another database stays (and its consumer writes the offset
+/// after the call instead).
+pub(crate) fn take<D: Database>(pool: &sqlx::Pool<D>) -> Option<Box<dyn Rider<D>>> {
     RIDER
         .try_with(|r| {
             let mut slot = r.borrow_mut();
-            if slot.as_ref().is_some_and(|b| b.is::<Box<dyn Rider<D>>>()) {
-                slot.take()
+            let ours = slot
+                .rider
+                .as_ref()
+                .and_then(|b| b.downcast_ref::<Box<dyn Rider<D>>>())
+                .is_some_and(|rider| rider.rides_with(pool));
+            if ours {
+                slot.rider
+                    .take()
                     .and_then(|b| b.downcast::<Box<dyn Rider<D>>>().ok())
                     .map(|b| *b)
             } else {
