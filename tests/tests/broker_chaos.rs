@@ -7,20 +7,21 @@
 //! lettered, nothing left in the queues or unacknowledged. Bounded to about
 //! a minute per broker; the counts are printed.
 
+mod chaos;
 mod common;
 
+use chaos::{Applied, apply};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use idem_runtime::consume::{Policy, nats, rabbitmq};
-use idem_runtime::{ClaimOrder, PgStore, PgTx, idempotent};
+use idem_runtime::{ClaimOrder, PgStore, idempotent};
 use idem_tests::brokers::{DeleteQueues, DeleteStreams, amqp_url, nats_url};
 use idem_tests::{DropTables, or_skip, pg_pool, pg_url, unique_table};
 use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
 use lapin::types::{FieldTable, ShortString};
-use serde::{Deserialize, Serialize};
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -31,32 +32,6 @@ const PUBLISHED_TWICE: i64 = (MESSAGES + TWICE_EVERY - 1) / TWICE_EVERY;
 const CONSUMERS: usize = 3;
 /// How long the whole run may take before it fails.
 const DEADLINE: Duration = Duration::from_secs(90);
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Applied {
-    message_id: i64,
-    /// The business table (one per run).
-    table: String,
-}
-
-/// Adds one to the message's row: an effect applied twice shows as 2.
-#[idempotent(
-    key = "message_id",
-    ttl = "1h",
-    store = "postgres",
-    name = "chaos_apply"
-)]
-async fn apply(tx: &mut PgTx<'_>, msg: &Applied) -> Result<i64, sqlx::Error> {
-    let sql = format!(
-        "INSERT INTO {} (message_id, applied) VALUES ($1, 1)
-         ON CONFLICT (message_id) DO UPDATE SET applied = {0}.applied + 1 RETURNING applied",
-        msg.table
-    );
-    sqlx::query_scalar(AssertSqlSafe(sql))
-        .bind(msg.message_id)
-        .fetch_one(&mut **tx)
-        .await
-}
 
 /// Lease mode: the same effect, written outside any idem transaction (as an
 /// SMS or an HTTP call would be), with the claim and the record in Redis.

@@ -14,6 +14,9 @@
 //! (`IDEM_KCHAOS_SEED` replays one). `RUST_LOG` (`warn`,
 //! `idem_runtime=debug`...) shows the members' logs on stderr.
 
+mod chaos;
+
+use chaos::{Applied, apply};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -23,15 +26,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
+use idem_runtime::PgStore;
 use idem_runtime::consume::{Policy, kafka};
-use idem_runtime::{PgStore, PgTx, idempotent};
 use idem_tests::brokers::{DeleteTopics, Kafka, TANSU_ONE_RECORD_A_BATCH, kafka_brokers};
 use idem_tests::{DropTables, or_skip, pg_pool, pg_url, unique_table};
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::message::Message as _;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
-use serde::{Deserialize, Serialize};
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tracing::level_filters::LevelFilter;
@@ -52,32 +54,6 @@ const SESSION_TIMEOUT: Duration = Duration::from_secs(6);
 
 /// One at a time: the two runs share the machine's two cores.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Applied {
-    message_id: i64,
-    /// The business table (one per run).
-    table: String,
-}
-
-/// Adds one to the message's row: an effect applied twice shows as 2.
-#[idempotent(
-    key = "message_id",
-    ttl = "1h",
-    store = "postgres",
-    name = "kafka_chaos_apply"
-)]
-async fn apply(tx: &mut PgTx<'_>, msg: &Applied) -> Result<i64, sqlx::Error> {
-    let sql = format!(
-        "INSERT INTO {} (message_id, applied) VALUES ($1, 1)
-         ON CONFLICT (message_id) DO UPDATE SET applied = {0}.applied + 1 RETURNING applied",
-        msg.table
-    );
-    sqlx::query_scalar(AssertSqlSafe(sql))
-        .bind(msg.message_id)
-        .fetch_one(&mut **tx)
-        .await
-}
 
 /// A member of the group: runs until it is killed, or until its stdin
 /// closes, which shuts it down gracefully; then prints its report.
