@@ -231,10 +231,7 @@ async fn round(
         Variant::Idem | Variant::Bare => consumer,
     };
     let clock = Arc::new(Clock::default());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let signal = async move {
-        let _ = stopped.await;
-    };
+    let stop = idem_runtime::consume::CancellationToken::new();
     let running = {
         let (clock, pool, store) = (Arc::clone(&clock), db.pool.clone(), db.store.clone());
         tokio::spawn(consumer.run(
@@ -258,14 +255,14 @@ async fn round(
                     r
                 }
             },
-            signal,
+            stop.clone(),
         ))
     };
     // The CPU over the timed part, to within a tick of its ends.
     let (mut began, deadline) = (None, Instant::now() + Duration::from_secs(300));
     while clock.done.load(Ordering::SeqCst) < messages && !running.is_finished() {
         if Instant::now() > deadline {
-            let _ = stop.send(());
+            stop.cancel();
             let _ = running.await;
             let done = clock.done.load(Ordering::SeqCst);
             return Err(format!(
@@ -280,7 +277,7 @@ async fn round(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let cpu = Cpu::now()?.since(began.ok_or("the round ended within a tick")?);
-    let _ = stop.send(());
+    stop.cancel();
     let report = running.await??;
 
     let rows: i64 = sqlx::query_scalar(AssertSqlSafe(format!(

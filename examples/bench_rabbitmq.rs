@@ -113,10 +113,7 @@ async fn round(
             .await?;
     }
     let clock = Arc::new(Clock::default());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let signal = async move {
-        let _ = stopped.await;
-    };
+    let stop = idem_runtime::consume::CancellationToken::new();
     let consumer = rabbitmq::Consumer::new(url, queue)
         .policy(Policy {
             concurrency: 8,
@@ -147,7 +144,7 @@ async fn round(
                     r
                 }
             },
-            signal,
+            stop.clone(),
         ))
     };
     let deadline = Instant::now() + Duration::from_secs(300);
@@ -157,7 +154,7 @@ async fn round(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let _ = stop.send(());
+    stop.cancel();
     running.await??;
     Ok(clock.rate(messages))
 }

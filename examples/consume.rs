@@ -182,19 +182,16 @@ where
             }
         }
     };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let signal = async move {
-        let _ = stopped.await;
-    };
+    let stop = idem_runtime::consume::CancellationToken::new();
     let policy = Policy {
         first_delay: Duration::from_millis(200),
         ..Policy::default()
     };
-    let running = tokio::spawn(broker.consume(policy, counted, signal));
+    let running = tokio::spawn(broker.consume(policy, counted, stop.clone()));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while handled.load(Ordering::SeqCst) < PUBLISHED && !running.is_finished() {
         if tokio::time::Instant::now() > deadline {
-            let _ = stop.send(());
+            stop.cancel();
             let _ = running.await;
             let n = handled.load(Ordering::SeqCst);
             return Err(
@@ -203,7 +200,7 @@ where
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let _ = stop.send(());
+    stop.cancel();
     Ok(running.await??)
 }
 

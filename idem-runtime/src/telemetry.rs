@@ -57,10 +57,222 @@ pub mod metric {
     /// assert_eq!(idem_runtime::metric::BODY_SECONDS, "idem_body_seconds");
     /// ```
     pub const BODY_SECONDS: &str = "idem_body_seconds";
+
+    /// Consumers: counter of deliveries taken from the broker, labelled
+    /// `broker` (`rabbitmq`, `nats`, `kafka`) and `queue` (the queue, the
+    /// stream's durable consumer or the topic).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(idem_runtime::metric::CONSUMER_DELIVERIES, "idem_consumer_deliveries_total");
+    /// ```
+    pub const CONSUMER_DELIVERIES: &str = "idem_consumer_deliveries_total";
+    /// Consumers: counter of deliveries that had been delivered before (the
+    /// broker's redelivered flag, or a retry coming back), labelled
+    /// `broker` and `queue`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(idem_runtime::metric::CONSUMER_REDELIVERIES, "idem_consumer_redeliveries_total");
+    /// ```
+    pub const CONSUMER_REDELIVERIES: &str = "idem_consumer_redeliveries_total";
+    /// Consumers: counter of deliveries acknowledged (Kafka: settled for the
+    /// commit), labelled `broker`, `queue`, `handler` and `result`:
+    /// `executed`, `duplicate`, or `lease_lost` / `not_recorded` (acked with
+    /// an alert).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(idem_runtime::metric::CONSUMER_ACKS, "idem_consumer_acks_total");
+    /// ```
+    pub const CONSUMER_ACKS: &str = "idem_consumer_acks_total";
+    /// Consumers: counter of deliveries handed back to be retried later,
+    /// labelled `broker`, `queue`, `handler` and `reason`: what the call
+    /// returned ([`Error::kind`](crate::Error::kind): `in_progress`,
+    /// `store`, `handler_error`, ...) or `panic`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(idem_runtime::metric::CONSUMER_RETRIES, "idem_consumer_retries_total");
+    /// ```
+    pub const CONSUMER_RETRIES: &str = "idem_consumer_retries_total";
+    /// Consumers: counter of deliveries dead-lettered, labelled `broker`,
+    /// `queue`, `handler` and `reason`: what the last call returned
+    /// (`handler_error` when the body failed its last allowed attempt,
+    /// `exhausted`, `failed`, `payload_mismatch`, `key_missing`, ...),
+    /// `decode` for a payload that does not decode (with `handler` empty),
+    /// or `panic`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(idem_runtime::metric::CONSUMER_DEAD_LETTERS, "idem_consumer_dead_letters_total");
+    /// ```
+    pub const CONSUMER_DEAD_LETTERS: &str = "idem_consumer_dead_letters_total";
+    /// Consumers: counter of deliveries that could not be settled (the
+    /// connection went): the broker delivers them again. Labelled `broker`
+    /// and `queue`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(idem_runtime::metric::CONSUMER_UNSETTLED, "idem_consumer_unsettled_total");
+    /// ```
+    pub const CONSUMER_UNSETTLED: &str = "idem_consumer_unsettled_total";
+    /// Consumers: gauge of deliveries being handled now, labelled `broker`
+    /// and `queue`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(idem_runtime::metric::CONSUMER_IN_FLIGHT, "idem_consumer_in_flight");
+    /// ```
+    pub const CONSUMER_IN_FLIGHT: &str = "idem_consumer_in_flight";
+    /// Consumers: histogram of the time from a delivery's arrival to the
+    /// handler's answer (seconds: decoding and the call), labelled
+    /// `broker`, `queue` and `handler`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(idem_runtime::metric::CONSUMER_HANDLE_SECONDS, "idem_consumer_handle_seconds");
+    /// ```
+    pub const CONSUMER_HANDLE_SECONDS: &str = "idem_consumer_handle_seconds";
+    /// Consumers: histogram of the time from publication (the broker's or
+    /// the producer's timestamp) to the ack or dead letter (seconds),
+    /// labelled `broker`, `queue` and `handler`; only for messages that
+    /// carry a timestamp (RabbitMQ: the `timestamp` property, in whole
+    /// seconds).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(idem_runtime::metric::CONSUMER_END_TO_END_SECONDS, "idem_consumer_end_to_end_seconds");
+    /// ```
+    pub const CONSUMER_END_TO_END_SECONDS: &str = "idem_consumer_end_to_end_seconds";
+    /// Consumers: gauge of the Unix time (seconds) of the last delivery
+    /// settled (acked, retried or dead-lettered), labelled `broker` and
+    /// `queue`: `time() - idem_consumer_last_settle_timestamp_seconds`
+    /// is how long the consumer has not settled anything.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(idem_runtime::metric::CONSUMER_LAST_SETTLE, "idem_consumer_last_settle_timestamp_seconds");
+    /// ```
+    pub const CONSUMER_LAST_SETTLE: &str = "idem_consumer_last_settle_timestamp_seconds";
+    /// Consumers: gauge of the messages waiting for the consumer, as the
+    /// broker last said (NATS: the durable's pending count; Kafka: the
+    /// librdkafka's `consumer_lag`, the high watermark minus the commit,
+    /// summed over the partitions it holds, every 5 s; RabbitMQ: the queue's ready messages, read every 5 s),
+    /// labelled `broker` and `queue`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(idem_runtime::metric::CONSUMER_LAG, "idem_consumer_lag");
+    /// ```
+    pub const CONSUMER_LAG: &str = "idem_consumer_lag";
+    /// Consumers: counter of reconnections to the broker (Kafka: times
+    /// every broker was lost), labelled `broker` and `queue`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(idem_runtime::metric::CONSUMER_RECONNECTS, "idem_consumer_reconnects_total");
+    /// ```
+    pub const CONSUMER_RECONNECTS: &str = "idem_consumer_reconnects_total";
+    /// Kafka consumers: counter of the group's assignments of partitions to
+    /// this consumer, labelled `broker` and `queue`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(idem_runtime::metric::CONSUMER_REBALANCES, "idem_consumer_rebalances_total");
+    /// ```
+    pub const CONSUMER_REBALANCES: &str = "idem_consumer_rebalances_total";
+}
+
+/// Lets a warning through once per window (10 s), and says how many were
+/// held back since: an outage is a few lines, not one per call.
+pub(crate) struct Throttle {
+    state: std::sync::Mutex<(Option<Instant>, u64)>,
+}
+
+impl Throttle {
+    const WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
+
+    pub(crate) const fn new() -> Self {
+        Throttle {
+            state: std::sync::Mutex::new((None, 0)),
+        }
+    }
+
+    /// `Some(held back since the last one)` when this one is to be logged.
+    pub(crate) fn admit(&self) -> Option<u64> {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = Instant::now();
+        match state.0 {
+            Some(at) if now.duration_since(at) < Self::WINDOW => {
+                state.1 += 1;
+                None
+            }
+            _ => {
+                let held = std::mem::take(&mut state.1);
+                state.0 = Some(now);
+                Some(held)
+            }
+        }
+    }
+}
+
+/// The store faults of calls, one throttle per handler.
+fn store_fault_throttle(handler: &'static str) -> Option<u64> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static THROTTLES: OnceLock<Mutex<HashMap<&'static str, &'static Throttle>>> = OnceLock::new();
+    let throttle = {
+        let mut map = THROTTLES
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *map.entry(handler)
+            .or_insert_with(|| Box::leak(Box::new(Throttle::new())))
+    };
+    throttle.admit()
+}
+
+#[cfg(feature = "_consume")]
+tokio::task_local! {
+    /// The handler an idempotent call in this task ran: a consumer's
+    /// `handler` label.
+    static CALLED: std::cell::Cell<Option<&'static str>>;
+}
+
+/// Runs `call` and says which idempotent handler it called, if any.
+#[cfg(feature = "_consume")]
+pub(crate) async fn noting_handler<F: std::future::Future>(
+    call: F,
+) -> (F::Output, Option<&'static str>) {
+    CALLED
+        .scope(std::cell::Cell::new(None), async move {
+            let out = call.await;
+            (out, CALLED.with(std::cell::Cell::get))
+        })
+        .await
 }
 
 fn count(spec: &HandlerSpec, result: &'static str) {
     metrics::counter!(metric::CALLS, "handler" => spec.name, "result" => result).increment(1);
+    #[cfg(feature = "_consume")]
+    let _ = CALLED.try_with(|called| called.set(Some(spec.name)));
     tracing::Span::current().record("result", result);
 }
 
@@ -85,8 +297,22 @@ pub(crate) fn finish<T, E>(
     };
     count(spec, label);
     match &r {
-        Ok(_) => tracing::debug!(result = label, "idempotent call"),
-        Err(Error::Handler { .. }) => tracing::debug!(result = label, "idempotent call"),
+        // What a redelivery sorts out, and the body's own errors (the
+        // body's to log), are not warnings.
+        Ok(_) | Err(Error::Handler { .. } | Error::InProgress { .. }) => {
+            tracing::debug!(result = label, "idempotent call")
+        }
+        Err(e @ Error::Store { .. }) => match store_fault_throttle(spec.name) {
+            Some(held) => tracing::warn!(
+                result = label,
+                error = %ErrorDisplay(e),
+                held_back = held,
+                "idempotent call failed (store faults are logged once per 10 s per handler; `held_back` says how many were not)"
+            ),
+            None => {
+                tracing::debug!(result = label, error = %ErrorDisplay(e), "idempotent call failed")
+            }
+        },
         Err(e) => {
             tracing::warn!(result = label, error = %ErrorDisplay(e), "idempotent call failed")
         }

@@ -16,7 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use idem_runtime::consume::{Policy, nats, rabbitmq};
+use idem_runtime::consume::{CancellationToken, Policy, nats, rabbitmq, shutdown_on};
 use idem_runtime::{ClaimOrder, PgStore, idempotent};
 use idem_tests::brokers::{DeleteQueues, DeleteStreams, amqp_url, nats_url};
 use idem_tests::{DropTables, or_skip, pg_pool, pg_url, unique_table};
@@ -72,7 +72,7 @@ async fn chaos_consumer() {
             .max_connections(8)
             .connect_with(options.clone())
     };
-    let pool = idem_runtime::consume::until_ok("postgres", connect, std::future::pending())
+    let pool = idem_runtime::consume::until_ok("postgres", connect, &CancellationToken::new())
         .await
         .expect("a pool");
     let redis = match std::env::var("IDEM_CHAOS_REDIS") {
@@ -121,9 +121,9 @@ async fn chaos_consumer() {
         concurrency: 8,
     };
     println!("READY");
-    let forever = async {
+    let forever = shutdown_on(async {
         let _ = tokio::signal::ctrl_c().await;
-    };
+    });
     let report = match broker.as_str() {
         "rabbitmq" => {
             rabbitmq::Consumer::new(amqp_url(), name)

@@ -1069,7 +1069,9 @@ async fn kafka_consumer_dies_after_a_commit() {
     let consumer = short_sessions(Consumer::new(kafka_brokers(), group, topic))
         .set(TANSU_ONE_RECORD_A_BATCH.0, TANSU_ONE_RECORD_A_BATCH.1)
         .offsets_in(&store);
-    let _ = consumer.run(handler, std::future::pending()).await;
+    let _ = consumer
+        .run(handler, idem_runtime::consume::CancellationToken::new())
+        .await;
 }
 
 /// The network between the consumer and its broker goes for 3 s, every

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use idem_runtime::PgStore;
-use idem_runtime::consume::{Policy, kafka};
+use idem_runtime::consume::{CancellationToken, Policy, kafka};
 use idem_tests::brokers::{DeleteTopics, Kafka, TANSU_ONE_RECORD_A_BATCH, kafka_brokers};
 use idem_tests::{DropTables, or_skip, pg_pool, pg_url, unique_table};
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
@@ -76,7 +76,7 @@ async fn kafka_chaos_member() {
             .max_connections(8)
             .connect_with(options.clone())
     };
-    let pool = idem_runtime::consume::until_ok("postgres", connect, std::future::pending())
+    let pool = idem_runtime::consume::until_ok("postgres", connect, &CancellationToken::new())
         .await
         .expect("a pool");
     let store = PgStore::from_pool(pool.clone())
@@ -124,19 +124,18 @@ async fn kafka_chaos_member() {
             result
         }
     };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let stop = CancellationToken::new();
+    let stopped = stop.clone();
     std::thread::spawn(move || {
         let mut line = String::new();
         while std::io::stdin().read_line(&mut line).is_ok_and(|n| n > 0) {
             line.clear();
         }
-        let _ = stop.send(());
+        stop.cancel();
     });
     println!("READY");
     let report = consumer
-        .run(handler, async {
-            let _ = stopped.await;
-        })
+        .run(handler, stopped)
         .await
         .expect("the consumer ran");
     println!(

@@ -253,7 +253,7 @@ async fn a_refused_topology_is_a_setup_error() {
             let (store, effects) = (store.clone(), std::sync::Arc::clone(&effects));
             async move { common::broker::grant(&store, &msg, &effects).await }
         },
-        std::future::pending(),
+        idem_runtime::consume::CancellationToken::new(),
     );
     match tokio::time::timeout(std::time::Duration::from_secs(20), run).await {
         Ok(Err(idem_runtime::consume::ConsumeError::Setup(e))) => {

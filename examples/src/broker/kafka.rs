@@ -149,7 +149,7 @@ impl Broker for Topic {
         &self,
         policy: Policy,
         handler: F,
-        shutdown: impl Future<Output = ()> + Send + 'static,
+        shutdown: idem_runtime::consume::CancellationToken,
     ) -> impl Future<Output = Result<Report, ConsumeError>> + Send + 'static
     where
         M: DeserializeOwned + Send + 'static,

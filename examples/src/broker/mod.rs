@@ -34,12 +34,12 @@ pub trait Broker: Sized {
     fn publish(&self, key: &str, payload: Vec<u8>) -> impl Future<Output = Result<(), BoxError>>;
 
     /// idem's consumer of the destination, with `policy`, around `handler`,
-    /// until `shutdown` resolves: a future to spawn.
+    /// until `shutdown` is cancelled: a future to spawn.
     fn consume<M, T, E, F, Fut>(
         &self,
         policy: Policy,
         handler: F,
-        shutdown: impl Future<Output = ()> + Send + 'static,
+        shutdown: idem_runtime::consume::CancellationToken,
     ) -> impl Future<Output = Result<Report, ConsumeError>> + Send + 'static
     where
         M: DeserializeOwned + Send + 'static,

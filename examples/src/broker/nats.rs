@@ -53,7 +53,7 @@ impl Broker for Stream {
         &self,
         policy: Policy,
         handler: F,
-        shutdown: impl Future<Output = ()> + Send + 'static,
+        shutdown: idem_runtime::consume::CancellationToken,
     ) -> impl Future<Output = Result<Report, ConsumeError>> + Send + 'static
     where
         M: DeserializeOwned + Send + 'static,

@@ -62,7 +62,7 @@ impl Broker for Queue {
         &self,
         policy: Policy,
         handler: F,
-        shutdown: impl Future<Output = ()> + Send + 'static,
+        shutdown: idem_runtime::consume::CancellationToken,
     ) -> impl Future<Output = Result<Report, ConsumeError>> + Send + 'static
     where
         M: DeserializeOwned + Send + 'static,

@@ -40,9 +40,11 @@ use std::panic::AssertUnwindSafe;
 use crate::error::Error;
 use crate::outcome::Outcome;
 
+mod delivery;
 #[cfg(feature = "kafka")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub mod kafka;
+mod meter;
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub mod nats;
@@ -51,8 +53,55 @@ pub mod nats;
 pub mod rabbitmq;
 #[cfg(any(feature = "rabbitmq", feature = "nats"))]
 mod session;
+pub use delivery::{Broker, Delivery};
+pub(crate) use meter::Meter;
 #[cfg(any(feature = "rabbitmq", feature = "nats"))]
 pub(crate) use session::{Ended, drive, sessions};
+
+/// The shutdown signal of every consumer and of [`until_ok`]: cancel it
+/// (from a signal handler, a supervisor, a test) and the consumer stops
+/// taking deliveries, lets the ones in flight finish and returns. One token
+/// can stop many consumers; [`CancellationToken::child_token`] stops one.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::consume::CancellationToken;
+///
+/// let shutdown = CancellationToken::new();
+/// let one_consumer = shutdown.child_token();
+/// shutdown.cancel();
+/// assert!(one_consumer.is_cancelled());
+/// ```
+pub use tokio_util::sync::CancellationToken;
+
+/// A token cancelled once `signal` resolves (a `ctrl_c`, a `SIGTERM`), for
+/// the consumers' `run`; the future runs on a task of its own.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use idem_runtime::consume::shutdown_on;
+///
+/// // in a service: shutdown_on(async { tokio::signal::ctrl_c().await.ok(); })
+/// let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+/// let shutdown = shutdown_on(async move { rx.await.ok(); });
+/// assert!(!shutdown.is_cancelled());
+/// tx.send(()).unwrap();
+/// shutdown.cancelled().await;
+/// # }
+/// ```
+pub fn shutdown_on(signal: impl Future<Output = ()> + Send + 'static) -> CancellationToken {
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        signal.await;
+        cancel.cancel();
+    });
+    token
+}
 
 /// The delay tiers of the consumers that retry through the broker's own
 /// queues or topics (RabbitMQ's retry queues, Kafka's retry topics): one
@@ -149,11 +198,11 @@ impl Policy {
 /// # Examples
 ///
 /// ```
-/// use idem_runtime::consume::{Policy, Verdict};
+/// use idem_runtime::consume::{Attempts, Policy, Verdict};
 /// use idem_runtime::Outcome;
 ///
 /// let ok: Result<Outcome<u32>, idem_runtime::Error<String>> = Ok(Outcome::Duplicate(7));
-/// assert_eq!(Verdict::of(&ok, 0, &Policy::default()), Verdict::Ack { alert: None });
+/// assert_eq!(Verdict::of(&ok, Attempts::default(), &Policy::default()), Verdict::Ack { alert: None });
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -189,6 +238,27 @@ pub enum Verdict {
     },
 }
 
+/// What a consumer knows of a message's earlier deliveries: how many
+/// times its body failed, and how many times it was handed back for any
+/// reason (a failure, `InProgress`, a store fault).
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::consume::Attempts;
+/// let first = Attempts::default();
+/// assert_eq!((first.failures, first.retries), (0, 0));
+/// let later = Attempts { failures: 1, retries: 3 };
+/// # let _ = later;
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Attempts {
+    /// Failed runs of the body so far (counted against `max_attempts`).
+    pub failures: u32,
+    /// Times the message was handed back to the broker so far.
+    pub retries: u32,
+}
+
 impl Verdict {
     /// The body failed (returned `Err`, or panicked) for a message whose
     /// body already failed `failures` times: retried, or dead-lettered once
@@ -209,29 +279,45 @@ impl Verdict {
         }
     }
 
-    /// The verdict on a handler call's result, for a message whose body
-    /// already failed `failures` times, under `policy`.
+    /// The verdict on a handler call's result, for a message with
+    /// `attempts` behind it, under `policy`. A failed body waits
+    /// [`Policy::backoff`] of its failures; a store fault, of the message's
+    /// retries, so an outage is met with growing pauses.
     ///
     /// # Examples
     ///
     /// ```
-    /// use idem_runtime::consume::{Policy, Verdict};
+    /// use idem_runtime::consume::{Attempts, Policy, Verdict};
     /// use idem_runtime::{Error, Key, Outcome};
+    /// use std::time::Duration;
     ///
     /// let policy = Policy { max_attempts: 2, ..Policy::default() };
     /// let key = Key::from_parts(&[&"o-1"]).unwrap();
     /// let failed: Result<Outcome<()>, Error<&str>> =
-    ///     Err(Error::Handler { handler: "h", key, error: "out of stock" });
+    ///     Err(Error::Handler { handler: "h", key: key.clone(), error: "out of stock" });
     /// // the first failure is retried...
-    /// assert!(matches!(Verdict::of(&failed, 0, &policy), Verdict::Retry { failed: true, .. }));
+    /// let first = Attempts::default();
+    /// assert!(matches!(Verdict::of(&failed, first, &policy), Verdict::Retry { failed: true, .. }));
     /// // ...the second, the last allowed, is dead-lettered
-    /// assert!(matches!(Verdict::of(&failed, 1, &policy), Verdict::DeadLetter { .. }));
+    /// let second = Attempts { failures: 1, retries: 1 };
+    /// assert!(matches!(Verdict::of(&failed, second, &policy), Verdict::DeadLetter { .. }));
+    ///
+    /// // a store fault on a message handed back three times waits longer
+    /// let down: Result<Outcome<()>, Error<&str>> =
+    ///     Err(Error::Store { handler: "h", key, source: "connection refused".into() });
+    /// let after = |retries| match Verdict::of(&down, Attempts { failures: 0, retries }, &policy) {
+    ///     Verdict::Retry { after, failed: false, .. } => after,
+    ///     other => panic!("{other:?}"),
+    /// };
+    /// assert_eq!(after(0), Duration::from_secs(1));
+    /// assert_eq!(after(3), Duration::from_secs(8));
     /// ```
     pub fn of<T, E: Display>(
         result: &Result<Outcome<T>, Error<E>>,
-        failures: u32,
+        attempts: Attempts,
         policy: &Policy,
     ) -> Verdict {
+        let Attempts { failures, retries } = attempts;
         let err = match result {
             Ok(_) => return Verdict::Ack { alert: None },
             Err(e) => e,
@@ -275,7 +361,7 @@ impl Verdict {
             // Store failures, and any kind added later: the message is not
             // at fault, so it is retried without counting.
             _ => Verdict::Retry {
-                after: policy.backoff(failures.saturating_add(1)),
+                after: policy.backoff(retries.saturating_add(1)),
                 failed: false,
                 reason: err.to_string(),
             },
@@ -345,43 +431,90 @@ pub(crate) fn decode_payload<M: DeserializeOwned>(payload: &[u8]) -> Result<M, S
     })
 }
 
-/// Decodes `payload`, calls `handler` and decides what to do with the
-/// delivery; `duplicate` says whether it was a duplicate.
+/// What [`handle`] made of one delivery.
+#[derive(Clone)]
+pub(crate) struct Handled {
+    pub(crate) verdict: Verdict,
+    /// An `Outcome::Duplicate`.
+    pub(crate) duplicate: bool,
+    /// The idempotent handler the call ran ("" when none ran: a payload
+    /// that does not decode).
+    pub(crate) handler: &'static str,
+    /// What the call returned, for the metrics' `result` and `reason`:
+    /// `executed`, `duplicate`, an [`Error::kind`], `decode` or `panic`.
+    pub(crate) cause: &'static str,
+}
+
+/// Decodes `payload`, calls `handler` with it and `delivery`, and decides
+/// what to do with the delivery; the time it took goes to `meter`.
 pub(crate) async fn handle<M, T, E, F, Fut>(
     handler: &F,
     payload: &[u8],
-    failures: u32,
+    delivery: Delivery,
+    attempts: Attempts,
     policy: &Policy,
-) -> (Verdict, bool)
+    meter: &Meter,
+) -> Handled
 where
     M: DeserializeOwned,
     E: Display,
-    F: Fn(M) -> Fut,
+    F: Fn(M, Delivery) -> Fut,
+    Fut: Future<Output = Result<Outcome<T>, Error<E>>>,
+{
+    let began = std::time::Instant::now();
+    let handled = run_handler(handler, payload, delivery, attempts, policy).await;
+    meter.handled(&handled, began);
+    handled
+}
+
+async fn run_handler<M, T, E, F, Fut>(
+    handler: &F,
+    payload: &[u8],
+    delivery: Delivery,
+    attempts: Attempts,
+    policy: &Policy,
+) -> Handled
+where
+    M: DeserializeOwned,
+    E: Display,
+    F: Fn(M, Delivery) -> Fut,
     Fut: Future<Output = Result<Outcome<T>, Error<E>>>,
 {
     let msg = match decode_payload::<M>(payload) {
         Ok(m) => m,
         Err(reason) => {
-            return (
-                Verdict::DeadLetter {
+            return Handled {
+                verdict: Verdict::DeadLetter {
                     reason,
                     failed: false,
                 },
-                false,
-            );
+                duplicate: false,
+                handler: "",
+                cause: "decode",
+            };
         }
     };
     // A panicking handler is a failed attempt like any other, so its
     // delivery is settled (retried, then dead-lettered) instead of held.
-    let call = std::panic::catch_unwind(AssertUnwindSafe(|| handler(msg)));
-    let result = match call {
-        Ok(call) => AssertUnwindSafe(call).catch_unwind().await,
-        Err(panic) => Err(panic),
+    let call = std::panic::catch_unwind(AssertUnwindSafe(|| handler(msg, delivery)));
+    let (result, called) = match call {
+        Ok(call) => crate::telemetry::noting_handler(AssertUnwindSafe(call).catch_unwind()).await,
+        Err(panic) => (Err(panic), None),
     };
+    let handler = called.unwrap_or("");
     match result {
         Ok(result) => {
-            let duplicate = matches!(result, Ok(Outcome::Duplicate(_)));
-            (Verdict::of(&result, failures, policy), duplicate)
+            let cause = match &result {
+                Ok(Outcome::Executed(_)) => "executed",
+                Ok(Outcome::Duplicate(_)) => "duplicate",
+                Err(e) => e.kind(),
+            };
+            Handled {
+                verdict: Verdict::of(&result, attempts, policy),
+                duplicate: matches!(result, Ok(Outcome::Duplicate(_))),
+                handler,
+                cause,
+            }
         }
         Err(panic) => {
             let what = panic
@@ -391,21 +524,28 @@ where
                 .unwrap_or_else(|| "a panic".to_owned());
             let reason = format!("the handler panicked: {what}");
             tracing::error!(%reason, "a handler panicked");
-            (Verdict::body_failed(&reason, failures, policy), false)
+            Handled {
+                verdict: Verdict::body_failed(&reason, attempts.failures, policy),
+                duplicate: false,
+                handler,
+                cause: "panic",
+            }
         }
     }
 }
 
 /// Retries `op` with a growing pause (100 ms doubling to 5 s) until it
-/// succeeds or `shutdown` resolves; for connecting to a broker or a store at
-/// start-up, when it may not be up yet.
+/// succeeds (`Some`) or `shutdown` is cancelled (`None`); for connecting to
+/// a broker or a store at start-up, when it may not be up yet. The first
+/// failure is logged as a warning, the ones after it at debug level, with a
+/// warning every minute that says how long it has been failing.
 ///
 /// # Examples
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// use idem_runtime::consume::until_ok;
+/// use idem_runtime::consume::{CancellationToken, until_ok};
 ///
 /// // e.g. `|| PgStore::connect(url)`; here a store that answers at the third try
 /// let mut tries = 0;
@@ -414,59 +554,51 @@ where
 ///     let answer = if tries < 3 { Err("connection refused") } else { Ok(tries) };
 ///     async move { answer }
 /// };
-/// assert_eq!(until_ok("the store", connect, std::future::pending()).await, Some(3));
+/// let shutdown = CancellationToken::new();
+/// assert_eq!(until_ok("the store", connect, &shutdown).await, Some(3));
+///
+/// // once shutdown is asked for, it gives up
+/// shutdown.cancel();
+/// let never = || async { Err::<(), _>("connection refused") };
+/// assert_eq!(until_ok("the store", never, &shutdown).await, None);
 /// # }
 /// ```
 pub async fn until_ok<T, E, F, Fut>(
     what: &str,
     mut op: F,
-    shutdown: impl Future<Output = ()>,
+    shutdown: &CancellationToken,
 ) -> Option<T>
 where
     E: Display,
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
-    let mut shutdown = std::pin::pin!(shutdown);
+    let mut shutdown = std::pin::pin!(shutdown.cancelled());
     let mut pause = Duration::from_millis(100);
+    let since = std::time::Instant::now();
+    let mut warned: Option<std::time::Instant> = None;
     loop {
         match op().await {
-            Ok(v) => return Some(v),
-            Err(e) => tracing::warn!(error = %e, "{what} is not reachable; retrying in {pause:?}"),
+            Ok(v) => {
+                if warned.is_some() {
+                    tracing::info!("{what} is reachable again after {:?}", since.elapsed());
+                }
+                return Some(v);
+            }
+            Err(e) => {
+                if warned.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
+                    warned = Some(std::time::Instant::now());
+                    tracing::warn!(error = %e, failing_for = ?since.elapsed(), "{what} is not reachable; retrying (a pause of 100 ms doubling to 5 s)");
+                } else {
+                    tracing::debug!(error = %e, "{what} is not reachable; retrying in {pause:?}");
+                }
+            }
         }
         tokio::select! {
             _ = &mut shutdown => return None,
             _ = tokio::time::sleep(pause) => {}
         }
         pause = (pause * 2).min(Duration::from_secs(5));
-    }
-}
-
-/// The shutdown future of a consumer, as a signal many places can wait on.
-#[derive(Clone)]
-pub(crate) struct Shutdown(tokio::sync::watch::Receiver<bool>);
-
-impl Shutdown {
-    /// Watches `signal` on a task of its own.
-    pub(crate) fn watch(signal: impl Future<Output = ()> + Send + 'static) -> Shutdown {
-        let (tx, rx) = tokio::sync::watch::channel(false);
-        tokio::spawn(async move {
-            tokio::select! {
-                () = signal => { let _ = tx.send(true); }
-                // Every receiver is gone: the consumer ended on its own.
-                () = tx.closed() => {}
-            }
-        });
-        Shutdown(rx)
-    }
-
-    /// Resolves once shutdown was asked for.
-    pub(crate) async fn requested(mut self) {
-        let _ = self.0.wait_for(|asked| *asked).await;
-    }
-
-    pub(crate) fn is_requested(&self) -> bool {
-        *self.0.borrow()
     }
 }
 

@@ -37,7 +37,7 @@
 //!
 //! ```no_run,standalone_crate
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use idem_runtime::consume::nats::Consumer;
+//! use idem_runtime::consume::{nats::Consumer, shutdown_on};
 //! use idem_runtime::{idempotent, MemoryStore};
 //!
 //! #[derive(serde::Deserialize)]
@@ -55,7 +55,7 @@
 //!             let store = store.clone();
 //!             async move { grant(&store, &msg).await }
 //!         },
-//!         async { tokio::signal::ctrl_c().await.ok(); },
+//!         shutdown_on(async { tokio::signal::ctrl_c().await.ok(); }),
 //!     )
 //!     .await?;
 //! println!("{report:?}");
@@ -73,7 +73,8 @@ use async_nats::jetstream::{self, AckKind, Message};
 use serde::de::DeserializeOwned;
 
 use super::{
-    ConsumeError, Ended, Policy, Report, Settled, Shutdown, Verdict, drive, handle, sessions,
+    Attempts, Broker, CancellationToken, ConsumeError, Delivery, Ended, Meter, Policy, Report,
+    Settled, Verdict, drive, handle, sessions,
 };
 use crate::BoxError;
 use crate::error::Error;
@@ -237,7 +238,7 @@ impl Consumer {
         format!("{}_DEAD", self.stream)
     }
 
-    /// Consumes until `shutdown` resolves, then stops pulling, lets the
+    /// Consumes until `shutdown` is cancelled, then stops pulling, lets the
     /// messages in flight finish and settles them, and returns what it did.
     ///
     /// The server is connected with a growing pause (100 ms to 5 s) until it
@@ -253,7 +254,7 @@ impl Consumer {
     pub async fn run<M, T, E, F, Fut>(
         self,
         handler: F,
-        shutdown: impl Future<Output = ()> + Send + 'static,
+        shutdown: CancellationToken,
     ) -> Result<Report, ConsumeError>
     where
         M: DeserializeOwned + Send + 'static,
@@ -262,15 +263,57 @@ impl Consumer {
         F: Fn(M) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Outcome<T>, Error<E>>> + Send + 'static,
     {
+        self.run_with_delivery(move |msg, _: Delivery| handler(msg), shutdown)
+            .await
+    }
+
+    /// As [`run`](Self::run), with the handler given what the server said
+    /// about each message as well ([`Delivery`]: its delivery count,
+    /// headers, `Nats-Msg-Id`, subject, stream sequence and timestamp).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::consume::{Delivery, nats::Consumer, shutdown_on};
+    /// use idem_runtime::{Error, Outcome};
+    ///
+    /// #[derive(serde::Deserialize)]
+    /// struct Ping { id: String }
+    ///
+    /// Consumer::new("nats://127.0.0.1:4222", "PINGS", "pings.>")
+    ///     .run_with_delivery(
+    ///         |ping: Ping, delivery: Delivery| async move {
+    ///             tracing::info!(id = %ping.id, subject = %delivery.source, n = delivery.deliveries, "ping");
+    ///             Ok::<_, Error<String>>(Outcome::Executed(()))
+    ///         },
+    ///         shutdown_on(async { tokio::signal::ctrl_c().await.ok(); }),
+    ///     )
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_with_delivery<M, T, E, F, Fut>(
+        self,
+        handler: F,
+        shutdown: CancellationToken,
+    ) -> Result<Report, ConsumeError>
+    where
+        M: DeserializeOwned + Send + 'static,
+        T: Send + 'static,
+        E: Display + Send + 'static,
+        F: Fn(M, Delivery) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Outcome<T>, Error<E>>> + Send + 'static,
+    {
         let handler = Arc::new(handler);
         let report = Arc::new(Mutex::new(Report::default()));
+        let meter = Meter::new(Broker::Nats, &self.durable);
         let url = self.url.clone();
         let connect = || async_nats::connect(url.clone());
-        let session = |client: async_nats::Client, shutdown: Shutdown| {
-            let (this, handler, report) = (&self, &handler, &report);
-            async move { this.session(client, handler, report, shutdown).await }
+        let session = |client: async_nats::Client, shutdown: CancellationToken| {
+            let (this, handler, report, meter) = (&self, &handler, &report, &meter);
+            async move { this.session(client, handler, report, meter, shutdown).await }
         };
-        sessions("NATS", Shutdown::watch(shutdown), &report, connect, session).await
+        sessions("NATS", shutdown, &report, &meter, connect, session).await
     }
 
     async fn session<M, T, E, F, Fut>(
@@ -278,13 +321,14 @@ impl Consumer {
         client: async_nats::Client,
         handler: &Arc<F>,
         report: &Arc<Mutex<Report>>,
-        shutdown: Shutdown,
+        meter: &Meter,
+        shutdown: CancellationToken,
     ) -> Result<Ended, BoxError>
     where
         M: DeserializeOwned + Send + 'static,
         T: Send + 'static,
         E: Display + Send + 'static,
-        F: Fn(M) -> Fut + Send + Sync + 'static,
+        F: Fn(M, Delivery) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Outcome<T>, Error<E>>> + Send + 'static,
     {
         // A refusal (an invalid name, a conflicting stream or consumer) is
@@ -359,10 +403,15 @@ impl Consumer {
             Err(e) => return Ok(Ended::Lost(Box::new(e))),
         };
         let settle = {
-            let (consumer, handler) = (self.clone(), Arc::clone(handler));
+            let (consumer, handler, meter) = (self.clone(), Arc::clone(handler), meter.clone());
             move |message: Message| {
-                let (consumer, handler, js) = (consumer.clone(), Arc::clone(&handler), js.clone());
-                async move { consumer.settle(&js, message, &*handler).await }
+                let (consumer, handler, js, meter) = (
+                    consumer.clone(),
+                    Arc::clone(&handler),
+                    js.clone(),
+                    meter.clone(),
+                );
+                async move { consumer.settle(&js, message, &*handler, &meter).await }
             }
         };
         let ended = drive(
@@ -386,20 +435,41 @@ impl Consumer {
         js: &jetstream::Context,
         message: Message,
         handler: &F,
+        meter: &Meter,
     ) -> Settled
     where
         M: DeserializeOwned,
         E: Display,
-        F: Fn(M) -> Fut,
+        F: Fn(M, Delivery) -> Fut,
         Fut: Future<Output = Result<Outcome<T>, Error<E>>>,
     {
-        let delivered = message.info().map(|i| i.delivered).unwrap_or(1);
+        let info = message.info().ok();
+        let delivered = info.as_ref().map_or(1, |i| i.delivered);
         let failures = u32::try_from(delivered.saturating_sub(1)).unwrap_or(u32::MAX);
+        let described = describe(&message, info.as_ref());
+        if let Some(info) = &info {
+            meter.lag(info.pending);
+        }
+        let published_at = described.published_at;
+        let _in_flight = meter.delivered(&described);
+        // A `Nak` cannot carry a count: every redelivery is a retry, and a
+        // failed attempt (see the module docs).
+        let attempts = Attempts {
+            failures,
+            retries: failures,
+        };
         // Tell the server the body is still running, every third of the ack
         // wait, so a long body does not get its message redelivered.
-        let (verdict, duplicate) = {
+        let handled = {
             let beat = self.ack_wait / 3;
-            let work = handle(handler, &message.payload, failures, &self.policy);
+            let work = handle(
+                handler,
+                &message.payload,
+                described,
+                attempts,
+                &self.policy,
+                meter,
+            );
             let mut work = std::pin::pin!(work);
             let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + beat, beat);
             loop {
@@ -411,8 +481,9 @@ impl Consumer {
                 }
             }
         };
+        let duplicate = handled.duplicate;
         let settled: Result<Settled, BoxError> = async {
-            Ok(match verdict {
+            Ok(match handled.verdict.clone() {
                 Verdict::Ack { alert } => {
                     if let Some(alert) = &alert {
                         tracing::error!(stream = %self.stream, "acked, but look: {alert}");
@@ -472,17 +543,48 @@ impl Consumer {
             })
         }
         .await;
-        match settled {
+        let settled = match settled {
             Ok(settled) => settled,
             Err(e) => {
-                tracing::warn!(error = %e, "could not settle a message; it is redelivered shortly");
+                meter.settle_failed(&e);
                 let _ = message
                     .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
                     .await;
                 Settled::Unsettled
             }
-        }
+        };
+        meter.settled(&handled, &settled, published_at);
+        settled
     }
+}
+
+/// What the server said about `message`, for the handler.
+fn describe(message: &Message, info: Option<&jetstream::message::Info<'_>>) -> Delivery {
+    let mut described = Delivery::default();
+    described.broker = Some(Broker::Nats);
+    described.source = message.subject.to_string();
+    if let Some(info) = info {
+        let delivered = u32::try_from(info.delivered.max(1)).unwrap_or(u32::MAX);
+        described.deliveries = delivered;
+        described.retries = delivered - 1;
+        described.redelivered = delivered > 1;
+        described.offset = i64::try_from(info.stream_sequence).ok();
+        let nanos = info.published.unix_timestamp_nanos();
+        described.published_at = u64::try_from(nanos)
+            .ok()
+            .map(|n| std::time::UNIX_EPOCH + Duration::from_nanos(n));
+    }
+    if let Some(headers) = &message.headers {
+        for (name, values) in headers.iter() {
+            for value in values {
+                described
+                    .headers
+                    .push((name.to_string(), value.as_str().as_bytes().to_vec()));
+            }
+        }
+        described.id = headers.get("Nats-Msg-Id").map(|v| v.as_str().to_owned());
+    }
+    described
 }
 
 /// Whether JetStream refused a stream for good: an invalid name or

@@ -31,7 +31,7 @@
 //!
 //! ```no_run,standalone_crate
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use idem_runtime::consume::{Policy, rabbitmq::Consumer};
+//! use idem_runtime::consume::{Policy, rabbitmq::Consumer, shutdown_on};
 //! use idem_runtime::{idempotent, MemoryStore};
 //!
 //! #[derive(serde::Deserialize)]
@@ -51,7 +51,7 @@
 //!             let store = store.clone();
 //!             async move { grant(&store, &msg).await }
 //!         },
-//!         async { tokio::signal::ctrl_c().await.ok(); },
+//!         shutdown_on(async { tokio::signal::ctrl_c().await.ok(); }),
 //!     )
 //!     .await?;
 //! println!("{report:?}");
@@ -63,7 +63,6 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
     BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, QueueDeclareOptions,
@@ -73,7 +72,8 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use serde::de::DeserializeOwned;
 
 use super::{
-    ConsumeError, Ended, Policy, Report, Settled, Shutdown, Verdict, drive, handle, sessions,
+    Attempts, Broker, CancellationToken, ConsumeError, Delivery, Ended, Handled, Meter, Policy,
+    Report, Settled, Verdict, drive, handle, sessions,
 };
 use crate::BoxError;
 use crate::error::Error;
@@ -180,8 +180,9 @@ impl Consumer {
         format!("{}.idem.retry.{}ms", self.queue, tier.as_millis())
     }
 
-    /// Consumes until `shutdown` resolves, then stops taking deliveries, lets
-    /// the ones in flight finish and settles them, and returns what it did.
+    /// Consumes until `shutdown` is cancelled, then stops taking deliveries,
+    /// lets the ones in flight finish and settles them, and returns what it
+    /// did.
     ///
     /// The broker is connected with a growing pause (100 ms to 5 s) until it
     /// answers, at start-up and after a lost connection; deliveries in
@@ -196,7 +197,7 @@ impl Consumer {
     pub async fn run<M, T, E, F, Fut>(
         self,
         handler: F,
-        shutdown: impl Future<Output = ()> + Send + 'static,
+        shutdown: CancellationToken,
     ) -> Result<Report, ConsumeError>
     where
         M: DeserializeOwned + Send + 'static,
@@ -205,14 +206,58 @@ impl Consumer {
         F: Fn(M) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Outcome<T>, Error<E>>> + Send + 'static,
     {
+        self.run_with_delivery(move |msg, _: Delivery| handler(msg), shutdown)
+            .await
+    }
+
+    /// As [`run`](Self::run), with the handler given what the broker said
+    /// about each delivery as well ([`Delivery`]: redelivered, headers,
+    /// message id, routing key, timestamp).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::consume::{Delivery, rabbitmq::Consumer, shutdown_on};
+    /// use idem_runtime::{Error, Outcome};
+    ///
+    /// #[derive(serde::Deserialize)]
+    /// struct Ping { id: String }
+    ///
+    /// Consumer::new("amqp://guest:guest@127.0.0.1:5672/%2f", "pings")
+    ///     .run_with_delivery(
+    ///         |ping: Ping, delivery: Delivery| async move {
+    ///             if delivery.redelivered {
+    ///                 tracing::info!(id = %ping.id, "delivered again");
+    ///             }
+    ///             Ok::<_, Error<String>>(Outcome::Executed(()))
+    ///         },
+    ///         shutdown_on(async { tokio::signal::ctrl_c().await.ok(); }),
+    ///     )
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_with_delivery<M, T, E, F, Fut>(
+        self,
+        handler: F,
+        shutdown: CancellationToken,
+    ) -> Result<Report, ConsumeError>
+    where
+        M: DeserializeOwned + Send + 'static,
+        T: Send + 'static,
+        E: Display + Send + 'static,
+        F: Fn(M, Delivery) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Outcome<T>, Error<E>>> + Send + 'static,
+    {
         let handler = Arc::new(handler);
         let report = Arc::new(Mutex::new(Report::default()));
+        let meter = Meter::new(Broker::RabbitMq, &self.queue);
         let url = self.url.clone();
         let connect = || Connection::connect(&url, ConnectionProperties::default());
-        let session = |conn: Connection, shutdown: Shutdown| {
-            let (this, handler, report) = (&self, &handler, &report);
+        let session = |conn: Connection, shutdown: CancellationToken| {
+            let (this, handler, report, meter) = (&self, &handler, &report, &meter);
             async move {
-                let ended = match this.session(&conn, handler, report, shutdown).await {
+                let ended = match this.session(&conn, handler, report, meter, shutdown).await {
                     Ok(ended) => Ok(ended),
                     Err(e) if refused(&e) => Err(BoxError::from(Box::new(e))),
                     // Anything else in the set-up (a connection lost while
@@ -223,14 +268,7 @@ impl Consumer {
                 ended
             }
         };
-        sessions(
-            "RabbitMQ",
-            Shutdown::watch(shutdown),
-            &report,
-            connect,
-            session,
-        )
-        .await
+        sessions("RabbitMQ", shutdown, &report, &meter, connect, session).await
     }
 
     /// Declares the topology and consumes until shutdown, a stop or a lost
@@ -240,13 +278,14 @@ impl Consumer {
         conn: &Connection,
         handler: &Arc<F>,
         report: &Arc<Mutex<Report>>,
-        shutdown: Shutdown,
+        meter: &Meter,
+        shutdown: CancellationToken,
     ) -> Result<Ended, lapin::Error>
     where
         M: DeserializeOwned + Send + 'static,
         T: Send + 'static,
         E: Display + Send + 'static,
-        F: Fn(M) -> Fut + Send + Sync + 'static,
+        F: Fn(M, Delivery) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Outcome<T>, Error<E>>> + Send + 'static,
     {
         let channel = conn.create_channel().await?;
@@ -267,12 +306,47 @@ impl Consumer {
             )
             .await?;
         let settle = {
-            let (consumer, handler, channel) = (self.clone(), Arc::clone(handler), channel.clone());
-            move |delivery: Delivery| {
-                let (consumer, handler, channel) =
-                    (consumer.clone(), Arc::clone(&handler), channel.clone());
-                async move { consumer.settle(&channel, delivery, &*handler).await }
+            let (consumer, handler, channel, meter) = (
+                self.clone(),
+                Arc::clone(handler),
+                channel.clone(),
+                meter.clone(),
+            );
+            move |delivery: lapin::message::Delivery| {
+                let (consumer, handler, channel, meter) = (
+                    consumer.clone(),
+                    Arc::clone(&handler),
+                    channel.clone(),
+                    meter.clone(),
+                );
+                async move { consumer.settle(&channel, delivery, &*handler, &meter).await }
             }
+        };
+        // The queue's depth, for the lag gauge, every 5 s while the session
+        // lasts (a channel of its own: a failed look-up closes it).
+        let depth = {
+            let (queue, meter, probe) = (
+                self.queue.clone(),
+                meter.clone(),
+                conn.create_channel().await?,
+            );
+            tokio::spawn(async move {
+                let passive = QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                };
+                loop {
+                    match probe
+                        .queue_declare(queue.as_str().into(), passive, FieldTable::default())
+                        .await
+                    {
+                        Ok(q) => meter.lag(u64::from(q.message_count())),
+                        Err(_) => break,
+                    }
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                }
+                let _ = probe.close(200, "done".into()).await;
+            })
         };
         let stop_taking = async {
             let _ = channel
@@ -288,6 +362,7 @@ impl Consumer {
             stop_taking,
         )
         .await;
+        depth.abort();
         let _ = channel.close(200, "done".into()).await;
         Ok(ended)
     }
@@ -347,25 +422,57 @@ impl Consumer {
     async fn settle<M, T, E, F, Fut>(
         &self,
         channel: &Channel,
-        delivery: Delivery,
+        delivery: lapin::message::Delivery,
         handler: &F,
+        meter: &Meter,
     ) -> Settled
     where
         M: DeserializeOwned,
         E: Display,
-        F: Fn(M) -> Fut,
+        F: Fn(M, Delivery) -> Fut,
         Fut: Future<Output = Result<Outcome<T>, Error<E>>>,
     {
         let headers = delivery.properties.headers().clone().unwrap_or_default();
         let failures = header_u32(&headers, "x-idem-failures");
         let retries = header_u32(&headers, "x-idem-retries");
-        let (verdict, duplicate) = handle(handler, &delivery.data, failures, &self.policy).await;
-        let settled = match verdict {
+        let described = describe(&delivery, &headers, retries);
+        let published_at = described.published_at;
+        let _in_flight = meter.delivered(&described);
+        let attempts = Attempts { failures, retries };
+        let handled = handle(
+            handler,
+            &delivery.data,
+            described,
+            attempts,
+            &self.policy,
+            meter,
+        )
+        .await;
+        let settled = self
+            .settle_as(channel, &delivery, headers, &handled, attempts, meter)
+            .await;
+        meter.settled(&handled, &settled, published_at);
+        settled
+    }
+
+    /// Tells the broker what became of `delivery`.
+    async fn settle_as(
+        &self,
+        channel: &Channel,
+        delivery: &lapin::message::Delivery,
+        headers: FieldTable,
+        handled: &Handled,
+        attempts: Attempts,
+        meter: &Meter,
+    ) -> Settled {
+        let Attempts { failures, retries } = attempts;
+        let duplicate = handled.duplicate;
+        let settled = match handled.verdict.clone() {
             Verdict::Ack { alert } => {
                 if let Some(alert) = &alert {
                     tracing::error!(queue = %self.queue, "acked, but look: {alert}");
                 }
-                ack(&delivery).await.map(|()| Settled::Acked {
+                ack(delivery).await.map(|()| Settled::Acked {
                     duplicate,
                     alert: alert.is_some(),
                 })
@@ -382,7 +489,7 @@ impl Consumer {
                 set_text(&mut headers, "x-idem-last-error", &reason);
                 tracing::debug!(queue = %self.queue, ?after, %reason, "retrying later");
                 let to = self.retry_queue(after);
-                self.hand_over(channel, &delivery, &to, headers)
+                self.hand_over(channel, delivery, &to, headers)
                     .await
                     .map(|()| Settled::Retried)
             }
@@ -394,7 +501,7 @@ impl Consumer {
                 set(&mut headers, "x-idem-failures", u64::from(failures));
                 tracing::warn!(queue = %self.queue, %reason, "dead-lettered");
                 let to = self.dead_letter_queue();
-                self.hand_over(channel, &delivery, &to, headers)
+                self.hand_over(channel, delivery, &to, headers)
                     .await
                     .map(|()| Settled::DeadLettered)
             }
@@ -412,7 +519,7 @@ impl Consumer {
             Err(e) => {
                 // Handed back to the queue when the channel still works; when
                 // it does not, the broker requeues it as the channel goes.
-                tracing::warn!(error = %e, "could not settle a delivery; it goes back to the queue");
+                meter.settle_failed(&e);
                 let requeue = BasicNackOptions {
                     requeue: true,
                     ..BasicNackOptions::default()
@@ -434,7 +541,7 @@ impl Consumer {
     async fn hand_over(
         &self,
         channel: &Channel,
-        delivery: &Delivery,
+        delivery: &lapin::message::Delivery,
         to: &str,
         mut headers: FieldTable,
     ) -> Result<(), BoxError> {
@@ -516,7 +623,48 @@ fn refused(e: &lapin::Error) -> bool {
     }
 }
 
-async fn ack(delivery: &Delivery) -> Result<(), BoxError> {
+/// What the broker said about `delivery`, for the handler.
+fn describe(delivery: &lapin::message::Delivery, headers: &FieldTable, retries: u32) -> Delivery {
+    let p = &delivery.properties;
+    let mut described = Delivery::default();
+    described.broker = Some(Broker::RabbitMq);
+    described.source = delivery.routing_key.to_string();
+    described.redelivered = delivery.redelivered;
+    described.retries = retries;
+    described.deliveries = 1 + retries + u32::from(delivery.redelivered);
+    described.id = p.message_id().as_ref().map(|id| id.to_string());
+    described.published_at = p
+        .timestamp()
+        .map(|secs| std::time::UNIX_EPOCH + Duration::from_secs(secs));
+    described.headers = headers
+        .inner()
+        .iter()
+        .map(|(name, value)| (name.to_string(), amqp_text(value)))
+        .collect();
+    described
+}
+
+/// A header's value as text: strings as they are, numbers in decimal,
+/// anything else as its debug form.
+fn amqp_text(value: &AMQPValue) -> Vec<u8> {
+    match value {
+        AMQPValue::LongString(v) => v.as_bytes().to_vec(),
+        AMQPValue::ShortString(v) => v.as_str().as_bytes().to_vec(),
+        AMQPValue::ByteArray(v) => v.as_slice().to_vec(),
+        AMQPValue::Boolean(v) => v.to_string().into_bytes(),
+        AMQPValue::ShortShortInt(v) => v.to_string().into_bytes(),
+        AMQPValue::ShortShortUInt(v) => v.to_string().into_bytes(),
+        AMQPValue::ShortInt(v) => v.to_string().into_bytes(),
+        AMQPValue::ShortUInt(v) => v.to_string().into_bytes(),
+        AMQPValue::LongInt(v) => v.to_string().into_bytes(),
+        AMQPValue::LongUInt(v) => v.to_string().into_bytes(),
+        AMQPValue::LongLongInt(v) => v.to_string().into_bytes(),
+        AMQPValue::Timestamp(v) => v.to_string().into_bytes(),
+        other => format!("{other:?}").into_bytes(),
+    }
+}
+
+async fn ack(delivery: &lapin::message::Delivery) -> Result<(), BoxError> {
     delivery.ack(BasicAckOptions::default()).await?;
     Ok(())
 }

@@ -11,7 +11,7 @@ use futures_util::stream::{Stream, StreamExt};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use super::{ConsumeError, Report, Settled, Shutdown, lock, until_ok};
+use super::{CancellationToken, ConsumeError, Meter, Report, Settled, lock, until_ok};
 use crate::BoxError;
 
 /// How a run of [`drive`] ended.
@@ -49,7 +49,7 @@ pub(crate) async fn drive<D, Err, S, Fut>(
     deliveries: S,
     concurrency: usize,
     report: &Arc<Mutex<Report>>,
-    shutdown: Shutdown,
+    shutdown: CancellationToken,
     settle: impl Fn(D) -> Fut,
     stop_taking: impl Future<Output = ()>,
 ) -> Ended
@@ -64,7 +64,7 @@ where
     let mut stop = None;
     let mut lost: Option<BoxError> = None;
     let mut deliveries = Box::pin(deliveries);
-    let mut shutdown = std::pin::pin!(shutdown.requested());
+    let mut shutdown = std::pin::pin!(shutdown.cancelled());
     'taking: loop {
         // A free slot first, then a delivery for it.
         let permit = tokio::select! {
@@ -142,14 +142,18 @@ impl Reconnect {
     }
 
     /// Waits before the next session; `false` when shutdown came first.
-    pub(crate) async fn wait(&mut self, session_lasted: Duration, shutdown: &Shutdown) -> bool {
+    pub(crate) async fn wait(
+        &mut self,
+        session_lasted: Duration,
+        shutdown: &CancellationToken,
+    ) -> bool {
         if session_lasted > Duration::from_secs(10) {
             self.pause = Duration::from_millis(100);
         }
         let pause = self.pause;
         self.pause = (self.pause * 2).min(Duration::from_secs(5));
         tokio::select! {
-            () = shutdown.clone().requested() => false,
+            () = shutdown.cancelled() => false,
             () = tokio::time::sleep(pause) => true,
         }
     }
@@ -161,10 +165,11 @@ impl Reconnect {
 /// shutdown, a stop (`Error::Config`) or a refusal (a session's `Err`).
 pub(crate) async fn sessions<C, CFut, CErr, SFut>(
     broker: &str,
-    shutdown: Shutdown,
+    shutdown: CancellationToken,
     report: &Arc<Mutex<Report>>,
+    meter: &Meter,
     mut connect: impl FnMut() -> CFut,
-    mut session: impl FnMut(C, Shutdown) -> SFut,
+    mut session: impl FnMut(C, CancellationToken) -> SFut,
 ) -> Result<Report, ConsumeError>
 where
     CFut: Future<Output = Result<C, CErr>>,
@@ -173,7 +178,7 @@ where
 {
     let mut reconnect = Reconnect::new();
     loop {
-        let Some(conn) = until_ok(broker, &mut connect, shutdown.clone().requested()).await else {
+        let Some(conn) = until_ok(broker, &mut connect, &shutdown).await else {
             break;
         };
         let began = std::time::Instant::now();
@@ -183,13 +188,14 @@ where
             Ok(Ended::Lost(e)) => {
                 tracing::warn!(error = %e, "the consumer lost its session with {broker}; reconnecting");
                 lock(report).reconnects += 1;
+                meter.reconnected();
                 if !reconnect.wait(began.elapsed(), &shutdown).await {
                     break;
                 }
             }
             Err(e) => return Err(ConsumeError::Setup(e)),
         }
-        if shutdown.is_requested() {
+        if shutdown.is_cancelled() {
             break;
         }
     }

@@ -9,10 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_runtime::consume::{ConsumeError, Policy, Report};
+use idem_runtime::consume::{CancellationToken, ConsumeError, Policy, Report};
 use idem_runtime::{Error, MemoryStore, Outcome, idempotent};
 use serde::{Deserialize, Serialize};
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use super::{AppError, eventually};
@@ -45,26 +44,21 @@ pub(crate) struct DeadLetter {
 
 /// A consumer running on a task of its own, stopped by [`Running::stop`].
 pub(crate) struct Running {
-    stop: Option<oneshot::Sender<()>>,
+    stop: CancellationToken,
     task: JoinHandle<Result<Report, ConsumeError>>,
 }
 
 impl Running {
     pub(crate) fn new(
-        stop: oneshot::Sender<()>,
+        stop: CancellationToken,
         task: JoinHandle<Result<Report, ConsumeError>>,
     ) -> Self {
-        Running {
-            stop: Some(stop),
-            task,
-        }
+        Running { stop, task }
     }
 
     /// Asks for a graceful shutdown and waits for the consumer's report.
     pub(crate) async fn stop(mut self) -> Report {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+        self.stop.cancel();
         tokio::time::timeout(Duration::from_secs(30), &mut self.task)
             .await
             .expect("the consumer shut down within 30 s")
@@ -73,15 +67,10 @@ impl Running {
     }
 }
 
-/// A shutdown signal for a consumer, and its trigger.
-pub(crate) fn shutdown() -> (
-    oneshot::Sender<()>,
-    impl Future<Output = ()> + Send + 'static,
-) {
-    let (tx, rx) = oneshot::channel::<()>();
-    (tx, async move {
-        let _ = rx.await;
-    })
+/// A shutdown token for a consumer, and a handle on it to cancel it.
+pub(crate) fn shutdown() -> (CancellationToken, CancellationToken) {
+    let token = CancellationToken::new();
+    (token.clone(), token)
 }
 
 /// One broker, with a queue or stream of the test's own.

@@ -23,7 +23,7 @@ use super::lane::{Call, lane};
 use super::offsets::Offsets;
 use super::progress::Progress;
 use super::{Retries, lock_std};
-use crate::consume::{Report, Shutdown, lock};
+use crate::consume::{CancellationToken, Meter, Report, lock};
 
 /// A partition the consumer owns, from its assignment to its revocation.
 pub(crate) struct Part {
@@ -59,7 +59,8 @@ pub(crate) struct Group {
     /// Bodies at once, over all partitions (the policy's concurrency).
     pub(crate) permits: Arc<Semaphore>,
     pub(crate) report: Arc<Mutex<Report>>,
-    pub(crate) shutdown: Shutdown,
+    pub(crate) meter: Meter,
+    pub(crate) shutdown: CancellationToken,
     /// Why the consumer must stop (`Error::Config`), once a call said so.
     pub(crate) halt: Mutex<Option<String>>,
     pub(crate) halted: AtomicBool,
@@ -82,7 +83,8 @@ impl Group {
         lanes: usize,
         concurrency: usize,
         report: Arc<Mutex<Report>>,
-        shutdown: Shutdown,
+        meter: Meter,
+        shutdown: CancellationToken,
         grace: Duration,
         buffer: usize,
         offsets: Option<Offsets>,
@@ -97,6 +99,7 @@ impl Group {
             lanes: lanes.max(1),
             permits: Arc::new(Semaphore::new(concurrency.max(1))),
             report,
+            meter,
             shutdown,
             halt: Mutex::new(None),
             halted: AtomicBool::new(false),
@@ -121,7 +124,7 @@ impl Group {
     }
 
     fn stopping(&self) -> bool {
-        self.halted.load(Ordering::SeqCst) || self.shutdown.is_requested()
+        self.halted.load(Ordering::SeqCst) || self.shutdown.is_cancelled()
     }
 
     fn parts(&self) -> Vec<Arc<Part>> {
@@ -341,6 +344,21 @@ impl ClientContext for Ctx {
             L::Debug => tracing::debug!(target: "librdkafka", facility = fac, "{message}"),
         }
     }
+
+    /// librdkafka's statistics (every `statistics.interval.ms`): the lag
+    /// gauge, the partitions' high watermarks minus their commits.
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        let waiting: i64 = statistics
+            .topics
+            .values()
+            .flat_map(|topic| topic.partitions.values())
+            .filter(|p| p.partition >= 0 && p.consumer_lag > 0)
+            .map(|p| p.consumer_lag)
+            .sum();
+        self.group
+            .meter
+            .lag(u64::try_from(waiting).unwrap_or_default());
+    }
 }
 
 impl ConsumerContext for Ctx {
@@ -371,6 +389,7 @@ impl ConsumerContext for Ctx {
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 lock(&self.group.report).rebalances += 1;
+                self.group.meter.rebalanced();
                 if let Some(offsets) = &self.group.offsets {
                     self.read_back(offsets, tpl);
                 }
@@ -516,6 +535,7 @@ pub(crate) fn poll(consumer: BaseConsumer<Ctx>, group: Arc<Group>) {
             {
                 tracing::warn!("every broker is down; librdkafka reconnects");
                 lock(&group.report).reconnects += 1;
+                group.meter.reconnected();
                 brokers_down = true;
             }
             Some(Err(e)) => tracing::warn!(error = %e, "consumer error"),

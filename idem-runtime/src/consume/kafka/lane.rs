@@ -15,12 +15,12 @@ use super::group::{Group, Part};
 use super::lock_std;
 use super::topics::{self, HeaderList, now_ms};
 use super::{Retries, offsets};
-use crate::consume::{Settled, Verdict, lock};
+use crate::consume::{Attempts, Broker, Delivery, Handled, Settled, Verdict, lock};
 
-/// The handler, with the message's payload and failures so far, to the
-/// verdict on its delivery and whether it was a duplicate.
+/// The handler, with the message's payload, what the broker said of it and
+/// its attempts so far, to what became of it.
 pub(crate) type Call =
-    Arc<dyn Fn(Vec<u8>, u32) -> BoxFuture<'static, (Verdict, bool)> + Send + Sync>;
+    Arc<dyn Fn(Vec<u8>, Delivery, Attempts) -> BoxFuture<'static, Handled> + Send + Sync>;
 
 /// Handles the messages `rx` hands it until the partition is revoked or the
 /// consumer stops.
@@ -94,13 +94,68 @@ async fn settle(
     group: &Group,
     part: &Part,
     msg: &OwnedMessage,
-    mut headers: HeaderList,
+    headers: HeaderList,
     revoked: &mut watch::Receiver<bool>,
+) -> Option<Settled> {
+    let described = describe(msg, &headers);
+    let published_at = described.published_at;
+    let _in_flight = group.meter.delivered(&described);
+    let mut last = None;
+    let settled = settle_calls(group, part, msg, headers, described, revoked, &mut last).await;
+    if let (Some(settled), Some(handled)) = (&settled, &last) {
+        group.meter.settled(handled, settled, published_at);
+    }
+    settled
+}
+
+/// What the broker said about `msg`: where it was first consumed, for a
+/// retry's copy.
+fn describe(msg: &OwnedMessage, headers: &HeaderList) -> Delivery {
+    let mut described = Delivery::default();
+    described.broker = Some(Broker::Kafka);
+    described.source = headers
+        .text(topics::TOPIC)
+        .map_or_else(|| msg.topic().to_owned(), str::to_owned);
+    described.partition = Some(
+        headers
+            .text(topics::PARTITION)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(msg.partition()),
+    );
+    described.offset = Some(
+        headers
+            .text(topics::OFFSET)
+            .and_then(|o| o.parse().ok())
+            .unwrap_or(msg.offset()),
+    );
+    let retries = u32::try_from(headers.number(topics::RETRIES).unwrap_or(0)).unwrap_or(u32::MAX);
+    described.retries = retries;
+    described.deliveries = retries.saturating_add(1);
+    let published_ms = headers.number(topics::PUBLISHED).or_else(|| {
+        msg.timestamp()
+            .to_millis()
+            .and_then(|ms| u64::try_from(ms).ok())
+    });
+    described.published_at =
+        published_ms.map(|ms| std::time::UNIX_EPOCH + Duration::from_millis(ms));
+    described.headers = headers.pairs();
+    described
+}
+
+async fn settle_calls(
+    group: &Group,
+    part: &Part,
+    msg: &OwnedMessage,
+    mut headers: HeaderList,
+    described: Delivery,
+    revoked: &mut watch::Receiver<bool>,
+    last: &mut Option<Handled>,
 ) -> Option<Settled> {
     let payload = msg.payload().unwrap_or_default().to_vec();
     let mut failures =
         u32::try_from(headers.number(topics::FAILURES).unwrap_or(0)).unwrap_or(u32::MAX);
     let retries = headers.number(topics::RETRIES).unwrap_or(0);
+    let mut waited = 0u32;
     loop {
         // A slot of the policy's concurrency for the call only: a message
         // waiting in place, or publishing its copy, holds none.
@@ -108,8 +163,14 @@ async fn settle(
             permit = Arc::clone(&group.permits).acquire_owned() => permit.ok()?,
             () = until_revoked(revoked) => return None,
         };
-        let call = (group.call)(payload.clone(), failures);
-        let ((verdict, duplicate), rode) = match &group.offsets {
+        let attempts = Attempts {
+            failures,
+            retries: u32::try_from(retries)
+                .unwrap_or(u32::MAX)
+                .saturating_add(waited),
+        };
+        let call = (group.call)(payload.clone(), described.clone(), attempts);
+        let (handled, rode) = match &group.offsets {
             Some(store) => {
                 let at = offsets::Position {
                     group: group.group.clone(),
@@ -126,6 +187,8 @@ async fn settle(
             // Written with the effects: the next commit need not save it.
             lock_std(&part.progress).stored(msg.offset() + 1);
         }
+        let (verdict, duplicate) = (handled.verdict.clone(), handled.duplicate);
+        *last = Some(handled);
         match verdict {
             Verdict::Ack { alert } => {
                 if let Some(alert) = &alert {
@@ -148,6 +211,7 @@ async fn settle(
                         if !sleep_unless_revoked(after, revoked).await {
                             return None;
                         }
+                        waited = waited.saturating_add(1);
                     }
                     Retries::Topics => {
                         let delay = topics::tier(after);
@@ -191,6 +255,9 @@ async fn settle(
 fn mark_origin(headers: &mut HeaderList, group: &Group, msg: &OwnedMessage) {
     let (topic, partition, offset) = (msg.topic(), msg.partition(), msg.offset());
     let first = headers.text(topics::TOPIC).is_none();
+    if let Some(ms) = msg.timestamp().to_millis() {
+        headers.keep_or_set(topics::PUBLISHED, ms.to_string());
+    }
     headers.keep_or_set(topics::TOPIC, topic);
     headers.keep_or_set(topics::PARTITION, partition.to_string());
     headers.keep_or_set(topics::OFFSET, offset.to_string());

@@ -99,7 +99,7 @@
 //!
 //! ```no_run,standalone_crate
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use idem_runtime::consume::{Policy, kafka::Consumer};
+//! use idem_runtime::consume::{Policy, kafka::Consumer, shutdown_on};
 //! use idem_runtime::{idempotent, MemoryStore};
 //!
 //! #[derive(serde::Deserialize)]
@@ -118,7 +118,7 @@
 //!             let store = store.clone();
 //!             async move { grant(&store, &msg).await }
 //!         },
-//!         async { tokio::signal::ctrl_c().await.ok(); },
+//!         shutdown_on(async { tokio::signal::ctrl_c().await.ok(); }),
 //!     )
 //!     .await?;
 //! println!("{report:?}");
@@ -138,7 +138,10 @@ use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::producer::FutureProducer;
 use serde::de::DeserializeOwned;
 
-use super::{ConsumeError, Policy, Report, Shutdown, handle, until_ok};
+use super::{
+    Attempts, Broker, CancellationToken, ConsumeError, Delivery, Meter, Policy, Report, handle,
+    until_ok,
+};
 use crate::BoxError;
 use crate::error::Error;
 use crate::outcome::Outcome;
@@ -406,7 +409,7 @@ impl Consumer {
         config
     }
 
-    /// Consumes until `shutdown` resolves, then stops taking messages, lets
+    /// Consumes until `shutdown` is cancelled, then stops taking messages, lets
     /// the bodies running finish (waits for a retry's due time or a backoff
     /// are given up: those messages are not settled and come back), commits
     /// what is settled, leaves the group and returns what it did.
@@ -422,7 +425,7 @@ impl Consumer {
     pub async fn run<M, T, E, F, Fut>(
         self,
         handler: F,
-        shutdown: impl Future<Output = ()> + Send + 'static,
+        shutdown: CancellationToken,
     ) -> Result<Report, ConsumeError>
     where
         M: DeserializeOwned + Send + 'static,
@@ -431,25 +434,60 @@ impl Consumer {
         F: Fn(M) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Outcome<T>, Error<E>>> + Send + 'static,
     {
-        let shutdown = Shutdown::watch(shutdown);
+        self.run_with_delivery(move |msg, _: Delivery| handler(msg), shutdown)
+            .await
+    }
+
+    /// As [`run`](Self::run), with the handler given what the broker said
+    /// about each message as well ([`Delivery`]: the topic, partition and
+    /// offset it was first consumed at, its headers, timestamp and retries).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::consume::{Delivery, kafka::Consumer, shutdown_on};
+    /// use idem_runtime::{Error, Outcome};
+    ///
+    /// #[derive(serde::Deserialize)]
+    /// struct Ping { id: String }
+    ///
+    /// Consumer::new("127.0.0.1:9092", "pings", "pingers")
+    ///     .run_with_delivery(
+    ///         |ping: Ping, delivery: Delivery| async move {
+    ///             tracing::info!(id = %ping.id, partition = ?delivery.partition, offset = ?delivery.offset, "ping");
+    ///             Ok::<_, Error<String>>(Outcome::Executed(()))
+    ///         },
+    ///         shutdown_on(async { tokio::signal::ctrl_c().await.ok(); }),
+    ///     )
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_with_delivery<M, T, E, F, Fut>(
+        self,
+        handler: F,
+        shutdown: CancellationToken,
+    ) -> Result<Report, ConsumeError>
+    where
+        M: DeserializeOwned + Send + 'static,
+        T: Send + 'static,
+        E: Display + Send + 'static,
+        F: Fn(M, Delivery) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Outcome<T>, Error<E>>> + Send + 'static,
+    {
         let report = Arc::new(Mutex::new(Report::default()));
         if self.offsets.is_some() && self.lanes > 1 {
             return Err(ConsumeError::Setup(
                 "offsets in the database need the partitions in order: lanes(1)".into(),
             ));
         }
-        let setup = until_ok("Kafka", || self.topology(), shutdown.clone().requested()).await;
+        let setup = until_ok("Kafka", || self.topology(), &shutdown).await;
         let Some(setup) = setup else {
             return Ok(Report::default());
         };
         setup.map_err(ConsumeError::Setup)?;
         if let Some(offsets) = &self.offsets {
-            let created = until_ok(
-                "the offsets' database",
-                || offsets.create(),
-                shutdown.clone().requested(),
-            )
-            .await;
+            let created = until_ok("the offsets' database", || offsets.create(), &shutdown).await;
             if created.is_none() {
                 return Ok(Report::default());
             }
@@ -464,10 +502,19 @@ impl Consumer {
             .map_err(|e| ConsumeError::Setup(Box::new(e)))?;
         let policy = self.policy.clone();
         let handler = Arc::new(handler);
-        let call: lane::Call = Arc::new(move |payload: Vec<u8>, failures: u32| {
-            let (handler, policy) = (Arc::clone(&handler), policy.clone());
-            Box::pin(async move { handle(&*handler, &payload, failures, &policy).await })
-        });
+        let meter = Meter::new(Broker::Kafka, &self.topic);
+        let call: lane::Call = {
+            let meter = meter.clone();
+            Arc::new(
+                move |payload: Vec<u8>, delivery: Delivery, attempts: Attempts| {
+                    let (handler, policy, meter) =
+                        (Arc::clone(&handler), policy.clone(), meter.clone());
+                    Box::pin(async move {
+                        handle(&*handler, &payload, delivery, attempts, &policy, &meter).await
+                    })
+                },
+            )
+        };
         let group = Arc::new(group::Group::new(
             self.topic.clone(),
             self.group.clone(),
@@ -477,6 +524,7 @@ impl Consumer {
             self.lanes,
             self.policy.concurrency,
             Arc::clone(&report),
+            meter,
             shutdown,
             self.grace,
             self.buffer,
@@ -489,7 +537,9 @@ impl Consumer {
                 c.set("group.id", &self.group)
                     .set("enable.auto.commit", "false")
                     .set("enable.auto.offset.store", "false")
-                    .set("auto.offset.reset", "earliest");
+                    .set("auto.offset.reset", "earliest")
+                    // the lag gauge (`Ctx::stats`)
+                    .set("statistics.interval.ms", "5000");
                 c
             })
             .create_with_context(group::Ctx {

@@ -31,7 +31,7 @@ pub(crate) struct Position {
 type Fut<'a, T> = Pin<Box<dyn Future<Output = Result<T, BoxError>> + Send + 'a>>;
 
 /// A handler call's verdict and whether it was a duplicate.
-type Verdicted = (crate::consume::Verdict, bool);
+type Verdicted = crate::consume::Handled;
 /// A handler call, boxed.
 type CallFut<'a> = Pin<Box<dyn Future<Output = Verdicted> + Send + 'a>>;
 /// A call's verdict and whether the offset rode in its transaction.
@@ -126,7 +126,8 @@ impl Offsets {
         let (out, rode) = self.table.in_tx(at, call).await;
         // Only an executed call commits a transaction the offset can ride
         // in; a duplicate's or a failure's offset is saved at the commit.
-        let executed = matches!(out, (crate::consume::Verdict::Ack { alert: None }, false));
+        let executed =
+            matches!(out.verdict, crate::consume::Verdict::Ack { alert: None }) && !out.duplicate;
         if executed && !rode && !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
             tracing::warn!(
                 table = self.table.name(),

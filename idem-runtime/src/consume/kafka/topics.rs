@@ -36,6 +36,9 @@ pub(crate) const REASON: &str = "x-idem-reason";
 pub(crate) const TOPIC: &str = "x-idem-topic";
 pub(crate) const PARTITION: &str = "x-idem-partition";
 pub(crate) const OFFSET: &str = "x-idem-offset";
+/// The first record's timestamp, in milliseconds since the Unix epoch
+/// (decimal text): a retry's copy is stamped when it is copied.
+pub(crate) const PUBLISHED: &str = "x-idem-published";
 /// Spring Kafka's dead-letter headers, in its encodings (strings as UTF-8,
 /// the partition a big-endian `i32`, the offset a big-endian `i64`), so the
 /// tools that read Spring's dead letters read these.
@@ -94,6 +97,15 @@ impl HeaderList {
         if !self.0.iter().any(|(n, _)| n == name) {
             self.set(name, value);
         }
+    }
+
+    /// The headers as the handler's [`Delivery`](crate::consume::Delivery)
+    /// has them (a header without a value as an empty one).
+    pub(crate) fn pairs(&self) -> Vec<(String, Vec<u8>)> {
+        self.0
+            .iter()
+            .map(|(n, v)| (n.clone(), v.clone().unwrap_or_default()))
+            .collect()
     }
 
     pub(crate) fn to_owned_headers(&self) -> OwnedHeaders {
