@@ -9,8 +9,8 @@ use std::future::Future;
 use async_nats::jetstream::{self, consumer::pull};
 use common::AppError;
 use common::broker::{self, Broker, DeadLetter, Points, Running};
-use idem_runtime::consume::Policy;
 use idem_runtime::consume::nats::Consumer;
+use idem_runtime::consume::{Broker as Kind, Delivery, Policy};
 use idem_runtime::{Error, Outcome};
 use idem_tests::brokers::{DeleteStreams, nats_url};
 use idem_tests::{or_skip, unique_table};
@@ -56,14 +56,27 @@ impl Broker for Nats {
             .expect("publish acknowledged");
     }
 
-    fn start<F, Fut>(&self, policy: Policy, handler: F) -> Running
+    const KIND: Kind = Kind::Nats;
+
+    fn queue_label(&self) -> String {
+        self.consumer.durable_name().to_owned()
+    }
+
+    fn source(&self) -> String {
+        self.subject.clone()
+    }
+
+    fn start_with_delivery<F, Fut>(&self, policy: Policy, handler: F) -> Running
     where
-        F: Fn(Points) -> Fut + Send + Sync + 'static,
+        F: Fn(Points, Delivery) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Outcome<u32>, Error<AppError>>> + Send + 'static,
     {
         let (stop, signal) = broker::shutdown();
         let consumer = self.consumer.clone().policy(policy);
-        Running::new(stop, tokio::spawn(consumer.run(handler, signal)))
+        Running::new(
+            stop,
+            tokio::spawn(consumer.run_with_delivery(handler, signal)),
+        )
     }
 
     async fn dead_letters(&self) -> Vec<DeadLetter> {
@@ -122,6 +135,8 @@ on_nats!(
     a_failing_body_is_retried_then_dead_lettered,
     a_panicking_handler_is_retried_then_dead_lettered,
     shutdown_lets_bodies_in_flight_finish_and_acks_them,
+    the_handler_is_told_about_each_delivery,
+    the_consumer_counts_what_it_did,
 );
 
 /// Two subjects of one stream, each with its own consumer: each handler

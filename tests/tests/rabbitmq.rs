@@ -9,8 +9,8 @@ use std::future::Future;
 use common::AppError;
 use common::broker::{self, Broker, DeadLetter, Points, Running};
 use futures_util::StreamExt as _;
-use idem_runtime::consume::Policy;
 use idem_runtime::consume::rabbitmq::{Consumer, RETRY_DELAYS};
+use idem_runtime::consume::{Broker as Kind, Delivery, Policy};
 use idem_runtime::{Error, Outcome};
 use idem_tests::brokers::{DeleteQueues, amqp_channel, amqp_url};
 use idem_tests::{or_skip, unique_table};
@@ -59,7 +59,9 @@ impl Broker for Rabbit {
                 self.queue.as_str().into(),
                 BasicPublishOptions::default(),
                 payload,
-                BasicProperties::default().with_delivery_mode(2),
+                BasicProperties::default()
+                    .with_delivery_mode(2)
+                    .with_timestamp(unix_seconds()),
             )
             .await
             .expect("publish")
@@ -67,14 +69,27 @@ impl Broker for Rabbit {
             .expect("publish confirmed");
     }
 
-    fn start<F, Fut>(&self, policy: Policy, handler: F) -> Running
+    const KIND: Kind = Kind::RabbitMq;
+
+    fn queue_label(&self) -> String {
+        self.queue.clone()
+    }
+
+    fn source(&self) -> String {
+        self.queue.clone()
+    }
+
+    fn start_with_delivery<F, Fut>(&self, policy: Policy, handler: F) -> Running
     where
-        F: Fn(Points) -> Fut + Send + Sync + 'static,
+        F: Fn(Points, Delivery) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Outcome<u32>, Error<AppError>>> + Send + 'static,
     {
         let (stop, signal) = broker::shutdown();
         let consumer = self.consumer.clone().policy(policy);
-        Running::new(stop, tokio::spawn(consumer.run(handler, signal)))
+        Running::new(
+            stop,
+            tokio::spawn(consumer.run_with_delivery(handler, signal)),
+        )
     }
 
     async fn dead_letters(&self) -> Vec<DeadLetter> {
@@ -168,6 +183,8 @@ on_rabbitmq!(
     a_failing_body_is_retried_then_dead_lettered,
     a_panicking_handler_is_retried_then_dead_lettered,
     shutdown_lets_bodies_in_flight_finish_and_acks_them,
+    the_handler_is_told_about_each_delivery,
+    the_consumer_counts_what_it_did,
 );
 
 /// A work queue that exists as a quorum queue is used as it is (declaring
@@ -262,4 +279,11 @@ async fn a_refused_topology_is_a_setup_error() {
         other => panic!("expected a set-up error, got {other:?}"),
     }
     drop(conn);
+}
+
+/// Now, as AMQP's `timestamp` property has it: whole seconds.
+fn unix_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }

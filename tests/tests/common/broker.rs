@@ -9,11 +9,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_runtime::consume::{CancellationToken, ConsumeError, Policy, Report};
+use idem_runtime::consume::{
+    Broker as Kind, CancellationToken, ConsumeError, Delivery, Policy, Report,
+};
+use idem_runtime::metric;
 use idem_runtime::{Error, MemoryStore, Outcome, idempotent};
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
 
+use super::recorder::capture;
 use super::{AppError, eventually};
 
 /// A message of the suite.
@@ -81,11 +85,27 @@ pub(crate) trait Broker: Sized {
     async fn open(name: &str) -> Option<Self>;
     /// Publishes one message to the consumer's queue or subject.
     async fn publish(&self, payload: &[u8]);
+    /// The broker, as the consumer's metrics and deliveries name it.
+    const KIND: Kind;
+    /// The consumer metrics' `queue` label: the queue, durable or topic.
+    fn queue_label(&self) -> String;
+    /// Where the handler is told a published message came from
+    /// (`Delivery::source`): routing key, subject or topic.
+    fn source(&self) -> String;
+    /// Starts a consumer with `policy` around `handler`, which is given
+    /// each delivery's details as well.
+    fn start_with_delivery<F, Fut>(&self, policy: Policy, handler: F) -> Running
+    where
+        F: Fn(Points, Delivery) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Outcome<u32>, Error<AppError>>> + Send + 'static;
     /// Starts a consumer with `policy` around `handler`.
     fn start<F, Fut>(&self, policy: Policy, handler: F) -> Running
     where
         F: Fn(Points) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Outcome<u32>, Error<AppError>>> + Send + 'static;
+        Fut: Future<Output = Result<Outcome<u32>, Error<AppError>>> + Send + 'static,
+    {
+        self.start_with_delivery(policy, move |msg, _| handler(msg))
+    }
     /// What the dead letters hold now.
     async fn dead_letters(&self) -> Vec<DeadLetter>;
     /// How many messages wait in the work queue (not delivered, or handed
@@ -350,6 +370,208 @@ pub(crate) async fn shutdown_lets_bodies_in_flight_finish_and_acks_them<B: Broke
     assert!(done >= 2, "the bodies in flight finished: {done}");
     assert!(done < 10, "the consumer stopped taking: {done}");
     settles_to(b, 10 - u64::from(done)).await;
+}
+
+/// A handler that fails a message's first delivery and takes the second:
+/// each is told what the broker said, the second as a retry of the first,
+/// from the same place, published at the same time.
+pub(crate) async fn the_handler_is_told_about_each_delivery<B: Broker>(b: &B) {
+    b.publish(&Points::payload("told", 1)).await;
+    let (store, effects, tries) = (
+        MemoryStore::new(),
+        Arc::new(Effects::default()),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let told: Arc<Mutex<Vec<Delivery>>> = Arc::default();
+    let policy = Policy {
+        first_delay: Duration::from_millis(100),
+        ..Policy::default()
+    };
+    let running = {
+        let (effects, tries, told) = (Arc::clone(&effects), Arc::clone(&tries), Arc::clone(&told));
+        b.start_with_delivery(policy, move |msg: Points, delivery: Delivery| {
+            let (store, effects, tries, told) = (
+                store.clone(),
+                Arc::clone(&effects),
+                Arc::clone(&tries),
+                Arc::clone(&told),
+            );
+            async move {
+                let first = told.lock().unwrap().is_empty();
+                told.lock().unwrap().push(delivery);
+                if first {
+                    refuse(&store, &msg, &tries).await
+                } else {
+                    grant(&store, &msg, &effects).await
+                }
+            }
+        })
+    };
+    eventually(Duration::from_secs(20), "the second delivery", || async {
+        effects.of("told") == 1
+    })
+    .await;
+    running.stop().await;
+    let told = told.lock().unwrap().clone();
+    assert_eq!(told.len(), 2, "{told:?}");
+    let (first, second) = (&told[0], &told[1]);
+    for d in [first, second] {
+        assert_eq!(d.broker, Some(B::KIND), "{d:?}");
+        assert_eq!(d.source, b.source(), "{d:?}");
+        let age = d.age().expect("a publication time");
+        assert!(age < Duration::from_secs(60), "{d:?}");
+    }
+    assert_eq!((first.retries, first.deliveries), (0, 1), "{first:?}");
+    assert!(!first.redelivered, "{first:?}");
+    assert_eq!((second.retries, second.deliveries), (1, 2), "{second:?}");
+    assert_eq!(second.published_at, first.published_at, "{second:?}");
+    if B::KIND == Kind::Kafka {
+        // Where it was first consumed, through the retry topic.
+        assert_eq!(second.partition, first.partition, "{second:?}");
+        assert_eq!(second.offset, first.offset, "{second:?}");
+    }
+    settles_to(b, 0).await;
+}
+
+/// What the consumer did, as its metrics say it: deliveries, acks by
+/// result, retries and dead letters by reason with the handler's name,
+/// handling and end-to-end times, in flight, the last settle and the lag.
+pub(crate) async fn the_consumer_counts_what_it_did<B: Broker>(b: &B) {
+    let seen = capture();
+    b.publish(&Points::payload("c-1", 1)).await;
+    b.publish(&Points::payload("c-1", 1)).await;
+    b.publish(b"not json").await;
+    b.publish(&Points::payload("c-bad", 1)).await;
+    let (store, effects, tries) = (
+        MemoryStore::new(),
+        Arc::new(Effects::default()),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let policy = Policy {
+        max_attempts: 2,
+        first_delay: Duration::from_millis(100),
+        concurrency: 1,
+        ..Policy::default()
+    };
+    let running = {
+        let (effects, tries) = (Arc::clone(&effects), Arc::clone(&tries));
+        b.start(policy, move |msg: Points| {
+            let (store, effects, tries) = (store.clone(), Arc::clone(&effects), Arc::clone(&tries));
+            async move {
+                if msg.id == "c-bad" {
+                    refuse(&store, &msg, &tries).await
+                } else {
+                    grant(&store, &msg, &effects).await
+                }
+            }
+        })
+    };
+    let queue = b.queue_label();
+    let q: &[(&str, &str)] = &[("broker", B::KIND.as_str()), ("queue", &queue)];
+    let with = |more: &[(&'static str, &'static str)]| {
+        let mut all = q.to_vec();
+        all.extend_from_slice(more);
+        all
+    };
+    eventually(
+        Duration::from_secs(30),
+        "two acks and two dead letters",
+        || async {
+            seen.sum(metric::CONSUMER_ACKS, q) == 2.0
+                && seen.sum(metric::CONSUMER_DEAD_LETTERS, q) == 2.0
+        },
+    )
+    .await;
+    if B::KIND == Kind::Kafka {
+        // Set from librdkafka's statistics, every 5 s.
+        eventually(Duration::from_secs(15), "the lag gauge", || async {
+            !seen.series(metric::CONSUMER_LAG, q).is_empty()
+        })
+        .await;
+    }
+    let report = running.stop().await;
+    assert_eq!(
+        (
+            report.acked,
+            report.duplicates,
+            report.dead_lettered,
+            report.retried
+        ),
+        (2, 1, 2, 1),
+        "{report:?}"
+    );
+    let sum = |name: &str, more: &[(&'static str, &'static str)]| seen.sum(name, &with(more));
+    // c-1 twice, the undecodable one, c-bad twice.
+    assert_eq!(sum(metric::CONSUMER_DELIVERIES, &[]), 5.0);
+    assert_eq!(
+        sum(metric::CONSUMER_REDELIVERIES, &[]),
+        1.0,
+        "c-bad came back"
+    );
+    assert_eq!(
+        sum(
+            metric::CONSUMER_ACKS,
+            &[("handler", "broker_grant"), ("result", "executed")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        sum(
+            metric::CONSUMER_ACKS,
+            &[("handler", "broker_grant"), ("result", "duplicate")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        sum(
+            metric::CONSUMER_RETRIES,
+            &[("handler", "broker_refuse"), ("reason", "handler_error")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        sum(
+            metric::CONSUMER_DEAD_LETTERS,
+            &[("handler", "broker_refuse"), ("reason", "handler_error")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        sum(
+            metric::CONSUMER_DEAD_LETTERS,
+            &[("handler", ""), ("reason", "decode")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        sum(metric::CONSUMER_HANDLE_SECONDS, &[]),
+        5.0,
+        "every delivery was timed"
+    );
+    assert_eq!(
+        sum(
+            metric::CONSUMER_HANDLE_SECONDS,
+            &[("handler", "broker_refuse")]
+        ),
+        2.0
+    );
+    // Acked or dead-lettered, each with its publication time.
+    assert_eq!(sum(metric::CONSUMER_END_TO_END_SECONDS, &[]), 4.0);
+    let in_flight = seen.series(metric::CONSUMER_IN_FLIGHT, q);
+    assert_eq!(in_flight.len(), 1, "{in_flight:?}");
+    assert_eq!(in_flight[0].value, 0.0, "nothing in flight after the stop");
+    assert_eq!(in_flight[0].most, 1.0, "one at a time: {in_flight:?}");
+    let last = seen.series(metric::CONSUMER_LAST_SETTLE, q);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(last.len() == 1 && now - last[0].value < 60.0, "{last:?}");
+    assert!(
+        !seen.series(metric::CONSUMER_LAG, q).is_empty(),
+        "the lag was set"
+    );
+    settles_to(b, 0).await;
 }
 
 /// Waits until the broker says `n` messages wait (acks are settled by the

@@ -12,7 +12,8 @@
 //!   `sql.rs`, and `mysql.rs` writes its business tables in the `?` one;
 //! * what a test hands its handlers and does with their calls: [`Probe`]
 //!   (`probe.rs`), and [`together`], [`Tally`] and [`eventually`]
-//!   (`calls.rs`).
+//!   (`calls.rs`);
+//! * what the metrics said: [`recorder`], a recorder that keeps the series.
 
 // Each test binary uses a different part of these helpers.
 #![allow(dead_code)]
@@ -33,6 +34,7 @@ mod sqlite;
 pub(crate) mod broker;
 pub(crate) mod lease;
 pub(crate) mod ops;
+pub(crate) mod recorder;
 pub(crate) mod redis_store;
 pub(crate) mod stress;
 pub(crate) mod tx;
