@@ -1,74 +1,10 @@
 //! The metrics a consumer's dashboard reads: calls by result, claim and body
 //! latency. Own binary, because it installs the process-wide recorder.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+mod common;
 
+use common::recorder::capture;
 use idem_runtime::{Error, MemoryStore, idempotent, metric};
-use metrics::{
-    Counter, CounterFn, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
-    SharedString, Unit,
-};
-
-/// Counter totals and histogram sample counts by name and labels.
-#[derive(Default, Clone)]
-struct Seen(Arc<Mutex<HashMap<String, f64>>>);
-
-impl Seen {
-    fn add(&self, id: &str, by: f64) {
-        if let Ok(mut m) = self.0.lock() {
-            *m.entry(id.to_owned()).or_default() += by;
-        }
-    }
-
-    fn get(&self, id: &str) -> f64 {
-        self.0
-            .lock()
-            .map(|m| m.get(id).copied().unwrap_or(0.0))
-            .unwrap_or(0.0)
-    }
-}
-
-fn id(key: &Key) -> String {
-    let mut labels: Vec<String> = key
-        .labels()
-        .map(|l| format!("{}={}", l.key(), l.value()))
-        .collect();
-    labels.sort();
-    format!("{}{{{}}}", key.name(), labels.join(","))
-}
-
-struct Entry(Seen, String);
-
-impl CounterFn for Entry {
-    fn increment(&self, value: u64) {
-        self.0.add(&self.1, value as f64);
-    }
-    fn absolute(&self, _: u64) {}
-}
-
-impl HistogramFn for Entry {
-    fn record(&self, _: f64) {
-        self.0.add(&self.1, 1.0);
-    }
-}
-
-struct Capture(Seen);
-
-impl Recorder for Capture {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        Counter::from_arc(Arc::new(Entry(self.0.clone(), id(key))))
-    }
-    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
-        Gauge::noop()
-    }
-    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
-        Histogram::from_arc(Arc::new(Entry(self.0.clone(), id(key))))
-    }
-}
 
 #[derive(serde::Deserialize)]
 struct Msg {
@@ -96,8 +32,7 @@ async fn handle(msg: &Msg) -> Result<u32, Refused> {
 
 #[tokio::test]
 async fn calls_are_counted_by_result_and_latencies_recorded() {
-    let seen = Seen::default();
-    metrics::set_global_recorder(Capture(seen.clone())).expect("first recorder in this binary");
+    let seen = capture();
     let store = MemoryStore::new();
     let msg = |id: &str, coupon: Option<&str>, fail| Msg {
         id: id.into(),
@@ -129,10 +64,10 @@ async fn calls_are_counted_by_result_and_latencies_recorded() {
     ));
 
     let calls = |result: &str| {
-        seen.get(&format!(
-            "{}{{handler=obs_handler,result={result}}}",
-            metric::CALLS
-        ))
+        seen.sum(
+            metric::CALLS,
+            &[("handler", "obs_handler"), ("result", result)],
+        )
     };
     assert_eq!(calls("executed"), 1.0);
     assert_eq!(calls("duplicate"), 3.0, "the duplicate rate is visible");
@@ -140,11 +75,71 @@ async fn calls_are_counted_by_result_and_latencies_recorded() {
     assert_eq!(calls("key_missing"), 1.0);
     // Every call that reached the store was timed claiming; two bodies ran.
     assert_eq!(
-        seen.get(&format!("{}{{handler=obs_handler}}", metric::CLAIM_SECONDS)),
+        seen.sum(metric::CLAIM_SECONDS, &[("handler", "obs_handler")]),
         5.0
     );
     assert_eq!(
-        seen.get(&format!("{}{{handler=obs_handler}}", metric::BODY_SECONDS)),
+        seen.sum(metric::BODY_SECONDS, &[("handler", "obs_handler")]),
         2.0
+    );
+}
+
+#[idempotent(key = "id", ttl = "1h", store = "sqlite", name = "obs_outage")]
+async fn during_an_outage(msg: &Msg) -> Result<u32, Refused> {
+    let _ = msg;
+    Ok(1)
+}
+
+/// Counts the warnings the runtime logs.
+#[derive(Default)]
+struct Warnings(std::sync::atomic::AtomicUsize);
+
+impl tracing::Subscriber for Warnings {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let meta = event.metadata();
+        if *meta.level() == tracing::Level::WARN && meta.target().starts_with("idem_runtime") {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// A store that is down fails every call: the calls say so, each with
+/// `Error::Store`, but the log warns once per 10 s per handler, not once a
+/// call.
+#[tokio::test]
+async fn store_faults_are_warned_once_per_window_not_once_per_call() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let store = idem_runtime::SqliteStore::open(dir.path().join("outage.db"))
+        .await
+        .expect("open");
+    store.migrate().await.expect("migrate");
+    store.pool().close().await;
+    let warnings = std::sync::Arc::new(Warnings::default());
+    let _log = tracing::subscriber::set_default(std::sync::Arc::clone(&warnings));
+    for i in 0..30 {
+        let msg = Msg {
+            id: format!("o-{i}"),
+            coupon: None,
+            fail: false,
+        };
+        let err = during_an_outage(&store, &msg)
+            .await
+            .expect_err("the store is down");
+        assert!(matches!(err, Error::Store { .. }), "{err:?}");
+    }
+    assert_eq!(
+        warnings.0.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one warning for 30 store faults"
     );
 }
