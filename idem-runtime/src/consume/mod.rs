@@ -288,7 +288,7 @@ impl Verdict {
     ///
     /// ```
     /// use idem_runtime::consume::{Attempts, Policy, Verdict};
-    /// use idem_runtime::{Error, Key, Outcome};
+    /// use idem_runtime::{Error, Key, Outcome, StoreError};
     /// use std::time::Duration;
     ///
     /// let policy = Policy { max_attempts: 2, ..Policy::default() };
@@ -304,7 +304,7 @@ impl Verdict {
     ///
     /// // a store fault on a message handed back three times waits longer
     /// let down: Result<Outcome<()>, Error<&str>> =
-    ///     Err(Error::Store { handler: "h", key, source: "connection refused".into() });
+    ///     Err(Error::Store { handler: "h", key: Some(key), source: StoreError::Timeout(Duration::from_secs(5)) });
     /// let after = |retries| match Verdict::of(&down, Attempts { failures: 0, retries }, &policy) {
     ///     Verdict::Retry { after, failed: false, .. } => after,
     ///     other => panic!("{other:?}"),
