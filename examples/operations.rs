@@ -5,6 +5,7 @@
 //! cargo run -p idem-examples --example operations               # a temporary database
 //! cargo run -p idem-examples --example operations -- ops.db     # keep it, then:
 //! cargo run -p idem-cli -- --store sqlite:ops.db list reserve --failed
+//! cargo run -p idem-cli -- --store sqlite:ops.db list reserve --status exhausted
 //! ```
 //!
 //! One handler, `reserve`, keyed by `order_id`, with

@@ -3,14 +3,14 @@
 
 use idem_runtime::clock::{Clock as _, SystemClock};
 use idem_runtime::store::sql::SCHEMA_VERSION;
-use idem_runtime::store::{
-    Filter, Forgot, HandlerStats, Inspect, Order, Query, Record, Schema, Status, StoredKey,
-};
+use idem_runtime::store::{Filter, Forgot, HandlerStats, Inspect, Order, Query, Schema, StoredKey};
 use idem_runtime::{Key, KeyPart, StoreError};
 use serde::Serialize;
 
 use crate::open::Kind;
-use crate::render::{RecordJson, cut, record_text, relative, shown_key, table, utc, when};
+use crate::render::{
+    RecordJson, cut, failures_cell, record_text, relative, shown_key, status_now, table, utc, when,
+};
 use crate::{Command, Failure, KeyArgs, ListArgs};
 
 /// What the commands need to know besides the store.
@@ -88,7 +88,7 @@ async fn list<S: Inspect>(
     now: i64,
 ) -> Result<String, Failure> {
     let filter = match (args.status, args.stuck, args.failed) {
-        (Some(status), _, _) => Filter::Status(status),
+        (Some(filter), _, _) => filter,
         (None, true, _) => Filter::Stuck,
         (None, false, true) => Filter::Failed,
         (None, false, false) => Filter::Any,
@@ -124,6 +124,7 @@ async fn list<S: Inspect>(
         Filter::Status(status) => format!(" with status {status}"),
         Filter::Stuck => " stuck past their lease".to_owned(),
         Filter::Failed => " that saw a failure".to_owned(),
+        Filter::Exhausted => " out of attempts".to_owned(),
         _ => String::new(),
     };
     if records.is_empty() {
@@ -136,7 +137,7 @@ async fn list<S: Inspect>(
                 cut(&shown_key(&r.key), 40),
                 status_now(r, now),
                 r.attempts.to_string(),
-                r.failures.to_string(),
+                failures_cell(r),
                 relative(r.created_at_ms, now),
                 relative(r.expires_at_ms, now),
                 r.last_error
@@ -171,15 +172,6 @@ async fn list<S: Inspect>(
         out.push_str(&format!("(the first {}; --limit N for more)\n", args.limit));
     }
     Ok(out)
-}
-
-/// A record's status, and whether it has run out.
-fn status_now(record: &Record, now: i64) -> String {
-    match (record.status, record.is_expired(now)) {
-        (Status::InProgress, true) => "in_progress, stuck".to_owned(),
-        (status, true) => format!("{status}, expired"),
-        (status, false) => status.to_string(),
-    }
 }
 
 async fn stats<S: Inspect>(store: &S, ctx: &Context, now: i64) -> Result<String, Failure> {

@@ -62,7 +62,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use idem_runtime::store::Status;
+use idem_runtime::store::{Filter, Status};
 
 /// Shows, lists, counts, forgets and sweeps the records of idempotent
 /// handlers (`#[idempotent]`) in their store.
@@ -145,9 +145,10 @@ pub(crate) struct KeyArgs {
 pub(crate) struct ListArgs {
     /// The handler's registered name
     pub(crate) handler: String,
-    /// Only records of this status: in_progress, completed, failed, retry
+    /// Only records of this status: in_progress, completed, failed, retry;
+    /// or exhausted (retry records out of attempts)
     #[arg(long, value_name = "STATUS", value_parser = status, conflicts_with_all = ["stuck", "failed"])]
-    pub(crate) status: Option<Status>,
+    pub(crate) status: Option<Filter>,
     /// Only claims in progress past their lease
     #[arg(long, conflicts_with = "failed")]
     pub(crate) stuck: bool,
@@ -173,12 +174,18 @@ pub(crate) struct ForgetArgs {
     pub(crate) force: bool,
 }
 
-/// Reads a status as the store writes it (`in-progress` is taken too).
-fn status(text: &str) -> Result<Status, String> {
-    Status::parse(&text.replace('-', "_")).ok_or_else(|| {
-        let names: Vec<&str> = Status::ALL.iter().map(|s| s.as_str()).collect();
-        format!("expected one of {}", names.join(", "))
-    })
+/// Reads a status as the store writes it (`in-progress` is taken too), or
+/// `exhausted`: the filter of `list --status`.
+fn status(text: &str) -> Result<Filter, String> {
+    if text == "exhausted" {
+        return Ok(Filter::Exhausted);
+    }
+    Status::parse(&text.replace('-', "_"))
+        .map(Filter::Status)
+        .ok_or_else(|| {
+            let names: Vec<&str> = Status::ALL.iter().map(|s| s.as_str()).collect();
+            format!("expected one of {}, exhausted", names.join(", "))
+        })
 }
 
 /// Why a command did not succeed, and its exit code.
@@ -299,9 +306,11 @@ mod tests {
 
     #[test]
     fn statuses_are_read_as_stored() {
-        use idem_runtime::store::Status;
-        assert_eq!(super::status("in_progress"), Ok(Status::InProgress));
-        assert_eq!(super::status("in-progress"), Ok(Status::InProgress));
+        use idem_runtime::store::{Filter, Status};
+        let in_progress = Filter::Status(Status::InProgress);
+        assert_eq!(super::status("in_progress"), Ok(in_progress));
+        assert_eq!(super::status("in-progress"), Ok(in_progress));
+        assert_eq!(super::status("exhausted"), Ok(Filter::Exhausted));
         assert!(super::status("done").is_err());
     }
 }

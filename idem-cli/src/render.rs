@@ -79,6 +79,13 @@ pub(crate) fn shown_key(stored: &str) -> String {
 pub(crate) fn state(record: &Record, now_ms: i64) -> String {
     let expired = record.is_expired(now_ms);
     let ends = relative(record.expires_at_ms, now_ms);
+    if record.is_exhausted(now_ms) {
+        return format!(
+            "exhausted: {}; its deliveries are refused until {}, or until it is forgotten",
+            failures(record),
+            utc(record.expires_at_ms)
+        );
+    }
     match (record.status, expired) {
         (Status::InProgress, false) => format!("live claim, its lease ends {ends}"),
         (Status::InProgress, true) => {
@@ -86,6 +93,36 @@ pub(crate) fn state(record: &Record, now_ms: i64) -> String {
         }
         (_, false) => format!("counts until {}", utc(record.expires_at_ms)),
         (_, true) => format!("expired {ends}, not yet swept: the next delivery runs again"),
+    }
+}
+
+/// A record's failures, and how many its handler allows when the record
+/// knows: `3 of 3 failures`, `1 failure`.
+pub(crate) fn failures(record: &Record) -> String {
+    let s = if record.failures == 1 { "" } else { "s" };
+    match record.max_attempts {
+        Some(max) => format!("{} of {max} failure{s}", record.failures),
+        None => format!("{} failure{s}", record.failures),
+    }
+}
+
+/// A record's failures as a column: `3 of 3`, or `1` when the record does
+/// not know its handler's limit.
+pub(crate) fn failures_cell(record: &Record) -> String {
+    match record.max_attempts {
+        Some(max) => format!("{} of {max}", record.failures),
+        None => record.failures.to_string(),
+    }
+}
+
+/// A record's status, and what it means now, in a word: `in_progress,
+/// stuck`, `retry, exhausted`, `completed, expired`.
+pub(crate) fn status_now(record: &Record, now_ms: i64) -> String {
+    match (record.status, record.is_expired(now_ms)) {
+        (Status::InProgress, true) => "in_progress, stuck".to_owned(),
+        (status, true) => format!("{status}, expired"),
+        (status, false) if record.is_exhausted(now_ms) => format!("{status}, exhausted"),
+        (status, false) => status.to_string(),
     }
 }
 
@@ -100,6 +137,10 @@ pub(crate) struct RecordJson<'r> {
     outcome: Option<serde_json::Value>,
     attempts: i64,
     failures: i64,
+    /// The handler's limit, as the record knows it.
+    max_attempts: Option<u32>,
+    /// A live retry record whose failures reached `max_attempts`.
+    exhausted: bool,
     last_error: Option<&'r str>,
     fingerprint: Option<&'r str>,
     token: Option<&'r str>,
@@ -127,6 +168,8 @@ impl<'r> RecordJson<'r> {
             }),
             attempts: record.attempts,
             failures: record.failures,
+            max_attempts: record.max_attempts,
+            exhausted: record.is_exhausted(now_ms),
             last_error: record.last_error.as_deref(),
             fingerprint: record.fingerprint.as_deref(),
             token: record.token.as_deref(),
@@ -165,6 +208,12 @@ pub(crate) fn record_text(record: &Record, now_ms: i64) -> String {
         ("outcome", dash(record.outcome.as_deref())),
         ("attempts", record.attempts.to_string()),
         ("failures", record.failures.to_string()),
+        (
+            "max attempts",
+            record
+                .max_attempts
+                .map_or("-".to_owned(), |m| m.to_string()),
+        ),
         ("last error", dash(record.last_error.as_deref())),
         ("fingerprint", dash(record.fingerprint.as_deref())),
         ("lease holder", dash(record.token.as_deref())),

@@ -45,6 +45,7 @@ fn the_suite_on_a_three_master_cluster() {
             schema_reports_the_table_s_version,
             errors_are_one_line_with_their_exit_code,
             handler_names_are_matched_exactly,
+            an_exhausted_key_reads_as_exhausted,
         }
     });
 }

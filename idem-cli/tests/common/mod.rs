@@ -14,12 +14,13 @@ pub(crate) mod fixtures;
 pub(crate) mod suite;
 
 use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use idem_runtime::Key;
 use idem_runtime::clock::{Clock as _, SystemClock};
 use idem_runtime::registry::{HandlerSpec, Mode};
 use idem_runtime::store::{Claim, Failure, LeaseStore};
+use idem_runtime::{Key, idempotent};
 
 /// What a run of the binary did.
 #[derive(Debug)]
@@ -150,6 +151,43 @@ pub(crate) static GLOB_SPECS: [HandlerSpec; 4] = [
     spec("a?c", 3_600, 600, None),
     spec("abc", 3_600, 600, None),
 ];
+
+/// A message of `cli_reserve`.
+pub(crate) struct Reserve {
+    pub(crate) order_id: String,
+    pub(crate) sku: String,
+}
+
+impl Reserve {
+    pub(crate) fn new(order_id: &str, sku: &str) -> Reserve {
+        Reserve {
+            order_id: order_id.to_owned(),
+            sku: sku.to_owned(),
+        }
+    }
+}
+
+/// The name `cli_reserve` is registered under.
+pub(crate) const RESERVE: &str = "cli_reserve";
+
+/// A handler allowed three failed deliveries per key, whose warehouse is
+/// always down: each run counts in `runs` and fails with an error that may
+/// pass. Lease mode, so it runs on every store of the suite.
+#[idempotent(
+    key = "msg.order_id + msg.sku",
+    ttl = "1h",
+    lease = "10m",
+    store = "sqlite",
+    name = "cli_reserve",
+    max_attempts = 3
+)]
+pub(crate) async fn reserve(msg: &Reserve, runs: &AtomicU32) -> Result<u32, std::io::Error> {
+    let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+    Err(std::io::Error::other(format!(
+        "warehouse down (run {run} for {})",
+        msg.order_id
+    )))
+}
 
 /// A key of `cli_orders`: `order_id + sku`.
 pub(crate) fn key(order: &str, sku: &str) -> Key {

@@ -1,16 +1,18 @@
 //! The scenarios, each on a fixture of its own: records written by the
 //! runtime, read, listed, counted, forgotten and swept by the binary.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use idem_runtime::Error;
 use idem_runtime::store::{Claim, Failure, LeaseStore, Standing};
 use idem_runtime::store::{Inspect, Status};
 use serde_json::{Value, json};
 
 use super::fixtures::StoreFx;
 use super::{
-    FINGERPRINT, GLOB_SPECS, ORDERS, ORDERS_SPEC, Run, SHORT_SPEC, SMS, SMS_SPEC, claim,
-    claimable_afresh, complete, fail, idem, idem_env, key, now, two_hours_ago,
+    FINGERPRINT, GLOB_SPECS, ORDERS, ORDERS_SPEC, RESERVE, Reserve, Run, SHORT_SPEC, SMS, SMS_SPEC,
+    claim, claimable_afresh, complete, fail, idem, idem_env, key, now, reserve, two_hours_ago,
 };
 
 /// One `#[tokio::test]` per scenario on the fixture type `$Fx`, skipped
@@ -27,6 +29,7 @@ macro_rules! cli_suite {
             schema_reports_the_table_s_version,
             errors_are_one_line_with_their_exit_code,
             handler_names_are_matched_exactly,
+            an_exhausted_key_reads_as_exhausted,
         );
     };
     (@tests $Fx:ty; $($scenario:ident,)*) => {
@@ -197,6 +200,10 @@ pub(crate) async fn show_prints_every_field_of_a_record<F: StoreFx>(fx: &F) {
     ] {
         assert!(text.contains(line), "{line:?} is not in:\n{text}");
     }
+    // The handler's limit: a SQL row keeps it; a completed Redis record
+    // holds its outcome in its place (the limit matters to retries only).
+    let limit = if F::NATIVE_EXPIRY { "-" } else { "3" };
+    assert!(text.contains(&format!("max attempts {limit}\n")), "{text}");
     if F::NATIVE_EXPIRY {
         // Redis keeps it for the ttl from when it was written, by its own clock.
         assert!(
@@ -322,6 +329,7 @@ pub(crate) async fn list_filters_and_orders_a_handler_s_records<F: StoreFx>(fx: 
     );
     assert_eq!(list(&["--status", "in_progress"]), ["S-1", "L-1"]);
     assert_eq!(list(&["--status", "retry"]), ["R-1", "X-1"]);
+    assert_eq!(list(&["--status", "exhausted"]), ["X-1"]);
     assert_eq!(list(&["--status", "failed"]), ["F-1"]);
 
     let listing = on(fx, &["--json", "list", ORDERS, "--failed", "--limit", "5"]).json();
@@ -334,6 +342,12 @@ pub(crate) async fn list_filters_and_orders_a_handler_s_records<F: StoreFx>(fx: 
     assert_eq!(out_of_attempts["failures"], 3);
     assert_eq!(out_of_attempts["attempts"], 3);
     assert_eq!(out_of_attempts["last_error"], "warehouse API timed out");
+    assert_eq!(out_of_attempts["max_attempts"], 3);
+    assert_eq!(out_of_attempts["exhausted"], true);
+    assert_eq!(
+        listing["records"][1]["exhausted"], false,
+        "R-1 has attempts left"
+    );
 
     let text = on(fx, &["list", ORDERS]).ok().stdout;
     let mut lines = text.lines();
@@ -365,7 +379,8 @@ pub(crate) async fn list_filters_and_orders_a_handler_s_records<F: StoreFx>(fx: 
     assert!(stuck.contains("2h ago"), "{text}");
     assert!(
         text.lines().any(|l| l.starts_with("X-1 + apple")
-            && l.contains("retry")
+            && l.contains("retry, exhausted")
+            && l.contains("3 of 3")
             && l.ends_with("warehouse API timed out")),
         "{text}"
     );
@@ -578,12 +593,12 @@ pub(crate) async fn schema_reports_the_table_s_version<F: StoreFx>(fx: &F) {
     }
     let table = fx.args()[3].clone();
     assert_eq!(schema["table"], table.as_str());
-    assert_eq!(schema["version"], 2);
-    assert_eq!(schema["current"], 2);
+    assert_eq!(schema["version"], 3);
+    assert_eq!(schema["current"], 3);
     let text = on(fx, &["schema"]).ok().stdout;
     assert_eq!(
         text,
-        format!("table `{table}`: schema version 2 (this release's is 2)\n")
+        format!("table `{table}`: schema version 3 (this release's is 3)\n")
     );
     let mut args = fx.args_on("idem_cli_never_made");
     args.push("schema".into());
@@ -682,4 +697,177 @@ pub(crate) async fn handler_names_are_matched_exactly<F: StoreFx>(fx: &F) {
         line.ends_with("handlers with records: `a*b`, `a?c`, `abc`, `axb`"),
         "{line}"
     );
+}
+
+/// Delivers `msg` to `cli_reserve` on `store` until it is turned away as
+/// out of attempts: three runs, three failures, then `Exhausted`.
+async fn deliver_until_exhausted<S: LeaseStore>(store: &S, msg: &Reserve, runs: &AtomicU32) {
+    let before = runs.load(Ordering::SeqCst);
+    for run in 1..=3 {
+        match reserve(store, msg, runs).await {
+            Err(Error::Handler { .. }) => {}
+            other => panic!(
+                "delivery {run} of {} runs and fails: {other:?}",
+                msg.order_id
+            ),
+        }
+    }
+    match reserve(store, msg, runs).await {
+        Err(Error::Exhausted { failures: 3, .. }) => {}
+        other => panic!("the fourth delivery is turned away: {other:?}"),
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        before + 3,
+        "the body ran 3 times"
+    );
+}
+
+/// A handler with `max_attempts = 3` whose body always fails, delivered
+/// through its generated function until the runtime turns its key away:
+/// `show` and `list` (text and JSON) say the key is exhausted and of how
+/// many failures, `list --status exhausted` lists it alone, and once it
+/// is forgotten the next delivery runs the body again. A key with
+/// attempts left, and (SQL) an exhausted key whose window is over, are
+/// not exhausted.
+pub(crate) async fn an_exhausted_key_reads_as_exhausted<F: StoreFx>(fx: &F) {
+    let runs = AtomicU32::new(0);
+    let out = Reserve::new("X-9", "apple");
+    deliver_until_exhausted(fx.store(), &out, &runs).await;
+    let left = Reserve::new("R-9", "apple");
+    assert!(matches!(
+        reserve(fx.store(), &left, &runs).await,
+        Err(Error::Handler { .. })
+    ));
+    if !F::NATIVE_EXPIRY {
+        // Exhausted two hours ago: its hour is over, the next delivery runs.
+        let past = Reserve::new("P-9", "apple");
+        deliver_until_exhausted(&fx.store_at(two_hours_ago()), &past, &runs).await;
+    }
+
+    let text = on(fx, &["show", RESERVE, "X-9", "apple"]).ok().stdout;
+    for line in [
+        "status       retry (exhausted: 3 of 3 failures; its deliveries are refused until ",
+        "attempts     3\n",
+        "failures     3\n",
+        "max attempts 3\n",
+        "last error   warehouse down (run 3 for X-9)\n",
+    ] {
+        assert!(text.contains(line), "{line:?} is not in:\n{text}");
+    }
+    assert!(text.contains(", or until it is forgotten)\n"), "{text}");
+    let shown = on(fx, &["--json", "show", RESERVE, "X-9", "apple"]).json();
+    assert_eq!(
+        (
+            &shown["status"],
+            &shown["failures"],
+            &shown["max_attempts"],
+            &shown["exhausted"],
+            &shown["expired"]
+        ),
+        (
+            &json!("retry"),
+            &json!(3),
+            &json!(3),
+            &json!(true),
+            &json!(false)
+        ),
+        "{shown}"
+    );
+    let shown = on(fx, &["--json", "show", RESERVE, "R-9", "apple"]).json();
+    assert_eq!(
+        (
+            &shown["failures"],
+            &shown["max_attempts"],
+            &shown["exhausted"]
+        ),
+        (&json!(1), &json!(3), &json!(false)),
+        "{shown}"
+    );
+    let text = on(fx, &["show", RESERVE, "R-9", "apple"]).ok().stdout;
+    assert!(text.contains("status       retry (counts until "), "{text}");
+
+    // The listing: the status says it, the failures column gives the limit.
+    let text = on(fx, &["list", RESERVE]).ok().stdout;
+    let row = |order: &str| -> Vec<String> {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{order} + apple")))
+            .unwrap_or_else(|| panic!("no {order} in:\n{text}"));
+        line.split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let (x, r) = (row("X-9"), row("R-9"));
+    assert_eq!(x[1..4], ["retry, exhausted", "3", "3 of 3"], "{text}");
+    assert_eq!(
+        x.last().unwrap(),
+        "warehouse down (run 3 for X-9)",
+        "{text}"
+    );
+    assert_eq!(r[1..4], ["retry", "1", "1 of 3"], "{text}");
+    if !F::NATIVE_EXPIRY {
+        assert_eq!(
+            row("P-9")[1..4],
+            ["retry, expired", "3", "3 of 3"],
+            "{text}"
+        );
+    }
+
+    let listing = on(fx, &["--json", "list", RESERVE, "--status", "exhausted"]).json();
+    assert_eq!(listing["filter"], "exhausted");
+    assert_eq!(orders(&listing), ["X-9"]);
+    assert_eq!(listing["records"][0]["exhausted"], true);
+    let text = on(fx, &["list", RESERVE, "--status", "exhausted"])
+        .ok()
+        .stdout;
+    assert!(
+        text.starts_with("1 record of `cli_reserve` out of attempts, oldest claim first:\n"),
+        "{text}"
+    );
+    let retry = on(fx, &["--json", "list", RESERVE, "--status", "retry"]).json();
+    assert_eq!(orders(&retry), sans_expired_of::<F>(&["P-9", "X-9", "R-9"]));
+    let bad = on(fx, &["list", RESERVE, "--status", "out"]);
+    assert_eq!(bad.code, 2, "{bad:?}");
+    assert!(
+        bad.stderr
+            .contains("expected one of in_progress, completed, failed, retry, exhausted"),
+        "{bad:?}"
+    );
+
+    // Forgotten, it runs again, as a first delivery.
+    let text = on(fx, &["forget", RESERVE, "X-9", "apple"]).ok().stdout;
+    assert!(
+        text.starts_with(
+            "forgot key X-9 + apple of `cli_reserve` (it was retry, exhausted, 3 attempts, 3 failures)"
+        ),
+        "{text}"
+    );
+    let before = runs.load(Ordering::SeqCst);
+    assert!(matches!(
+        reserve(fx.store(), &out, &runs).await,
+        Err(Error::Handler { .. })
+    ));
+    assert_eq!(runs.load(Ordering::SeqCst), before + 1);
+    let text = on(fx, &["list", RESERVE, "--status", "exhausted"])
+        .ok()
+        .stdout;
+    assert_eq!(text, "no records of `cli_reserve` out of attempts\n");
+    let shown = on(fx, &["--json", "show", RESERVE, "X-9", "apple"]).json();
+    assert_eq!(
+        (&shown["failures"], &shown["exhausted"]),
+        (&json!(1), &json!(false))
+    );
+}
+
+/// `expected` without P-9, the record exhausted two hours ago, on a store
+/// that cannot hold it.
+fn sans_expired_of<F: StoreFx>(expected: &[&str]) -> Vec<String> {
+    expected
+        .iter()
+        .filter(|o| !(F::NATIVE_EXPIRY && **o == "P-9"))
+        .map(|o| (*o).to_owned())
+        .collect()
 }

@@ -82,6 +82,8 @@ const SWEEP_BATCH: u32 = 1_000;
 /// record.failures = 1;
 /// assert!(Filter::Failed.matches(&record, 10_000));
 /// assert!(Filter::Status(Status::InProgress).matches(&record, 10_000));
+/// (record.status, record.max_attempts) = (Status::Retry, Some(1));
+/// assert!(Filter::Exhausted.matches(&record, 10_000));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "snake_case", tag = "filter", content = "status")]
@@ -98,6 +100,11 @@ pub enum Filter {
     /// Records that saw a failure: at least one failed delivery counted
     /// (`failures > 0`), or the status `failed` or `retry`.
     Failed,
+    /// Keys that used up their attempts: live `retry` records whose
+    /// failures reached the `max_attempts` they recorded
+    /// ([`Record::is_exhausted`]). Their deliveries are refused until the
+    /// record expires or is forgotten.
+    Exhausted,
 }
 
 impl Filter {
@@ -120,6 +127,7 @@ impl Filter {
             Filter::Failed => {
                 record.failures > 0 || matches!(record.status, Status::Failed | Status::Retry)
             }
+            Filter::Exhausted => record.is_exhausted(now_ms),
         }
     }
 }
@@ -867,6 +875,18 @@ mod tests {
         );
         assert_eq!(keys(Query::new().filter(Filter::Stuck)), ["1:a"]);
         assert_eq!(keys(Query::new().filter(Filter::Failed)), ["1:b"]);
+        assert!(keys(Query::new().filter(Filter::Exhausted)).is_empty());
+        // 1:b out of attempts, by the limit it recorded.
+        let mut records = records.clone();
+        records[2].failures = 2;
+        records[2].max_attempts = Some(2);
+        let exhausted: Vec<String> = Query::new()
+            .filter(Filter::Exhausted)
+            .apply(records, 10)
+            .into_iter()
+            .map(|r| r.key)
+            .collect();
+        assert_eq!(exhausted, ["1:b"]);
         assert_eq!(
             keys(Query::new().filter(Filter::Status(Status::InProgress))),
             ["1:a", "1:d"]
@@ -891,7 +911,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_memory_store_is_inspected_as_the_others() {
-        use crate::clock::ManualClock;
+        use crate::clock::{Clock as _, ManualClock};
         use crate::store::contract::{Claim, Failure, LeaseStore};
         use crate::store::memory::MemoryStore;
 
@@ -917,6 +937,17 @@ mod tests {
             .unwrap();
         assert_eq!(failed.len(), 1);
         assert_eq!(failed[0].key, k("b").as_str());
+        assert_eq!(failed[0].max_attempts, Some(2));
+        // One failure of two: not yet exhausted. A second one exhausts it.
+        let exhausted = Query::new().filter(Filter::Exhausted);
+        assert!(store.list("notify", exhausted).await.unwrap().is_empty());
+        let Claim::Fresh { token: b } = store.claim(&SPEC, &k("b"), None).await.unwrap() else {
+            panic!()
+        };
+        store.fail(&SPEC, &k("b"), &b, failure).await.unwrap();
+        let listed = store.list("notify", exhausted).await.unwrap();
+        assert_eq!(listed.len(), 1);
+        assert!(listed[0].is_exhausted(clock.now_millis()));
         clock.advance(SPEC.lease);
         let stats = store.stats().await.unwrap();
         let h = stats.handler("notify").unwrap();

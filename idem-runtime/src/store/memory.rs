@@ -283,6 +283,7 @@ impl LeaseStore for MemoryStore {
             record.last_error = carried.last_error;
             record.fingerprint = fingerprint.map(str::to_owned);
             record.token = Some(token.clone());
+            record.max_attempts = spec.max_attempts;
             *slot = Some(record);
             Claim::Fresh { token }
         }))

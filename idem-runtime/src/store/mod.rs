@@ -99,6 +99,8 @@
 //!         (record.attempts, record.failures) = (attempts, failures);
 //!         record.token = Some(token.clone());
 //!         record.fingerprint = fingerprint.map(str::to_owned);
+//!         // for operators' tools, which do not know the handler
+//!         record.max_attempts = spec.max_attempts;
 //!         records.insert(id(spec, key), record);
 //!         Ok(Claim::Fresh { token })
 //!     }

@@ -137,6 +137,16 @@ pub struct Record {
     /// When a completed (or failed, or retry) record stops counting, or when
     /// an in-progress lease runs out.
     pub expires_at_ms: i64,
+    /// The handler's `max_attempts` as the claim that wrote the record knew
+    /// it: how many failures exhaust the key. `None` for a handler without
+    /// it, and where the store does not know it: a record of an earlier
+    /// release (a SQL table before schema version 3, a Redis hash), a
+    /// completed or failed Redis record (which keeps its outcome in the
+    /// limit's place: the limit matters to claims and retries only), or a
+    /// store of your own that does not keep it. For operators' tools
+    /// ([`is_exhausted`](Record::is_exhausted)); the claim rules read the
+    /// limit from the handler itself.
+    pub max_attempts: Option<u32>,
 }
 
 impl Record {
@@ -170,6 +180,7 @@ impl Record {
             created_at_ms,
             updated_at_ms: created_at_ms,
             expires_at_ms,
+            max_attempts: None,
         }
     }
 
@@ -186,5 +197,33 @@ impl Record {
     /// ```
     pub fn is_expired(&self, now_ms: i64) -> bool {
         self.expires_at_ms <= now_ms
+    }
+
+    /// Whether the key has used up its attempts at `now_ms`: a live
+    /// [`Retry`](Status::Retry) record whose failures reached its
+    /// [`max_attempts`](Record::max_attempts). Its deliveries are refused
+    /// ([`Standing::Exhausted`](crate::store::Standing::Exhausted)) until
+    /// the record expires or is forgotten. `false` when the record does not
+    /// know its limit.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::store::{Record, Status};
+    /// let mut r = Record::new("notify", "3:m-1", Status::Retry, 0, 60_000);
+    /// r.failures = 3;
+    /// assert!(!r.is_exhausted(1_000)); // its limit is not known
+    /// r.max_attempts = Some(3);
+    /// assert!(r.is_exhausted(1_000));
+    /// assert!(!r.is_exhausted(60_000)); // its window is over: the next delivery runs
+    /// r.max_attempts = Some(5);
+    /// assert!(!r.is_exhausted(1_000));
+    /// ```
+    pub fn is_exhausted(&self, now_ms: i64) -> bool {
+        self.status == Status::Retry
+            && !self.is_expired(now_ms)
+            && self
+                .max_attempts
+                .is_some_and(|max| self.failures >= i64::from(max))
     }
 }

@@ -243,6 +243,9 @@ pub(crate) async fn failures_are_counted_exactly_under_16_concurrent_consumers<F
         (Status::Retry, 5, 5),
         "{record:?}"
     );
+    // The record keeps the handler's limit: an operator's tool tells the
+    // key is exhausted without the handler.
+    assert_eq!(record.max_attempts, Some(5), "{record:?}");
     assert_eq!(
         record.last_error.as_deref(),
         Some("warehouse unavailable: run 5 for f-1")
@@ -343,6 +346,12 @@ pub(crate) async fn a_claim_whose_lease_ran_out_counts_as_a_failure<F: LeaseFixt
         other => panic!("the stalled claim counts: {other:?}"),
     }
     assert_eq!(probe.runs(), 4);
+    let record = fx.record("lease_flaky", &msg.key()).await.unwrap();
+    assert_eq!(
+        (record.status, record.failures, record.max_attempts),
+        (Status::Retry, 5, Some(5)),
+        "the stall exhausted the key, and the record says so: {record:?}"
+    );
 
     // A first claim that stalls counts too: the next delivery runs as the
     // second attempt, one failure on record.

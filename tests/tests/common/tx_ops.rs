@@ -107,8 +107,13 @@ pub(crate) async fn failures_are_counted_exactly_under_16_concurrent_consumers<F
     );
     let record = db.record(F::FLAKY, &msg.key()).await.unwrap();
     assert_eq!(
-        (record.status, record.failures, record.attempts),
-        (Status::Retry, 5, 5),
+        (
+            record.status,
+            record.failures,
+            record.attempts,
+            record.max_attempts
+        ),
+        (Status::Retry, 5, 5, Some(5)),
         "{kind:?}: {record:?}"
     );
     let again = db.flaky(db.store(), &msg, &probe).await;

@@ -198,6 +198,7 @@ impl<'a> Claiming<'a> {
             fingerprint: self.fingerprint.unwrap_or_default(),
             last_error,
             outcome: "",
+            max_attempts: self.spec.max_attempts,
         }
         .encode()
     }

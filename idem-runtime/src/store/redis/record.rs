@@ -4,12 +4,16 @@
 //!
 //! The string is `2|s|updated|lease end|token length|token`, then
 //! `created|attempts|failures|fingerprint length|error length|`, then the
-//! fingerprint, the last error and the outcome: each text is as many
-//! bytes as its length says (the outcome takes the rest, so it is never
+//! fingerprint, the last error and the rest: each text is as many bytes
+//! as its length says (the rest takes what is left, so it is never
 //! escaped). The status `s` is one letter: `p` in progress, `c`
 //! completed, `f` failed, `r` retry. Times are milliseconds since the
 //! epoch; the lease end is empty unless the record is in progress, and
-//! the error length is empty when there is no last error.
+//! the error length is empty when there is no last error. The rest is the
+//! outcome of a completed or failed record; a record in progress or
+//! waiting for a retry has no outcome, and its rest is the handler's
+//! `max_attempts` in decimal, or empty (a handler without it, or a record
+//! written before it was kept there: readers that predate it ignore it).
 //!
 //! What a claim changes (status, update, lease, token) comes first; what
 //! it keeps follows the token. A record that holds a token has no outcome
@@ -92,7 +96,11 @@ pub(crate) struct Parts<'a> {
     pub(crate) token: &'a str,
     pub(crate) fingerprint: &'a str,
     pub(crate) last_error: Option<&'a str>,
+    /// The outcome of a completed or failed record.
     pub(crate) outcome: &'a str,
+    /// The handler's `max_attempts`, kept by a record in progress or
+    /// waiting for a retry.
+    pub(crate) max_attempts: Option<u32>,
 }
 
 impl Parts<'_> {
@@ -130,7 +138,11 @@ impl Parts<'_> {
         out.push('|');
         out.push_str(self.fingerprint);
         out.push_str(self.last_error.unwrap_or_default());
-        out.push_str(self.outcome);
+        if has_outcome(self.status) {
+            out.push_str(self.outcome);
+        } else if let Some(max) = self.max_attempts {
+            push_int(&mut out, i64::from(max));
+        }
         out
     }
 
@@ -148,8 +160,15 @@ impl Parts<'_> {
             fingerprint: record.fingerprint.as_deref().unwrap_or_default(),
             last_error: record.last_error.as_deref(),
             outcome: record.outcome.as_deref().unwrap_or_default(),
+            max_attempts: record.max_attempts,
         }
     }
+}
+
+/// Whether a record of `status` holds an outcome in its rest (completed,
+/// failed), or the handler's `max_attempts` (in progress, retry).
+fn has_outcome(status: Status) -> bool {
+    matches!(status, Status::Completed | Status::Failed)
 }
 
 fn malformed(why: &str) -> StoreError {
@@ -225,7 +244,7 @@ pub(crate) fn decode(
     };
     let fingerprint = take(Some(fingerprint_len))?;
     let last_error = error_len.map(|n| take(Some(n))).transpose()?;
-    let outcome = take(None)?;
+    let rest = take(None)?;
     let expires_at_ms = match (status, lease_end) {
         (Status::InProgress, Some(end)) => end,
         _ => expires_at_ms,
@@ -237,7 +256,14 @@ pub(crate) fn decode(
     record.token = (!token.is_empty()).then_some(token);
     record.fingerprint = (!fingerprint.is_empty()).then_some(fingerprint);
     record.last_error = last_error;
-    record.outcome = matches!(status, Status::Completed | Status::Failed).then_some(outcome);
+    if has_outcome(status) {
+        record.outcome = Some(rest);
+    } else if !rest.is_empty() {
+        let max = rest
+            .parse::<u32>()
+            .map_err(|_| malformed("a max_attempts that does not read"))?;
+        record.max_attempts = Some(max);
+    }
     Ok(record)
 }
 
@@ -324,6 +350,25 @@ mod tests {
         );
         assert_eq!(decode("h", "3:k-1", value.as_bytes(), 99).unwrap(), claim);
 
+        // A claim, and a retry, of a handler with max_attempts keep it in
+        // their rest; a completed record has its outcome there instead.
+        claim.max_attempts = Some(3);
+        let value = Parts::of(&claim).encode();
+        assert_eq!(
+            value,
+            format!("2|p|10|30010|32|{}10|1|0|0||3", "0f".repeat(16))
+        );
+        assert_eq!(decode("h", "3:k-1", value.as_bytes(), 99).unwrap(), claim);
+        let mut retry = sample();
+        (retry.status, retry.outcome, retry.max_attempts) = (Status::Retry, None, Some(12));
+        let value = Parts::of(&retry).encode();
+        assert!(value.ends_with("a|b|2|é12"), "{value}");
+        assert_eq!(decode("h", "3:k-1", value.as_bytes(), 5).unwrap(), retry);
+        let mut done = sample();
+        done.max_attempts = Some(3);
+        let back = decode("h", "3:k-1", Parts::of(&done).encode().as_bytes(), 5).unwrap();
+        assert_eq!((back.outcome, back.max_attempts), (sample().outcome, None));
+
         // An empty last error is one, and differs from none.
         let mut empty = sample();
         empty.last_error = Some(String::new());
@@ -370,5 +415,8 @@ mod tests {
         // A multi-byte character cut by a length is refused, not split.
         assert!(decode("h", "k", "2|c|1||0|1|1|0|0|1|é".as_bytes(), 0).is_err());
         assert!(decode("h", "k", "2|p|1|5|1|é1|1|0|0||".as_bytes(), 0).is_err());
+        // The rest of a record in progress is a number, or nothing.
+        assert!(decode("h", "k", b"2|p|1|5|0|1|1|0|0||x", 0).is_err());
+        assert!(decode("h", "k", b"2|r|1||0|1|1|0|0||-1", 0).is_err());
     }
 }

@@ -27,7 +27,9 @@
 /// `s` (status letter), `t` (token, `''` when none), `c`/`u` (created and
 /// updated, as text), `l` (lease end, text or `nil`), `a`/`f` (attempts
 /// and failures, numbers), `e` (last error or `nil`), `p` (fingerprint,
-/// `''` when none) and `o` (outcome or `nil`).
+/// `''` when none), `o` (outcome or `nil`) and `m` (the handler's
+/// `max_attempts` as text, or `nil`: the rest of a record in progress or
+/// waiting for a retry, which has no outcome).
 pub(crate) const PRELUDE: &str = r"
 local function parse(v, k)
   local s, u, l, tl, at = string.match(v, '^2|(%a)|([^|]*)|([^|]*)|([^|]*)|()')
@@ -48,7 +50,11 @@ local function parse(v, k)
     r.e = string.sub(v, bt, bt + el - 1)
     bt = bt + el
   end
-  if s == 'c' or s == 'f' then r.o = string.sub(v, bt) end
+  if s == 'c' or s == 'f' then
+    r.o = string.sub(v, bt)
+  elseif bt <= #v then
+    r.m = string.sub(v, bt)
+  end
   return r
 end
 local letters = {in_progress = 'p', completed = 'c', failed = 'f', retry = 'r'}
@@ -73,9 +79,11 @@ local function load(k, now)
 end
 local function encode(r)
   local e = r.e
+  local rest = r.m
+  if r.s == 'c' or r.s == 'f' then rest = r.o end
   return '2|' .. r.s .. '|' .. r.u .. '|' .. (r.l or '') .. '|' .. #r.t .. '|' .. r.t ..
     r.c .. '|' .. string.format('%d|%d|%d|', r.a, r.f, #r.p) .. (e and #e or '') .. '|' ..
-    r.p .. (e or '') .. (r.o or '')
+    r.p .. (e or '') .. (rest or '')
 end
 ";
 
@@ -111,9 +119,11 @@ return 1
 ";
 
 /// The common case of [`COMPLETE`], a string record, read with one
-/// `string.match` of its head: a record that holds the token has no
-/// outcome yet, so the completed record is a new head, the old tail as it
-/// is, and the outcome. An absent key or a hash falls through.
+/// `string.match` of its head and one of its tail's lengths: a record that
+/// holds the token has no outcome yet, so the completed record is a new
+/// head, the old tail up to the end of its last error (what follows is
+/// the handler's `max_attempts`, which a completed record does not keep),
+/// and the outcome. An absent key or a hash falls through.
 pub(crate) const COMPLETE_STRING: &str = r"
 local v = redis.pcall('GET', KEYS[1])
 if type(v) == 'string' then
@@ -121,7 +131,10 @@ if type(v) == 'string' then
   if not tl then error('idem: the value of ' .. KEYS[1] .. ' is not a record') end
   tl = tonumber(tl)
   if tl == 0 or string.sub(v, at, at + tl - 1) ~= ARGV[1] then return 0 end
-  redis.call('SET', KEYS[1], '2|c|' .. ARGV[4] .. '||0|' .. string.sub(v, at + tl) .. ARGV[2],
+  local pl, el, bt = string.match(v, '^[^|]*|[^|]*|[^|]*|(%d+)|(%d*)|()', at + tl)
+  if not pl then error('idem: the value of ' .. KEYS[1] .. ' is not a record') end
+  local ends = bt + tonumber(pl) + (tonumber(el) or 0) - 1
+  redis.call('SET', KEYS[1], '2|c|' .. ARGV[4] .. '||0|' .. string.sub(v, at + tl, ends) .. ARGV[2],
     'PX', ARGV[3])
   return 1
 end
@@ -237,6 +250,7 @@ end
 local r = {s = 'p', t = ARGV[1], c = ARGV[3], u = ARGV[3], l = string.format('%d', now + lease),
   a = attempts, f = failures, p = ARGV[4]}
 if last_error then r.e = last_error end
+if ARGV[5] ~= '' then r.m = ARGV[5] end
 local px = lease
 if failures > 0 or ARGV[5] ~= '' then px = lease + tonumber(ARGV[6]) end
 redis.call('SET', KEYS[1], encode(r), 'PX', px)

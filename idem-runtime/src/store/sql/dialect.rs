@@ -62,9 +62,10 @@ pub trait Dialect: Exec {
     /// `None` where the store always sends it on its own.
     const WITH_COMMIT: Option<WithCommit> = None;
 
-    /// The columns this release added to the table of the first release,
-    /// with their types: `migrate` adds those a table lacks.
-    const ADDED_COLUMNS: &'static [(&'static str, &'static str)];
+    /// The columns later releases added to the table of the first release:
+    /// the schema version that added each, its name and its type. `migrate`
+    /// adds those a table lacks.
+    const ADDED_COLUMNS: &'static [(u32, &'static str, &'static str)];
 
     /// A batch's rows, bound to `:rows` as a JSON array of objects with
     /// the text members `k` (key), `f` (fingerprint), `o` (outcome) and `t`

@@ -134,9 +134,14 @@ where
     record.last_error = row.try_get(at + 7)?;
     record.fingerprint = row.try_get(at + 8)?;
     record.token = row.try_get(at + 9)?;
+    let max: Option<i64> = row.try_get(at + 10)?;
+    record.max_attempts = max
+        .map(u32::try_from)
+        .transpose()
+        .map_err(|_| sqlx::Error::Decode(format!("max_attempts {max:?} out of range").into()))?;
     Ok(Found {
         record,
-        now: row.try_get(at + 10)?,
+        now: row.try_get(at + 11)?,
     })
 }
 

@@ -48,6 +48,9 @@ fn condition(filter: Filter) -> &'static str {
         Filter::Status(_) => " AND status = :status",
         Filter::Stuck => " AND status = 'in_progress' AND expires_at <= {now}",
         Filter::Failed => " AND (failures > 0 OR status IN ('failed', 'retry'))",
+        Filter::Exhausted => {
+            " AND status = 'retry' AND expires_at > {now} AND failures >= max_attempts"
+        }
     }
 }
 

@@ -93,7 +93,10 @@ use table::{DEFAULT_TABLE, bare, validate_table_name};
 use template::{Statement, Values};
 
 /// The version of the dedup table this release writes and reads: 1 was
-/// the first release's; 2 added `failures`, `last_error` and `fingerprint`.
+/// the first release's; 2 added `failures`, `last_error` and `fingerprint`;
+/// 3 added `max_attempts` (the handler's limit, as each claim writes it, so
+/// that operators' tools can tell a key that used up its attempts).
+/// `migrate()` adds what a table of an earlier version lacks.
 ///
 /// # Examples
 ///
@@ -111,7 +114,7 @@ use template::{Statement, Values};
 /// assert_eq!(store.schema_version().await?, Some(SCHEMA_VERSION));
 /// # Ok(()) }
 /// ```
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// How often a lease claim retries when the record it lost to vanished
 /// before it could be read (released or swept in between), or when the
@@ -281,7 +284,7 @@ enum Race {
     Won,
     /// A live record stands: this one (with the database's now when it was
     /// read), or none when it vanished before it could be read.
-    Lost(Option<Found>),
+    Lost(Option<Box<Found>>),
 }
 
 impl<D: Dialect> SqlStore<D> {
@@ -487,8 +490,9 @@ impl<D: Dialect> SqlStore<D> {
     }
 
     /// The version of this store's table: [`SCHEMA_VERSION`] once
-    /// migrated by this release, 1 for a table of the first release (which
-    /// `migrate` upgrades in place), `None` when there is no table.
+    /// migrated by this release; an earlier one (1 for a table of the first
+    /// release, 2 for one without `max_attempts`), which `migrate` upgrades
+    /// in place; `None` when there is no table.
     ///
     /// # Examples
     ///
@@ -512,8 +516,21 @@ impl<D: Dialect> SqlStore<D> {
         if columns.is_empty() {
             return Ok(None);
         }
-        let missing = self.missing_columns(&columns).count();
-        Ok(Some(if missing == 0 { SCHEMA_VERSION } else { 1 }))
+        // The last version whose columns, and every earlier one's, are all there.
+        let has = |column: &str| columns.iter().any(|c| c.eq_ignore_ascii_case(column));
+        let complete = |version: u32| {
+            self.sql
+                .upgrades
+                .iter()
+                .filter(|(added_in, _, _)| *added_in == version)
+                .all(|(_, column, _)| has(column))
+        };
+        Ok(Some(
+            (2..=SCHEMA_VERSION)
+                .take_while(|v| complete(*v))
+                .last()
+                .unwrap_or(1),
+        ))
     }
 
     /// The statements adding the columns of this release that `columns`
@@ -525,14 +542,15 @@ impl<D: Dialect> SqlStore<D> {
         self.sql
             .upgrades
             .iter()
-            .filter(|(column, _)| !columns.iter().any(|c| c.eq_ignore_ascii_case(column)))
-            .map(|(_, add)| add)
+            .filter(|(_, column, _)| !columns.iter().any(|c| c.eq_ignore_ascii_case(column)))
+            .map(|(_, _, add)| add)
     }
 
     /// Adds the columns a table of an earlier release lacks, on `conn`,
     /// which holds the store's migration lock. The columns are added with
-    /// defaults that read as "no failure, no fingerprint", so every record
-    /// keeps its meaning and goes on suppressing its duplicates.
+    /// defaults that read as "no failure, no fingerprint, limit unknown", so
+    /// every record keeps its meaning and goes on suppressing its
+    /// duplicates.
     pub(crate) async fn upgrade(&self, conn: &mut D::Connection) -> Result<(), StoreError> {
         let columns = D::texts(conn, &self.sql.columns)
             .await
@@ -662,10 +680,12 @@ impl<D: Dialect> SqlStore<D> {
                 }
                 // Another claim took it over first: what stands now.
                 Ok(Race::Lost(
-                    D::fetch(conn, &self.sql.select_latest, values).await?,
+                    D::fetch(conn, &self.sql.select_latest, values)
+                        .await?
+                        .map(Box::new),
                 ))
             }
-            (_, standing) => Ok(Race::Lost(standing)),
+            (_, standing) => Ok(Race::Lost(standing.map(Box::new))),
         }
     }
 
@@ -920,7 +940,7 @@ impl<D: Dialect> LeaseStore for SqlStore<D> {
                         }
                         continue;
                     }
-                    if let Some(standing) = self.standing(found, spec, fingerprint) {
+                    if let Some(standing) = self.standing(found.map(|f| *f), spec, fingerprint) {
                         return Ok(Claim::Refused(standing));
                     }
                     // Gone, or changed, before it could be read: again.
@@ -1066,7 +1086,7 @@ impl<D: Dialect> SqlStore<D> {
                 tx.commit().await.map_err(|e| self.err(e))?;
                 return Ok(TxCommit::Committed);
             }
-            Ok(Race::Lost(found)) => self.standing(found, spec, values.fingerprint),
+            Ok(Race::Lost(found)) => self.standing(found.map(|f| *f), spec, values.fingerprint),
             Err(e) if matches!(fault::<D>(&e), Fault::LockWait | Fault::Deadlock) => None,
             Err(e) => return Err(self.err(e)),
         };
@@ -1150,7 +1170,7 @@ impl<D: Dialect> SqlStore<D> {
     ) -> Result<Race, sqlx::Error> {
         match D::fetch(tx, &self.sql.select_latest, values).await? {
             Some(found) if !may_take(&found.record, found.now, spec, values.fingerprint) => {
-                Ok(Race::Lost(Some(found)))
+                Ok(Race::Lost(Some(Box::new(found))))
             }
             _ => {
                 self.take(tx, &self.sql.claim_with_outcome, spec, values)
@@ -1198,7 +1218,7 @@ impl<D: Dialect> TxStore for SqlStore<D> {
                 }
                 return Ok(TxClaim::Fresh(tx));
             }
-            Ok(Race::Lost(found)) => self.standing(found, spec, fingerprint),
+            Ok(Race::Lost(found)) => self.standing(found.map(|f| *f), spec, fingerprint),
             // Another transaction holds the key past the lock timeout, or
             // this one was a deadlock victim: either way nothing of it
             // remains (the dropped transaction rolls back).

@@ -184,13 +184,15 @@ impl Dialect for MySql {
             f VARCHAR(32) CHARACTER SET ascii PATH '$.f',
             o LONGTEXT CHARACTER SET utf8mb4 PATH '$.o',
             t VARCHAR(32) CHARACTER SET ascii PATH '$.t')) AS r";
-    const ADDED_COLUMNS: &'static [(&'static str, &'static str)] = &[
-        ("failures", "BIGINT NOT NULL DEFAULT 0"),
-        ("last_error", "TEXT CHARACTER SET utf8mb4 NULL"),
+    const ADDED_COLUMNS: &'static [(u32, &'static str, &'static str)] = &[
+        (2, "failures", "BIGINT NOT NULL DEFAULT 0"),
+        (2, "last_error", "TEXT CHARACTER SET utf8mb4 NULL"),
         (
+            2,
             "fingerprint",
             "CHAR(32) CHARACTER SET ascii COLLATE ascii_bin NULL",
         ),
+        (3, "max_attempts", "BIGINT NULL"),
     ];
 
     fn columns(t: &str) -> String {
@@ -221,6 +223,7 @@ impl Dialect for MySql {
                 created_at BIGINT NOT NULL,
                 updated_at BIGINT NOT NULL,
                 expires_at BIGINT NOT NULL,
+                max_attempts BIGINT NULL,
                 PRIMARY KEY (handler, `key`),
                 KEY idem_expires_at (expires_at)
             ) ENGINE = InnoDB"

@@ -169,10 +169,11 @@ impl Dialect for Postgres {
             null_integer: "NULL::bigint",
         },
     });
-    const ADDED_COLUMNS: &'static [(&'static str, &'static str)] = &[
-        ("failures", "BIGINT NOT NULL DEFAULT 0"),
-        ("last_error", "TEXT"),
-        ("fingerprint", "TEXT"),
+    const ADDED_COLUMNS: &'static [(u32, &'static str, &'static str)] = &[
+        (2, "failures", "BIGINT NOT NULL DEFAULT 0"),
+        (2, "last_error", "TEXT"),
+        (2, "fingerprint", "TEXT"),
+        (3, "max_attempts", "BIGINT"),
     ];
 
     fn columns(t: &str) -> String {
@@ -204,6 +205,7 @@ impl Dialect for Postgres {
                 created_at BIGINT NOT NULL,
                 updated_at BIGINT NOT NULL,
                 expires_at BIGINT NOT NULL,
+                max_attempts BIGINT,
                 PRIMARY KEY (handler, key)
             );
             CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at);"

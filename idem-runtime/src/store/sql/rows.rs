@@ -55,16 +55,17 @@ pub(crate) const FAILED: NewRow = NewRow {
     fingerprint: ":fingerprint",
 };
 
-/// The columns of the dedup table, in the order claims insert them.
+/// The columns of the dedup table, in the order claims insert them. Every
+/// claim writes the handler's `max_attempts` (`:max`, NULL without it).
 pub(crate) const COLUMNS: &str = "handler, {key}, status, token, outcome, attempts, failures, \
-     last_error, fingerprint, created_at, updated_at, expires_at";
+     last_error, fingerprint, created_at, updated_at, expires_at, max_attempts";
 
 /// The columns of a record, in the order [`super::exec::Exec::fetch`]
 /// reads them, and last the database's now as the statement reads it: what
 /// the store decides from a record (expired? how long is left?) it
 /// decides at the database's time, in the same statement.
 pub(crate) const RECORD: &str = "status, outcome, attempts, created_at, updated_at, expires_at, \
-     failures, last_error, fingerprint, token, {now}";
+     failures, last_error, fingerprint, token, max_attempts, {now}";
 
 /// The values a claim inserts, in [`COLUMNS`]' order.
 pub(crate) fn inserted(row: NewRow) -> String {
@@ -84,7 +85,7 @@ pub(crate) fn values_of(row: NewRow, key: &str) -> String {
     } = row;
     format!(
         ":handler, {key}, {status}, {token}, {outcome}, 1, {failures}, {last_error}, \
-          {fingerprint}, {{now}}, {{now}}, {{until}}"
+          {fingerprint}, {{now}}, {{now}}, {{until}}, :max"
     )
 }
 
@@ -131,7 +132,7 @@ pub(crate) fn take_over_assignments(cur: &str, row: NewRow) -> String {
                            WHEN {ran_out} THEN COALESCE({last_error}, '{lease_ran_out}')
                            ELSE {last_error} END,
          status = {status}, token = {token}, outcome = {outcome}, fingerprint = {fingerprint},
-         created_at = {{now}}, updated_at = {{now}}, expires_at = {{until}}"
+         created_at = {{now}}, updated_at = {{now}}, expires_at = {{until}}, max_attempts = :max"
     )
 }
 

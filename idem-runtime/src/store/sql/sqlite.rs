@@ -171,10 +171,11 @@ impl Dialect for Sqlite {
                 json_extract(value, '$.f') AS f, json_extract(value, '$.o') AS o,
                 json_extract(value, '$.t') AS t
           FROM json_each(:rows)) AS r";
-    const ADDED_COLUMNS: &'static [(&'static str, &'static str)] = &[
-        ("failures", "INTEGER NOT NULL DEFAULT 0"),
-        ("last_error", "TEXT"),
-        ("fingerprint", "TEXT"),
+    const ADDED_COLUMNS: &'static [(u32, &'static str, &'static str)] = &[
+        (2, "failures", "INTEGER NOT NULL DEFAULT 0"),
+        (2, "last_error", "TEXT"),
+        (2, "fingerprint", "TEXT"),
+        (3, "max_attempts", "INTEGER"),
     ];
 
     fn columns(t: &str) -> String {
@@ -202,6 +203,7 @@ impl Dialect for Sqlite {
                 created_at INTEGER NOT NULL,
                 updated_at INTEGER NOT NULL,
                 expires_at INTEGER NOT NULL,
+                max_attempts INTEGER,
                 PRIMARY KEY (handler, key)
             ) WITHOUT ROWID;
             CREATE INDEX IF NOT EXISTS {schema}{bare}_expires_at ON {bare} (expires_at);"

@@ -88,8 +88,8 @@ pub(crate) struct Statements {
     /// The names of the table's columns.
     pub(crate) columns: Statement,
     /// The statements that add each column a table of an earlier release
-    /// lacks: (column, statement).
-    pub(crate) upgrades: Vec<(&'static str, Statement)>,
+    /// lacks: (the schema version that added it, column, statement).
+    pub(crate) upgrades: Vec<(u32, &'static str, Statement)>,
     /// The statements of batches.
     pub(crate) batch: BatchStatements,
 }
@@ -185,7 +185,8 @@ impl Statements {
             )),
             settle_ran_out: render(&format!(
                 "UPDATE {{t}} SET status = 'retry', failures = failures + 1,
-                                  last_error = '{}', updated_at = {{now}}, expires_at = {{until}}
+                                  last_error = '{}', updated_at = {{now}}, expires_at = {{until}},
+                                  max_attempts = :max
                  WHERE handler = :handler AND {{key}} = :key
                    AND status = 'in_progress' AND expires_at <= {{now}}
                    AND expires_at > {{since}}",
@@ -200,9 +201,9 @@ impl Statements {
             columns: render(&D::columns(table)),
             upgrades: D::ADDED_COLUMNS
                 .iter()
-                .map(|(column, ty)| {
+                .map(|(version, column, ty)| {
                     let add = format!("ALTER TABLE {{t}} ADD COLUMN {column} {ty}");
-                    (*column, render(&add))
+                    (*version, *column, render(&add))
                 })
                 .collect(),
             batch: BatchStatements::new::<D>(table),
