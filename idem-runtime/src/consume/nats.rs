@@ -560,9 +560,11 @@ impl Consumer {
 
 /// What the server said about `message`, for the handler.
 fn describe(message: &Message, info: Option<&jetstream::message::Info<'_>>) -> Delivery {
-    let mut described = Delivery::default();
-    described.broker = Some(Broker::Nats);
-    described.source = message.subject.to_string();
+    let mut described = Delivery {
+        broker: Some(Broker::Nats),
+        source: message.subject.to_string(),
+        ..Delivery::default()
+    };
     if let Some(info) = info {
         let delivered = u32::try_from(info.delivered.max(1)).unwrap_or(u32::MAX);
         described.deliveries = delivered;

@@ -626,22 +626,23 @@ fn refused(e: &lapin::Error) -> bool {
 /// What the broker said about `delivery`, for the handler.
 fn describe(delivery: &lapin::message::Delivery, headers: &FieldTable, retries: u32) -> Delivery {
     let p = &delivery.properties;
-    let mut described = Delivery::default();
-    described.broker = Some(Broker::RabbitMq);
-    described.source = delivery.routing_key.to_string();
-    described.redelivered = delivery.redelivered;
-    described.retries = retries;
-    described.deliveries = 1 + retries + u32::from(delivery.redelivered);
-    described.id = p.message_id().as_ref().map(|id| id.to_string());
-    described.published_at = p
-        .timestamp()
-        .map(|secs| std::time::UNIX_EPOCH + Duration::from_secs(secs));
-    described.headers = headers
-        .inner()
-        .iter()
-        .map(|(name, value)| (name.to_string(), amqp_text(value)))
-        .collect();
-    described
+    Delivery {
+        broker: Some(Broker::RabbitMq),
+        source: delivery.routing_key.to_string(),
+        redelivered: delivery.redelivered,
+        retries,
+        deliveries: 1 + retries + u32::from(delivery.redelivered),
+        id: p.message_id().as_ref().map(|id| id.to_string()),
+        published_at: p
+            .timestamp()
+            .map(|secs| std::time::UNIX_EPOCH + Duration::from_secs(secs)),
+        headers: headers
+            .inner()
+            .iter()
+            .map(|(name, value)| (name.to_string(), amqp_text(value)))
+            .collect(),
+        ..Delivery::default()
+    }
 }
 
 /// A header's value as text: strings as they are, numbers in decimal,

@@ -111,35 +111,35 @@ async fn settle(
 /// What the broker said about `msg`: where it was first consumed, for a
 /// retry's copy.
 fn describe(msg: &OwnedMessage, headers: &HeaderList) -> Delivery {
-    let mut described = Delivery::default();
-    described.broker = Some(Broker::Kafka);
-    described.source = headers
-        .text(topics::TOPIC)
-        .map_or_else(|| msg.topic().to_owned(), str::to_owned);
-    described.partition = Some(
-        headers
-            .text(topics::PARTITION)
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(msg.partition()),
-    );
-    described.offset = Some(
-        headers
-            .text(topics::OFFSET)
-            .and_then(|o| o.parse().ok())
-            .unwrap_or(msg.offset()),
-    );
     let retries = u32::try_from(headers.number(topics::RETRIES).unwrap_or(0)).unwrap_or(u32::MAX);
-    described.retries = retries;
-    described.deliveries = retries.saturating_add(1);
     let published_ms = headers.number(topics::PUBLISHED).or_else(|| {
         msg.timestamp()
             .to_millis()
             .and_then(|ms| u64::try_from(ms).ok())
     });
-    described.published_at =
-        published_ms.map(|ms| std::time::UNIX_EPOCH + Duration::from_millis(ms));
-    described.headers = headers.pairs();
-    described
+    Delivery {
+        broker: Some(Broker::Kafka),
+        source: headers
+            .text(topics::TOPIC)
+            .map_or_else(|| msg.topic().to_owned(), str::to_owned),
+        partition: Some(
+            headers
+                .text(topics::PARTITION)
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(msg.partition()),
+        ),
+        offset: Some(
+            headers
+                .text(topics::OFFSET)
+                .and_then(|o| o.parse().ok())
+                .unwrap_or(msg.offset()),
+        ),
+        retries,
+        deliveries: retries.saturating_add(1),
+        published_at: published_ms.map(|ms| std::time::UNIX_EPOCH + Duration::from_millis(ms)),
+        headers: headers.pairs(),
+        ..Delivery::default()
+    }
 }
 
 async fn settle_calls(
