@@ -167,8 +167,9 @@ pub mod metric {
     pub const CONSUMER_LAST_SETTLE: &str = "idem_consumer_last_settle_timestamp_seconds";
     /// Consumers: gauge of the messages waiting for the consumer, as the
     /// broker last said (NATS: the durable's pending count; Kafka: the
-    /// librdkafka's `consumer_lag`, the high watermark minus the commit,
-    /// summed over the partitions it holds, every 5 s; RabbitMQ: the queue's ready messages, read every 5 s),
+    /// librdkafka's `consumer_lag`, the partition's end (its last stable
+    /// offset) minus the commit, summed over the partitions it holds, retry
+    /// topics included, every 5 s; RabbitMQ: the queue's ready messages, read every 5 s),
     /// labelled `broker` and `queue`.
     ///
     /// # Examples

@@ -119,6 +119,7 @@ async fn chaos_consumer() {
         max_delay: Duration::from_secs(1),
         max_attempts: 1_000,
         concurrency: 8,
+        max_store_delay: Duration::from_secs(1),
     };
     println!("READY");
     let forever = shutdown_on(async {

@@ -88,6 +88,7 @@ async fn kafka_chaos_member() {
             max_delay: Duration::from_secs(1),
             max_attempts: 1_000,
             concurrency: 8,
+            max_store_delay: Duration::from_secs(1),
         })
         .set(
             "session.timeout.ms",

@@ -45,19 +45,23 @@ impl Meter {
         self.queue.to_string()
     }
 
-    /// A delivery arrived: counted, and in flight until the guard drops.
-    pub(crate) fn delivered(&self, delivery: &Delivery) -> InFlight {
+    /// A delivery arrived: counted.
+    pub(crate) fn delivered(&self, delivery: &Delivery) {
         let (broker, queue) = (self.broker, self.queue());
         metrics::counter!(metric::CONSUMER_DELIVERIES, "broker" => broker, "queue" => queue.clone())
             .increment(1);
         if delivery.redelivered || delivery.retries > 0 {
-            metrics::counter!(metric::CONSUMER_REDELIVERIES, "broker" => broker, "queue" => queue.clone())
+            metrics::counter!(metric::CONSUMER_REDELIVERIES, "broker" => broker, "queue" => queue)
                 .increment(1);
         }
-        metrics::gauge!(metric::CONSUMER_IN_FLIGHT, "broker" => broker, "queue" => queue)
+    }
+
+    /// A delivery is being handled until the guard drops.
+    pub(crate) fn in_flight(&self) -> InFlight {
+        metrics::gauge!(metric::CONSUMER_IN_FLIGHT, "broker" => self.broker, "queue" => self.queue())
             .increment(1.0);
         InFlight {
-            broker,
+            broker: self.broker,
             queue: Arc::clone(&self.queue),
         }
     }
@@ -121,7 +125,7 @@ impl Meter {
                 broker = self.broker,
                 queue = %self.queue,
                 error = %error,
-                suppressed = more,
+                held_back = more,
                 "could not settle a delivery; it comes back from the broker"
             );
         } else {

@@ -76,7 +76,9 @@ pub(crate) use session::{Ended, drive, sessions};
 pub use tokio_util::sync::CancellationToken;
 
 /// A token cancelled once `signal` resolves (a `ctrl_c`, a `SIGTERM`), for
-/// the consumers' `run`; the future runs on a task of its own.
+/// the consumers' `run`; the future runs on a task of its own, so this is
+/// called within a Tokio runtime (it panics outside one, as
+/// `tokio::spawn` does).
 ///
 /// # Examples
 ///
@@ -160,6 +162,11 @@ pub struct Policy {
     pub max_delay: Duration,
     /// How many deliveries are processed at once. Default 8.
     pub concurrency: usize,
+    /// The longest wait after a store fault (the store, not the message, at
+    /// fault): the backoff grows with the message's retries up to this, so
+    /// a message handed back during an outage is not left waiting minutes
+    /// after the store is back. Default 30 s (never above `max_delay`).
+    pub max_store_delay: Duration,
 }
 
 impl Default for Policy {
@@ -169,6 +176,7 @@ impl Default for Policy {
             first_delay: Duration::from_secs(1),
             max_delay: Duration::from_secs(300),
             concurrency: 8,
+            max_store_delay: Duration::from_secs(30),
         }
     }
 }
@@ -282,7 +290,8 @@ impl Verdict {
     /// The verdict on a handler call's result, for a message with
     /// `attempts` behind it, under `policy`. A failed body waits
     /// [`Policy::backoff`] of its failures; a store fault, of the message's
-    /// retries, so an outage is met with growing pauses.
+    /// retries, up to [`Policy::max_store_delay`], so an outage is met with
+    /// growing pauses.
     ///
     /// # Examples
     ///
@@ -311,6 +320,7 @@ impl Verdict {
     /// };
     /// assert_eq!(after(0), Duration::from_secs(1));
     /// assert_eq!(after(3), Duration::from_secs(8));
+    /// assert_eq!(after(10), policy.max_store_delay); // 30 s at most
     /// ```
     pub fn of<T, E: Display>(
         result: &Result<Outcome<T>, Error<E>>,
@@ -361,7 +371,9 @@ impl Verdict {
             // Store failures, and any kind added later: the message is not
             // at fault, so it is retried without counting.
             _ => Verdict::Retry {
-                after: policy.backoff(retries.saturating_add(1)),
+                after: policy
+                    .backoff(retries.saturating_add(1))
+                    .min(policy.max_store_delay),
                 failed: false,
                 reason: err.to_string(),
             },
@@ -578,7 +590,14 @@ where
     let since = std::time::Instant::now();
     let mut warned: Option<std::time::Instant> = None;
     loop {
-        match op().await {
+        // An attempt that hangs (a connection to a black hole) does not
+        // hold up a shutdown, nor does a token cancelled already.
+        let attempt = tokio::select! {
+            biased;
+            () = &mut shutdown => return None,
+            attempt = op() => attempt,
+        };
+        match attempt {
             Ok(v) => {
                 if warned.is_some() {
                     tracing::info!("{what} is reachable again after {:?}", since.elapsed());

@@ -451,7 +451,8 @@ impl Consumer {
             meter.lag(info.pending);
         }
         let published_at = described.published_at;
-        let _in_flight = meter.delivered(&described);
+        meter.delivered(&described);
+        let _in_flight = meter.in_flight();
         // A `Nak` cannot carry a count: every redelivery is a retry, and a
         // failed attempt (see the module docs).
         let attempts = Attempts {
@@ -574,7 +575,7 @@ fn describe(message: &Message, info: Option<&jetstream::message::Info<'_>>) -> D
         let nanos = info.published.unix_timestamp_nanos();
         described.published_at = u64::try_from(nanos)
             .ok()
-            .map(|n| std::time::UNIX_EPOCH + Duration::from_nanos(n));
+            .and_then(|n| std::time::UNIX_EPOCH.checked_add(Duration::from_nanos(n)));
     }
     if let Some(headers) = &message.headers {
         for (name, values) in headers.iter() {

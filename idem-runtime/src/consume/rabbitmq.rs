@@ -437,7 +437,8 @@ impl Consumer {
         let retries = header_u32(&headers, "x-idem-retries");
         let described = describe(&delivery, &headers, retries);
         let published_at = described.published_at;
-        let _in_flight = meter.delivered(&described);
+        meter.delivered(&described);
+        let _in_flight = meter.in_flight();
         let attempts = Attempts { failures, retries };
         let handled = handle(
             handler,
@@ -631,11 +632,13 @@ fn describe(delivery: &lapin::message::Delivery, headers: &FieldTable, retries: 
         source: delivery.routing_key.to_string(),
         redelivered: delivery.redelivered,
         retries,
-        deliveries: 1 + retries + u32::from(delivery.redelivered),
+        deliveries: retries
+            .saturating_add(1)
+            .saturating_add(u32::from(delivery.redelivered)),
         id: p.message_id().as_ref().map(|id| id.to_string()),
         published_at: p
             .timestamp()
-            .map(|secs| std::time::UNIX_EPOCH + Duration::from_secs(secs)),
+            .and_then(|secs| std::time::UNIX_EPOCH.checked_add(Duration::from_secs(secs))),
         headers: headers
             .inner()
             .iter()

@@ -68,6 +68,7 @@ where
     'taking: loop {
         // A free slot first, then a delivery for it.
         let permit = tokio::select! {
+            biased;
             () = &mut shutdown => break,
             Some(done) = tasks.join_next() => {
                 if let Some(reason) = tally(report, done) {
@@ -83,6 +84,7 @@ where
         };
         loop {
             tokio::select! {
+                biased;
                 () = &mut shutdown => break 'taking,
                 Some(done) = tasks.join_next() => {
                     if let Some(reason) = tally(report, done) {

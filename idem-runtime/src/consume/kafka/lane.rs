@@ -99,7 +99,7 @@ async fn settle(
 ) -> Option<Settled> {
     let described = describe(msg, &headers);
     let published_at = described.published_at;
-    let _in_flight = group.meter.delivered(&described);
+    group.meter.delivered(&described);
     let mut last = None;
     let settled = settle_calls(group, part, msg, headers, described, revoked, &mut last).await;
     if let (Some(settled), Some(handled)) = (&settled, &last) {
@@ -136,7 +136,8 @@ fn describe(msg: &OwnedMessage, headers: &HeaderList) -> Delivery {
         ),
         retries,
         deliveries: retries.saturating_add(1),
-        published_at: published_ms.map(|ms| std::time::UNIX_EPOCH + Duration::from_millis(ms)),
+        published_at: published_ms
+            .and_then(|ms| std::time::UNIX_EPOCH.checked_add(Duration::from_millis(ms))),
         headers: headers.pairs(),
         ..Delivery::default()
     }
@@ -169,7 +170,13 @@ async fn settle_calls(
                 .unwrap_or(u32::MAX)
                 .saturating_add(waited),
         };
-        let call = (group.call)(payload.clone(), described.clone(), attempts);
+        // In flight while it holds a slot: waiting for one, or in place, is not.
+        let in_flight = group.meter.in_flight();
+        let mut delivery = described.clone();
+        // An in-place wait is a retry the broker does not see.
+        delivery.retries = attempts.retries;
+        delivery.deliveries = attempts.retries.saturating_add(1);
+        let call = (group.call)(payload.clone(), delivery, attempts);
         let (handled, rode) = match &group.offsets {
             Some(store) => {
                 let at = offsets::Position {
@@ -183,11 +190,15 @@ async fn settle_calls(
             None => (call.await, false),
         };
         drop(permit);
+        drop(in_flight);
         if rode {
             // Written with the effects: the next commit need not save it.
             lock_std(&part.progress).stored(msg.offset() + 1);
         }
         let (verdict, duplicate) = (handled.verdict.clone(), handled.duplicate);
+        if group.retries == Retries::InPlace && matches!(verdict, Verdict::Retry { .. }) {
+            group.meter.settled(&handled, &Settled::Retried, None);
+        }
         *last = Some(handled);
         match verdict {
             Verdict::Ack { alert } => {
@@ -290,8 +301,13 @@ async fn publish(
         }
         match group.producer.send(record, Duration::from_secs(30)).await {
             Ok(_) => return Some(()),
+            // The first failure of a copy is a warning; the tries after it
+            // (the broker is away) are not, one each.
+            Err((e, _)) if pause == Duration::from_millis(100) => {
+                tracing::warn!(error = %e, %to, "could not publish; trying again with a pause of up to 5 s");
+            }
             Err((e, _)) => {
-                tracing::warn!(error = %e, %to, "could not publish; trying again in {pause:?}");
+                tracing::debug!(error = %e, %to, "could not publish; trying again in {pause:?}");
             }
         }
         if !sleep_unless_revoked(pause, revoked).await {
