@@ -1,12 +1,13 @@
 //! What a consumer reports as it goes: its metrics (named in
 //! [`metric`](crate::metric)), through the `metrics` facade, labelled with
-//! the broker, the queue (stream, topic) and the handler.
+//! the broker, the queue (stream, topic) and the handler; and what it saw of
+//! its store's health, which its store faults' backoff follows.
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use super::delivery::{Broker, Delivery};
-use super::{Handled, Settled};
+use super::{Handled, Settled, StoreFaults};
 use crate::telemetry::{Throttle, metric};
 
 /// The metrics of one consumer.
@@ -17,6 +18,8 @@ pub(crate) struct Meter {
     /// Warnings that repeat under an outage (settling fails while the
     /// broker is away) are summarised.
     settle_failed: Arc<Throttle>,
+    /// Calls in a row that failed in the store.
+    pub(crate) store_faults: StoreFaults,
 }
 
 /// One delivery being handled: `in_flight` counts it until it is dropped.
@@ -38,6 +41,7 @@ impl Meter {
             broker: broker.as_str(),
             queue: Arc::from(queue),
             settle_failed: Arc::new(Throttle::new()),
+            store_faults: StoreFaults::default(),
         }
     }
 

@@ -55,6 +55,7 @@ pub mod rabbitmq;
 mod session;
 pub use delivery::{Broker, Delivery};
 pub(crate) use meter::Meter;
+
 #[cfg(any(feature = "rabbitmq", feature = "nats"))]
 pub(crate) use session::{Ended, drive, sessions};
 
@@ -163,9 +164,9 @@ pub struct Policy {
     /// How many deliveries are processed at once. Default 8.
     pub concurrency: usize,
     /// The longest wait after a store fault (the store, not the message, at
-    /// fault): the backoff grows with the message's retries up to this, so
-    /// a message handed back during an outage is not left waiting minutes
-    /// after the store is back. Default 30 s (never above `max_delay`).
+    /// fault): the backoff grows with the store faults in a row up to this,
+    /// so a message handed back during an outage is not left waiting
+    /// minutes after the store is back. Default 30 s.
     pub max_store_delay: Duration,
 }
 
@@ -246,17 +247,18 @@ pub enum Verdict {
     },
 }
 
-/// What a consumer knows of a message's earlier deliveries: how many
-/// times its body failed, and how many times it was handed back for any
-/// reason (a failure, `InProgress`, a store fault).
+/// What a consumer knows when it decides on a delivery: how many times the
+/// message's body failed, how many times it was handed back for any reason
+/// (a failure, `InProgress`, a store fault), and how many calls in a row
+/// the consumer saw fail in the store before this one.
 ///
 /// # Examples
 ///
 /// ```
 /// use idem_runtime::consume::Attempts;
 /// let first = Attempts::default();
-/// assert_eq!((first.failures, first.retries), (0, 0));
-/// let later = Attempts { failures: 1, retries: 3 };
+/// assert_eq!((first.failures, first.retries, first.store_faults), (0, 0, 0));
+/// let later = Attempts { failures: 1, retries: 3, ..Attempts::default() };
 /// # let _ = later;
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -265,6 +267,34 @@ pub struct Attempts {
     pub failures: u32,
     /// Times the message was handed back to the broker so far.
     pub retries: u32,
+    /// Calls of this consumer that failed in the store in a row, just
+    /// before this one (any message's): the store's health, which a store
+    /// fault's backoff follows. A call that reaches the store sets it back
+    /// to 0.
+    pub store_faults: u32,
+}
+
+/// The store's health as one consumer sees it: calls in a row that failed
+/// in the store.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StoreFaults(std::sync::Arc<std::sync::atomic::AtomicU32>);
+
+impl StoreFaults {
+    fn now(&self) -> u32 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A call ended: in the store (`true`), or past it.
+    fn note(&self, store_fault: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if store_fault {
+            let _ = self
+                .0
+                .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_add(1)));
+        } else {
+            self.0.store(0, Relaxed);
+        }
+    }
 }
 
 impl Verdict {
@@ -289,9 +319,11 @@ impl Verdict {
 
     /// The verdict on a handler call's result, for a message with
     /// `attempts` behind it, under `policy`. A failed body waits
-    /// [`Policy::backoff`] of its failures; a store fault, of the message's
-    /// retries, up to [`Policy::max_store_delay`], so an outage is met with
-    /// growing pauses.
+    /// [`Policy::backoff`] of its failures; a store fault, of the store
+    /// faults in a row ([`Attempts::store_faults`]), up to
+    /// [`Policy::max_store_delay`]: an outage is met with growing pauses,
+    /// while a store that fails now and then (or a message that met many
+    /// faults before) is retried after the first delay.
     ///
     /// # Examples
     ///
@@ -308,13 +340,13 @@ impl Verdict {
     /// let first = Attempts::default();
     /// assert!(matches!(Verdict::of(&failed, first, &policy), Verdict::Retry { failed: true, .. }));
     /// // ...the second, the last allowed, is dead-lettered
-    /// let second = Attempts { failures: 1, retries: 1 };
+    /// let second = Attempts { failures: 1, retries: 1, ..Attempts::default() };
     /// assert!(matches!(Verdict::of(&failed, second, &policy), Verdict::DeadLetter { .. }));
     ///
-    /// // a store fault on a message handed back three times waits longer
+    /// // a store fault after three others in a row waits longer
     /// let down: Result<Outcome<()>, Error<&str>> =
     ///     Err(Error::Store { handler: "h", key: Some(key), source: StoreError::Timeout(Duration::from_secs(5)) });
-    /// let after = |retries| match Verdict::of(&down, Attempts { failures: 0, retries }, &policy) {
+    /// let after = |store_faults| match Verdict::of(&down, Attempts { store_faults, ..Attempts::default() }, &policy) {
     ///     Verdict::Retry { after, failed: false, .. } => after,
     ///     other => panic!("{other:?}"),
     /// };
@@ -327,7 +359,11 @@ impl Verdict {
         attempts: Attempts,
         policy: &Policy,
     ) -> Verdict {
-        let Attempts { failures, retries } = attempts;
+        let Attempts {
+            failures,
+            store_faults,
+            ..
+        } = attempts;
         let err = match result {
             Ok(_) => return Verdict::Ack { alert: None },
             Err(e) => e,
@@ -372,7 +408,7 @@ impl Verdict {
             // at fault, so it is retried without counting.
             _ => Verdict::Retry {
                 after: policy
-                    .backoff(retries.saturating_add(1))
+                    .backoff(store_faults.saturating_add(1))
                     .min(policy.max_store_delay),
                 failed: false,
                 reason: err.to_string(),
@@ -474,7 +510,14 @@ where
     Fut: Future<Output = Result<Outcome<T>, Error<E>>>,
 {
     let began = std::time::Instant::now();
+    let attempts = Attempts {
+        store_faults: meter.store_faults.now(),
+        ..attempts
+    };
     let handled = run_handler(handler, payload, delivery, attempts, policy).await;
+    if handled.cause != "decode" {
+        meter.store_faults.note(handled.cause == "store");
+    }
     meter.handled(&handled, began);
     handled
 }

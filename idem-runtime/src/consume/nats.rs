@@ -458,6 +458,7 @@ impl Consumer {
         let attempts = Attempts {
             failures,
             retries: failures,
+            ..Attempts::default()
         };
         // Tell the server the body is still running, every third of the ack
         // wait, so a long body does not get its message redelivered.

@@ -439,7 +439,11 @@ impl Consumer {
         let published_at = described.published_at;
         meter.delivered(&described);
         let _in_flight = meter.in_flight();
-        let attempts = Attempts { failures, retries };
+        let attempts = Attempts {
+            failures,
+            retries,
+            ..Attempts::default()
+        };
         let handled = handle(
             handler,
             &delivery.data,
@@ -466,7 +470,9 @@ impl Consumer {
         attempts: Attempts,
         meter: &Meter,
     ) -> Settled {
-        let Attempts { failures, retries } = attempts;
+        let Attempts {
+            failures, retries, ..
+        } = attempts;
         let duplicate = handled.duplicate;
         let settled = match handled.verdict.clone() {
             Verdict::Ack { alert } => {

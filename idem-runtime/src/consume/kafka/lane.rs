@@ -169,6 +169,7 @@ async fn settle_calls(
             retries: u32::try_from(retries)
                 .unwrap_or(u32::MAX)
                 .saturating_add(waited),
+            ..Attempts::default()
         };
         // In flight while it holds a slot: waiting for one, or in place, is not.
         let in_flight = group.meter.in_flight();
