@@ -237,3 +237,69 @@ async fn a_durable_with_other_settings_is_refused() {
         other => panic!("expected a set-up error, got {other:?}"),
     }
 }
+
+/// A store fault is retried after the first delay however many times the
+/// message was delivered: deliveries count store faults (and crashed
+/// consumers), not failed bodies, so a backoff doubling with them left
+/// messages waiting 30 s and more behind a flapping store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_faults_are_retried_after_the_first_delay_whatever_the_deliveries() {
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    let b = or_skip!(Nats::open("nats_store_faults").await);
+    const FAULTS: usize = 5;
+    let first_delay = Duration::from_millis(300);
+    let calls: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let handler = {
+        let calls = Arc::clone(&calls);
+        move |msg: Points| {
+            let calls = Arc::clone(&calls);
+            async move {
+                let n = {
+                    let mut calls = calls.lock().unwrap();
+                    calls.push(Instant::now());
+                    calls.len()
+                };
+                if n <= FAULTS {
+                    return Err(Error::Store {
+                        handler: "nats_store_fault",
+                        key: None,
+                        source: idem_runtime::StoreError::Backend("connection reset".into()),
+                    });
+                }
+                Ok(Outcome::Executed(msg.points))
+            }
+        }
+    };
+    let policy = Policy {
+        first_delay,
+        max_delay: Duration::from_secs(60),
+        ..Policy::default()
+    };
+    let running = b.start(policy, handler);
+    b.publish(&Points::payload("store-fault", 3)).await;
+    common::eventually(
+        Duration::from_secs(30),
+        "the call after the faults",
+        || async { calls.lock().unwrap().len() > FAULTS },
+    )
+    .await;
+    let report = running.stop().await;
+    assert_eq!(
+        (report.acked, report.retried),
+        (1, FAULTS as u64),
+        "{report:?}"
+    );
+    let calls = calls.lock().unwrap().clone();
+    for (i, pair) in calls.windows(2).enumerate() {
+        let gap = pair[1] - pair[0];
+        // Doubling with the deliveries, they would be 0.3, 0.6, 1.2, 2.4, 4.8 s.
+        assert!(
+            gap >= first_delay - Duration::from_millis(50) && gap < Duration::from_millis(1_100),
+            "retry {} came {gap:?} after the call before it",
+            i + 1
+        );
+    }
+    assert_eq!(b.waiting().await, 0);
+}

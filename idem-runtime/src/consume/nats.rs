@@ -31,7 +31,9 @@
 //! `delivered` counter, which survives consumer restarts. A message whose
 //! body fails on its `max_attempts`-th delivery or later is dead-lettered;
 //! store outages and `InProgress` answers are retried whatever the count, but
-//! they do use up deliveries.
+//! they do use up deliveries. Deliveries also count the store faults and the
+//! crashed consumers a message met, so a store fault is retried after the
+//! policy's first delay, not after a backoff doubling with them.
 //!
 //! # Examples
 //!
@@ -64,6 +66,7 @@
 
 use std::fmt::Display;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -395,11 +398,25 @@ impl Consumer {
     {
         let delivered = message.info().map(|i| i.delivered).unwrap_or(1);
         let failures = u32::try_from(delivered.saturating_sub(1)).unwrap_or(u32::MAX);
+        // Whether the call failed in the store: its retry is not the
+        // message's fault (see below).
+        let store_failed = AtomicBool::new(false);
+        let call = |msg: M| {
+            let (call, store_failed) = (handler(msg), &store_failed);
+            async move {
+                let result = call.await;
+                store_failed.store(
+                    matches!(result, Err(Error::Store { .. })),
+                    Ordering::Relaxed,
+                );
+                result
+            }
+        };
         // Tell the server the body is still running, every third of the ack
         // wait, so a long body does not get its message redelivered.
         let (verdict, duplicate) = {
             let beat = self.ack_wait / 3;
-            let work = handle(handler, &message.payload, failures, &self.policy);
+            let work = handle(&call, &message.payload, failures, &self.policy);
             let mut work = std::pin::pin!(work);
             let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + beat, beat);
             loop {
@@ -410,6 +427,21 @@ impl Consumer {
                     }
                 }
             }
+        };
+        // Deliveries count every earlier delivery (store faults, consumers
+        // killed while they held the message), not failed bodies: a store
+        // fault waits the first delay, as a message whose body has not
+        // failed does on the other brokers, rather than a backoff doubling
+        // with them (five faults in a row made 31 s).
+        let verdict = match verdict {
+            Verdict::Retry { reason, .. } if store_failed.load(Ordering::Relaxed) => {
+                Verdict::Retry {
+                    after: self.policy.backoff(1),
+                    failed: false,
+                    reason,
+                }
+            }
+            verdict => verdict,
         };
         let settled: Result<Settled, BoxError> = async {
             Ok(match verdict {
