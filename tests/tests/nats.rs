@@ -14,6 +14,8 @@ use idem_runtime::consume::{Broker as Kind, Delivery, Policy};
 use idem_runtime::{Error, Outcome};
 use idem_tests::brokers::{DeleteStreams, nats_url};
 use idem_tests::{or_skip, unique_table};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 struct Nats {
     consumer: Consumer,
@@ -250,5 +252,123 @@ async fn a_durable_with_other_settings_is_refused() {
             assert!(e.to_string().contains("exists with other settings"), "{e}")
         }
         other => panic!("expected a set-up error, got {other:?}"),
+    }
+}
+
+/// A handler whose store always fails, then comes back: one message,
+/// whose retries wait `first_delay` doubling with the faults in a row.
+fn failing_store(
+    faults: usize,
+    calls: &Arc<Mutex<Vec<(String, Instant)>>>,
+) -> impl Fn(Points) -> BoxedCall + Send + Sync + 'static {
+    let calls = Arc::clone(calls);
+    move |msg: Points| {
+        let calls = Arc::clone(&calls);
+        Box::pin(async move {
+            let n = {
+                let mut calls = calls.lock().unwrap();
+                calls.push((msg.id.clone(), Instant::now()));
+                calls.iter().filter(|(id, _)| *id == msg.id).count()
+            };
+            if msg.id.starts_with("down") && n <= faults {
+                return Err(Error::Store {
+                    handler: "nats_store_fault",
+                    key: None,
+                    source: idem_runtime::StoreError::Backend("connection reset".into()),
+                });
+            }
+            Ok(Outcome::Executed(msg.points))
+        })
+    }
+}
+
+type BoxedCall =
+    std::pin::Pin<Box<dyn Future<Output = Result<Outcome<u32>, Error<AppError>>> + Send>>;
+
+/// The times of the calls of message `id`.
+fn times_of(calls: &Mutex<Vec<(String, Instant)>>, id: &str) -> Vec<Instant> {
+    let calls = calls.lock().unwrap();
+    calls
+        .iter()
+        .filter(|(i, _)| i == id)
+        .map(|(_, t)| *t)
+        .collect()
+}
+
+/// The store is down (every call fails in it): the retries wait the first
+/// delay doubling with the faults in a row, then the message takes effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_outage_is_met_with_growing_pauses() {
+    let b = or_skip!(Nats::open("nats_store_outage").await);
+    const FAULTS: usize = 4;
+    let first_delay = Duration::from_millis(200);
+    let calls: Arc<Mutex<Vec<(String, Instant)>>> = Arc::default();
+    let policy = Policy {
+        first_delay,
+        ..Policy::default()
+    };
+    let running = b.start(policy, failing_store(FAULTS, &calls));
+    b.publish(&Points::payload("down", 3)).await;
+    common::eventually(
+        Duration::from_secs(30),
+        "the call after the faults",
+        || async { times_of(&calls, "down").len() > FAULTS },
+    )
+    .await;
+    let report = running.stop().await;
+    assert_eq!(
+        (report.acked, report.retried),
+        (1, FAULTS as u64),
+        "{report:?}"
+    );
+    let times = times_of(&calls, "down");
+    for (i, pair) in times.windows(2).enumerate() {
+        let gap = pair[1] - pair[0];
+        // 0.2, 0.4, 0.8, 1.6 s.
+        let due = first_delay * (1 << i);
+        assert!(
+            gap >= due - Duration::from_millis(50) && gap < due * 2 + Duration::from_millis(500),
+            "retry {} came {gap:?} after the call before it, not about {due:?}",
+            i + 1
+        );
+    }
+    assert_eq!(b.waiting().await, 0);
+}
+
+/// A message that meets store faults while the store serves other messages
+/// (a store that fails now and then) is retried after the first delay each
+/// time, however many deliveries it has behind it: a backoff doubling with
+/// them left messages waiting 30 s and more behind a flapping store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flapping_store_costs_the_first_delay_whatever_the_deliveries() {
+    let b = or_skip!(Nats::open("nats_store_flaps").await);
+    const FAULTS: usize = 5;
+    let first_delay = Duration::from_millis(300);
+    let calls: Arc<Mutex<Vec<(String, Instant)>>> = Arc::default();
+    let policy = Policy {
+        first_delay,
+        ..Policy::default()
+    };
+    let running = b.start(policy, failing_store(FAULTS, &calls));
+    b.publish(&Points::payload("down-flap", 3)).await;
+    // Other messages go through meanwhile, every 50 ms.
+    let mut sent = 0;
+    while times_of(&calls, "down-flap").len() <= FAULTS {
+        assert!(sent < 400, "the faulty message did not get through in 20 s");
+        b.publish(&Points::payload(&format!("ok-{sent}"), 1)).await;
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let report = running.stop().await;
+    assert_eq!(report.retried, FAULTS as u64, "{report:?}");
+    let times = times_of(&calls, "down-flap");
+    for (i, pair) in times.windows(2).enumerate() {
+        let gap = pair[1] - pair[0];
+        // Doubling with the deliveries, they would be 0.3, 0.6, 1.2, 2.4, 4.8 s.
+        assert!(
+            gap >= first_delay - Duration::from_millis(50) && gap < Duration::from_millis(1_100),
+            "retry {} came {gap:?} after the call before it",
+            i + 1
+        );
     }
 }
