@@ -248,6 +248,17 @@ fn start_tansu() -> bool {
 /// retries and dead letters, use it; a real Kafka needs nothing of the kind.
 pub const TANSU_ONE_RECORD_A_BATCH: (&str, &str) = ("batch.num.messages", "1");
 
+/// The librdkafka setting that makes a consumer's fetches wait at most
+/// 50 ms for records (librdkafka's default is 500 ms).
+///
+/// tansu 0.6 answers a fetch once its wait is over even when records came
+/// in before (Kafka answers as soon as there are `fetch.min.bytes`), so a
+/// record published to a topic the consumer follows reaches it up to the
+/// whole wait later: a retry that hops between retry topics would come back
+/// hundreds of milliseconds late, on tansu only. The consumers of the tests
+/// that time retries use it; a real Kafka needs nothing of the kind.
+pub const TANSU_SHORT_FETCH_WAIT: (&str, &str) = ("fetch.wait.max.ms", "50");
+
 /// The brokers of [`kafka_brokers`], for a test's own topics.
 #[derive(Clone)]
 pub struct Kafka {

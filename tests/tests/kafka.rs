@@ -13,7 +13,9 @@ use common::broker::{self, Broker, DeadLetter, Points, Running};
 use idem_runtime::consume::kafka::Consumer;
 use idem_runtime::consume::{Broker as Kind, Delivery, Policy};
 use idem_runtime::{Error, Outcome};
-use idem_tests::brokers::{DeleteTopics, Kafka, TANSU_ONE_RECORD_A_BATCH, kafka, kafka_brokers};
+use idem_tests::brokers::{
+    DeleteTopics, Kafka, TANSU_ONE_RECORD_A_BATCH, TANSU_SHORT_FETCH_WAIT, kafka, kafka_brokers,
+};
 use idem_tests::{or_skip, unique_table};
 use rdkafka::message::{Headers as _, Message as _};
 use rdkafka::producer::FutureRecord;
@@ -58,6 +60,8 @@ impl Topic {
 }
 
 impl Broker for Topic {
+    const TIERED: bool = true;
+
     async fn open(name: &str) -> Option<Self> {
         topic(name, PARTITIONS).await
     }
@@ -132,6 +136,8 @@ on_kafka!(
     shutdown_lets_bodies_in_flight_finish_and_acks_them,
     the_handler_is_told_about_each_delivery,
     the_consumer_counts_what_it_did,
+    a_wait_between_tiers_is_waited_exactly,
+    store_faults_back_off_and_are_never_dead_lettered,
 );
 
 // ---------------------------------------------------------------------------
@@ -157,7 +163,8 @@ async fn topic(name: &str, partitions: i32) -> Option<Topic> {
     let topic = unique_table(name);
     let group = format!("{topic}-group");
     let consumer = Consumer::new(kafka_brokers(), group.clone(), topic.clone())
-        .set(TANSU_ONE_RECORD_A_BATCH.0, TANSU_ONE_RECORD_A_BATCH.1);
+        .set(TANSU_ONE_RECORD_A_BATCH.0, TANSU_ONE_RECORD_A_BATCH.1)
+        .set(TANSU_SHORT_FETCH_WAIT.0, TANSU_SHORT_FETCH_WAIT.1);
     let mut topics = vec![topic.clone(), consumer.dead_letter_topic()];
     topics.extend(consumer.retry_topics());
     let cleanup = DeleteTopics::new(topics);
@@ -395,22 +402,97 @@ async fn a_retry_goes_to_a_retry_topic_and_does_not_block_its_partition() {
         "the retry came last: {order:?}"
     );
     assert_eq!((report.retried, report.acked), (1, 6), "{report:?}");
+    // A 300 ms wait goes to the 100 ms topic, and hops on there until due.
     let retry_topic = t.consumer.retry_topic(Duration::from_millis(300));
-    assert_eq!(retry_topic, format!("{}-retry-1000", t.topic));
+    assert_eq!(retry_topic, format!("{}-retry-100", t.topic));
     let retries = t.kafka.read(&retry_topic).await;
-    assert_eq!(retries.len(), 1);
-    let h = headers(&retries[0]);
-    assert_eq!(h.get("x-idem-failures").map(String::as_str), Some("1"));
-    assert_eq!(h.get("x-idem-retries").map(String::as_str), Some("1"));
-    assert_eq!(h.get("x-idem-topic"), Some(&t.topic));
-    assert_eq!(h.get("x-idem-offset").map(String::as_str), Some("0"));
-    assert!(
-        h.get("x-idem-last-error")
-            .is_some_and(|e| e.contains("not yet")),
-        "{h:?}"
+    assert_eq!(
+        retries.len() as u64,
+        1 + report.forwarded,
+        "the retry, and its hops: {report:?}"
     );
-    assert_eq!(retries[0].key(), Some(&b"k"[..]), "the key is kept");
+    let due = headers(&retries[0]).get("x-idem-due").cloned();
+    assert!(due.is_some(), "a due time");
+    for copy in &retries {
+        // Hops are neither retries nor failures: the copies say the same.
+        let h = headers(copy);
+        assert_eq!(h.get("x-idem-failures").map(String::as_str), Some("1"));
+        assert_eq!(h.get("x-idem-retries").map(String::as_str), Some("1"));
+        assert_eq!(h.get("x-idem-due"), due.as_ref());
+        assert_eq!(h.get("x-idem-topic"), Some(&t.topic));
+        assert_eq!(h.get("x-idem-offset").map(String::as_str), Some("0"));
+        assert!(
+            h.get("x-idem-last-error")
+                .is_some_and(|e| e.contains("not yet")),
+            "{h:?}"
+        );
+        assert_eq!(copy.key(), Some(&b"k"[..]), "the key is kept");
+    }
     assert_eq!(t.kafka.lag(&t.group, &t.all_topics()).await, 0);
+}
+
+/// A retry that must wait longer than its retry topic's delay does not hold
+/// that topic's partition for all of its wait: it hops on once the topic's
+/// delay is over, and a shorter wait behind it comes back on time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_wait_hops_on_and_does_not_hold_the_retry_partition() {
+    let t = or_skip!(topic("kafka_hop", 1).await);
+    // one partition: in the 1 s retry topic, the long wait is ahead
+    t.send(Some("k"), &Points::payload("long", 1)).await;
+    t.send(Some("k"), &Points::payload("short", 1)).await;
+    let calls: Arc<Mutex<Vec<(String, std::time::Instant)>>> = Arc::default();
+    let waits = |id: &str| match id {
+        "long" => Duration::from_millis(3_500),
+        _ => Duration::from_millis(1_000),
+    };
+    let running = {
+        let calls = Arc::clone(&calls);
+        start(t.consumer.clone(), move |msg: Points| {
+            let calls = Arc::clone(&calls);
+            Box::pin(async move {
+                let first = {
+                    let mut calls = calls.lock().unwrap();
+                    calls.push((msg.id.clone(), std::time::Instant::now()));
+                    calls.iter().filter(|(id, _)| *id == msg.id).count() == 1
+                };
+                if first {
+                    Err(Error::InProgress {
+                        handler: "kafka_hop",
+                        key: idem_runtime::Key::from_parts(&[&msg.id]).expect("a key"),
+                        retry_after: waits(&msg.id),
+                    })
+                } else {
+                    Ok(Outcome::Executed(msg.points))
+                }
+            })
+        })
+    };
+    eventually(Duration::from_secs(20), "both back", || async {
+        calls.lock().unwrap().len() == 4
+    })
+    .await;
+    let report = running.stop().await;
+    let calls = calls.lock().unwrap().clone();
+    let gap = |id: &str| {
+        let at: Vec<std::time::Instant> = calls
+            .iter()
+            .filter(|(i, _)| i == id)
+            .map(|(_, at)| *at)
+            .collect();
+        at[1] - at[0]
+    };
+    let (long, short) = (gap("long"), gap("short"));
+    println!("waits of 3.5 s and 1 s came back after {long:?} and {short:?} ({report:?})");
+    assert!(long >= waits("long"), "{long:?}");
+    assert!(short >= waits("short"), "{short:?}");
+    assert!(
+        short < Duration::from_millis(2_000),
+        "the short wait was held behind the long one: {short:?}"
+    );
+    let order: Vec<&str> = calls.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(order, ["long", "short", "short", "long"]);
+    assert!(report.forwarded >= 2, "the long wait hopped on: {report:?}");
+    assert_eq!((report.retried, report.acked), (2, 2), "{report:?}");
 }
 
 /// In place, the partition waits for its first message: strict order.
@@ -646,6 +728,101 @@ async fn a_missing_topic_is_a_setup_error() {
     match ended {
         Err(ConsumeError::Setup(e)) => assert!(e.to_string().contains("does not exist"), "{e}"),
         other => panic!("expected a set-up error, got {other:?}"),
+    }
+}
+
+/// `declare` creates the retry and dead-letter topics, with the names and
+/// delays it was given and the topic's partition count, before any member
+/// joins the group; and a topic that does not exist is a set-up error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declare_creates_the_retry_and_dead_letter_topics() {
+    let kafka = or_skip!(kafka().await);
+    let topic = unique_table("kafka_declare");
+    let group = format!("{topic}-group");
+    let consumer = Consumer::new(kafka_brokers(), group.clone(), topic.clone())
+        .set(TANSU_ONE_RECORD_A_BATCH.0, TANSU_ONE_RECORD_A_BATCH.1)
+        .dead_letters(format!("{topic}.parked"))
+        .retry_topics_named(format!("{topic}.wait-{{ms}}"))
+        .retry_delays([Duration::from_millis(200), Duration::from_secs(2)]);
+    let mut topics = vec![topic.clone(), consumer.dead_letter_topic()];
+    topics.extend(consumer.retry_topics());
+    let _cleanup = DeleteTopics::new(topics);
+    match consumer.declare().await {
+        Err(ConsumeError::Setup(e)) => assert!(e.to_string().contains("does not exist"), "{e}"),
+        other => panic!("expected a set-up error, got {other:?}"),
+    }
+    kafka.create_topic(&topic, 3).await;
+    consumer.declare().await.expect("declared");
+    assert_eq!(
+        consumer.retry_topics(),
+        [format!("{topic}.wait-200"), format!("{topic}.wait-2000")]
+    );
+    for name in consumer
+        .retry_topics()
+        .into_iter()
+        .chain([format!("{topic}.parked")])
+    {
+        let partitions: Vec<i32> = kafka.ends(&name).await.iter().map(|(p, _)| *p).collect();
+        assert_eq!(partitions.len(), 3, "{name}: {partitions:?}");
+    }
+    assert!(
+        kafka.ends(&format!("{topic}-dlt")).await.is_empty(),
+        "no topic of the default names"
+    );
+    consumer.declare().await.expect("declared again");
+
+    // The consumer uses them: a dead letter goes to the topic named.
+    let producer = kafka.producer();
+    for payload in [&b"not points"[..], &Points::payload("good", 1)] {
+        producer
+            .send(
+                FutureRecord::<(), _>::to(&topic).payload(payload),
+                Duration::from_secs(10),
+            )
+            .await
+            .expect("publish");
+    }
+    let (store, seen) = (MemoryStore::new(), Arc::new(Seen::default()));
+    let running = start(consumer, recording(&store, &seen));
+    eventually(
+        Duration::from_secs(30),
+        "the effect and a dead letter",
+        || async {
+            seen.order().len() == 1 && kafka.read(&format!("{topic}.parked")).await.len() == 1
+        },
+    )
+    .await;
+    let report = running.stop().await;
+    assert_eq!((report.acked, report.dead_lettered), (1, 1), "{report:?}");
+}
+
+/// A topology that cannot be declared is refused by `declare` and `run`
+/// alike, before the brokers are asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topology_that_cannot_be_declared_is_refused_before_connecting() {
+    // nothing listens there: a refusal that needed the brokers would time
+    // out instead
+    let nowhere = "127.0.0.1:1";
+    let c = || Consumer::new(nowhere, "stock", "orders");
+    for (consumer, says) in [
+        (c().retry_delays(Vec::new()), "at least one"),
+        (c().retry_topics_named("orders-wait"), "{ms}"),
+        (c().dead_letters("orders dead"), "' '"),
+        (c().dead_letters("orders"), "consumed topic"),
+    ] {
+        match consumer.declare().await {
+            Err(ConsumeError::Setup(e)) => assert!(e.to_string().contains(says), "{e}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        let store = MemoryStore::new();
+        let run = consumer.run(
+            recording(&store, &Arc::new(Seen::default())),
+            idem_runtime::consume::CancellationToken::new(),
+        );
+        match tokio::time::timeout(Duration::from_secs(5), run).await {
+            Ok(Err(ConsumeError::Setup(e))) => assert!(e.to_string().contains(says), "{e}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
     }
 }
 

@@ -26,6 +26,8 @@ struct Nats {
 }
 
 impl Broker for Nats {
+    const TIERED: bool = false;
+
     async fn open(name: &str) -> Option<Self> {
         let js = idem_tests::brokers::jetstream().await?;
         let stream = unique_table(name);
@@ -139,6 +141,8 @@ on_nats!(
     shutdown_lets_bodies_in_flight_finish_and_acks_them,
     the_handler_is_told_about_each_delivery,
     the_consumer_counts_what_it_did,
+    a_wait_between_tiers_is_waited_exactly,
+    store_faults_back_off_and_are_never_dead_lettered,
 );
 
 /// Two subjects of one stream, each with its own consumer: each handler
@@ -371,4 +375,135 @@ async fn a_flapping_store_costs_the_first_delay_whatever_the_deliveries() {
             i + 1
         );
     }
+}
+/// `declare` makes the streams, with the dead-letter names it was given,
+/// and the durable, before any consumer runs: what is published then is
+/// kept for the consumer, where a core NATS publish before it is dropped
+/// (no stream captures the subject, and the publisher hears nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declare_makes_the_topology_so_nothing_published_before_a_consumer_is_lost() {
+    let js = or_skip!(idem_tests::brokers::jetstream().await);
+    let stream = unique_table("nats_declare");
+    let subject = format!("idem.test.{stream}");
+    let (dead_stream, dead_subject) = (format!("{stream}_PARKED"), format!("idem.parked.{stream}"));
+    let consumer = Consumer::new(nats_url(), stream.clone(), subject.clone())
+        .dead_letters(dead_stream.clone(), dead_subject.clone());
+    let _cleanup = DeleteStreams::new(vec![stream.clone(), dead_stream.clone()]);
+    // Before `declare`: a core publish that nothing keeps.
+    let client = async_nats::connect(nats_url()).await.expect("a client");
+    client
+        .publish(subject.clone(), Points::payload("before", 1).into())
+        .await
+        .expect("publish");
+    client.flush().await.expect("flush");
+
+    consumer.declare().await.expect("declared");
+    let mut dead = js
+        .get_stream(&dead_stream)
+        .await
+        .expect("the dead-letter stream");
+    assert_eq!(
+        dead.info().await.expect("info").config.subjects,
+        [dead_subject]
+    );
+    let kept = js.get_stream(&stream).await.expect("the stream");
+    kept.get_consumer::<pull::Config>(consumer.durable_name())
+        .await
+        .expect("the durable");
+    assert!(
+        js.get_stream(format!("{stream}_DEAD")).await.is_err(),
+        "no stream of the default name"
+    );
+    consumer.declare().await.expect("declared again");
+
+    for i in 0..3 {
+        client
+            .publish(
+                subject.clone(),
+                Points::payload(&format!("after-{i}"), 1).into(),
+            )
+            .await
+            .expect("publish");
+    }
+    client
+        .publish(subject.clone(), "not points".into())
+        .await
+        .expect("publish");
+    client.flush().await.expect("flush");
+    common::eventually(std::time::Duration::from_secs(10), "four kept", || async {
+        messages_in(&js, &stream).await == 4
+    })
+    .await;
+
+    let store = idem_runtime::MemoryStore::new();
+    let effects = std::sync::Arc::new(common::broker::Effects::default());
+    let handler = {
+        let effects = std::sync::Arc::clone(&effects);
+        move |msg: Points| {
+            let (store, effects) = (store.clone(), std::sync::Arc::clone(&effects));
+            async move { common::broker::grant(&store, &msg, &effects).await }
+        }
+    };
+    let (stop, signal) = broker::shutdown();
+    let running = Running::new(stop, tokio::spawn(consumer.run(handler, signal)));
+    common::eventually(
+        std::time::Duration::from_secs(20),
+        "three effects and a dead letter",
+        || async { effects.total() == 3 && messages_in(&js, &dead_stream).await == 1 },
+    )
+    .await;
+    let report = running.stop().await;
+    assert_eq!((report.acked, report.dead_lettered), (3, 1), "{report:?}");
+    assert_eq!(effects.of("before"), 0, "dropped before the stream existed");
+    for i in 0..3 {
+        assert_eq!(effects.of(&format!("after-{i}")), 1);
+    }
+}
+
+/// Names JetStream refuses are refused by `declare` and `run` alike,
+/// before the server is asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_jetstream_refuses_are_refused_before_connecting() {
+    // nothing listens there: a refusal that needed the server would fail
+    // to connect instead
+    let nowhere = "nats://127.0.0.1:1";
+    let c = || Consumer::new(nowhere, "ORDERS", "orders.placed");
+    for (consumer, says) in [
+        (c().dead_letters("ORDERS.DEAD", "idem.dead.orders"), "'.'"),
+        (c().dead_letters("ORDERS DEAD", "idem.dead.orders"), "' '"),
+        (c().dead_letters("ORDERS_DEAD", "idem.dead.>"), "wildcard"),
+        (
+            c().dead_letters("ORDERS", "idem.dead.orders"),
+            "consumer's stream",
+        ),
+        (Consumer::new(nowhere, "ORD*ERS", "orders.placed"), "'*'"),
+        (c().durable("stock>"), "'>'"),
+        (
+            Consumer::new(nowhere, "ORDERS", "orders..placed"),
+            "empty token",
+        ),
+    ] {
+        match consumer.declare().await {
+            Err(idem_runtime::consume::ConsumeError::Setup(e)) => {
+                assert!(e.to_string().contains(says), "{says}: {e}")
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        let run = consumer.run(
+            |_: Points| async { Ok::<_, Error<AppError>>(Outcome::Executed(0u32)) },
+            idem_runtime::consume::CancellationToken::new(),
+        );
+        match tokio::time::timeout(std::time::Duration::from_secs(5), run).await {
+            Ok(Err(idem_runtime::consume::ConsumeError::Setup(e))) => {
+                assert!(e.to_string().contains(says), "{says}: {e}")
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+}
+
+/// How many messages `stream` holds now.
+async fn messages_in(js: &jetstream::Context, stream: &str) -> u64 {
+    let mut s = js.get_stream(stream).await.expect("the stream");
+    s.info().await.expect("stream info").state.messages
 }

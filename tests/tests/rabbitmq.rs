@@ -9,7 +9,7 @@ use std::future::Future;
 use common::AppError;
 use common::broker::{self, Broker, DeadLetter, Points, Running};
 use futures_util::StreamExt as _;
-use idem_runtime::consume::rabbitmq::{Consumer, RETRY_DELAYS};
+use idem_runtime::consume::rabbitmq::Consumer;
 use idem_runtime::consume::{Broker as Kind, Delivery, Policy};
 use idem_runtime::{Error, Outcome};
 use idem_tests::brokers::{DeleteQueues, amqp_channel, amqp_url};
@@ -27,13 +27,13 @@ struct Rabbit {
 }
 
 impl Broker for Rabbit {
+    const TIERED: bool = true;
+
     async fn open(name: &str) -> Option<Self> {
         let (conn, channel) = amqp_channel().await?;
         let queue = unique_table(name);
         let consumer = Consumer::new(amqp_url(), queue.clone());
-        let mut queues = vec![queue.clone(), consumer.dead_letter_queue()];
-        queues.extend(RETRY_DELAYS.iter().map(|d| consumer.retry_queue(*d)));
-        let cleanup = DeleteQueues::new(queues);
+        let cleanup = DeleteQueues::new(queues_of(&consumer, &queue));
         // The work queue exists before anything is published to it.
         let durable = QueueDeclareOptions {
             durable: true,
@@ -138,33 +138,44 @@ impl Broker for Rabbit {
 
     async fn waiting(&self) -> u64 {
         let mut n = self.depth(&self.queue).await;
-        for delay in RETRY_DELAYS {
-            n += self.depth(&self.consumer.retry_queue(delay)).await;
+        for retry in self.consumer.retry_queues() {
+            n += self.depth(&retry).await;
         }
         n
     }
 }
 
 impl Rabbit {
-    /// Ready messages in `queue` (a passive declare, on a channel of its
-    /// own: asking for a queue that does not exist yet closes the channel);
-    /// 0 when the consumer has not declared it yet.
+    /// Ready messages in `queue`; 0 when the consumer has not declared it
+    /// yet.
     async fn depth(&self, queue: &str) -> u64 {
-        let passive = QueueDeclareOptions {
-            passive: true,
-            ..QueueDeclareOptions::default()
-        };
-        let channel = self.conn.create_channel().await.expect("a channel");
-        let count = match channel
-            .queue_declare(queue.into(), passive, FieldTable::default())
-            .await
-        {
-            Ok(q) => u64::from(q.message_count()),
-            Err(_) => 0,
-        };
-        let _ = channel.close(200, "inspected".into()).await;
-        count
+        looked_up(&self.conn, queue).await.unwrap_or(0)
     }
+}
+
+/// Ready messages in `queue`, or `None` when it does not exist (a passive
+/// declare, on a channel of its own: asking for a queue that does not exist
+/// closes the channel).
+async fn looked_up(conn: &Connection, queue: &str) -> Option<u64> {
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    let channel = conn.create_channel().await.expect("a channel");
+    let count = channel
+        .queue_declare(queue.into(), passive, FieldTable::default())
+        .await
+        .ok()
+        .map(|q| u64::from(q.message_count()));
+    let _ = channel.close(200, "inspected".into()).await;
+    count
+}
+
+/// Every queue `consumer` of `queue` declares, for the clean-up.
+fn queues_of(consumer: &Consumer, queue: &str) -> Vec<String> {
+    let mut queues = vec![queue.to_owned(), consumer.dead_letter_queue()];
+    queues.extend(consumer.retry_queues());
+    queues
 }
 
 macro_rules! on_rabbitmq {
@@ -185,6 +196,8 @@ on_rabbitmq!(
     shutdown_lets_bodies_in_flight_finish_and_acks_them,
     the_handler_is_told_about_each_delivery,
     the_consumer_counts_what_it_did,
+    a_wait_between_tiers_is_waited_exactly,
+    store_faults_back_off_and_are_never_dead_lettered,
 );
 
 /// A work queue that exists as a quorum queue is used as it is (declaring
@@ -194,9 +207,7 @@ async fn an_existing_quorum_queue_is_used_as_it_is() {
     let (conn, channel) = or_skip!(amqp_channel().await);
     let queue = unique_table("rmq_quorum");
     let consumer = Consumer::new(amqp_url(), queue.clone());
-    let mut queues = vec![queue.clone(), consumer.dead_letter_queue()];
-    queues.extend(RETRY_DELAYS.iter().map(|d| consumer.retry_queue(*d)));
-    let _cleanup = DeleteQueues::new(queues);
+    let _cleanup = DeleteQueues::new(queues_of(&consumer, &queue));
     let mut args = FieldTable::default();
     args.insert(
         "x-queue-type".into(),
@@ -250,9 +261,7 @@ async fn a_refused_topology_is_a_setup_error() {
     let (conn, channel) = or_skip!(amqp_channel().await);
     let queue = unique_table("rmq_refused");
     let consumer = Consumer::new(amqp_url(), queue.clone());
-    let mut queues = vec![queue.clone(), consumer.dead_letter_queue()];
-    queues.extend(RETRY_DELAYS.iter().map(|d| consumer.retry_queue(*d)));
-    let _cleanup = DeleteQueues::new(queues);
+    let _cleanup = DeleteQueues::new(queues_of(&consumer, &queue));
     let mut args = FieldTable::default();
     args.insert("x-max-length".into(), AMQPValue::LongLongInt(10));
     let durable = QueueDeclareOptions {
@@ -286,4 +295,142 @@ fn unix_seconds() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+async fn publish_to(channel: &Channel, queue: &str, payload: &[u8]) {
+    channel
+        .basic_publish(
+            ShortString::from(""),
+            queue.into(),
+            BasicPublishOptions::default(),
+            payload,
+            BasicProperties::default().with_delivery_mode(2),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("publish confirmed");
+}
+
+/// `declare` makes the topology, with the names and delays it was given,
+/// before any consumer runs: what is published then waits in the work
+/// queue, where without it RabbitMQ drops it (the default exchange routes a
+/// message for a queue that does not exist nowhere, and says nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declare_makes_the_topology_so_nothing_published_before_a_consumer_is_lost() {
+    let (conn, channel) = or_skip!(amqp_channel().await);
+    channel
+        .confirm_select(lapin::options::ConfirmSelectOptions::default())
+        .await
+        .expect("confirms");
+    let queue = unique_table("rmq_declare");
+    let consumer = Consumer::new(amqp_url(), queue.clone())
+        .dead_letters(format!("{queue}.parked"))
+        .retry_queues_named(format!("{queue}.wait.{{ms}}"))
+        .retry_delays([
+            std::time::Duration::from_millis(200),
+            std::time::Duration::from_secs(2),
+        ]);
+    let _cleanup = DeleteQueues::new(queues_of(&consumer, &queue));
+    // Before `declare`: confirmed by the broker, and gone.
+    publish_to(&channel, &queue, &Points::payload("before", 1)).await;
+    assert_eq!(looked_up(&conn, &queue).await, None, "no queue yet");
+
+    consumer.declare().await.expect("declared");
+    assert_eq!(
+        consumer.retry_queues(),
+        [format!("{queue}.wait.200"), format!("{queue}.wait.2000")]
+    );
+    for name in consumer.retry_queues() {
+        assert_eq!(looked_up(&conn, &name).await, Some(0), "{name}");
+    }
+    assert_eq!(
+        looked_up(&conn, &format!("{queue}.parked")).await,
+        Some(0),
+        "the dead-letter queue"
+    );
+    assert_eq!(
+        looked_up(&conn, &format!("{queue}.idem.dead")).await,
+        None,
+        "no queue of the default names"
+    );
+    // Declaring again is harmless.
+    consumer.declare().await.expect("declared again");
+
+    for i in 0..3 {
+        publish_to(&channel, &queue, &Points::payload(&format!("after-{i}"), 1)).await;
+    }
+    publish_to(&channel, &queue, b"not points").await;
+    assert_eq!(
+        looked_up(&conn, &queue).await,
+        Some(4),
+        "kept for the consumer"
+    );
+
+    let store = idem_runtime::MemoryStore::new();
+    let effects = std::sync::Arc::new(common::broker::Effects::default());
+    let handler = {
+        let effects = std::sync::Arc::clone(&effects);
+        move |msg: Points| {
+            let (store, effects) = (store.clone(), std::sync::Arc::clone(&effects));
+            async move { common::broker::grant(&store, &msg, &effects).await }
+        }
+    };
+    let (stop, signal) = broker::shutdown();
+    let running = Running::new(stop, tokio::spawn(consumer.clone().run(handler, signal)));
+    common::eventually(
+        std::time::Duration::from_secs(20),
+        "three effects and a dead letter",
+        || async {
+            effects.total() == 3 && looked_up(&conn, &format!("{queue}.parked")).await == Some(1)
+        },
+    )
+    .await;
+    let report = running.stop().await;
+    assert_eq!((report.acked, report.dead_lettered), (3, 1), "{report:?}");
+    assert_eq!(effects.of("before"), 0, "dropped before the queue existed");
+    for i in 0..3 {
+        assert_eq!(effects.of(&format!("after-{i}")), 1);
+    }
+}
+
+/// A topology that cannot be declared is refused by `declare` and `run`
+/// alike, before the broker is asked: here no retry delays, and a template
+/// without `{ms}`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topology_that_cannot_be_declared_is_refused_before_connecting() {
+    // nothing listens there: a refusal that needed the broker would fail
+    // to connect instead
+    let nowhere = "amqp://guest:guest@127.0.0.1:1/%2f";
+    for (consumer, says) in [
+        (
+            Consumer::new(nowhere, "orders").retry_delays(Vec::new()),
+            "at least one",
+        ),
+        (
+            Consumer::new(nowhere, "orders").retry_queues_named("orders.wait"),
+            "{ms}",
+        ),
+        (
+            Consumer::new(nowhere, "orders").dead_letters("amq.dead"),
+            "amq.",
+        ),
+    ] {
+        match consumer.declare().await {
+            Err(idem_runtime::consume::ConsumeError::Setup(e)) => {
+                assert!(e.to_string().contains(says), "{e}")
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        let run = consumer.run(
+            |_: Points| async { Ok::<_, Error<AppError>>(Outcome::Executed(0u32)) },
+            idem_runtime::consume::CancellationToken::new(),
+        );
+        match tokio::time::timeout(std::time::Duration::from_secs(5), run).await {
+            Ok(Err(idem_runtime::consume::ConsumeError::Setup(e))) => {
+                assert!(e.to_string().contains(says), "{e}")
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
 }

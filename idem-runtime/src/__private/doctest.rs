@@ -152,7 +152,7 @@ pub async fn rabbitmq_publish(
 /// When the broker refuses a call.
 #[cfg(feature = "rabbitmq")]
 pub async fn rabbitmq_delete(url: &str, queue: &str) -> Result<(), lapin::Error> {
-    use crate::consume::rabbitmq::{Consumer, RETRY_DELAYS};
+    use crate::consume::rabbitmq::Consumer;
     use lapin::options::QueueDeleteOptions;
     use lapin::{Connection, ConnectionProperties};
 
@@ -160,7 +160,7 @@ pub async fn rabbitmq_delete(url: &str, queue: &str) -> Result<(), lapin::Error>
     let channel = conn.create_channel().await?;
     let consumer = Consumer::new(url, queue);
     let mut names = vec![queue.to_owned(), consumer.dead_letter_queue()];
-    names.extend(RETRY_DELAYS.iter().map(|d| consumer.retry_queue(*d)));
+    names.extend(consumer.retry_queues());
     for name in names {
         channel
             .queue_delete(name.as_str().into(), QueueDeleteOptions::default())

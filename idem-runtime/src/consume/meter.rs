@@ -106,9 +106,13 @@ impl Meter {
                     .increment(1);
                 false
             }
-            Settled::Stop(_) => false,
+            // Not a handler call: consumers do not meter forwards.
+            Settled::Stop(_) | Settled::Forwarded => false,
         };
-        if !matches!(settled, Settled::Unsettled | Settled::Stop(_)) {
+        if !matches!(
+            settled,
+            Settled::Unsettled | Settled::Stop(_) | Settled::Forwarded
+        ) {
             let now = SystemTime::now();
             let unix = now.duration_since(UNIX_EPOCH).unwrap_or_default();
             metrics::gauge!(metric::CONSUMER_LAST_SETTLE, "broker" => broker, "queue" => queue.clone())

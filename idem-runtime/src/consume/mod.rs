@@ -26,7 +26,18 @@
 //! Retries never hold a prefetch slot: the delivery is acked and handed back
 //! to the broker with a delay (RabbitMQ: a retry queue whose TTL expires it
 //! back into the work queue; JetStream: `Nak` with a delay; Kafka: a retry
-//! topic, or, for strict order, a wait in place).
+//! topic, or, for strict order, a wait in place). The wait is the one the
+//! verdict asked for, not rounded up to a retry queue's or topic's delay
+//! (see [`RETRY_DELAYS`]).
+//!
+//! # Topology
+//!
+//! Each consumer declares what it needs (RabbitMQ: retry and dead-letter
+//! queues; NATS: the streams and the durable; Kafka: retry and dead-letter
+//! topics) when it starts, and on its own with `declare()`, for a producer or
+//! a deploy step to run before any message is published. The names and the
+//! retry delays are settings of the consumer, with the defaults in each
+//! module's topology table.
 
 use std::fmt::Display;
 use std::future::Future;
@@ -53,6 +64,8 @@ pub mod nats;
 pub mod rabbitmq;
 #[cfg(any(feature = "rabbitmq", feature = "nats"))]
 mod session;
+#[cfg(any(feature = "rabbitmq", feature = "kafka"))]
+mod tiers;
 pub use delivery::{Broker, Delivery};
 pub(crate) use meter::Meter;
 
@@ -106,11 +119,17 @@ pub fn shutdown_on(signal: impl Future<Output = ()> + Send + 'static) -> Cancell
     token
 }
 
-/// The delay tiers of the consumers that retry through the broker's own
-/// queues or topics (RabbitMQ's retry queues, Kafka's retry topics): one
-/// queue or topic per delay, so a short retry never waits behind a long
-/// one. A retry goes to the shortest tier at least as long as its delay, or
-/// the longest.
+/// The default delay tiers of the consumers that retry through the
+/// broker's own queues or topics (RabbitMQ's retry queues, Kafka's retry
+/// topics): one queue or topic per delay, so a short retry never waits
+/// behind a long one. Each consumer takes others with `.retry_delays(...)`.
+///
+/// A retry goes to the longest tier not longer than its wait (the shortest
+/// when the wait is below them all) and carries its due time (`x-idem-due`);
+/// one that comes back before it is due is forwarded to the tier for what is
+/// left, without running the handler, so a wait of 1.2 s is waited as
+/// 1 s + 100 ms + 100 ms rather than rounded up to 5 s, and a wait longer
+/// than the longest tier is waited whole.
 ///
 /// # Examples
 ///
@@ -128,15 +147,6 @@ pub const RETRY_DELAYS: [Duration; 5] = [
     Duration::from_secs(30),
     Duration::from_secs(300),
 ];
-
-/// The tier of [`RETRY_DELAYS`] a wait of `delay` goes to.
-#[cfg_attr(not(any(feature = "rabbitmq", feature = "kafka")), allow(dead_code))]
-pub(crate) fn retry_tier(delay: Duration) -> Duration {
-    *RETRY_DELAYS
-        .iter()
-        .find(|d| **d >= delay)
-        .unwrap_or(&RETRY_DELAYS[RETRY_DELAYS.len() - 1])
-}
 
 /// How a consumer retries: attempts, backoff and concurrency.
 ///
@@ -436,6 +446,10 @@ pub struct Report {
     pub retried: u64,
     /// Deliveries moved to the dead letters.
     pub dead_lettered: u64,
+    /// Retries that came back before they were due and were forwarded to
+    /// the retry queue or topic for what was left of their wait, without a
+    /// handler call (RabbitMQ, Kafka); not counted in `retried`.
+    pub forwarded: u64,
     /// Deliveries acked with an alert (`LeaseLost`, `NotRecorded`).
     pub alerts: u64,
     /// Times the consumer reconnected to the broker (Kafka: times every
@@ -672,6 +686,10 @@ pub(crate) enum Settled {
     },
     Retried,
     DeadLettered,
+    /// A retry not yet due, handed on to the tier for what is left of its
+    /// wait: no handler call.
+    #[cfg_attr(not(any(feature = "rabbitmq", feature = "kafka")), allow(dead_code))]
+    Forwarded,
     /// The binary is misconfigured: the consumer stops.
     #[cfg_attr(not(any(feature = "rabbitmq", feature = "nats")), allow(dead_code))]
     Stop(String),

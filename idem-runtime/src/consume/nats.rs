@@ -4,16 +4,29 @@
 //! # Topology
 //!
 //! For a stream `S` and a subject the consumer declares, if they do not
-//! exist:
+//! exist, when it starts and on its own with [`Consumer::declare`]:
 //!
-//! * the stream `S`, capturing the subject;
-//! * a durable pull consumer on it, one per stream and subject
-//!   (`<S>_<subject>_idem`, with `.`, `*` and `>` as `_`, unless named
-//!   otherwise), with explicit acks, no delivery limit (the consumer
-//!   dead-letters instead, so nothing is dropped silently), the ack wait of
-//!   [`Consumer::ack_wait`]. A durable that exists with other settings is refused
-//!   ([`ConsumeError::Setup`]) rather than used as it is;
-//! * the stream `<S>_DEAD`, capturing the dead-letter subject `idem.dead.<S>`.
+//! | what | default name | setting | holds |
+//! | --- | --- | --- | --- |
+//! | the stream | `S` | [`Consumer::new`] | the messages; created capturing the subject |
+//! | the durable pull consumer | `<S>_<subject>_idem` (with `.`, `*` and `>` as `_`) | [`Consumer::durable`] | the consumer's position: one per stream and subject |
+//! | the dead-letter stream | `<S>_DEAD` | [`Consumer::dead_letters`] | what no retry can cure |
+//! | the dead-letter subject | `idem.dead.<S>` | [`Consumer::dead_letters`] | the subject dead letters are published to, captured by the dead-letter stream |
+//!
+//! The durable has explicit acks, no delivery limit (the consumer
+//! dead-letters instead, so nothing is dropped silently) and the ack wait of
+//! [`Consumer::ack_wait`]; one that exists with other settings is refused
+//! ([`ConsumeError::Setup`]) rather than used as it is. Stream and durable
+//! names may not hold whitespace, `.`, `*`, `>`, `/` or `\`, and the
+//! dead-letter subject no wildcard: such names are refused before the server
+//! is asked ([`ConsumeError::Setup`]).
+//!
+//! **Declare before publishing.** A core NATS publish to a subject no stream
+//! captures is dropped, silently (a JetStream publish fails instead): run
+//! [`Consumer::declare`] (from a deploy step, or the producer at its start)
+//! before the first message is published, or create the stream yourself. A
+//! durable created by `declare` starts at the stream's first message, so what
+//! is published between `declare` and the first `run` waits for it.
 //!
 //! A retry is a `Nak` with the delay, which JetStream applies natively; the
 //! consumer holds no slot for it meanwhile (JetStream counts it against the
@@ -101,19 +114,25 @@ pub struct Consumer {
     subject: String,
     durable: String,
     policy: Policy,
-    prefetch: usize,
+    /// `None`: twice the policy's concurrency.
+    prefetch: Option<usize>,
     ack_wait: Duration,
+    /// The dead-letter stream and subject; `None`: `<stream>_DEAD` and
+    /// `idem.dead.<stream>`.
+    dead: Option<(String, String)>,
 }
 
 impl Consumer {
     /// A consumer of `subject` in stream `stream` on the server at `url`,
-    /// with the default [`Policy`], a prefetch of 32 and an ack wait of 30 s.
+    /// with the default [`Policy`], a prefetch of twice its concurrency, an
+    /// ack wait of 30 s and the default topology (see the
+    /// [module docs](self#topology)).
     ///
     /// # Examples
     ///
     /// ```
     /// let c = idem_runtime::consume::nats::Consumer::new("nats://127.0.0.1:4222", "ORDERS", "orders.>");
-    /// # let _ = c;
+    /// assert_eq!(c.effective_prefetch(), 16);
     /// ```
     pub fn new(
         url: impl Into<String>,
@@ -141,8 +160,9 @@ impl Consumer {
             stream,
             subject,
             policy: Policy::default(),
-            prefetch: 32,
+            prefetch: None,
             ack_wait: Duration::from_secs(30),
+            dead: None,
         }
     }
 
@@ -161,16 +181,58 @@ impl Consumer {
         self
     }
 
-    /// How many messages one pull asks for.
+    /// How many messages one pull asks for. Default: twice the policy's
+    /// concurrency (16 with the default policy), as on RabbitMQ: each slot
+    /// has a message ready when it frees, and messages do not sit in the
+    /// consumer while their ack wait runs; set, it wins whatever the
+    /// concurrency.
     ///
     /// # Examples
     ///
     /// ```
-    /// let c = idem_runtime::consume::nats::Consumer::new("nats://127.0.0.1:4222", "ORDERS", "orders.placed").prefetch(64);
-    /// # let _ = c;
+    /// use idem_runtime::consume::{Policy, nats::Consumer};
+    /// let c = Consumer::new("nats://127.0.0.1:4222", "ORDERS", "orders.placed")
+    ///     .policy(Policy { concurrency: 4, ..Policy::default() });
+    /// assert_eq!(c.effective_prefetch(), 8);
+    /// assert_eq!(c.prefetch(64).effective_prefetch(), 64);
     /// ```
     pub fn prefetch(mut self, prefetch: usize) -> Self {
-        self.prefetch = prefetch.max(1);
+        self.prefetch = Some(prefetch.max(1));
+        self
+    }
+
+    /// The prefetch the consumer asks for: the one set with
+    /// [`prefetch`](Self::prefetch), or twice the policy's concurrency.
+    ///
+    /// # Examples
+    ///
+    /// See [`prefetch`](Self::prefetch).
+    pub fn effective_prefetch(&self) -> usize {
+        self.prefetch
+            .unwrap_or_else(|| self.policy.concurrency.max(1).saturating_mul(2))
+    }
+
+    /// Names the dead-letter stream and the subject dead letters are
+    /// published to (default `<stream>_DEAD` and `idem.dead.<stream>`).
+    /// The stream's name may not hold whitespace, `.`, `*`, `>`, `/` or
+    /// `\`, nor be the consumer's stream; the subject may not hold a
+    /// wildcard, nor be one the consumer's stream captures (the server
+    /// refuses streams whose subjects overlap). [`declare`] and [`run`]
+    /// refuse such names ([`ConsumeError::Setup`]).
+    ///
+    /// [`declare`]: Self::declare
+    /// [`run`]: Self::run
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let c = idem_runtime::consume::nats::Consumer::new("nats://127.0.0.1:4222", "ORDERS", "orders.placed")
+    ///     .dead_letters("PARKED_ORDERS", "parked.orders");
+    /// assert_eq!(c.dead_letter_stream(), "PARKED_ORDERS");
+    /// assert_eq!(c.dead_letter_subject(), "parked.orders");
+    /// ```
+    pub fn dead_letters(mut self, stream: impl Into<String>, subject: impl Into<String>) -> Self {
+        self.dead = Some((stream.into(), subject.into()));
         self
     }
 
@@ -216,7 +278,8 @@ impl Consumer {
         &self.durable
     }
 
-    /// Where dead letters are published: `idem.dead.<stream>`.
+    /// Where dead letters are published: `idem.dead.<stream>`, or the
+    /// subject named with [`dead_letters`](Self::dead_letters).
     ///
     /// # Examples
     ///
@@ -225,10 +288,14 @@ impl Consumer {
     /// assert_eq!(c.dead_letter_subject(), "idem.dead.ORDERS");
     /// ```
     pub fn dead_letter_subject(&self) -> String {
-        format!("idem.dead.{}", self.stream)
+        match &self.dead {
+            Some((_, subject)) => subject.clone(),
+            None => format!("idem.dead.{}", self.stream),
+        }
     }
 
-    /// The stream that keeps the dead letters: `<stream>_DEAD`.
+    /// The stream that keeps the dead letters: `<stream>_DEAD`, or the one
+    /// named with [`dead_letters`](Self::dead_letters).
     ///
     /// # Examples
     ///
@@ -237,7 +304,133 @@ impl Consumer {
     /// assert_eq!(c.dead_letter_stream(), "ORDERS_DEAD");
     /// ```
     pub fn dead_letter_stream(&self) -> String {
-        format!("{}_DEAD", self.stream)
+        match &self.dead {
+            Some((stream, _)) => stream.clone(),
+            None => format!("{}_DEAD", self.stream),
+        }
+    }
+
+    /// Why the topology cannot be declared, if it cannot: names JetStream
+    /// refuses.
+    fn check(&self) -> Result<(), ConsumeError> {
+        let refuse = |reason: String| ConsumeError::Setup(reason.into());
+        check_name("stream", &self.stream).map_err(refuse)?;
+        check_name("durable consumer", &self.durable).map_err(refuse)?;
+        check_subject("subject", &self.subject, true).map_err(refuse)?;
+        let dead = self.dead_letter_stream();
+        check_name("dead-letter stream", &dead).map_err(refuse)?;
+        if dead == self.stream {
+            return Err(refuse(format!(
+                "the dead-letter stream {dead:?} is the consumer's stream"
+            )));
+        }
+        check_subject("dead-letter subject", &self.dead_letter_subject(), false).map_err(refuse)?;
+        Ok(())
+    }
+
+    /// Declares the topology (see the [module docs](self#topology)): the
+    /// stream, the dead-letter stream and the durable consumer, where
+    /// missing, without consuming; `run` declares it the same way. For a
+    /// deploy step or a producer to run before the first message is
+    /// published. Connects once: an unreachable server, names it refuses,
+    /// or a durable that exists with other settings, is a
+    /// [`ConsumeError::Setup`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::consume::nats::Consumer;
+    ///
+    /// // in the deploy step, or at the producer's start
+    /// Consumer::new("nats://127.0.0.1:4222", "LOYALTY", "loyalty.points")
+    ///     .declare()
+    ///     .await?;
+    /// // ... now messages published to "loyalty.points" wait for the consumer
+    /// # Ok(()) }
+    /// ```
+    pub async fn declare(&self) -> Result<(), ConsumeError> {
+        self.check()?;
+        let client = async_nats::connect(self.url.clone())
+            .await
+            .map_err(|e| ConsumeError::Setup(Box::new(e)))?;
+        let declared = self.declare_on(&jetstream::new(client.clone())).await;
+        let _ = client.flush().await;
+        match declared {
+            Ok(_) => Ok(()),
+            Err(Refused::ForGood(e) | Refused::ForNow(e)) => Err(ConsumeError::Setup(e)),
+        }
+    }
+
+    /// Creates the streams and the durable where missing, and checks a
+    /// durable that exists (for [`declare`](Self::declare) and every session
+    /// of `run`).
+    async fn declare_on(
+        &self,
+        js: &jetstream::Context,
+    ) -> Result<jetstream::consumer::Consumer<pull::Config>, Refused> {
+        // A refusal (an invalid name, a conflicting stream or consumer) is
+        // final; a timeout or a JetStream still starting is worth another go.
+        macro_rules! step {
+            ($e:expr, $refused:ident) => {
+                match $e {
+                    Ok(v) => v,
+                    Err(e) if $refused(&e) => return Err(Refused::ForGood(Box::new(e))),
+                    Err(e) => return Err(Refused::ForNow(Box::new(e))),
+                }
+            };
+        }
+        let stream = step!(
+            js.get_or_create_stream(jetstream::stream::Config {
+                name: self.stream.clone(),
+                subjects: vec![self.subject.clone()],
+                ..Default::default()
+            })
+            .await,
+            stream_refused
+        );
+        step!(
+            js.get_or_create_stream(jetstream::stream::Config {
+                name: self.dead_letter_stream(),
+                subjects: vec![self.dead_letter_subject()],
+                ..Default::default()
+            })
+            .await,
+            stream_refused
+        );
+        let consumer: jetstream::consumer::Consumer<pull::Config> = step!(
+            stream
+                .get_or_create_consumer(
+                    &self.durable,
+                    pull::Config {
+                        durable_name: Some(self.durable.clone()),
+                        ack_policy: AckPolicy::Explicit,
+                        ack_wait: self.ack_wait,
+                        max_deliver: -1,
+                        filter_subject: self.subject.clone(),
+                        ..Default::default()
+                    },
+                )
+                .await,
+            consumer_refused
+        );
+        // A durable that already exists is returned as it is: it must be the
+        // one this consumer would make, or messages go astray (another
+        // subject) or are redelivered while their bodies run (another ack
+        // wait).
+        let found = &consumer.cached_info().config;
+        if found.filter_subject != self.subject
+            || found.ack_policy != AckPolicy::Explicit
+            || found.ack_wait != self.ack_wait
+            || found.max_deliver != -1
+        {
+            return Err(Refused::ForGood(format!(
+                "the durable consumer {} exists with other settings (filter {:?}, ack wait {:?}, max deliver {}); delete it, or name another with `.durable(...)`",
+                self.durable, found.filter_subject, found.ack_wait, found.max_deliver
+            )
+            .into()));
+        }
+        Ok(consumer)
     }
 
     /// Consumes until `shutdown` is cancelled, then stops pulling, lets the
@@ -306,6 +499,7 @@ impl Consumer {
         F: Fn(M, Delivery) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Outcome<T>, Error<E>>> + Send + 'static,
     {
+        self.check()?;
         let handler = Arc::new(handler);
         let report = Arc::new(Mutex::new(Report::default()));
         let meter = Meter::new(Broker::Nats, &self.durable);
@@ -333,71 +527,17 @@ impl Consumer {
         F: Fn(M, Delivery) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Outcome<T>, Error<E>>> + Send + 'static,
     {
-        // A refusal (an invalid name, a conflicting stream or consumer) is
-        // final; a timeout or a JetStream still starting is a lost session.
-        macro_rules! step {
-            ($e:expr, $refused:ident) => {
-                match $e {
-                    Ok(v) => v,
-                    Err(e) if $refused(&e) => return Err(Box::new(e)),
-                    Err(e) => return Ok(Ended::Lost(Box::new(e))),
-                }
-            };
-        }
         let js = jetstream::new(client.clone());
-        let stream = step!(
-            js.get_or_create_stream(jetstream::stream::Config {
-                name: self.stream.clone(),
-                subjects: vec![self.subject.clone()],
-                ..Default::default()
-            })
-            .await,
-            stream_refused
-        );
-        step!(
-            js.get_or_create_stream(jetstream::stream::Config {
-                name: self.dead_letter_stream(),
-                subjects: vec![self.dead_letter_subject()],
-                ..Default::default()
-            })
-            .await,
-            stream_refused
-        );
-        let consumer: jetstream::consumer::Consumer<pull::Config> = step!(
-            stream
-                .get_or_create_consumer(
-                    &self.durable,
-                    pull::Config {
-                        durable_name: Some(self.durable.clone()),
-                        ack_policy: AckPolicy::Explicit,
-                        ack_wait: self.ack_wait,
-                        max_deliver: -1,
-                        filter_subject: self.subject.clone(),
-                        ..Default::default()
-                    },
-                )
-                .await,
-            consumer_refused
-        );
-        // A durable that already exists is returned as it is: it must be the
-        // one this consumer would make, or messages go astray (another
-        // subject) or are redelivered while their bodies run (another ack
-        // wait).
-        let found = &consumer.cached_info().config;
-        if found.filter_subject != self.subject
-            || found.ack_policy != AckPolicy::Explicit
-            || found.ack_wait != self.ack_wait
-            || found.max_deliver != -1
-        {
-            return Err(format!(
-                "the durable consumer {} exists with other settings (filter {:?}, ack wait {:?}, max deliver {}); delete it, or name another with `.durable(...)`",
-                self.durable, found.filter_subject, found.ack_wait, found.max_deliver
-            )
-            .into());
-        }
+        // A refusal is final; a timeout or a JetStream still starting is a
+        // lost session.
+        let consumer = match self.declare_on(&js).await {
+            Ok(consumer) => consumer,
+            Err(Refused::ForGood(e)) => return Err(e),
+            Err(Refused::ForNow(e)) => return Ok(Ended::Lost(e)),
+        };
         let messages = match consumer
             .stream()
-            .max_messages_per_batch(self.prefetch)
+            .max_messages_per_batch(self.effective_prefetch())
             .messages()
             .await
         {
@@ -560,6 +700,55 @@ impl Consumer {
         meter.settled(&handled, &settled, published_at);
         settled
     }
+}
+
+/// Why the topology could not be declared.
+enum Refused {
+    /// The server refused it: a new session would meet the same answer.
+    ForGood(BoxError),
+    /// A timeout, a JetStream still starting: worth another session.
+    ForNow(BoxError),
+}
+
+/// Why JetStream would refuse `name` as a stream's or a durable's, if it
+/// would: empty, or holding whitespace, `.`, `*`, `>`, `/`, `\` or a
+/// control character.
+fn check_name(what: &str, name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err(format!("the {what} name is empty"));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| c.is_whitespace() || c.is_control() || matches!(c, '.' | '*' | '>' | '/' | '\\'))
+    {
+        return Err(format!(
+            "the {what} name {name:?} holds {c:?}: NATS names may not hold whitespace, `.`, `*`, `>`, `/` or `\\`"
+        ));
+    }
+    Ok(())
+}
+
+/// Why NATS would refuse `subject`, if it would: empty, whitespace, an
+/// empty token (`a..b`, a leading or trailing `.`), or, unless `wildcards`,
+/// a `*` or `>` (one cannot publish to a wildcard).
+fn check_subject(what: &str, subject: &str, wildcards: bool) -> Result<(), String> {
+    if subject.is_empty() {
+        return Err(format!("the {what} is empty"));
+    }
+    if subject.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!("the {what} {subject:?} holds whitespace"));
+    }
+    if subject.split('.').any(str::is_empty) {
+        return Err(format!(
+            "the {what} {subject:?} has an empty token (a leading, trailing or doubled `.`)"
+        ));
+    }
+    if !wildcards && subject.split('.').any(|t| t == "*" || t == ">") {
+        return Err(format!(
+            "the {what} {subject:?} is a wildcard: messages are published to it"
+        ));
+    }
+    Ok(())
 }
 
 /// What the server said about `message`, for the handler.

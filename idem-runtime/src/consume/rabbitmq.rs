@@ -3,17 +3,29 @@
 //!
 //! # Topology
 //!
-//! For a work queue `Q` the consumer declares (all durable):
+//! For a work queue `Q` the consumer declares (all durable), when it starts
+//! and on its own with [`Consumer::declare`]:
 //!
-//! * `Q` itself, a classic durable queue, if it does not exist (an existing
-//!   one, a quorum queue say, is used as it is);
-//! * retry queues `Q.idem.retry.<delay>` for delays of 100 ms, 1 s, 5 s, 30 s
-//!   and 5 min: each has that TTL (`x-message-ttl`) and dead-letters expired
-//!   messages back into `Q` through the default exchange. A retry goes to the
-//!   shortest one at least as long as the delay asked for. One TTL per queue
-//!   means a message never waits behind a longer-lived one, which per-message
-//!   TTLs in one queue would cause;
-//! * `Q.idem.dead`, the dead letters.
+//! | queue | default name | setting | holds |
+//! | --- | --- | --- | --- |
+//! | the work queue | `Q` | [`Consumer::new`] | the messages; a classic durable queue, declared if it does not exist (an existing one, a quorum queue say, is used as it is) |
+//! | retry queues | `Q.idem.retry.<ms>ms`, one per delay: 100 ms, 1 s, 5 s, 30 s, 5 min ([`RETRY_DELAYS`]) | [`Consumer::retry_queues_named`], [`Consumer::retry_delays`] | retries: each queue has its delay as TTL (`x-message-ttl`) and dead-letters expired messages back into `Q` through the default exchange |
+//! | the dead letters | `Q.idem.dead` | [`Consumer::dead_letters`] | what no retry can cure |
+//!
+//! One TTL per queue means a message never waits behind a longer-lived one,
+//! which per-message TTLs in one queue would cause. A retry goes to the
+//! longest retry queue not longer than its wait (the shortest when the wait
+//! is below them all), with its due time; when it comes back to `Q` before
+//! that (by more than 20 ms), it is forwarded to the retry queue for what is
+//! left, without a handler call, a retry or a failure counted
+//! ([`Report::forwarded`]). So a wait of 1.2 s is 1 s + 100 ms + 100 ms, and a
+//! wait longer than the longest delay is waited whole.
+//!
+//! **Declare before publishing.** A message published through the default
+//! exchange to a queue that does not exist is dropped, silently (unless the
+//! producer publishes `mandatory`). Run [`Consumer::declare`] (from a deploy
+//! step, or the producer at its start) before the first message is
+//! published, or declare `Q` yourself.
 //!
 //! A retry or dead letter is published (with publisher confirms) before the
 //! original delivery is acknowledged; a crash in between leaves two copies,
@@ -22,10 +34,13 @@
 //! # Headers
 //!
 //! `x-idem-failures` (failed body runs so far), `x-idem-retries` (times handed
-//! back), `x-idem-last-error`; dead letters add `x-idem-reason` and
+//! back), `x-idem-last-error`, `x-idem-due` (when the retry is due, in
+//! milliseconds since the Unix epoch); dead letters add `x-idem-reason` and
 //! `x-idem-queue`. The failure count lives in the message, so it survives
 //! consumer restarts; a consumer killed while running a body is redelivered by
 //! RabbitMQ without a count (quorum queues' `delivery-limit` bounds that case).
+//! The due time is read against the consumer's clock: the consumers' clocks
+//! should agree (NTP), or a retry waits, or runs early, by their difference.
 //!
 //! # Examples
 //!
@@ -71,6 +86,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use serde::de::DeserializeOwned;
 
+use super::tiers::{self, DUE_SLACK};
 use super::{
     Attempts, Broker, CancellationToken, ConsumeError, Delivery, Ended, Handled, Meter, Policy,
     Report, Settled, Verdict, drive, handle, sessions,
@@ -79,8 +95,11 @@ use crate::BoxError;
 use crate::error::Error;
 use crate::outcome::Outcome;
 
-/// The retry queues' delays, one queue each.
+/// The retry queues' default delays, one queue each.
 pub use super::RETRY_DELAYS;
+
+/// When a retry is due, in milliseconds since the Unix epoch.
+const DUE: &str = "x-idem-due";
 
 /// A consumer of one RabbitMQ queue; see the [module docs](self).
 ///
@@ -93,33 +112,45 @@ pub use super::RETRY_DELAYS;
 /// let c = Consumer::new("amqp://127.0.0.1:5672/%2f", "orders").prefetch(64);
 /// assert_eq!(c.dead_letter_queue(), "orders.idem.dead");
 /// assert_eq!(c.retry_queue(Duration::from_millis(10)), "orders.idem.retry.100ms");
-/// assert_eq!(c.retry_queue(Duration::from_secs(2)), "orders.idem.retry.5000ms");
+/// assert_eq!(c.retry_queue(Duration::from_secs(2)), "orders.idem.retry.1000ms");
+/// assert_eq!(c.retry_queues().len(), 5);
 /// ```
 #[derive(Debug, Clone)]
 pub struct Consumer {
     url: String,
     queue: String,
     policy: Policy,
-    prefetch: u16,
+    /// `None`: twice the policy's concurrency.
+    prefetch: Option<u16>,
+    /// `None`: `<queue>.idem.dead`.
+    dead: Option<String>,
+    /// `None`: `<queue>.idem.retry.{ms}ms`.
+    retry_names: Option<String>,
+    /// Sorted, whole milliseconds, each once; empty is refused at start.
+    delays: Vec<Duration>,
 }
 
 impl Consumer {
     /// A consumer of `queue` on the broker at `url`
-    /// (`amqp://user:pass@host:5672/vhost`), with the default [`Policy`] and
-    /// a prefetch of 32.
+    /// (`amqp://user:pass@host:5672/vhost`), with the default [`Policy`], a
+    /// prefetch of twice its concurrency, and the default topology (see the
+    /// [module docs](self#topology)).
     ///
     /// # Examples
     ///
     /// ```
     /// let c = idem_runtime::consume::rabbitmq::Consumer::new("amqp://127.0.0.1:5672/%2f", "orders");
-    /// # let _ = c;
+    /// assert_eq!(c.effective_prefetch(), 16);
     /// ```
     pub fn new(url: impl Into<String>, queue: impl Into<String>) -> Self {
         Consumer {
             url: url.into(),
             queue: queue.into(),
             policy: Policy::default(),
-            prefetch: 32,
+            prefetch: None,
+            dead: None,
+            retry_names: None,
+            delays: tiers::normalize(RETRY_DELAYS),
         }
     }
 
@@ -139,20 +170,104 @@ impl Consumer {
     }
 
     /// How many unacknowledged deliveries the broker may send ahead
-    /// (`basic.qos`). At least the policy's concurrency is sensible.
+    /// (`basic.qos`). Default: twice the policy's concurrency (16 with the
+    /// default policy), so each slot has a delivery ready when it frees and
+    /// the consumer hoards no more than that; set, it wins whatever the
+    /// concurrency.
     ///
     /// # Examples
     ///
     /// ```
-    /// let c = idem_runtime::consume::rabbitmq::Consumer::new("amqp://127.0.0.1:5672/%2f", "orders").prefetch(64);
-    /// # let _ = c;
+    /// use idem_runtime::consume::{Policy, rabbitmq::Consumer};
+    /// let c = Consumer::new("amqp://127.0.0.1:5672/%2f", "orders")
+    ///     .policy(Policy { concurrency: 4, ..Policy::default() });
+    /// assert_eq!(c.effective_prefetch(), 8);
+    /// assert_eq!(c.prefetch(64).effective_prefetch(), 64);
     /// ```
     pub fn prefetch(mut self, prefetch: u16) -> Self {
-        self.prefetch = prefetch.max(1);
+        self.prefetch = Some(prefetch.max(1));
         self
     }
 
-    /// The queue dead letters go to: `<queue>.idem.dead`.
+    /// The prefetch the consumer asks for: the one set with
+    /// [`prefetch`](Self::prefetch), or twice the policy's concurrency.
+    ///
+    /// # Examples
+    ///
+    /// See [`prefetch`](Self::prefetch).
+    pub fn effective_prefetch(&self) -> u16 {
+        self.prefetch.unwrap_or_else(|| {
+            let twice = self.policy.concurrency.max(1).saturating_mul(2);
+            u16::try_from(twice).unwrap_or(u16::MAX)
+        })
+    }
+
+    /// Names the dead-letter queue (default `<queue>.idem.dead`). It must
+    /// be a queue name RabbitMQ accepts (1 to 255 bytes, not starting with
+    /// `amq.`) and not one of the consumer's other queues; [`declare`] and
+    /// [`run`] refuse it otherwise ([`ConsumeError::Setup`]).
+    ///
+    /// [`declare`]: Self::declare
+    /// [`run`]: Self::run
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let c = idem_runtime::consume::rabbitmq::Consumer::new("amqp://127.0.0.1:5672/%2f", "orders")
+    ///     .dead_letters("orders.parked");
+    /// assert_eq!(c.dead_letter_queue(), "orders.parked");
+    /// ```
+    pub fn dead_letters(mut self, queue: impl Into<String>) -> Self {
+        self.dead = Some(queue.into());
+        self
+    }
+
+    /// Names the retry queues with a template in which `{ms}` is the
+    /// queue's delay in milliseconds (default `<queue>.idem.retry.{ms}ms`).
+    /// A template without `{ms}`, or whose names RabbitMQ would refuse, is
+    /// refused by [`declare`] and [`run`] ([`ConsumeError::Setup`]).
+    ///
+    /// [`declare`]: Self::declare
+    /// [`run`]: Self::run
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let c = idem_runtime::consume::rabbitmq::Consumer::new("amqp://127.0.0.1:5672/%2f", "orders")
+    ///     .retry_queues_named("orders.wait.{ms}");
+    /// assert_eq!(c.retry_queue(Duration::from_secs(1)), "orders.wait.1000");
+    /// ```
+    pub fn retry_queues_named(mut self, template: impl Into<String>) -> Self {
+        self.retry_names = Some(template.into());
+        self
+    }
+
+    /// The retry queues' delays, one queue each (default [`RETRY_DELAYS`]):
+    /// taken in whole milliseconds, sorted, each once. At least one is
+    /// needed, of 1 ms or more: [`declare`] and [`run`] refuse an empty list
+    /// ([`ConsumeError::Setup`]). Fewer tiers mean more hops for a wait
+    /// between them (each hop a publish), not a less exact wait.
+    ///
+    /// [`declare`]: Self::declare
+    /// [`run`]: Self::run
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let c = idem_runtime::consume::rabbitmq::Consumer::new("amqp://127.0.0.1:5672/%2f", "orders")
+    ///     .retry_delays(vec![Duration::from_secs(10), Duration::from_millis(500)]);
+    /// assert_eq!(c.retry_queues(), ["orders.idem.retry.500ms", "orders.idem.retry.10000ms"]);
+    /// assert_eq!(c.retry_queue(Duration::from_secs(3)), "orders.idem.retry.500ms");
+    /// ```
+    pub fn retry_delays(mut self, delays: impl IntoIterator<Item = Duration>) -> Self {
+        self.delays = tiers::normalize(delays);
+        self
+    }
+
+    /// The queue dead letters go to: `<queue>.idem.dead`, or the one named
+    /// with [`dead_letters`](Self::dead_letters).
     ///
     /// # Examples
     ///
@@ -161,23 +276,108 @@ impl Consumer {
     /// assert_eq!(c.dead_letter_queue(), "orders.idem.dead");
     /// ```
     pub fn dead_letter_queue(&self) -> String {
-        format!("{}.idem.dead", self.queue)
+        match &self.dead {
+            Some(name) => name.clone(),
+            None => format!("{}.idem.dead", self.queue),
+        }
     }
 
-    /// The retry queue a delay goes to: the shortest of [`RETRY_DELAYS`] at
-    /// least as long, or the longest.
+    /// The retry queue a wait of `delay` goes to: the one of the longest
+    /// delay not longer than `delay`, or of the shortest when `delay` is
+    /// below them all. (Without delays, which `run` refuses, the name for
+    /// `delay` itself.)
     ///
     /// # Examples
     ///
     /// ```
     /// use std::time::Duration;
     /// let c = idem_runtime::consume::rabbitmq::Consumer::new("amqp://127.0.0.1:5672/%2f", "orders");
-    /// assert_eq!(c.retry_queue(Duration::from_secs(1)), "orders.idem.retry.1000ms");
+    /// assert_eq!(c.retry_queue(Duration::from_millis(1_200)), "orders.idem.retry.1000ms");
     /// assert_eq!(c.retry_queue(Duration::from_secs(3_600)), "orders.idem.retry.300000ms");
     /// ```
     pub fn retry_queue(&self, delay: Duration) -> String {
-        let tier = super::retry_tier(delay);
-        format!("{}.idem.retry.{}ms", self.queue, tier.as_millis())
+        let tier = tiers::tier(&self.delays, delay).unwrap_or(delay);
+        match &self.retry_names {
+            Some(template) => tiers::expand(template, tier),
+            None => format!("{}.idem.retry.{}ms", self.queue, tier.as_millis()),
+        }
+    }
+
+    /// Every retry queue, shortest delay first.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let c = idem_runtime::consume::rabbitmq::Consumer::new("amqp://127.0.0.1:5672/%2f", "orders");
+    /// assert_eq!(c.retry_queues().first().map(String::as_str), Some("orders.idem.retry.100ms"));
+    /// ```
+    pub fn retry_queues(&self) -> Vec<String> {
+        self.delays.iter().map(|d| self.retry_queue(*d)).collect()
+    }
+
+    /// Why the topology cannot be declared, if it cannot: names RabbitMQ
+    /// would refuse or misuse, or no retry delays.
+    fn check(&self) -> Result<(), ConsumeError> {
+        let refuse = |reason: String| ConsumeError::Setup(reason.into());
+        tiers::check(&self.delays).map_err(refuse)?;
+        if let Some(template) = &self.retry_names {
+            tiers::check_template("retry queue", template).map_err(refuse)?;
+        }
+        check_queue("work queue", &self.queue).map_err(refuse)?;
+        let dead = self.dead_letter_queue();
+        check_queue("dead-letter queue", &dead).map_err(refuse)?;
+        if dead == self.queue {
+            return Err(refuse(format!(
+                "the dead-letter queue {dead:?} is the work queue: dead letters would come back"
+            )));
+        }
+        for retry in self.retry_queues() {
+            check_queue("retry queue", &retry).map_err(refuse)?;
+            if retry == self.queue || retry == dead {
+                return Err(refuse(format!(
+                    "the retry queue {retry:?} is the work queue or the dead-letter queue"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Declares the topology (see the [module docs](self#topology)): the
+    /// work queue if it does not exist, the retry queues and the dead-letter
+    /// queue, without consuming; `run` declares it the same way. For a
+    /// deploy step or a producer to run before the first message is
+    /// published, since RabbitMQ drops a message published to a queue that
+    /// does not exist. Connects once: an unreachable broker, or a topology
+    /// it refuses (a queue that exists with other arguments), is a
+    /// [`ConsumeError::Setup`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::consume::rabbitmq::Consumer;
+    ///
+    /// // in the deploy step, or at the producer's start
+    /// Consumer::new("amqp://guest:guest@127.0.0.1:5672/%2f", "points")
+    ///     .declare()
+    ///     .await?;
+    /// // ... now messages published to "points" wait there for the consumer
+    /// # Ok(()) }
+    /// ```
+    pub async fn declare(&self) -> Result<(), ConsumeError> {
+        self.check()?;
+        let setup = |e: lapin::Error| ConsumeError::Setup(Box::new(e));
+        let conn = Connection::connect(&self.url, ConnectionProperties::default())
+            .await
+            .map_err(setup)?;
+        let declared = async {
+            let channel = conn.create_channel().await?;
+            self.declare_on(&conn, &channel).await?;
+            channel.close(200, "declared".into()).await
+        }
+        .await;
+        let _ = conn.close(200, "declared".into()).await;
+        declared.map_err(setup)
     }
 
     /// Consumes until `shutdown` is cancelled, then stops taking deliveries,
@@ -249,6 +449,7 @@ impl Consumer {
         F: Fn(M, Delivery) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Outcome<T>, Error<E>>> + Send + 'static,
     {
+        self.check()?;
         let handler = Arc::new(handler);
         let report = Arc::new(Mutex::new(Report::default()));
         let meter = Meter::new(Broker::RabbitMq, &self.queue);
@@ -293,9 +494,9 @@ impl Consumer {
             .confirm_select(ConfirmSelectOptions::default())
             .await?;
         channel
-            .basic_qos(self.prefetch, BasicQosOptions::default())
+            .basic_qos(self.effective_prefetch(), BasicQosOptions::default())
             .await?;
-        self.declare(conn, &channel).await?;
+        self.declare_on(conn, &channel).await?;
         let tag = format!("idem-{}", uuid::Uuid::new_v4().simple());
         let deliveries = channel
             .basic_consume(
@@ -367,7 +568,9 @@ impl Consumer {
         Ok(ended)
     }
 
-    async fn declare(&self, conn: &Connection, channel: &Channel) -> Result<(), lapin::Error> {
+    /// Declares the topology on `channel` (for [`declare`](Self::declare)
+    /// and every session of `run`).
+    async fn declare_on(&self, conn: &Connection, channel: &Channel) -> Result<(), lapin::Error> {
         let durable = QueueDeclareOptions {
             durable: true,
             ..QueueDeclareOptions::default()
@@ -390,7 +593,7 @@ impl Consumer {
                 .queue_declare(self.queue.as_str().into(), durable, FieldTable::default())
                 .await?;
         }
-        for delay in RETRY_DELAYS {
+        for delay in &self.delays {
             let mut args = FieldTable::default();
             args.insert(
                 "x-message-ttl".into(),
@@ -405,7 +608,7 @@ impl Consumer {
                 AMQPValue::LongString(LongString::from(self.queue.as_str())),
             );
             channel
-                .queue_declare(self.retry_queue(delay).as_str().into(), durable, args)
+                .queue_declare(self.retry_queue(*delay).as_str().into(), durable, args)
                 .await?;
         }
         channel
@@ -433,6 +636,15 @@ impl Consumer {
         Fut: Future<Output = Result<Outcome<T>, Error<E>>>,
     {
         let headers = delivery.properties.headers().clone().unwrap_or_default();
+        // A retry back before its due time waits on in the retry queue for
+        // what is left, without a call; one due within the slack waits here.
+        if let Some(due) = header_u64(&headers, DUE) {
+            let left = tiers::left_until(due);
+            if left > DUE_SLACK {
+                return self.forward(channel, &delivery, headers, left, meter).await;
+            }
+            tokio::time::sleep(left).await;
+        }
         let failures = header_u32(&headers, "x-idem-failures");
         let retries = header_u32(&headers, "x-idem-retries");
         let described = describe(&delivery, &headers, retries);
@@ -494,6 +706,7 @@ impl Consumer {
                 set(&mut headers, "x-idem-failures", u64::from(failures));
                 set(&mut headers, "x-idem-retries", u64::from(retries + 1));
                 set_text(&mut headers, "x-idem-last-error", &reason);
+                set(&mut headers, DUE, tiers::due_after(after));
                 tracing::debug!(queue = %self.queue, ?after, %reason, "retrying later");
                 let to = self.retry_queue(after);
                 self.hand_over(channel, delivery, &to, headers)
@@ -526,6 +739,32 @@ impl Consumer {
             Err(e) => {
                 // Handed back to the queue when the channel still works; when
                 // it does not, the broker requeues it as the channel goes.
+                meter.settle_failed(&e);
+                let requeue = BasicNackOptions {
+                    requeue: true,
+                    ..BasicNackOptions::default()
+                };
+                let _ = delivery.acker.nack(requeue).await;
+                Settled::Unsettled
+            }
+        }
+    }
+
+    /// Hands a retry that is not due yet to the retry queue for the `left`
+    /// of its wait, its headers (counts, due time) as they are.
+    async fn forward(
+        &self,
+        channel: &Channel,
+        delivery: &lapin::message::Delivery,
+        headers: FieldTable,
+        left: Duration,
+        meter: &Meter,
+    ) -> Settled {
+        let to = self.retry_queue(left);
+        tracing::debug!(queue = %self.queue, ?left, %to, "not due yet: forwarded");
+        match self.hand_over(channel, delivery, &to, headers).await {
+            Ok(()) => Settled::Forwarded,
+            Err(e) => {
                 meter.settle_failed(&e);
                 let requeue = BasicNackOptions {
                     requeue: true,
@@ -680,6 +919,13 @@ async fn ack(delivery: &lapin::message::Delivery) -> Result<(), BoxError> {
 }
 
 fn header_u32(headers: &FieldTable, name: &str) -> u32 {
+    let n = header_u64(headers, name).unwrap_or(0);
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// A whole-number header, negatives as 0; `None` when absent or not a
+/// number.
+fn header_u64(headers: &FieldTable, name: &str) -> Option<u64> {
     let value = headers.inner().get(&ShortString::from(name));
     let n: i128 = match value {
         Some(AMQPValue::LongLongInt(n)) => (*n).into(),
@@ -689,9 +935,32 @@ fn header_u32(headers: &FieldTable, name: &str) -> u32 {
         Some(AMQPValue::ShortUInt(n)) => (*n).into(),
         Some(AMQPValue::ShortShortInt(n)) => (*n).into(),
         Some(AMQPValue::ShortShortUInt(n)) => (*n).into(),
-        _ => 0,
+        Some(AMQPValue::Timestamp(n)) => (*n).into(),
+        _ => return None,
     };
-    u32::try_from(n.max(0)).unwrap_or(u32::MAX)
+    Some(u64::try_from(n.max(0)).unwrap_or(u64::MAX))
+}
+
+/// Why RabbitMQ would refuse or misuse `name` as a queue's, if it would: an
+/// empty name (the broker makes one up), more than 255 bytes, or the
+/// reserved `amq.` prefix.
+fn check_queue(what: &str, name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err(format!(
+            "the {what} name is empty (RabbitMQ would make one up)"
+        ));
+    }
+    if name.len() > 255 {
+        return Err(format!(
+            "the {what} name {name:?} is longer than RabbitMQ's 255 bytes"
+        ));
+    }
+    if name.starts_with("amq.") {
+        return Err(format!(
+            "the {what} name {name:?} starts with `amq.`, which RabbitMQ reserves"
+        ));
+    }
+    Ok(())
 }
 
 fn set(headers: &mut FieldTable, name: &str, value: u64) {
@@ -705,4 +974,35 @@ fn set_text(headers: &mut FieldTable, name: &str, value: &str) {
     // Header values are bounded; a long error message is cut.
     let value: String = value.chars().take(4_000).collect();
     headers.insert(name.into(), AMQPValue::LongString(LongString::from(value)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(c: &Consumer) -> String {
+        match c.check() {
+            Err(ConsumeError::Setup(e)) => e.to_string(),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_default_topology_is_accepted() {
+        let c = Consumer::new("amqp://127.0.0.1:5672/%2f", "orders");
+        assert!(c.check().is_ok());
+        assert_eq!(c.retry_queues().len(), RETRY_DELAYS.len());
+    }
+
+    #[test]
+    fn a_topology_rabbitmq_would_refuse_or_misuse_is_refused() {
+        let c = || Consumer::new("amqp://127.0.0.1:5672/%2f", "orders");
+        assert!(refusal(&c().retry_delays(Vec::new())).contains("at least one"));
+        assert!(refusal(&c().retry_queues_named("orders.retry")).contains("{ms}"));
+        assert!(refusal(&c().dead_letters("")).contains("empty"));
+        assert!(refusal(&c().dead_letters("amq.dead")).contains("amq."));
+        assert!(refusal(&c().dead_letters("orders")).contains("work queue"));
+        assert!(refusal(&c().dead_letters("x".repeat(256))).contains("255"));
+        assert!(refusal(&Consumer::new("amqp://127.0.0.1:5672/%2f", "")).contains("empty"));
+    }
 }

@@ -32,6 +32,7 @@ fn tally(report: &Mutex<Report>, done: Result<Settled, tokio::task::JoinError>) 
         }
         Ok(Settled::Retried) => r.retried += 1,
         Ok(Settled::DeadLettered) => r.dead_lettered += 1,
+        Ok(Settled::Forwarded) => r.forwarded += 1,
         Ok(Settled::Unsettled) => {}
         Ok(Settled::Stop(reason)) => return Some(reason),
         // A panicking handler: its delivery stays unsettled and comes back.

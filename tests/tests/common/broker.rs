@@ -13,7 +13,7 @@ use idem_runtime::consume::{
     Broker as Kind, CancellationToken, ConsumeError, Delivery, Policy, Report,
 };
 use idem_runtime::metric;
-use idem_runtime::{Error, MemoryStore, Outcome, idempotent};
+use idem_runtime::{Error, Key, MemoryStore, Outcome, StoreError, idempotent};
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
 
@@ -79,6 +79,10 @@ pub(crate) fn shutdown() -> (CancellationToken, CancellationToken) {
 
 /// One broker, with a queue or stream of the test's own.
 pub(crate) trait Broker: Sized {
+    /// Whether retries wait in delay tiers (RabbitMQ's retry queues,
+    /// Kafka's retry topics), so a wait between two tiers is forwarded;
+    /// JetStream's `Nak` waits the delay itself.
+    const TIERED: bool;
     /// A fixture on names of its own, or `None` when the broker is
     /// unreachable (the test then skips, or fails under
     /// `IDEM_REQUIRE_SERVICES=1`).
@@ -370,6 +374,149 @@ pub(crate) async fn shutdown_lets_bodies_in_flight_finish_and_acks_them<B: Broke
     assert!(done >= 2, "the bodies in flight finished: {done}");
     assert!(done < 10, "the consumer stopped taking: {done}");
     settles_to(b, 10 - u64::from(done)).await;
+}
+
+/// When each call of a handler began, for the waits between them.
+#[derive(Default)]
+pub(crate) struct Calls(Mutex<Vec<std::time::Instant>>);
+
+impl Calls {
+    /// Notes a call; returns how many came before it.
+    fn note(&self) -> usize {
+        let mut calls = self.0.lock().unwrap();
+        calls.push(std::time::Instant::now());
+        calls.len() - 1
+    }
+
+    fn count(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+
+    /// The waits between consecutive calls.
+    fn gaps(&self) -> Vec<Duration> {
+        let calls = self.0.lock().unwrap();
+        calls.windows(2).map(|w| w[1] - w[0]).collect()
+    }
+}
+
+fn key_of(msg: &Points) -> Key {
+    Key::from_parts(&[&msg.id]).expect("a key")
+}
+
+/// A wait between two delay tiers (1.2 s, between 1 s and 5 s) is waited
+/// as asked: the message comes back after 1.2 s, not rounded up to 5 s (on
+/// RabbitMQ and Kafka, forwarded from the 1 s tier to the 100 ms one for
+/// what is left; JetStream's `Nak` waits it itself), and the forwards are
+/// neither retries nor failures.
+pub(crate) async fn a_wait_between_tiers_is_waited_exactly<B: Broker>(b: &B) {
+    b.publish(&Points::payload("exact", 1)).await;
+    let calls = Arc::new(Calls::default());
+    let wait = Duration::from_millis(1_200);
+    let running = {
+        let calls = Arc::clone(&calls);
+        b.start(Policy::default(), move |msg: Points| {
+            let calls = Arc::clone(&calls);
+            async move {
+                if calls.note() == 0 {
+                    // as a handler whose key another consumer holds answers
+                    Err(Error::InProgress {
+                        handler: "broker_exact",
+                        key: key_of(&msg),
+                        retry_after: wait,
+                    })
+                } else {
+                    Ok(Outcome::Executed(msg.points))
+                }
+            }
+        })
+    };
+    eventually(Duration::from_secs(20), "the second call", || async {
+        calls.count() >= 2
+    })
+    .await;
+    let report = running.stop().await;
+    let gaps = calls.gaps();
+    println!("a wait of {wait:?} came back after {gaps:?} ({report:?})");
+    assert_eq!(gaps.len(), 1, "two calls: {gaps:?}");
+    assert!(
+        gaps[0] >= wait,
+        "came back after {:?}, before 1.2 s",
+        gaps[0]
+    );
+    assert!(
+        gaps[0] < Duration::from_millis(2_500),
+        "came back after {:?}: rounded up to a longer tier",
+        gaps[0]
+    );
+    assert_eq!((report.retried, report.acked), (1, 1), "{report:?}");
+    if B::TIERED {
+        // 1 s, then what is left: 200 ms, then 100 ms, in the 100 ms tier
+        assert!(report.forwarded >= 1, "{report:?}");
+    } else {
+        assert_eq!(report.forwarded, 0, "{report:?}");
+    }
+    settles_to(b, 0).await;
+}
+
+/// A store that keeps failing (`Error::Store`) is not the message's fault:
+/// it is retried after growing waits (the policy's backoff of its retries:
+/// 100, 200, 400, 800 ms), however many times, and never dead-lettered,
+/// though `max_attempts` is 2.
+pub(crate) async fn store_faults_back_off_and_are_never_dead_lettered<B: Broker>(b: &B) {
+    b.publish(&Points::payload("down", 1)).await;
+    let calls = Arc::new(Calls::default());
+    let faults = 5;
+    let policy = Policy {
+        max_attempts: 2,
+        first_delay: Duration::from_millis(100),
+        ..Policy::default()
+    };
+    let running = {
+        let calls = Arc::clone(&calls);
+        b.start(policy.clone(), move |msg: Points| {
+            let calls = Arc::clone(&calls);
+            async move {
+                if calls.note() < faults {
+                    Err(Error::Store {
+                        handler: "broker_store_down",
+                        key: Some(key_of(&msg)),
+                        source: StoreError::Backend("connection refused".into()),
+                    })
+                } else {
+                    Ok(Outcome::Executed(msg.points))
+                }
+            }
+        })
+    };
+    eventually(
+        Duration::from_secs(30),
+        "the call after the faults",
+        || async { calls.count() > faults },
+    )
+    .await;
+    let report = running.stop().await;
+    let gaps = calls.gaps();
+    println!("store faults: the waits between calls {gaps:?}");
+    assert_eq!(gaps.len(), faults, "{gaps:?}");
+    for (i, gap) in gaps.iter().enumerate() {
+        let backoff = policy.backoff(u32::try_from(i).unwrap() + 1);
+        assert!(
+            *gap >= backoff,
+            "wait {} was {gap:?}, under the backoff {backoff:?}: {gaps:?}",
+            i + 1
+        );
+    }
+    // and they grew: the first came back sooner than the last was asked
+    // to wait (a broker's own latency adds to each, not to the growth)
+    let last = policy.backoff(u32::try_from(faults).unwrap());
+    assert!(gaps[0] < last, "the waits grow: {gaps:?}");
+    assert_eq!(
+        (report.retried, report.acked, report.dead_lettered),
+        (faults as u64, 1, 0),
+        "{report:?}"
+    );
+    assert!(b.dead_letters().await.is_empty());
+    settles_to(b, 0).await;
 }
 
 /// A handler that fails a message's first delivery and takes the second:

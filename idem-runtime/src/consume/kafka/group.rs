@@ -22,6 +22,7 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use super::lane::{Call, lane};
 use super::offsets::Offsets;
 use super::progress::Progress;
+use super::topics::Names;
 use super::{Retries, lock_std};
 use crate::consume::{CancellationToken, Meter, Report, lock};
 
@@ -50,7 +51,8 @@ impl Part {
 
 /// What the poll thread, the lanes and the rebalance callbacks share.
 pub(crate) struct Group {
-    pub(crate) topic: String,
+    /// The retry and dead-letter topics, and the retry delays.
+    pub(crate) names: Names,
     pub(crate) group: String,
     pub(crate) call: Call,
     pub(crate) producer: FutureProducer,
@@ -75,7 +77,7 @@ pub(crate) struct Group {
 impl Group {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        topic: String,
+        names: Names,
         group: String,
         call: Call,
         producer: FutureProducer,
@@ -91,7 +93,7 @@ impl Group {
         rt: tokio::runtime::Handle,
     ) -> Self {
         Group {
-            topic,
+            names,
             group,
             call,
             producer,

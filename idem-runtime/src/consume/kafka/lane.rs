@@ -15,6 +15,7 @@ use super::group::{Group, Part};
 use super::lock_std;
 use super::topics::{self, HeaderList, now_ms};
 use super::{Retries, offsets};
+use crate::consume::tiers::{self, DUE_SLACK};
 use crate::consume::{Attempts, Broker, Delivery, Handled, Settled, Verdict, lock};
 
 /// The handler, with the message's payload, what the broker said of it and
@@ -43,12 +44,32 @@ pub(crate) async fn lane(
             break;
         }
         let headers = HeaderList::of(msg.headers());
-        // A retry waits in its retry topic's partition until it is due;
-        // the messages behind it are due later still.
         if let Some(due) = headers.number(topics::DUE) {
-            let wait = Duration::from_millis(due.saturating_sub(now_ms()));
-            if !wait.is_zero() && !sleep_unless_revoked(wait, &mut revoked).await {
-                break;
+            match hold(&group, &msg, due, &mut revoked).await {
+                Held::Due => {}
+                Held::Revoked => break,
+                Held::Early(left) => {
+                    // Not due yet: on to the tier for what is left, without
+                    // a call (its headers, counts and due time, as they are).
+                    part.in_flight.fetch_add(1, Ordering::SeqCst);
+                    if part.is_revoked() {
+                        part.in_flight.fetch_sub(1, Ordering::SeqCst);
+                        break;
+                    }
+                    let to = group.names.retry_topic(left);
+                    tracing::debug!(topic = %part.topic, partition = part.partition, ?left, %to, "not due yet: forwarded");
+                    let sent = publish(&group, &to, &msg, &headers, &mut revoked).await;
+                    if sent.is_some() {
+                        lock_std(&part.progress).settled(msg.offset());
+                        part.queued.fetch_sub(1, Ordering::SeqCst);
+                        tally(&group, Settled::Forwarded);
+                    }
+                    part.in_flight.fetch_sub(1, Ordering::SeqCst);
+                    if sent.is_none() {
+                        break;
+                    }
+                    continue;
+                }
             }
         }
         part.in_flight.fetch_add(1, Ordering::SeqCst);
@@ -73,6 +94,67 @@ pub(crate) async fn lane(
     }
 }
 
+/// How a message with a due time fared at the head of its lane.
+enum Held {
+    /// It is due (or within the slack of it): the handler may run.
+    Due,
+    /// Its due time is ahead by this much still: it hops on.
+    Early(Duration),
+    /// Its partition was revoked meanwhile.
+    Revoked,
+}
+
+/// Holds a retry at the head of its lane until it is due, or, on a retry
+/// topic, until the topic's own delay has passed since it was published
+/// there, whichever comes first: every message of a retry topic was sent
+/// there with at least its delay ahead, so holding one that long never
+/// keeps those behind it past their own time. In place (no retry topics)
+/// a message waits until it is due.
+async fn hold(
+    group: &Group,
+    msg: &OwnedMessage,
+    due: u64,
+    revoked: &mut watch::Receiver<bool>,
+) -> Held {
+    let left = tiers::left_until(due);
+    if left.is_zero() {
+        return Held::Due;
+    }
+    if group.retries == Retries::InPlace {
+        return if sleep_unless_revoked(left, revoked).await {
+            Held::Due
+        } else {
+            Held::Revoked
+        };
+    }
+    // On a retry topic, released `tier` after it was published there; on
+    // any other topic (a copy put back by hand), at once.
+    let release = match group.names.tier_of(msg.topic()) {
+        Some(tier) => {
+            let published = msg
+                .timestamp()
+                .to_millis()
+                .and_then(|ms| u64::try_from(ms).ok())
+                .unwrap_or_else(now_ms);
+            let by_tier =
+                published.saturating_add(u64::try_from(tier.as_millis()).unwrap_or(u64::MAX));
+            tiers::left_until(by_tier.min(due))
+        }
+        None => Duration::ZERO,
+    };
+    if !release.is_zero() && !sleep_unless_revoked(release, revoked).await {
+        return Held::Revoked;
+    }
+    let left = tiers::left_until(due);
+    if left > DUE_SLACK {
+        return Held::Early(left);
+    }
+    if !left.is_zero() && !sleep_unless_revoked(left, revoked).await {
+        return Held::Revoked;
+    }
+    Held::Due
+}
+
 fn tally(group: &Group, settled: Settled) {
     let mut r = lock(&group.report);
     match settled {
@@ -83,6 +165,7 @@ fn tally(group: &Group, settled: Settled) {
         }
         Settled::Retried => r.retried += 1,
         Settled::DeadLettered => r.dead_lettered += 1,
+        Settled::Forwarded => r.forwarded += 1,
         Settled::Stop(_) | Settled::Unsettled => {}
     }
 }
@@ -226,15 +309,14 @@ async fn settle_calls(
                         waited = waited.saturating_add(1);
                     }
                     Retries::Topics => {
-                        let delay = topics::tier(after);
-                        let to = topics::retry_topic(&group.topic, delay);
+                        let to = group.names.retry_topic(after);
                         mark_origin(&mut headers, group, msg);
                         headers.set(topics::FAILURES, failures.to_string());
                         headers.set(topics::RETRIES, (retries + 1).to_string());
                         headers.set_text(topics::LAST_ERROR, &reason);
-                        let due = now_ms()
-                            .saturating_add(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
-                        headers.set(topics::DUE, due.to_string());
+                        // Due after the wait asked for, not the tier's: an
+                        // early one hops on when it comes back (`hold`).
+                        headers.set(topics::DUE, tiers::due_after(after).to_string());
                         tracing::debug!(topic = %part.topic, partition = part.partition, %to, %reason, "retrying later");
                         publish(group, &to, msg, &headers, revoked).await?;
                         return Some(Settled::Retried);
@@ -249,7 +331,7 @@ async fn settle_calls(
                 headers.set_text(topics::REASON, &reason);
                 headers.set_text(topics::DLT_MESSAGE, &reason);
                 headers.set(topics::DLT_GROUP, &group.group);
-                let to = topics::dead_letter_topic(&group.topic);
+                let to = group.names.dead_letter_topic();
                 tracing::warn!(topic = %part.topic, partition = part.partition, offset = msg.offset(), %reason, "dead-lettered");
                 publish(group, &to, msg, &headers, revoked).await?;
                 return Some(Settled::DeadLettered);

@@ -29,20 +29,32 @@
 //! # Topology
 //!
 //! For a topic `T`, the consumer uses, and creates if missing, with `T`'s
-//! partition count (Spring Kafka's names, so a Kafka team reads them at
-//! once):
+//! partition count, when it starts and on its own with
+//! [`Consumer::declare`] (Spring Kafka's names by default, so a Kafka team
+//! reads them at once):
 //!
-//! | topic | holds |
-//! | --- | --- |
-//! | `T-retry-100`, `T-retry-1000`, `T-retry-5000`, `T-retry-30000`, `T-retry-300000` | retries due after that many milliseconds ([`RETRY_DELAYS`]): a retry goes to the shortest at least as long as its delay |
-//! | `T-dlt` | the dead letters |
+//! | topic | default name | setting | holds |
+//! | --- | --- | --- | --- |
+//! | the topic | `T` | [`Consumer::new`] | the messages; it must exist |
+//! | retry topics | `T-retry-100`, `T-retry-1000`, `T-retry-5000`, `T-retry-30000`, `T-retry-300000` ([`RETRY_DELAYS`]) | [`Consumer::retry_topics_named`], [`Consumer::retry_delays`] | retries, by the delay in milliseconds of their tier (with [`Retries::Topics`], the default) |
+//! | the dead letters | `T-dlt` | [`Consumer::dead_letters`] | what no retry can cure |
 //!
-//! The group consumes `T` and its retry topics. A retry topic's messages
-//! all wait the same delay, so in each of its partitions they fall due in
-//! the order they are in: the consumer waits for the first to be due, and
-//! those behind it are due later still. `T` itself must exist (the
-//! consumer does not choose its partition count): a missing one is a
-//! [`ConsumeError::Setup`].
+//! The group consumes `T` and its retry topics. A retry goes to the retry
+//! topic of the longest delay not longer than its wait (the shortest when
+//! the wait is below them all), with its due time (`x-idem-due`). A retry
+//! topic's lanes hold each message at the head of its partition until its
+//! due time, or until the topic's own delay has passed since it was
+//! published there, whichever comes first: every message of the topic was
+//! published with at least that delay ahead, so those behind it are not
+//! kept past their own. A message whose due time is still ahead by more
+//! than 20 ms then hops on to the retry topic for what is left, without a
+//! handler call, a retry or a failure counted ([`Report::forwarded`]): a
+//! wait of 1.2 s is 1 s + 100 ms + 100 ms, and a wait longer than the
+//! longest delay is waited whole. `T` itself must exist (the consumer does
+//! not choose its partition count): a missing one is a
+//! [`ConsumeError::Setup`]. Names Kafka refuses (characters other than
+//! ASCII letters, digits, `.`, `_` and `-`; more than 249) are refused
+//! before the broker is asked.
 //!
 //! A retry or dead letter is published, and acknowledged by the broker
 //! (`acks=all`), before its message counts as settled; a crash in between
@@ -195,7 +207,7 @@ pub enum Retries {
 /// let c = Consumer::new("127.0.0.1:9092", "stock", "orders");
 /// assert_eq!(c.dead_letter_topic(), "orders-dlt");
 /// assert_eq!(c.retry_topic(Duration::from_millis(10)), "orders-retry-100");
-/// assert_eq!(c.retry_topic(Duration::from_secs(2)), "orders-retry-5000");
+/// assert_eq!(c.retry_topic(Duration::from_secs(2)), "orders-retry-1000");
 /// assert_eq!(c.retry_topics().len(), 5);
 /// ```
 #[derive(Debug, Clone)]
@@ -210,6 +222,7 @@ pub struct Consumer {
     buffer: usize,
     config: Vec<(String, String)>,
     offsets: Option<Offsets>,
+    names: topics::Names,
 }
 
 impl Consumer {
@@ -232,10 +245,12 @@ impl Consumer {
         group: impl Into<String>,
         topic: impl Into<String>,
     ) -> Self {
+        let topic: String = topic.into();
         Consumer {
+            names: topics::Names::new(&topic),
             brokers: brokers.into(),
             group: group.into(),
-            topic: topic.into(),
+            topic,
             policy: Policy::default(),
             lanes: 1,
             retries: Retries::Topics,
@@ -368,23 +383,90 @@ impl Consumer {
         self
     }
 
-    /// The dead-letter topic: `<topic>-dlt`.
+    /// Names the dead-letter topic (default `<topic>-dlt`). It must be a
+    /// topic name Kafka accepts (ASCII letters, digits, `.`, `_` and `-`,
+    /// at most 249) and not one of the consumer's other topics; [`declare`]
+    /// and [`run`] refuse it otherwise ([`ConsumeError::Setup`]).
+    ///
+    /// [`declare`]: Self::declare
+    /// [`run`]: Self::run
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let c = idem_runtime::consume::kafka::Consumer::new("127.0.0.1:9092", "stock", "orders")
+    ///     .dead_letters("orders.parked");
+    /// assert_eq!(c.dead_letter_topic(), "orders.parked");
+    /// ```
+    pub fn dead_letters(mut self, topic: impl Into<String>) -> Self {
+        self.names.dead = Some(topic.into());
+        self
+    }
+
+    /// Names the retry topics with a template in which `{ms}` is the
+    /// topic's delay in milliseconds (default `<topic>-retry-{ms}`). A
+    /// template without `{ms}`, or whose names Kafka would refuse, is
+    /// refused by [`declare`] and [`run`] ([`ConsumeError::Setup`]).
+    ///
+    /// [`declare`]: Self::declare
+    /// [`run`]: Self::run
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let c = idem_runtime::consume::kafka::Consumer::new("127.0.0.1:9092", "stock", "orders")
+    ///     .retry_topics_named("stock.orders.wait-{ms}");
+    /// assert_eq!(c.retry_topic(Duration::from_secs(1)), "stock.orders.wait-1000");
+    /// ```
+    pub fn retry_topics_named(mut self, template: impl Into<String>) -> Self {
+        self.names.retry_names = Some(template.into());
+        self
+    }
+
+    /// The retry topics' delays, one topic each (default
+    /// [`RETRY_DELAYS`]), for [`Retries::Topics`]: taken in whole
+    /// milliseconds, sorted, each once. At least one is needed, of 1 ms or
+    /// more: [`declare`] and [`run`] refuse an empty list
+    /// ([`ConsumeError::Setup`]). Fewer tiers mean more hops for a wait
+    /// between them (each hop a publish), not a less exact wait.
+    ///
+    /// [`declare`]: Self::declare
+    /// [`run`]: Self::run
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let c = idem_runtime::consume::kafka::Consumer::new("127.0.0.1:9092", "stock", "orders")
+    ///     .retry_delays(vec![Duration::from_secs(10), Duration::from_millis(500)]);
+    /// assert_eq!(c.retry_topics(), ["orders-retry-500", "orders-retry-10000"]);
+    /// assert_eq!(c.retry_topic(Duration::from_secs(3)), "orders-retry-500");
+    /// ```
+    pub fn retry_delays(mut self, delays: impl IntoIterator<Item = Duration>) -> Self {
+        self.names.delays = super::tiers::normalize(delays);
+        self
+    }
+
+    /// The dead-letter topic: `<topic>-dlt`, or the one named with
+    /// [`dead_letters`](Self::dead_letters).
     ///
     /// # Examples
     ///
     /// See [`Consumer`].
     pub fn dead_letter_topic(&self) -> String {
-        topics::dead_letter_topic(&self.topic)
+        self.names.dead_letter_topic()
     }
 
-    /// The retry topic a wait of `delay` goes to: `<topic>-retry-<ms>`, for
-    /// the shortest of [`RETRY_DELAYS`] at least as long, or the longest.
+    /// The retry topic a wait of `delay` goes to: the one of the longest
+    /// delay not longer than `delay`, or of the shortest when `delay` is
+    /// below them all (`<topic>-retry-<ms>` unless named otherwise).
     ///
     /// # Examples
     ///
     /// See [`Consumer`].
     pub fn retry_topic(&self, delay: Duration) -> String {
-        topics::retry_topic(&self.topic, delay)
+        self.names.retry_topic(delay)
     }
 
     /// Every retry topic, shortest delay first.
@@ -393,7 +475,36 @@ impl Consumer {
     ///
     /// See [`Consumer`].
     pub fn retry_topics(&self) -> Vec<String> {
-        RETRY_DELAYS.iter().map(|d| self.retry_topic(*d)).collect()
+        self.names.retry_topics()
+    }
+
+    /// Declares the topology (see the [module docs](self#topology)):
+    /// checks that the topic exists and creates its retry topics (with
+    /// [`Retries::Topics`]) and dead-letter topic where missing, with the
+    /// topic's partition count, without joining the group; `run` declares
+    /// it the same way. For a deploy step to run before the first retry
+    /// or dead letter is published. Asks once: unreachable brokers (after
+    /// librdkafka's 10 s), a missing topic, or a topic the brokers refuse
+    /// to create, is a [`ConsumeError::Setup`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::consume::kafka::Consumer;
+    ///
+    /// // in the deploy step, once "orders" is created
+    /// Consumer::new("127.0.0.1:9092", "stock", "orders").declare().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn declare(&self) -> Result<(), ConsumeError> {
+        self.names
+            .check()
+            .map_err(|e| ConsumeError::Setup(e.into()))?;
+        match self.topology().await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) | Err(e) => Err(ConsumeError::Setup(e)),
+        }
     }
 
     fn client_config(&self) -> ClientConfig {
@@ -475,6 +586,9 @@ impl Consumer {
         F: Fn(M, Delivery) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Outcome<T>, Error<E>>> + Send + 'static,
     {
+        self.names
+            .check()
+            .map_err(|e| ConsumeError::Setup(e.into()))?;
         let report = Arc::new(Mutex::new(Report::default()));
         if self.offsets.is_some() && self.lanes > 1 {
             return Err(ConsumeError::Setup(
@@ -516,7 +630,7 @@ impl Consumer {
             )
         };
         let group = Arc::new(group::Group::new(
-            self.topic.clone(),
+            self.names.clone(),
             self.group.clone(),
             call,
             producer,
@@ -574,8 +688,9 @@ impl Consumer {
     }
 
     /// Checks that the topic exists and creates its retry and dead-letter
-    /// topics where missing. `Ok(Err)` is a refusal; `Err` is worth trying
-    /// again (the broker is not up yet).
+    /// topics where missing (for [`declare`](Self::declare) and `run`).
+    /// `Ok(Err)` is a refusal; `Err` is worth trying again (the broker is
+    /// not up yet).
     async fn topology(&self) -> Result<Result<(), BoxError>, BoxError> {
         let config = self.with_settings(self.client_config());
         let topic = self.topic.clone();

@@ -5,21 +5,122 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 
-/// The retry topics' delays, one topic each.
+/// The retry topics' default delays, one topic each.
 pub use crate::consume::RETRY_DELAYS;
 
-/// The delay of the retry topic a wait of `delay` goes to.
-pub(crate) use crate::consume::retry_tier as tier;
+use crate::consume::tiers;
 
-/// `<topic>-retry-<delay in ms>`, as Spring Kafka names a retry topic whose
-/// delays differ.
-pub(crate) fn retry_topic(topic: &str, delay: Duration) -> String {
-    format!("{topic}-retry-{}", tier(delay).as_millis())
+/// The names of a topic's retry and dead-letter topics, and the retry
+/// delays.
+#[derive(Debug, Clone)]
+pub(crate) struct Names {
+    topic: String,
+    /// `None`: `<topic>-dlt`.
+    pub(crate) dead: Option<String>,
+    /// `None`: `<topic>-retry-{ms}`.
+    pub(crate) retry_names: Option<String>,
+    /// Sorted, whole milliseconds, each once; empty is refused at start.
+    pub(crate) delays: Vec<Duration>,
 }
 
-/// `<topic>-dlt`, Spring Kafka's dead-letter topic.
-pub(crate) fn dead_letter_topic(topic: &str) -> String {
-    format!("{topic}-dlt")
+impl Names {
+    pub(crate) fn new(topic: &str) -> Self {
+        Names {
+            topic: topic.to_owned(),
+            dead: None,
+            retry_names: None,
+            delays: tiers::normalize(RETRY_DELAYS),
+        }
+    }
+
+    /// `<topic>-dlt`, Spring Kafka's dead-letter topic, unless named.
+    pub(crate) fn dead_letter_topic(&self) -> String {
+        match &self.dead {
+            Some(name) => name.clone(),
+            None => format!("{}-dlt", self.topic),
+        }
+    }
+
+    /// The tier a wait of `wait` goes to (without tiers, which the consumer
+    /// refuses at start, the wait itself).
+    pub(crate) fn tier(&self, wait: Duration) -> Duration {
+        tiers::tier(&self.delays, wait).unwrap_or(wait)
+    }
+
+    /// The retry topic of the tier a wait of `wait` goes to:
+    /// `<topic>-retry-<delay in ms>`, as Spring Kafka names a retry topic
+    /// whose delays differ, unless named.
+    pub(crate) fn retry_topic(&self, wait: Duration) -> String {
+        let tier = self.tier(wait);
+        match &self.retry_names {
+            Some(template) => tiers::expand(template, tier),
+            None => format!("{}-retry-{}", self.topic, tier.as_millis()),
+        }
+    }
+
+    /// Every retry topic, shortest delay first.
+    pub(crate) fn retry_topics(&self) -> Vec<String> {
+        self.delays.iter().map(|d| self.retry_topic(*d)).collect()
+    }
+
+    /// The delay of the retry topic `topic`, if it is one.
+    pub(crate) fn tier_of(&self, topic: &str) -> Option<Duration> {
+        self.delays
+            .iter()
+            .copied()
+            .find(|d| self.retry_topic(*d) == topic)
+    }
+
+    /// Why the topology cannot be declared, if it cannot: no retry delays,
+    /// names Kafka refuses, or two roles sharing a topic.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        tiers::check(&self.delays)?;
+        if let Some(template) = &self.retry_names {
+            tiers::check_template("retry topic", template)?;
+        }
+        check_topic("topic", &self.topic)?;
+        let dead = self.dead_letter_topic();
+        check_topic("dead-letter topic", &dead)?;
+        if dead == self.topic {
+            return Err(format!(
+                "the dead-letter topic {dead:?} is the consumed topic: dead letters would come back"
+            ));
+        }
+        for retry in self.retry_topics() {
+            check_topic("retry topic", &retry)?;
+            if retry == self.topic || retry == dead {
+                return Err(format!(
+                    "the retry topic {retry:?} is the consumed topic or the dead-letter topic"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why Kafka would refuse `name` as a topic's, if it would: empty, `.` or
+/// `..`, more than 249 characters, or a character other than ASCII
+/// letters, digits, `.`, `_` and `-`.
+fn check_topic(what: &str, name: &str) -> Result<(), String> {
+    if name.is_empty() || name == "." || name == ".." {
+        return Err(format!(
+            "the {what} name {name:?} is not a topic name Kafka accepts"
+        ));
+    }
+    if name.len() > 249 {
+        return Err(format!(
+            "the {what} name {name:?} is longer than Kafka's 249 characters"
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(format!(
+            "the {what} name {name:?} holds {c:?}: Kafka topic names hold ASCII letters, digits, `.`, `_` and `-` only"
+        ));
+    }
+    Ok(())
 }
 
 /// Failed body runs so far (decimal text).
@@ -133,21 +234,44 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_delay_goes_to_the_shortest_tier_at_least_as_long() {
-        assert_eq!(retry_topic("orders", Duration::ZERO), "orders-retry-100");
+    fn a_wait_goes_to_the_longest_tier_not_longer() {
+        let names = Names::new("orders");
+        assert_eq!(names.retry_topic(Duration::ZERO), "orders-retry-100");
         assert_eq!(
-            retry_topic("orders", Duration::from_millis(101)),
+            names.retry_topic(Duration::from_millis(1_200)),
             "orders-retry-1000"
         );
         assert_eq!(
-            retry_topic("orders", Duration::from_secs(5)),
+            names.retry_topic(Duration::from_secs(5)),
             "orders-retry-5000"
         );
         assert_eq!(
-            retry_topic("orders", Duration::from_secs(86_400)),
+            names.retry_topic(Duration::from_secs(86_400)),
             "orders-retry-300000"
         );
-        assert_eq!(dead_letter_topic("orders"), "orders-dlt");
+        assert_eq!(names.dead_letter_topic(), "orders-dlt");
+        assert_eq!(
+            names.tier_of("orders-retry-5000"),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(names.tier_of("orders"), None);
+        assert!(names.check().is_ok());
+    }
+
+    #[test]
+    fn names_kafka_refuses_are_refused() {
+        let with = |f: fn(&mut Names)| {
+            let mut n = Names::new("orders");
+            f(&mut n);
+            n.check().unwrap_err()
+        };
+        assert!(with(|n| n.delays.clear()).contains("at least one"));
+        assert!(with(|n| n.retry_names = Some("orders-wait".into())).contains("{ms}"));
+        assert!(with(|n| n.dead = Some("orders dead".into())).contains("' '"));
+        assert!(with(|n| n.dead = Some("orders".into())).contains("consumed topic"));
+        assert!(with(|n| n.dead = Some("..".into())).contains("not a topic name"));
+        assert!(with(|n| n.dead = Some("x".repeat(250))).contains("249"));
+        assert!(Names::new("a/b").check().unwrap_err().contains("'/'"));
     }
 
     #[test]
