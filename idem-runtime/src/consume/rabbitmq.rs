@@ -22,8 +22,10 @@
 //! # Headers
 //!
 //! `x-idem-failures` (failed body runs so far), `x-idem-retries` (times handed
-//! back), `x-idem-last-error`; dead letters add `x-idem-reason` and
-//! `x-idem-queue`. The failure count lives in the message, so it survives
+//! back), `x-idem-last-error`; dead letters add `x-idem-reason`,
+//! `x-idem-queue`, `x-idem-dead-id` (a UUID: the id
+//! [`consume::dead`](super::dead) lists and replays them by) and
+//! `x-idem-dead-at` (ms since the Unix epoch). The failure count lives in the message, so it survives
 //! consumer restarts; a consumer killed while running a body is redelivered by
 //! RabbitMQ without a count (quorum queues' `delivery-limit` bounds that case).
 //!
@@ -499,6 +501,17 @@ impl Consumer {
                 set_text(&mut headers, "x-idem-queue", &self.queue);
                 let failures = failures + u32::from(failed);
                 set(&mut headers, "x-idem-failures", u64::from(failures));
+                // An id and a time for `consume::dead`: a queue has neither.
+                set_text(
+                    &mut headers,
+                    "x-idem-dead-id",
+                    &uuid::Uuid::new_v4().to_string(),
+                );
+                set(
+                    &mut headers,
+                    "x-idem-dead-at",
+                    super::dead::now_ms().unsigned_abs(),
+                );
                 tracing::warn!(queue = %self.queue, %reason, "dead-lettered");
                 let to = self.dead_letter_queue();
                 self.hand_over(channel, delivery, &to, headers)
@@ -646,7 +659,7 @@ fn describe(delivery: &lapin::message::Delivery, headers: &FieldTable, retries: 
 
 /// A header's value as text: strings as they are, numbers in decimal,
 /// anything else as its debug form.
-fn amqp_text(value: &AMQPValue) -> Vec<u8> {
+pub(crate) fn amqp_text(value: &AMQPValue) -> Vec<u8> {
     match value {
         AMQPValue::LongString(v) => v.as_bytes().to_vec(),
         AMQPValue::ShortString(v) => v.as_str().as_bytes().to_vec(),
