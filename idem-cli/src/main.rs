@@ -54,6 +54,7 @@
 //! Every error is one line on stderr, starting `idem: `.
 
 mod commands;
+mod dead;
 mod open;
 mod render;
 
@@ -103,7 +104,17 @@ pub(crate) struct Cli {
     timeout: u64,
 
     #[command(subcommand)]
-    command: Command,
+    command: Top,
+}
+
+/// The records' commands, and the dead letters'.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Top {
+    #[command(flatten)]
+    Records(Command),
+    /// The consumers' dead letters on RabbitMQ, NATS JetStream or Kafka:
+    /// list, show, replay, purge (no store needed)
+    Dead(dead::DeadArgs),
 }
 
 /// What to do.
@@ -254,13 +265,18 @@ fn fail(failure: &Failure) -> ExitCode {
 
 /// Opens the store and runs the command; the text to print.
 async fn run(cli: &Cli) -> Result<String, Failure> {
+    let timeout = Duration::from_secs(cli.timeout.max(1));
+    let command = match &cli.command {
+        Top::Dead(args) => return dead::run(args, cli.json, timeout).await,
+        Top::Records(command) => command,
+    };
     let Some(url) = cli.store.as_deref().filter(|u| !u.trim().is_empty()) else {
         return Err(Failure::Usage(
             "no store: pass --store URL or set IDEM_STORE_URL (sqlite:PATH, postgres://..., mysql://..., redis://...)".into(),
         ));
     };
     // A key given on the command line is checked before connecting.
-    let key = match &cli.command {
+    let key = match command {
         Command::Show(key) | Command::Forget(ForgetArgs { key, .. }) => {
             Some(commands::stored_key(key)?)
         }
@@ -272,7 +288,6 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
         cli.prefix.as_deref(),
         cli.cluster,
     )?;
-    let timeout = Duration::from_secs(cli.timeout.max(1));
     let store = target.open(timeout).await?;
     let ctx = commands::Context {
         json: cli.json,
@@ -280,10 +295,10 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
         table: target.table(),
     };
     match &store {
-        open::Store::Sqlite(s) => commands::run(s, &ctx, &cli.command, key.as_ref()).await,
-        open::Store::Postgres(s) => commands::run(s, &ctx, &cli.command, key.as_ref()).await,
-        open::Store::MySql(s) => commands::run(s, &ctx, &cli.command, key.as_ref()).await,
-        open::Store::Redis(s) => commands::run(s, &ctx, &cli.command, key.as_ref()).await,
+        open::Store::Sqlite(s) => commands::run(s, &ctx, command, key.as_ref()).await,
+        open::Store::Postgres(s) => commands::run(s, &ctx, command, key.as_ref()).await,
+        open::Store::MySql(s) => commands::run(s, &ctx, command, key.as_ref()).await,
+        open::Store::Redis(s) => commands::run(s, &ctx, command, key.as_ref()).await,
     }
 }
 
