@@ -284,9 +284,17 @@ async fn scenario<S>(
             .await
             .fails(4);
         assert!(line.contains("cannot delete one record"), "{line}");
-        let done = idem_async(args(&at, &["--json", "dead", "purge", "--all"]))
-            .await
-            .json();
+        // Where the broker deletes records; tansu 0.6 does not, and the
+        // refusal leaves the dead letter listed.
+        let run = idem_async(args(&at, &["--json", "dead", "purge", "--all"])).await;
+        if run.code == 4 {
+            let line = run.fails(4);
+            assert!(line.contains("delete records"), "{line}");
+            let listing = listed(&at, 1).await;
+            assert_eq!(listing["items"][0]["id"], undecodable_id.as_str());
+            return;
+        }
+        let done = run.json();
         assert_eq!(done["purged"], 1, "{done}");
     }
     listed(&at, 0).await;

@@ -497,27 +497,52 @@ impl DeadLetters {
             return Ok(());
         }
         let options = AdminOptions::new().operation_timeout(Some(TIMEOUT));
-        let unsupported = |e: &dyn std::fmt::Display| DeadLetterError::Unsupported {
+        let unsupported = |why: String| DeadLetterError::Unsupported {
             broker: BROKER,
             what: "purge all dead letters".into(),
             why: format!(
-                "the broker does not delete records (DeleteRecords: {e}); let the topic's retention remove them, or delete and create the topic"
+                "{why}; let the topic's retention remove them, or delete the topic and create it again"
             ),
         };
-        let result = match self.admin()?.delete_records(&offsets, &options).await {
-            Ok(result) => result,
-            Err(e) if refused(&e) => return Err(unsupported(&e)),
-            Err(e) => return Err(DeadLetterError::broker(BROKER, e)),
+        let deleted = match self.admin()?.delete_records(&offsets, &options).await {
+            Ok(result) => result
+                .elements()
+                .iter()
+                .find_map(|e| e.error().err())
+                .map_or(Ok(()), Err),
+            Err(e) => Err(e),
         };
-        for element in result.elements() {
-            if let Err(e) = element.error() {
-                if refused(&e) {
-                    return Err(unsupported(&e));
-                }
-                return Err(DeadLetterError::broker(BROKER, e));
+        let Err(e) = deleted else {
+            return Ok(());
+        };
+        match code(&e) {
+            Some(
+                RDKafkaErrorCode::UnsupportedVersion
+                | RDKafkaErrorCode::UnsupportedFeature
+                | RDKafkaErrorCode::InvalidRequest,
+            ) => Err(unsupported(format!(
+                "the broker does not delete records (DeleteRecords: {e})"
+            ))),
+            // A broker that drops the connection on this request alone
+            // (tansu 0.6: its storage does not implement it) but answers
+            // the others.
+            Some(RDKafkaErrorCode::BrokerTransportFailure | RDKafkaErrorCode::AllBrokersDown)
+                if self.answers().await =>
+            {
+                Err(unsupported(format!(
+                    "the broker closed the connection when asked to delete records ({e}) and answers other requests: it does not support DeleteRecords, or it failed (try again to tell)"
+                )))
             }
+            _ => Err(DeadLetterError::broker(BROKER, e)),
         }
-        Ok(())
+    }
+
+    /// Whether the brokers answer a metadata request.
+    async fn answers(&self) -> bool {
+        let this = self.clone();
+        blocking(move || this.partitions(&this.topic).map(drop))
+            .await
+            .is_ok()
     }
 
     /// Every record of the dead-letter topic with what the ledger says of
@@ -649,14 +674,12 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f).await?
 }
 
-/// Whether the broker does not know the request (an old or partial Kafka
-/// protocol implementation).
-fn refused(e: &dyn std::fmt::Display) -> bool {
-    let text = e.to_string().to_lowercase();
-    ["unsupported", "not supported", "invalid request", "unknown"]
-        .iter()
-        .any(|s| text.contains(s))
-        && !text.contains("unknown topic")
+/// The librdkafka error code of `e`, where it has one.
+fn code(e: &KafkaError) -> Option<RDKafkaErrorCode> {
+    match e {
+        KafkaError::AdminOp(code) => Some(*code),
+        e => e.rdkafka_error_code(),
+    }
 }
 
 /// `partition:offset`.
@@ -759,10 +782,14 @@ mod tests {
     }
 
     #[test]
-    fn refusals_are_told_from_failures() {
-        assert!(refused(&"Broker: Unsupported version"));
-        assert!(refused(&"Broker: Invalid request"));
-        assert!(!refused(&"Broker: Unknown topic or partition"));
-        assert!(!refused(&"Local: Timed out"));
+    fn error_codes_are_read_from_admin_and_partition_errors() {
+        let admin = KafkaError::AdminOp(RDKafkaErrorCode::UnsupportedVersion);
+        assert_eq!(code(&admin), Some(RDKafkaErrorCode::UnsupportedVersion));
+        let partition = KafkaError::OffsetFetch(RDKafkaErrorCode::BrokerTransportFailure);
+        assert_eq!(
+            code(&partition),
+            Some(RDKafkaErrorCode::BrokerTransportFailure)
+        );
+        assert_eq!(code(&KafkaError::Canceled), None);
     }
 }
