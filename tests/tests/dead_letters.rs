@@ -236,7 +236,7 @@ async fn scenario<B: Fixture>(b: &B) {
         .list(&Filter::new().reason("DOES NOT DECODE"))
         .await
         .unwrap();
-    assert_eq!(ids(&by_reason), [undecodable[0].id.clone()]);
+    assert_eq!(ids(&by_reason), [undecodable[0].id.as_str()]);
     let old = dead
         .list(&Filter::new().older_than(Duration::from_secs(3_600)))
         .await
@@ -246,7 +246,7 @@ async fn scenario<B: Fixture>(b: &B) {
         .list(&Filter::new().id(&f1.id).id(b.absent_id()))
         .await
         .unwrap();
-    assert_eq!(ids(&by_ids), [f1.id.clone()]);
+    assert_eq!(ids(&by_ids), [f1.id.as_str()]);
 
     // Shown: its headers and payload.
     let shown = dead.show(&f1.id).await.unwrap();
@@ -612,7 +612,7 @@ async fn rabbitmq_a_dead_letter_without_an_id_is_named_by_its_digest() {
     assert_eq!(gone.purged, 1);
     assert_eq!(
         ids(&dead.list(&Filter::new()).await.unwrap()),
-        [first[1].id.clone()]
+        [first[1].id.as_str()]
     );
     dead.close().await;
 }

@@ -97,6 +97,9 @@ const NOT_REPLAYED: [&str; 16] = [
 
 const BROKER: Broker = Broker::Kafka;
 
+/// A partition and its low and high watermarks.
+type Watermarks = (i32, i64, i64);
+
 /// How long one call to the brokers may take.
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -483,7 +486,7 @@ impl DeadLetters {
     async fn delete_records(
         &self,
         topic: &str,
-        ends: &[(i32, i64, i64)],
+        ends: &[Watermarks],
     ) -> Result<(), DeadLetterError> {
         let mut offsets = TopicPartitionList::new();
         for (partition, low, high) in ends {
@@ -599,7 +602,7 @@ impl DeadLetters {
     /// The partitions of `topic` with their low and high watermarks, or
     /// `None` when it does not exist. All topics' metadata is asked for, so
     /// that a broker that creates topics on demand does not create it.
-    fn partitions(&self, topic: &str) -> Result<Option<Vec<(i32, i64, i64)>>, BoxError> {
+    fn partitions(&self, topic: &str) -> Result<Option<Vec<Watermarks>>, BoxError> {
         let client: BaseConsumer = self.config().create()?;
         let metadata = client.fetch_metadata(None, TIMEOUT)?;
         let Some(found) = metadata.topics().iter().find(|t| t.name() == topic) else {
@@ -689,14 +692,16 @@ fn split_id(id: &str) -> Option<(i32, i64)> {
     (p >= 0 && o >= 0).then_some((p, o))
 }
 
-/// A header value as text: UTF-8 as it is, anything else (Spring's binary
-/// partition and offset) as hex.
+/// A header value as text: printable UTF-8 as it is, anything else
+/// (Spring's binary partition and offset) as hex.
 fn shown(value: Option<&[u8]>) -> String {
     match value {
         None => String::new(),
         Some(v) => match std::str::from_utf8(v) {
-            Ok(text) => text.to_owned(),
-            Err(_) => {
+            Ok(text) if !text.chars().any(|c| c.is_control() && !c.is_whitespace()) => {
+                text.to_owned()
+            }
+            _ => {
                 let hex: String = v.iter().map(|b| format!("{b:02x}")).collect();
                 format!("0x{hex}")
             }

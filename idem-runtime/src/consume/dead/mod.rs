@@ -379,7 +379,7 @@ impl Filter {
     ///
     /// See [`Filter`].
     pub fn matches(&self, dead: &DeadLetter, now_ms: i64) -> bool {
-        if !self.ids.is_empty() && !self.ids.iter().any(|id| *id == dead.id) {
+        if !self.ids.is_empty() && !self.ids.contains(&dead.id) {
             return false;
         }
         if let Some(text) = &self.reason {
