@@ -659,7 +659,7 @@ fn describe(delivery: &lapin::message::Delivery, headers: &FieldTable, retries: 
 
 /// A header's value as text: strings as they are, numbers in decimal,
 /// anything else as its debug form.
-pub(crate) fn amqp_text(value: &AMQPValue) -> Vec<u8> {
+fn amqp_text(value: &AMQPValue) -> Vec<u8> {
     match value {
         AMQPValue::LongString(v) => v.as_bytes().to_vec(),
         AMQPValue::ShortString(v) => v.as_str().as_bytes().to_vec(),

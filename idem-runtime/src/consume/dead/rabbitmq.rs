@@ -53,7 +53,6 @@ use super::{
     DeadLetter, DeadLetterError, Filter, Purged, Replay, Replayed, Skipped, now_ms, redacted,
 };
 use crate::consume::Broker;
-use crate::consume::rabbitmq::amqp_text;
 
 /// The header the consumer writes a dead letter's id in.
 pub const DEAD_ID: &str = "x-idem-dead-id";
@@ -402,12 +401,7 @@ fn read(delivery: &Delivery) -> DeadLetter {
     let headers: Vec<(String, String)> = fields
         .inner()
         .iter()
-        .map(|(name, value)| {
-            (
-                name.to_string(),
-                String::from_utf8_lossy(&amqp_text(value)).into_owned(),
-            )
-        })
+        .map(|(name, value)| (name.to_string(), shown(value)))
         .collect();
     let id =
         text(&headers, DEAD_ID).map_or_else(|| digest(&headers, &delivery.data), str::to_owned);
@@ -426,6 +420,40 @@ fn read(delivery: &Delivery) -> DeadLetter {
         .map(|id| id.to_string());
     dead.headers = headers;
     dead
+}
+
+/// A header value as text: strings as they are, numbers in decimal,
+/// arrays as `[a, b]` and tables as `{k: v}` (RabbitMQ's `x-death`).
+fn shown(value: &AMQPValue) -> String {
+    match value {
+        AMQPValue::LongString(v) => String::from_utf8_lossy(v.as_bytes()).into_owned(),
+        AMQPValue::ShortString(v) => v.as_str().to_owned(),
+        AMQPValue::ByteArray(v) => String::from_utf8_lossy(v.as_slice()).into_owned(),
+        AMQPValue::Boolean(v) => v.to_string(),
+        AMQPValue::ShortShortInt(v) => v.to_string(),
+        AMQPValue::ShortShortUInt(v) => v.to_string(),
+        AMQPValue::ShortInt(v) => v.to_string(),
+        AMQPValue::ShortUInt(v) => v.to_string(),
+        AMQPValue::LongInt(v) => v.to_string(),
+        AMQPValue::LongUInt(v) => v.to_string(),
+        AMQPValue::LongLongInt(v) => v.to_string(),
+        AMQPValue::Float(v) => v.to_string(),
+        AMQPValue::Double(v) => v.to_string(),
+        AMQPValue::Timestamp(v) => v.to_string(),
+        AMQPValue::FieldArray(items) => {
+            let items: Vec<String> = items.as_slice().iter().map(shown).collect();
+            format!("[{}]", items.join(", "))
+        }
+        AMQPValue::FieldTable(table) => {
+            let fields: Vec<String> = table
+                .inner()
+                .iter()
+                .map(|(k, v)| format!("{k}: {}", shown(v)))
+                .collect();
+            format!("{{{}}}", fields.join(", "))
+        }
+        other => format!("{other:?}"),
+    }
 }
 
 fn text<'h>(headers: &'h [(String, String)], name: &str) -> Option<&'h str> {
@@ -547,6 +575,19 @@ fn not_found(e: &lapin::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nested_header_values_read_as_text() {
+        let mut death = FieldTable::default();
+        death.insert("count".into(), AMQPValue::LongLongInt(2));
+        death.insert(
+            "queue".into(),
+            AMQPValue::LongString("q.idem.retry.100ms".into()),
+        );
+        let deaths = AMQPValue::FieldArray(vec![AMQPValue::FieldTable(death)].into());
+        assert_eq!(shown(&deaths), "[{count: 2, queue: q.idem.retry.100ms}]");
+        assert_eq!(shown(&AMQPValue::Boolean(true)), "true");
+    }
 
     #[test]
     fn a_digest_is_stable_and_tells_messages_apart() {
