@@ -12,7 +12,11 @@
 //! idem --store postgres://app@db/shop list deduct_stock --stuck
 //! IDEM_STORE_URL=redis://127.0.0.1:6379 idem stats --json
 //! idem --store mysql://root@127.0.0.1/test forget deduct_stock A-17 apple
+//! idem dead list --rabbitmq amqp://guest:guest@127.0.0.1:5672/%2f --queue orders
 //! ```
+//!
+//! `idem dead` lists, shows, replays and purges the consumers' dead letters
+//! on RabbitMQ, NATS JetStream or Kafka (`dead.rs`; no store needed).
 //!
 //! A key is given by its parts, in the order of the handler's key
 //! expression (`key = "order_id + sku"`: `A-17 apple`), each encoded as its
@@ -46,10 +50,10 @@
 //! | code | meaning |
 //! | --- | --- |
 //! | 0 | done |
-//! | 1 | the store failed: unreachable, timed out, no table, an error |
+//! | 1 | the store (or, for `dead`, the broker) failed: unreachable, timed out, no table, an error |
 //! | 2 | usage: bad arguments, a bad URL, a malformed key, an invalid table name or prefix |
-//! | 3 | not found: no record of the key (`show`, `forget`), a handler with no records (`show`, `list`, `forget`), no table (`schema`) |
-//! | 4 | refused: `forget` of a key a live claim holds, without `--force` |
+//! | 3 | not found: no record of the key (`show`, `forget`), a handler with no records (`show`, `list`, `forget`), no table (`schema`); no such dead letters or id (`dead`) |
+//! | 4 | refused: `forget` of a key a live claim holds, without `--force`; what the broker cannot do (`dead purge` on Kafka) |
 //!
 //! Every error is one line on stderr, starting `idem: `.
 
@@ -69,7 +73,9 @@ use idem_runtime::store::Status;
 /// handlers (`#[idempotent]`) in their store.
 #[derive(Debug, Parser)]
 #[command(name = "idem", version, about, long_about = None)]
-#[command(after_help = "Exit codes: 0 done, 1 store error, 2 usage, 3 not found, 4 refused.")]
+#[command(
+    after_help = "Exit codes: 0 done, 1 store or broker error, 2 usage, 3 not found, 4 refused."
+)]
 pub(crate) struct Cli {
     /// Where the records are: sqlite:PATH, postgres://..., mysql://...,
     /// mariadb://..., redis://... or rediss://...

@@ -10,8 +10,8 @@
 //! * reading takes the messages with `basic.get` without acknowledging
 //!   them, on a channel of its own, and then closes that channel: RabbitMQ
 //!   puts every message not acknowledged back where it was, in its order.
-//!   A listing loses nothing and reorders nothing; a crash of the reader
-//!   does the same as the close. A pass reads at most the messages the
+//!   A listing loses nothing and reorders nothing; RabbitMQ does the same
+//!   with what a lost connection took and did not acknowledge. A pass reads at most the messages the
 //!   queue held when it began, so dead letters arriving meanwhile (a replay
 //!   that fails again) are left for the next;
 //! * a replay publishes the copy (persistent, `mandatory`, with publisher
