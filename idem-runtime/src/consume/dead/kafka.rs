@@ -68,9 +68,20 @@ use crate::consume::Broker;
 use crate::consume::kafka::topics;
 
 /// The header of a replayed copy that counts its replays.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::consume::dead::kafka::{REPLAYED_FROM, REPLAYS};
+/// assert_eq!((REPLAYS, REPLAYED_FROM), ("x-idem-replays", "x-idem-replayed-from"));
+/// ```
 pub const REPLAYS: &str = "x-idem-replays";
 /// The header of a replayed copy that says which dead letter it is a copy
 /// of: `<dead-letter topic>/<partition>:<offset>`.
+///
+/// # Examples
+///
+/// See [`REPLAYS`].
 pub const REPLAYED_FROM: &str = "x-idem-replayed-from";
 
 /// What a replayed copy leaves out: the consumer's counts, origin and

@@ -45,6 +45,12 @@ use super::{
 use crate::consume::Broker;
 
 /// The header of a replayed copy that counts its replays.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(idem_runtime::consume::dead::nats::REPLAYS, "Idem-Replays");
+/// ```
 pub const REPLAYS: &str = "Idem-Replays";
 
 /// The dead-letter headers a replayed copy leaves out (and `Idem-Replays`,

@@ -20,6 +20,9 @@
 //!   has confirmed the copy. A copy the broker cannot route (the queue is
 //!   gone) is returned, and its dead letter stays ([`Skipped`]).
 //!
+//! Two readers at once each see only what the other has not taken: a
+//! listing beside a replay may show fewer dead letters, never lose one.
+//!
 //! # Examples
 //!
 //! ```no_run
@@ -55,11 +58,28 @@ use super::{
 use crate::consume::Broker;
 
 /// The header the consumer writes a dead letter's id in.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::consume::dead::rabbitmq::{DEAD_AT, DEAD_ID};
+/// assert_eq!((DEAD_ID, DEAD_AT), ("x-idem-dead-id", "x-idem-dead-at"));
+/// ```
 pub const DEAD_ID: &str = "x-idem-dead-id";
 /// The header the consumer writes when it dead-lettered in (ms since the
 /// Unix epoch).
+///
+/// # Examples
+///
+/// See [`DEAD_ID`].
 pub const DEAD_AT: &str = "x-idem-dead-at";
 /// The header of a replayed copy that counts its replays.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(idem_runtime::consume::dead::rabbitmq::REPLAYS, "x-idem-replays");
+/// ```
 pub const REPLAYS: &str = "x-idem-replays";
 
 /// What a replayed copy leaves out: the consumer's counts and dead-letter
