@@ -25,8 +25,9 @@
 //! back), `x-idem-last-error`; dead letters add `x-idem-reason`,
 //! `x-idem-queue`, `x-idem-dead-id` (a UUID: the id
 //! [`consume::dead`](super::dead) lists and replays them by) and
-//! `x-idem-dead-at` (ms since the Unix epoch). The failure count lives in the message, so it survives
-//! consumer restarts; a consumer killed while running a body is redelivered by
+//! `x-idem-dead-at` (ms since the Unix epoch). The failure count lives in
+//! the message, so it survives consumer restarts; a consumer killed while
+//! running a body is redelivered by
 //! RabbitMQ without a count (quorum queues' `delivery-limit` bounds that case).
 //!
 //! # Examples
