@@ -12,7 +12,11 @@
 //! idem --store postgres://app@db/shop list deduct_stock --stuck
 //! IDEM_STORE_URL=redis://127.0.0.1:6379 idem stats --json
 //! idem --store mysql://root@127.0.0.1/test forget deduct_stock A-17 apple
+//! idem dead list --rabbitmq amqp://guest:guest@127.0.0.1:5672/%2f --queue orders
 //! ```
+//!
+//! `idem dead` lists, shows, replays and purges the consumers' dead letters
+//! on RabbitMQ, NATS JetStream or Kafka (`dead.rs`; no store needed).
 //!
 //! A key is given by its parts, in the order of the handler's key
 //! expression (`key = "order_id + sku"`: `A-17 apple`), each encoded as its
@@ -46,14 +50,15 @@
 //! | code | meaning |
 //! | --- | --- |
 //! | 0 | done |
-//! | 1 | the store failed: unreachable, timed out, no table, an error |
+//! | 1 | the store (or, for `dead`, the broker) failed: unreachable, timed out, no table, an error |
 //! | 2 | usage: bad arguments, a bad URL, a malformed key, an invalid table name or prefix |
-//! | 3 | not found: no record of the key (`show`, `forget`), a handler with no records (`show`, `list`, `forget`), no table (`schema`) |
-//! | 4 | refused: `forget` of a key a live claim holds, without `--force` |
+//! | 3 | not found: no record of the key (`show`, `forget`), a handler with no records (`show`, `list`, `forget`), no table (`schema`); no such dead letters or id (`dead`) |
+//! | 4 | refused: `forget` of a key a live claim holds, without `--force`; what the broker cannot do (`dead purge` on Kafka) |
 //!
 //! Every error is one line on stderr, starting `idem: `.
 
 mod commands;
+mod dead;
 mod open;
 mod render;
 
@@ -68,7 +73,9 @@ use idem_runtime::store::{Filter, Status};
 /// handlers (`#[idempotent]`) in their store.
 #[derive(Debug, Parser)]
 #[command(name = "idem", version, about, long_about = None)]
-#[command(after_help = "Exit codes: 0 done, 1 store error, 2 usage, 3 not found, 4 refused.")]
+#[command(
+    after_help = "Exit codes: 0 done, 1 store or broker error, 2 usage, 3 not found, 4 refused."
+)]
 pub(crate) struct Cli {
     /// Where the records are: sqlite:PATH, postgres://..., mysql://...,
     /// mariadb://..., redis://... or rediss://...
@@ -103,7 +110,17 @@ pub(crate) struct Cli {
     timeout: u64,
 
     #[command(subcommand)]
-    command: Command,
+    command: Top,
+}
+
+/// The records' commands, and the dead letters'.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Top {
+    #[command(flatten)]
+    Records(Command),
+    /// The consumers' dead letters on RabbitMQ, NATS JetStream or Kafka:
+    /// list, show, replay, purge (no store needed)
+    Dead(dead::DeadArgs),
 }
 
 /// What to do.
@@ -261,13 +278,18 @@ fn fail(failure: &Failure) -> ExitCode {
 
 /// Opens the store and runs the command; the text to print.
 async fn run(cli: &Cli) -> Result<String, Failure> {
+    let timeout = Duration::from_secs(cli.timeout.max(1));
+    let command = match &cli.command {
+        Top::Dead(args) => return dead::run(args, cli.json, timeout).await,
+        Top::Records(command) => command,
+    };
     let Some(url) = cli.store.as_deref().filter(|u| !u.trim().is_empty()) else {
         return Err(Failure::Usage(
             "no store: pass --store URL or set IDEM_STORE_URL (sqlite:PATH, postgres://..., mysql://..., redis://...)".into(),
         ));
     };
     // A key given on the command line is checked before connecting.
-    let key = match &cli.command {
+    let key = match command {
         Command::Show(key) | Command::Forget(ForgetArgs { key, .. }) => {
             Some(commands::stored_key(key)?)
         }
@@ -279,7 +301,6 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
         cli.prefix.as_deref(),
         cli.cluster,
     )?;
-    let timeout = Duration::from_secs(cli.timeout.max(1));
     let store = target.open(timeout).await?;
     let ctx = commands::Context {
         json: cli.json,
@@ -287,10 +308,10 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
         table: target.table(),
     };
     match &store {
-        open::Store::Sqlite(s) => commands::run(s, &ctx, &cli.command, key.as_ref()).await,
-        open::Store::Postgres(s) => commands::run(s, &ctx, &cli.command, key.as_ref()).await,
-        open::Store::MySql(s) => commands::run(s, &ctx, &cli.command, key.as_ref()).await,
-        open::Store::Redis(s) => commands::run(s, &ctx, &cli.command, key.as_ref()).await,
+        open::Store::Sqlite(s) => commands::run(s, &ctx, command, key.as_ref()).await,
+        open::Store::Postgres(s) => commands::run(s, &ctx, command, key.as_ref()).await,
+        open::Store::MySql(s) => commands::run(s, &ctx, command, key.as_ref()).await,
+        open::Store::Redis(s) => commands::run(s, &ctx, command, key.as_ref()).await,
     }
 }
 

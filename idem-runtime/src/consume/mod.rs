@@ -51,6 +51,7 @@ use std::panic::AssertUnwindSafe;
 use crate::error::Error;
 use crate::outcome::Outcome;
 
+pub mod dead;
 mod delivery;
 #[cfg(feature = "kafka")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]

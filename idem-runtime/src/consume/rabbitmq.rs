@@ -35,8 +35,11 @@
 //!
 //! `x-idem-failures` (failed body runs so far), `x-idem-retries` (times handed
 //! back), `x-idem-last-error`, `x-idem-due` (when the retry is due, in
-//! milliseconds since the Unix epoch); dead letters add `x-idem-reason` and
-//! `x-idem-queue`. The failure count lives in the message, so it survives
+//! milliseconds since the Unix epoch); dead letters add `x-idem-reason`,
+//! `x-idem-queue`, `x-idem-dead-id` (a UUID: the id
+//! [`consume::dead`](super::dead) lists and replays them by) and
+//! `x-idem-dead-at` (ms since the Unix epoch). The failure count lives in
+//! the message, so it survives
 //! consumer restarts; a consumer killed while running a body is redelivered by
 //! RabbitMQ without a count (quorum queues' `delivery-limit` bounds that case).
 //! The due time is read against the consumer's clock: the consumers' clocks
@@ -719,6 +722,17 @@ impl Consumer {
                 set_text(&mut headers, "x-idem-queue", &self.queue);
                 let failures = failures + u32::from(failed);
                 set(&mut headers, "x-idem-failures", u64::from(failures));
+                // An id and a time for `consume::dead`: a queue has neither.
+                set_text(
+                    &mut headers,
+                    "x-idem-dead-id",
+                    &uuid::Uuid::new_v4().to_string(),
+                );
+                set(
+                    &mut headers,
+                    "x-idem-dead-at",
+                    super::dead::now_ms().unsigned_abs(),
+                );
                 tracing::warn!(queue = %self.queue, %reason, "dead-lettered");
                 let to = self.dead_letter_queue();
                 self.hand_over(channel, delivery, &to, headers)

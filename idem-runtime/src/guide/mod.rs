@@ -25,7 +25,7 @@
 //! | [`postgres`], [`mysql`], [`redis`] | each server store: its options, round trips, and what was proven on it |
 //! | [`consumers`] | the RabbitMQ and NATS JetStream consumers: acks, retries, dead letters, chaos runs |
 //! | [`kafka`] | the Kafka consumer: partition order, commits, retry and dead-letter topics, rebalances, offsets in the database |
-//! | [`operations`] | the `idem` CLI, records, the registry, tracing and metrics |
+//! | [`operations`] | the `idem` CLI, records, dead letters, the registry, tracing and metrics |
 //! | [`expansion`] | the code the attribute generates, verbatim |
 //! | [`benchmarks`] | what idem costs, measured, with the commands to measure it again |
 //! | [`design`] | the design decisions, and why they went the way they did |

@@ -162,7 +162,7 @@ mod group;
 mod lane;
 mod offsets;
 mod progress;
-mod topics;
+pub(crate) mod topics;
 
 pub use offsets::Offsets;
 pub use topics::RETRY_DELAYS;

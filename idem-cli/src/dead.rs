@@ -1,0 +1,754 @@
+//! `idem dead`: the consumers' dead letters on RabbitMQ, NATS JetStream or
+//! Kafka, through [`idem_runtime::consume::dead`]: list, show, replay,
+//! purge; as text (tables as `list` writes them) or JSON.
+
+use std::time::Duration;
+
+use clap::{ArgGroup, Args, Subcommand};
+
+use crate::Failure;
+
+/// `idem dead`'s arguments.
+#[derive(Debug, Args)]
+#[command(after_help = "\
+The broker is one of --rabbitmq URL, --nats URL or --kafka BROKERS, with the
+consumer's --queue, --stream or --topic (its dead letters are QUEUE.idem.dead,
+<stream>_DEAD or <topic>-dlt), or --dead-letters NAME for another name.
+
+Examples:
+  idem dead list --rabbitmq amqp://guest:guest@127.0.0.1:5672/%2f --queue orders
+  idem dead show 12 --nats nats://127.0.0.1:4222 --stream ORDERS
+  idem dead replay --kafka 127.0.0.1:9092 --topic orders --reason 'out of stock' --older-than 10m
+  idem dead purge --rabbitmq amqp://127.0.0.1:5672/%2f --queue orders --all
+
+Exit codes: 0 done, 1 broker error, 2 usage (a replay or purge without a filter
+or --all), 3 no such dead letters or id, 4 refused (Kafka cannot delete one record).")]
+pub(crate) struct DeadArgs {
+    #[command(subcommand)]
+    pub(crate) action: Action,
+}
+
+/// What to do with the dead letters.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Action {
+    /// List the dead letters, oldest first: id, when dead-lettered,
+    /// attempts, replays, origin, size, message id, reason
+    List {
+        #[command(flatten)]
+        at: Where,
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// At most this many
+        #[arg(long, value_name = "N", default_value_t = 100)]
+        limit: usize,
+    },
+    /// Show one dead letter: what `list` says, its headers and its payload
+    Show {
+        /// Its id, as `list` shows it (RabbitMQ: a UUID; NATS: the dead
+        /// stream's sequence; Kafka: partition:offset)
+        id: String,
+        #[command(flatten)]
+        at: Where,
+    },
+    /// Publish dead letters back to the queue, subject or topic they came
+    /// from (confirmed by the broker before the dead letter is removed),
+    /// with their failure counts reset and x-idem-replays one more; needs a
+    /// filter or --all
+    Replay {
+        #[command(flatten)]
+        at: Where,
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Every dead letter
+        #[arg(long, conflicts_with_all = ["reason", "older_than", "id"])]
+        all: bool,
+        /// At most this many
+        #[arg(long, value_name = "N")]
+        limit: Option<usize>,
+    },
+    /// Delete dead letters for good; needs a filter or --all (Kafka: --all
+    /// only, where the broker deletes records)
+    Purge {
+        #[command(flatten)]
+        at: Where,
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Every dead letter
+        #[arg(long, conflicts_with_all = ["reason", "older_than", "id"])]
+        all: bool,
+        /// At most this many
+        #[arg(long, value_name = "N")]
+        limit: Option<usize>,
+    },
+}
+
+/// Where the dead letters are: one broker, and the work queue, stream or
+/// topic whose dead letters they are (or their own name).
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Dead letters")]
+#[command(group(ArgGroup::new("broker").required(true).args(["rabbitmq", "nats", "kafka"])))]
+pub(crate) struct Where {
+    /// A RabbitMQ broker (amqp://user:pass@host:5672/vhost), with --queue
+    #[arg(long, value_name = "URL")]
+    rabbitmq: Option<String>,
+    /// A NATS server with JetStream (nats://host:4222), with --stream
+    #[arg(long, value_name = "URL")]
+    nats: Option<String>,
+    /// Kafka brokers (host:port, comma-separated), with --topic
+    #[arg(long, value_name = "BROKERS")]
+    kafka: Option<String>,
+    /// The consumer's work queue: its dead letters are QUEUE.idem.dead
+    #[arg(long, value_name = "QUEUE", requires = "rabbitmq")]
+    queue: Option<String>,
+    /// The consumer's stream: its dead letters are STREAM_DEAD
+    #[arg(long, value_name = "STREAM", requires = "nats")]
+    stream: Option<String>,
+    /// The consumer's topic: its dead letters are TOPIC-dlt
+    #[arg(long, value_name = "TOPIC", requires = "kafka")]
+    topic: Option<String>,
+    /// The dead-letter queue, stream or topic itself, instead of the one
+    /// derived from --queue, --stream or --topic
+    #[arg(long, value_name = "NAME")]
+    dead_letters: Option<String>,
+}
+
+/// The filters of `list`, `replay` and `purge`; together, all must hold.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Filters (together, all must hold)")]
+pub(crate) struct FilterArgs {
+    /// Only those whose reason holds this text (ignoring case)
+    #[arg(long, value_name = "TEXT")]
+    reason: Option<String>,
+    /// Only those dead-lettered at least this long ago: 90s, 10m, 2h, 1d,
+    /// 1h30m
+    #[arg(long, value_name = "AGE", value_parser = age)]
+    older_than: Option<Duration>,
+    /// Only this one (repeatable)
+    #[arg(long, value_name = "ID")]
+    id: Vec<String>,
+}
+
+/// Reads an age: whole numbers with units `ms`, `s`, `m`, `h`, `d`, one
+/// after another (`1h30m`).
+pub(crate) fn age(text: &str) -> Result<Duration, String> {
+    let bad = || format!("`{text}` is not an age: write it as 90s, 10m, 2h, 1d or 1h30m");
+    let mut total = Duration::ZERO;
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+        if digits == 0 {
+            return Err(bad());
+        }
+        let n: u64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit = match &rest[..unit_len] {
+            "ms" => Duration::from_millis(1),
+            "s" => Duration::from_secs(1),
+            "m" => Duration::from_secs(60),
+            "h" => Duration::from_secs(3_600),
+            "d" => Duration::from_secs(86_400),
+            _ => return Err(bad()),
+        };
+        rest = &rest[unit_len..];
+        let n = u32::try_from(n).map_err(|_| bad())?;
+        total = total.checked_add(unit * n).ok_or_else(bad)?;
+    }
+    Ok(total)
+}
+
+/// Which broker, and the dead letters' name there.
+#[derive(Debug)]
+#[cfg_attr(
+    not(all(feature = "rabbitmq", feature = "nats", feature = "kafka")),
+    allow(dead_code)
+)]
+enum Target<'a> {
+    RabbitMq { url: &'a str, name: String },
+    Nats { url: &'a str, name: String },
+    Kafka { brokers: &'a str, name: String },
+}
+
+impl Where {
+    fn target(&self) -> Result<Target<'_>, Failure> {
+        let named = |work: &Option<String>, flag: &str, derive: fn(&str) -> String| match (
+            &self.dead_letters,
+            work,
+        ) {
+            (Some(name), _) if !name.trim().is_empty() => Ok(name.clone()),
+            (_, Some(work)) if !work.trim().is_empty() => Ok(derive(work)),
+            _ => Err(Failure::Usage(format!(
+                "which dead letters? pass {flag} (the consumer's, whose dead letters are derived from it) or --dead-letters NAME"
+            ))),
+        };
+        if let Some(url) = &self.rabbitmq {
+            let name = named(&self.queue, "--queue QUEUE", |q| format!("{q}.idem.dead"))?;
+            return Ok(Target::RabbitMq { url, name });
+        }
+        if let Some(url) = &self.nats {
+            let name = named(&self.stream, "--stream STREAM", |s| format!("{s}_DEAD"))?;
+            return Ok(Target::Nats { url, name });
+        }
+        if let Some(brokers) = &self.kafka {
+            let name = named(&self.topic, "--topic TOPIC", |t| format!("{t}-dlt"))?;
+            return Ok(Target::Kafka { brokers, name });
+        }
+        Err(Failure::Usage(
+            "which broker? pass --rabbitmq URL, --nats URL or --kafka BROKERS".into(),
+        ))
+    }
+}
+
+#[cfg(any(feature = "rabbitmq", feature = "nats", feature = "kafka"))]
+pub(crate) use brokers::run;
+
+/// A build without any broker says so.
+#[cfg(not(any(feature = "rabbitmq", feature = "nats", feature = "kafka")))]
+pub(crate) async fn run(
+    args: &DeadArgs,
+    _json: bool,
+    _timeout: Duration,
+) -> Result<String, Failure> {
+    let (Action::List { at, .. }
+    | Action::Show { at, .. }
+    | Action::Replay { at, .. }
+    | Action::Purge { at, .. }) = &args.action;
+    at.target()?;
+    Err(Failure::Usage(
+        "this idem was built without RabbitMQ, NATS and Kafka (the cargo features rabbitmq, nats, kafka)".into(),
+    ))
+}
+
+/// The commands, on the brokers this build has.
+#[cfg(any(feature = "rabbitmq", feature = "nats", feature = "kafka"))]
+mod brokers {
+    use std::time::Duration;
+
+    use idem_runtime::consume::dead::{DeadLetter, DeadLetterError, Filter, Purged, Replayed};
+    use serde::Serialize;
+
+    use super::{Action, DeadArgs, FilterArgs, Target};
+    use crate::Failure;
+    use crate::render::{cut, relative, table, when};
+
+    impl FilterArgs {
+        fn filter(&self, all: bool, limit: Option<usize>) -> Filter {
+            let mut f = if all { Filter::all() } else { Filter::new() };
+            for id in &self.id {
+                f = f.id(id);
+            }
+            if let Some(reason) = &self.reason {
+                f = f.reason(reason);
+            }
+            if let Some(age) = self.older_than {
+                f = f.older_than(age);
+            }
+            if let Some(n) = limit {
+                f = f.limit(n);
+            }
+            f
+        }
+    }
+
+    impl Target<'_> {
+        fn name(&self) -> &str {
+            match self {
+                Target::RabbitMq { name, .. }
+                | Target::Nats { name, .. }
+                | Target::Kafka { name, .. } => name,
+            }
+        }
+
+        /// `queue `x` (RabbitMQ)`.
+        fn described(&self) -> String {
+            let (kind, broker) = match self {
+                Target::RabbitMq { .. } => ("queue", "RabbitMQ"),
+                Target::Nats { .. } => ("stream", "NATS"),
+                Target::Kafka { .. } => ("topic", "Kafka"),
+            };
+            format!("{kind} `{}` ({broker})", self.name())
+        }
+
+        async fn open(&self, timeout: Duration) -> Result<Opened, Failure> {
+            let connect = async {
+                match self {
+                    #[cfg(feature = "rabbitmq")]
+                    Target::RabbitMq { url, name } => {
+                        idem_runtime::consume::dead::rabbitmq::DeadLetters::connect(url, name)
+                            .await
+                            .map(|d| Opened::RabbitMq(Box::new(d)))
+                    }
+                    #[cfg(feature = "nats")]
+                    Target::Nats { url, name } => {
+                        idem_runtime::consume::dead::nats::DeadLetters::connect(url, name)
+                            .await
+                            .map(|d| Opened::Nats(Box::new(d)))
+                    }
+                    #[cfg(feature = "kafka")]
+                    Target::Kafka { brokers, name } => {
+                        idem_runtime::consume::dead::kafka::DeadLetters::connect(brokers, name)
+                            .await
+                            .map(|d| Opened::Kafka(Box::new(d)))
+                    }
+                    #[allow(unreachable_patterns)]
+                    other => Err(without(other)),
+                }
+            };
+            match tokio::time::timeout(timeout, connect).await {
+                Ok(opened) => opened.map_err(failure),
+                Err(_) => Err(Failure::Store(format!(
+                    "the broker did not answer within {}s (--timeout)",
+                    timeout.as_secs()
+                ))),
+            }
+        }
+    }
+
+    /// The error of a build without the broker's feature.
+    #[allow(dead_code)]
+    fn without(target: &Target<'_>) -> DeadLetterError {
+        let (broker, feature) = match target {
+            Target::RabbitMq { .. } => (idem_runtime::consume::Broker::RabbitMq, "rabbitmq"),
+            Target::Nats { .. } => (idem_runtime::consume::Broker::Nats, "nats"),
+            Target::Kafka { .. } => (idem_runtime::consume::Broker::Kafka, "kafka"),
+        };
+        DeadLetterError::Unsupported {
+            broker,
+            what: "be reached from this idem".into(),
+            why: format!("it was built without the cargo feature `{feature}`"),
+        }
+    }
+
+    /// The dead letters, opened on their broker.
+    enum Opened {
+        #[cfg(feature = "rabbitmq")]
+        RabbitMq(Box<idem_runtime::consume::dead::rabbitmq::DeadLetters>),
+        #[cfg(feature = "nats")]
+        Nats(Box<idem_runtime::consume::dead::nats::DeadLetters>),
+        #[cfg(feature = "kafka")]
+        Kafka(Box<idem_runtime::consume::dead::kafka::DeadLetters>),
+    }
+
+    /// Calls the same method on whichever broker's dead letters `opened` is.
+    macro_rules! on {
+        ($opened:expr, $d:ident => $call:expr) => {
+            match $opened {
+                #[cfg(feature = "rabbitmq")]
+                Opened::RabbitMq($d) => $call,
+                #[cfg(feature = "nats")]
+                Opened::Nats($d) => $call,
+                #[cfg(feature = "kafka")]
+                Opened::Kafka($d) => $call,
+            }
+        };
+    }
+
+    impl Opened {
+        async fn list(&self, filter: &Filter) -> Result<Vec<DeadLetter>, DeadLetterError> {
+            on!(self, d => d.list(filter).await)
+        }
+        async fn count(&self) -> Result<u64, DeadLetterError> {
+            on!(self, d => d.count().await)
+        }
+        async fn show(&self, id: &str) -> Result<DeadLetter, DeadLetterError> {
+            on!(self, d => d.show(id).await)
+        }
+        async fn replay(&self, filter: &Filter) -> Result<Replayed, DeadLetterError> {
+            on!(self, d => d.replay(filter).await)
+        }
+        async fn purge(&self, filter: &Filter) -> Result<Purged, DeadLetterError> {
+            on!(self, d => d.purge(filter).await)
+        }
+        async fn close(self) {
+            match self {
+                #[cfg(feature = "rabbitmq")]
+                Opened::RabbitMq(d) => d.close().await,
+                #[allow(unreachable_patterns)]
+                _ => {}
+            }
+        }
+    }
+
+    /// The exit code of a dead-letter error.
+    fn failure(e: DeadLetterError) -> Failure {
+        match e {
+            e @ (DeadLetterError::Missing { .. } | DeadLetterError::NotFound { .. }) => {
+                Failure::NotFound(e.to_string())
+            }
+            e @ (DeadLetterError::BadId { .. } | DeadLetterError::Unfiltered { .. }) => {
+                Failure::Usage(e.to_string())
+            }
+            e @ DeadLetterError::Unsupported { .. } => Failure::Refused(e.to_string()),
+            e => Failure::Store(e.to_string()),
+        }
+    }
+
+    /// Runs `idem dead ...`; the text to print.
+    pub(crate) async fn run(
+        args: &DeadArgs,
+        json: bool,
+        timeout: Duration,
+    ) -> Result<String, Failure> {
+        let now = idem_runtime::clock::Clock::now_millis(&idem_runtime::clock::SystemClock);
+        let (at, action) = match &args.action {
+            Action::List { at, .. }
+            | Action::Show { at, .. }
+            | Action::Replay { at, .. }
+            | Action::Purge { at, .. } => (at, &args.action),
+        };
+        let target = at.target()?;
+        // A replay or purge that names nothing is refused before connecting.
+        let chosen = match action {
+            Action::Replay {
+                filter, all, limit, ..
+            }
+            | Action::Purge {
+                filter, all, limit, ..
+            } => {
+                let chosen = filter.filter(*all, *limit);
+                if !chosen.is_selective() {
+                    let verb = if matches!(action, Action::Replay { .. }) {
+                        "replay"
+                    } else {
+                        "purge"
+                    };
+                    return Err(Failure::Usage(format!(
+                        "{verb} takes the dead letters you name: pass --id ID, --reason TEXT or --older-than AGE, or --all for every one"
+                    )));
+                }
+                Some(chosen)
+            }
+            _ => None,
+        };
+        let opened = target.open(timeout).await?;
+        let done = match action {
+            Action::List { filter, limit, .. } => {
+                let filter = filter.filter(false, Some(*limit));
+                list(&opened, &target, &filter, *limit, json, now).await
+            }
+            Action::Show { id, .. } => match opened.show(id).await {
+                Ok(d) if json => to_json(&DeadJson::new(&d, now, true)),
+                Ok(d) => Ok(shown(&d, &target, now)),
+                Err(e) => Err(failure(e)),
+            },
+            Action::Replay { .. } => {
+                let filter = chosen.unwrap_or_default();
+                match opened.replay(&filter).await {
+                    Ok(done) => replayed(&done, &target, json),
+                    Err(e) => Err(failure(e)),
+                }
+            }
+            Action::Purge { .. } => {
+                let filter = chosen.unwrap_or_default();
+                match opened.purge(&filter).await {
+                    Ok(done) => purged(&done, &target, json),
+                    Err(e) => Err(failure(e)),
+                }
+            }
+        };
+        opened.close().await;
+        done
+    }
+
+    async fn list(
+        opened: &Opened,
+        target: &Target<'_>,
+        filter: &Filter,
+        limit: usize,
+        json: bool,
+        now: i64,
+    ) -> Result<String, Failure> {
+        let found = opened.list(filter).await.map_err(failure)?;
+        let total = opened.count().await.map_err(failure)?;
+        if json {
+            #[derive(Serialize)]
+            struct Listing<'a> {
+                broker: &'static str,
+                dead_letters: &'a str,
+                total: u64,
+                count: usize,
+                items: Vec<DeadJson<'a>>,
+            }
+            return to_json(&Listing {
+                broker: broker_name(target),
+                dead_letters: target.name(),
+                total,
+                count: found.len(),
+                items: found.iter().map(|d| DeadJson::new(d, now, false)).collect(),
+            });
+        }
+        if found.is_empty() {
+            return Ok(format!(
+                "no dead letters{} in {} ({total} in all)\n",
+                if filter.is_selective() {
+                    " matching"
+                } else {
+                    ""
+                },
+                target.described()
+            ));
+        }
+        let rows: Vec<Vec<String>> = found
+            .iter()
+            .map(|d| {
+                vec![
+                    d.id.clone(),
+                    d.dead_at_ms.map_or("-".to_owned(), |at| relative(at, now)),
+                    number(d.attempts),
+                    d.replays.to_string(),
+                    d.origin.as_deref().map_or("-".to_owned(), |o| cut(o, 30)),
+                    d.size().to_string(),
+                    d.message_id
+                        .as_deref()
+                        .map_or("-".to_owned(), |m| cut(m, 24)),
+                    d.reason.as_deref().map_or("-".to_owned(), |r| cut(r, 60)),
+                ]
+            })
+            .collect();
+        let mut out = format!(
+            "{} of {total} dead letter{} in {}, oldest first:\n",
+            found.len(),
+            if total == 1 { "" } else { "s" },
+            target.described()
+        );
+        out.push_str(&table(
+            &[
+                "ID",
+                "DEAD-LETTERED",
+                "ATTEMPTS",
+                "REPLAYS",
+                "FROM",
+                "SIZE",
+                "MESSAGE ID",
+                "REASON",
+            ],
+            &rows,
+        ));
+        if found.len() == limit {
+            out.push_str(&format!("(the first {limit}; --limit N for more)\n"));
+        }
+        Ok(out)
+    }
+
+    fn broker_name(target: &Target<'_>) -> &'static str {
+        match target {
+            Target::RabbitMq { .. } => "rabbitmq",
+            Target::Nats { .. } => "nats",
+            Target::Kafka { .. } => "kafka",
+        }
+    }
+
+    fn number(n: Option<u32>) -> String {
+        n.map_or("-".to_owned(), |n| n.to_string())
+    }
+
+    /// A dead letter as `show` writes it: one field a line, then its headers
+    /// and its payload.
+    fn shown(d: &DeadLetter, target: &Target<'_>, now: i64) -> String {
+        let dash = |v: Option<&str>| v.unwrap_or("-").replace(['\n', '\r'], " ");
+        let mut lines = vec![
+            ("id", d.id.clone()),
+            ("in", target.described()),
+            ("reason", dash(d.reason.as_deref())),
+            ("from", dash(d.origin.as_deref())),
+            (
+                "dead-lettered",
+                d.dead_at_ms.map_or("-".to_owned(), |at| when(at, now)),
+            ),
+            ("attempts", number(d.attempts)),
+            ("retries", number(d.retries)),
+            ("replays", d.replays.to_string()),
+            ("last error", dash(d.last_error.as_deref())),
+            ("message id", dash(d.message_id.as_deref())),
+            ("size", format!("{} bytes", d.size())),
+        ];
+        if let Some(to) = &d.replayed_to {
+            lines.push(("replayed to", to.clone()));
+        }
+        let mut out = String::new();
+        for (label, value) in lines {
+            out.push_str(&format!("{label:<15}{value}\n"));
+        }
+        out.push_str("headers:\n");
+        for (name, value) in &d.headers {
+            out.push_str(&format!("  {name}: {}\n", value.replace(['\n', '\r'], " ")));
+        }
+        out.push_str("payload:\n");
+        out.push_str(&String::from_utf8_lossy(&d.payload));
+        if !d.payload.ends_with(b"\n") {
+            out.push('\n');
+        }
+        out
+    }
+
+    fn replayed(done: &Replayed, target: &Target<'_>, json: bool) -> Result<String, Failure> {
+        if json {
+            #[derive(Serialize)]
+            struct Replay<'a> {
+                id: &'a str,
+                to: &'a str,
+                replays: u32,
+            }
+            #[derive(Serialize)]
+            struct Skip<'a> {
+                id: &'a str,
+                why: &'a str,
+            }
+            #[derive(Serialize)]
+            struct Done<'a> {
+                broker: &'static str,
+                dead_letters: &'a str,
+                count: usize,
+                replayed: Vec<Replay<'a>>,
+                skipped: Vec<Skip<'a>>,
+            }
+            return to_json(&Done {
+                broker: broker_name(target),
+                dead_letters: target.name(),
+                count: done.count(),
+                replayed: done
+                    .replayed
+                    .iter()
+                    .map(|r| Replay {
+                        id: &r.id,
+                        to: &r.to,
+                        replays: r.replays,
+                    })
+                    .collect(),
+                skipped: done
+                    .skipped
+                    .iter()
+                    .map(|s| Skip {
+                        id: &s.id,
+                        why: &s.why,
+                    })
+                    .collect(),
+            });
+        }
+        let n = done.count();
+        let mut out = format!(
+            "replayed {n} dead letter{} of {}\n",
+            if n == 1 { "" } else { "s" },
+            target.described()
+        );
+        for r in &done.replayed {
+            out.push_str(&format!("  {} -> {} (replay {})\n", r.id, r.to, r.replays));
+        }
+        for s in &done.skipped {
+            out.push_str(&format!("left {}: {}\n", s.id, s.why));
+        }
+        Ok(out)
+    }
+
+    fn purged(done: &Purged, target: &Target<'_>, json: bool) -> Result<String, Failure> {
+        if json {
+            #[derive(Serialize)]
+            struct Done<'a> {
+                broker: &'static str,
+                dead_letters: &'a str,
+                purged: u64,
+                ids: &'a [String],
+            }
+            return to_json(&Done {
+                broker: broker_name(target),
+                dead_letters: target.name(),
+                purged: done.purged,
+                ids: &done.ids,
+            });
+        }
+        let mut out = format!(
+            "purged {} dead letter{} of {}\n",
+            done.purged,
+            if done.purged == 1 { "" } else { "s" },
+            target.described()
+        );
+        for id in &done.ids {
+            out.push_str(&format!("  {id}\n"));
+        }
+        Ok(out)
+    }
+
+    /// A dead letter as `--json` writes it.
+    #[derive(Debug, Serialize)]
+    struct DeadJson<'a> {
+        id: &'a str,
+        reason: Option<&'a str>,
+        attempts: Option<u32>,
+        retries: Option<u32>,
+        replays: u32,
+        last_error: Option<&'a str>,
+        dead_at_ms: Option<i64>,
+        dead_at: Option<String>,
+        age_ms: Option<u64>,
+        origin: Option<&'a str>,
+        message_id: Option<&'a str>,
+        size: usize,
+        replayed_to: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        headers: Option<Vec<[&'a str; 2]>>,
+        /// The payload as JSON if it is, else as text.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        payload: Option<serde_json::Value>,
+    }
+
+    impl<'a> DeadJson<'a> {
+        fn new(d: &'a DeadLetter, now: i64, whole: bool) -> Self {
+            DeadJson {
+                id: &d.id,
+                reason: d.reason.as_deref(),
+                attempts: d.attempts,
+                retries: d.retries,
+                replays: d.replays,
+                last_error: d.last_error.as_deref(),
+                dead_at_ms: d.dead_at_ms,
+                dead_at: d.dead_at_ms.map(crate::render::utc),
+                age_ms: d.age_ms(now),
+                origin: d.origin.as_deref(),
+                message_id: d.message_id.as_deref(),
+                size: d.size(),
+                replayed_to: d.replayed_to.as_deref(),
+                headers: whole.then(|| {
+                    d.headers
+                        .iter()
+                        .map(|(n, v)| [n.as_str(), v.as_str()])
+                        .collect()
+                }),
+                payload: whole.then(|| {
+                    serde_json::from_slice(&d.payload).unwrap_or_else(|_| {
+                        serde_json::Value::String(String::from_utf8_lossy(&d.payload).into_owned())
+                    })
+                }),
+            }
+        }
+    }
+
+    /// `value` as pretty JSON and a newline.
+    fn to_json<T: Serialize>(value: &T) -> Result<String, Failure> {
+        serde_json::to_string_pretty(value)
+            .map(|text| text + "\n")
+            .map_err(|e| Failure::Store(format!("cannot write JSON: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::age;
+    use std::time::Duration;
+
+    #[test]
+    fn ages_read_as_written() {
+        assert_eq!(age("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(age("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(age("1h30m"), Ok(Duration::from_secs(5_400)));
+        assert_eq!(age("2d"), Ok(Duration::from_secs(172_800)));
+        assert_eq!(age("250ms"), Ok(Duration::from_millis(250)));
+        for bad in ["", "10", "m", "10x", "-5m", "1.5h", "99999999999d"] {
+            assert!(age(bad).is_err(), "{bad}");
+        }
+    }
+}

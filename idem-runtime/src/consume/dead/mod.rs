@@ -1,0 +1,697 @@
+//! The dead letters of the consumers, for operators: list them, show one,
+//! replay them into the queue, subject or topic they came from, purge them.
+//! One API on each broker (`rabbitmq`, `nats`, `kafka`, each behind its
+//! feature), and the `idem dead` commands of the CLI on top of it.
+//!
+//! | broker | dead letters | id | where a replay goes |
+//! | --- | --- | --- | --- |
+//! | RabbitMQ | the queue `<queue>.idem.dead` | the `x-idem-dead-id` header (a UUID the consumer writes) | the default exchange, routing key `x-idem-queue` |
+//! | NATS JetStream | the stream `<stream>_DEAD` | the dead stream's sequence | the subject `Idem-Subject` |
+//! | Kafka | the topic `<topic>-dlt` | `partition:offset` in the dead-letter topic | the topic `x-idem-topic` |
+//!
+//! Each API takes the name of the dead letters itself (a queue, a stream, a
+//! topic), so that a consumer whose dead letters are named otherwise is
+//! served too; `default_name` derives today's default from the work queue,
+//! stream or topic.
+//!
+//! # A replay
+//!
+//! A replay publishes a copy of the dead letter to where it came from, waits
+//! for the broker to confirm it (RabbitMQ: publisher confirms; JetStream: the
+//! publish acknowledgement; Kafka: `acks=all`), and only then removes the
+//! dead letter (RabbitMQ: acks it; JetStream: deletes its sequence; Kafka:
+//! records it as replayed, see [`kafka`](self#kafka)). A crash in between
+//! leaves the message in both places, never in neither: a replay never loses
+//! a message, and idem's keys make the second copy harmless.
+//!
+//! The copy starts afresh: the counts the consumer keeps in the message
+//! (`x-idem-failures`, `x-idem-retries`; on JetStream the delivery count is
+//! the server's, new for a new message) and the dead-letter headers (reason,
+//! origin, last error) are left out, so it gets a whole new set of attempts.
+//! It is counted: `x-idem-replays` (NATS: `Idem-Replays`) is the dead
+//! letter's count plus one, so a message replayed and dead-lettered again
+//! says how often it was.
+//!
+//! # Filters
+//!
+//! [`Filter`] selects by ids, by a reason's text, by age, at most so many.
+//! A replay or a purge must be given a filter that names something, or
+//! [`Filter::all`]: an empty filter is [`DeadLetterError::Unfiltered`], so a
+//! slip never replays or deletes everything.
+//!
+//! # Kafka
+//!
+//! A Kafka topic cannot lose one record: a replay publishes the copy to the
+//! original topic and then writes the dead letter's id (`partition:offset`)
+//! to a ledger topic `<dead-letter topic>-replayed` (one partition, created
+//! on the first replay). Listing reads the ledger and leaves the replayed
+//! out, and a second replay of one id is skipped. The dead-letter topic
+//! itself is never written to, so the tools and alerts that read it see
+//! only dead letters. A purge of everything deletes the records up to the
+//! end of each partition (`DeleteRecords`), where the broker supports it,
+//! and [`DeadLetterError::Unsupported`] says so where it does not; a purge
+//! of some is always `Unsupported`.
+
+use std::time::Duration;
+
+use super::Broker;
+use crate::BoxError;
+
+#[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+pub mod kafka;
+#[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+pub mod nats;
+#[cfg(feature = "rabbitmq")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
+pub mod rabbitmq;
+
+/// One dead letter, as the broker keeps it.
+///
+/// | field | RabbitMQ | NATS JetStream | Kafka |
+/// | --- | --- | --- | --- |
+/// | `id` | `x-idem-dead-id` (older dead letters: a digest of the message) | the dead stream's sequence | `partition:offset` |
+/// | `attempts` | `x-idem-failures` | `Idem-Deliveries` | `x-idem-failures` |
+/// | `retries` | `x-idem-retries` | `None` | `x-idem-retries` |
+/// | `last_error` | `x-idem-last-error` | `None` | `x-idem-last-error` |
+/// | `dead_at_ms` | `x-idem-dead-at` | the stream's timestamp | the record's timestamp |
+/// | `origin` | `x-idem-queue` | `Idem-Subject` | `x-idem-topic` |
+/// | `message_id` | the `message_id` property | `Idem-Original-Msg-Id` | the record key, as text |
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::consume::Broker;
+/// use idem_runtime::consume::dead::DeadLetter;
+///
+/// let mut d = DeadLetter::new(Broker::Nats, "7", b"{\"id\":1}".to_vec());
+/// d.reason = Some("the payload does not decode".into());
+/// d.dead_at_ms = Some(1_000);
+/// assert_eq!(d.size(), 8);
+/// assert_eq!(d.age_ms(61_000), Some(60_000));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeadLetter {
+    /// The broker it is on.
+    pub broker: Broker,
+    /// Its id, stable while it is a dead letter: what [`Filter::id`] and
+    /// `show` take.
+    pub id: String,
+    /// Why it was dead-lettered.
+    pub reason: Option<String>,
+    /// Failed attempts (RabbitMQ, Kafka) or deliveries (JetStream) it had.
+    pub attempts: Option<u32>,
+    /// Times it was handed back to be retried (RabbitMQ, Kafka).
+    pub retries: Option<u32>,
+    /// Times it was replayed before (`x-idem-replays`, `Idem-Replays`).
+    pub replays: u32,
+    /// Why it was last retried.
+    pub last_error: Option<String>,
+    /// When it was dead-lettered, in ms since the Unix epoch (`None` on a
+    /// RabbitMQ dead letter written before `x-idem-dead-at` was).
+    pub dead_at_ms: Option<i64>,
+    /// The queue, subject or topic it came from, where a replay sends it.
+    pub origin: Option<String>,
+    /// Its message id (see the table).
+    pub message_id: Option<String>,
+    /// Kafka: the id and place of its replay's copy (`topic/partition:offset`)
+    /// when it was replayed already; elsewhere a replayed dead letter is gone.
+    pub replayed_to: Option<String>,
+    /// Its headers, values as text, in order.
+    pub headers: Vec<(String, String)>,
+    /// Its payload, as it is.
+    pub payload: Vec<u8>,
+}
+
+impl DeadLetter {
+    /// A dead letter of `broker` with `id` and `payload`, and nothing else
+    /// known; the brokers' readers fill in the rest.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::consume::{Broker, dead::DeadLetter};
+    /// let d = DeadLetter::new(Broker::Kafka, "0:12", Vec::new());
+    /// assert_eq!((d.id.as_str(), d.replays), ("0:12", 0));
+    /// ```
+    pub fn new(broker: Broker, id: impl Into<String>, payload: Vec<u8>) -> Self {
+        DeadLetter {
+            broker,
+            id: id.into(),
+            reason: None,
+            attempts: None,
+            retries: None,
+            replays: 0,
+            last_error: None,
+            dead_at_ms: None,
+            origin: None,
+            message_id: None,
+            replayed_to: None,
+            headers: Vec::new(),
+            payload,
+        }
+    }
+
+    /// The payload's size in bytes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::consume::{Broker, dead::DeadLetter};
+    /// assert_eq!(DeadLetter::new(Broker::Nats, "1", vec![0; 5]).size(), 5);
+    /// ```
+    pub fn size(&self) -> usize {
+        self.payload.len()
+    }
+
+    /// How long it has been a dead letter at `now_ms` (ms since the epoch),
+    /// if known; never negative.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::consume::{Broker, dead::DeadLetter};
+    /// let mut d = DeadLetter::new(Broker::Nats, "1", Vec::new());
+    /// assert_eq!(d.age_ms(5_000), None);
+    /// d.dead_at_ms = Some(2_000);
+    /// assert_eq!(d.age_ms(5_000), Some(3_000));
+    /// assert_eq!(d.age_ms(1_000), Some(0));
+    /// ```
+    pub fn age_ms(&self, now_ms: i64) -> Option<u64> {
+        self.dead_at_ms
+            .map(|at| u64::try_from(now_ms.saturating_sub(at)).unwrap_or(0))
+    }
+
+    /// The last header named `name` (names compared ignoring case).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::consume::{Broker, dead::DeadLetter};
+    /// let mut d = DeadLetter::new(Broker::RabbitMq, "1", Vec::new());
+    /// d.headers.push(("x-tenant".into(), "acme".into()));
+    /// assert_eq!(d.header("X-Tenant"), Some("acme"));
+    /// assert_eq!(d.header("x-other"), None);
+    /// ```
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .rev()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Which dead letters an operation takes: ids, a reason's text, an age,
+/// together (all must hold), at most [`limit`](Self::limit) of them, oldest
+/// first as the broker keeps them.
+///
+/// A filter that names nothing selects everything when listing, and is
+/// refused by a replay or a purge ([`DeadLetterError::Unfiltered`]) unless
+/// it is [`Filter::all`].
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::consume::{Broker, dead::{DeadLetter, Filter}};
+/// use std::time::Duration;
+///
+/// let mut d = DeadLetter::new(Broker::Nats, "4", Vec::new());
+/// d.reason = Some("the payload does not decode as Order".into());
+/// d.dead_at_ms = Some(0);
+/// let now = 3_600_000;
+///
+/// assert!(Filter::new().reason("DOES NOT DECODE").matches(&d, now));
+/// assert!(Filter::new().older_than(Duration::from_secs(600)).matches(&d, now));
+/// assert!(!Filter::new().older_than(Duration::from_secs(7_200)).matches(&d, now));
+/// assert!(Filter::new().id("4").id("5").matches(&d, now));
+/// assert!(!Filter::new().id("5").reason("decode").matches(&d, now));
+/// assert!(!Filter::new().is_selective() && Filter::all().is_selective());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filter {
+    all: bool,
+    ids: Vec<String>,
+    reason: Option<String>,
+    older_than: Option<Duration>,
+    limit: Option<usize>,
+}
+
+impl Filter {
+    /// A filter that names nothing: everything, for a listing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let f = idem_runtime::consume::dead::Filter::new();
+    /// assert!(!f.is_selective());
+    /// ```
+    pub fn new() -> Self {
+        Filter::default()
+    }
+
+    /// Every dead letter, for a replay or a purge of all of them.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let f = idem_runtime::consume::dead::Filter::all();
+    /// assert!(f.is_selective() && f.is_all());
+    /// ```
+    pub fn all() -> Self {
+        Filter {
+            all: true,
+            ..Filter::default()
+        }
+    }
+
+    /// Also the dead letter `id` (ids add up: any of them).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let f = idem_runtime::consume::dead::Filter::new().id("0:3").id("1:7");
+    /// assert_eq!(f.ids(), ["0:3", "1:7"]);
+    /// ```
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.ids.push(id.into());
+        self
+    }
+
+    /// Only those whose reason holds `text` (ignoring case).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let f = idem_runtime::consume::dead::Filter::new().reason("out of stock");
+    /// assert!(f.is_selective());
+    /// ```
+    pub fn reason(mut self, text: impl Into<String>) -> Self {
+        self.reason = Some(text.into());
+        self
+    }
+
+    /// Only those dead-lettered at least `age` ago (one whose time is not
+    /// known is not taken).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let f = idem_runtime::consume::dead::Filter::new().older_than(Duration::from_secs(600));
+    /// assert!(f.is_selective());
+    /// ```
+    pub fn older_than(mut self, age: Duration) -> Self {
+        self.older_than = Some(age);
+        self
+    }
+
+    /// At most `n` of them, the oldest first.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let f = idem_runtime::consume::dead::Filter::all().limit(10);
+    /// assert_eq!(f.max(), Some(10));
+    /// ```
+    pub fn limit(mut self, n: usize) -> Self {
+        self.limit = Some(n);
+        self
+    }
+
+    /// The ids named.
+    ///
+    /// # Examples
+    ///
+    /// See [`Filter::id`].
+    pub fn ids(&self) -> &[String] {
+        &self.ids
+    }
+
+    /// The limit, if any.
+    ///
+    /// # Examples
+    ///
+    /// See [`Filter::limit`].
+    pub fn max(&self) -> Option<usize> {
+        self.limit
+    }
+
+    /// Whether this is [`Filter::all`] with nothing else (no id, reason,
+    /// age or limit): every dead letter.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::consume::dead::Filter;
+    /// assert!(Filter::all().is_all());
+    /// assert!(!Filter::all().limit(3).is_all());
+    /// assert!(!Filter::new().is_all());
+    /// ```
+    pub fn is_all(&self) -> bool {
+        self.all
+            && self.ids.is_empty()
+            && self.reason.is_none()
+            && self.older_than.is_none()
+            && self.limit.is_none()
+    }
+
+    /// Whether it names something (ids, a reason, an age) or is
+    /// [`Filter::all`]: what a replay or a purge needs.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::consume::dead::Filter;
+    /// assert!(Filter::new().id("3").is_selective());
+    /// assert!(!Filter::new().limit(3).is_selective());
+    /// ```
+    pub fn is_selective(&self) -> bool {
+        self.all || !self.ids.is_empty() || self.reason.is_some() || self.older_than.is_some()
+    }
+
+    /// Whether `dead` is selected at `now_ms` (ms since the epoch); the
+    /// limit is the caller's to count.
+    ///
+    /// # Examples
+    ///
+    /// See [`Filter`].
+    pub fn matches(&self, dead: &DeadLetter, now_ms: i64) -> bool {
+        if !self.ids.is_empty() && !self.ids.contains(&dead.id) {
+            return false;
+        }
+        if let Some(text) = &self.reason {
+            let reason = dead.reason.as_deref().unwrap_or_default().to_lowercase();
+            if !reason.contains(&text.to_lowercase()) {
+                return false;
+            }
+        }
+        if let Some(age) = self.older_than {
+            let at_least = u64::try_from(age.as_millis()).unwrap_or(u64::MAX);
+            if dead.age_ms(now_ms).is_none_or(|a| a < at_least) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// `Err(Unfiltered)` unless [`is_selective`](Self::is_selective).
+    #[cfg_attr(
+        not(any(feature = "rabbitmq", feature = "nats", feature = "kafka")),
+        allow(dead_code)
+    )]
+    pub(crate) fn check(&self, operation: &'static str) -> Result<(), DeadLetterError> {
+        if self.is_selective() {
+            Ok(())
+        } else {
+            Err(DeadLetterError::Unfiltered { operation })
+        }
+    }
+
+    /// Whether `taken` reached the limit.
+    #[cfg_attr(
+        not(any(feature = "rabbitmq", feature = "nats", feature = "kafka")),
+        allow(dead_code)
+    )]
+    pub(crate) fn full(&self, taken: usize) -> bool {
+        self.limit.is_some_and(|n| taken >= n)
+    }
+}
+
+/// One dead letter replayed: its id, where its copy went, and the copy's
+/// replay count.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::consume::dead::Replay;
+/// let r = Replay::new("0:4", "orders", 1);
+/// assert_eq!((r.id.as_str(), r.to.as_str(), r.replays), ("0:4", "orders", 1));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Replay {
+    /// The dead letter's id.
+    pub id: String,
+    /// The queue, subject or topic the copy was published to.
+    pub to: String,
+    /// The copy's `x-idem-replays` (`Idem-Replays`).
+    pub replays: u32,
+}
+
+impl Replay {
+    /// A replay of `id` to `to`, the `replays`-th.
+    ///
+    /// # Examples
+    ///
+    /// See [`Replay`].
+    pub fn new(id: impl Into<String>, to: impl Into<String>, replays: u32) -> Self {
+        Replay {
+            id: id.into(),
+            to: to.into(),
+            replays,
+        }
+    }
+}
+
+/// A dead letter a replay left where it is, and why (no origin to send it
+/// to; Kafka: replayed already).
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::consume::dead::Skipped;
+/// let s = Skipped::new("3", "it names no origin (Idem-Subject)");
+/// assert!(s.why.contains("origin"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Skipped {
+    /// The dead letter's id.
+    pub id: String,
+    /// Why it was not replayed.
+    pub why: String,
+}
+
+impl Skipped {
+    /// `id`, left because `why`.
+    ///
+    /// # Examples
+    ///
+    /// See [`Skipped`].
+    pub fn new(id: impl Into<String>, why: impl Into<String>) -> Self {
+        Skipped {
+            id: id.into(),
+            why: why.into(),
+        }
+    }
+}
+
+/// What a replay did.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::consume::dead::{Replay, Replayed, Skipped};
+/// let mut done = Replayed::default();
+/// done.replayed.push(Replay::new("1", "orders.placed", 1));
+/// done.skipped.push(Skipped::new("2", "no origin"));
+/// assert_eq!((done.count(), done.skipped.len()), (1, 1));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Replayed {
+    /// The dead letters replayed, in the order they were.
+    pub replayed: Vec<Replay>,
+    /// The ones selected but left.
+    pub skipped: Vec<Skipped>,
+}
+
+impl Replayed {
+    /// How many were replayed.
+    ///
+    /// # Examples
+    ///
+    /// See [`Replayed`].
+    pub fn count(&self) -> usize {
+        self.replayed.len()
+    }
+}
+
+/// What a purge did: how many dead letters it removed, and their ids when
+/// it took them one by one (a purge of everything at once, by the broker's
+/// own purge, knows only the count).
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::consume::dead::Purged;
+/// let p = Purged::default();
+/// assert_eq!((p.purged, p.ids.len()), (0, 0));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Purged {
+    /// How many were removed.
+    pub purged: u64,
+    /// Their ids, when known.
+    pub ids: Vec<String>,
+}
+
+/// Why a dead-letter operation failed.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::consume::dead::{DeadLetterError, Filter};
+/// let e = DeadLetterError::Unfiltered { operation: "replay" };
+/// assert!(e.to_string().contains("Filter::all"));
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeadLetterError {
+    /// The broker could not be reached.
+    #[error("cannot reach {broker} at {at}: {source}")]
+    Unreachable {
+        /// Which broker.
+        broker: Broker,
+        /// Its address, without a password.
+        at: String,
+        /// What the client said.
+        #[source]
+        source: BoxError,
+    },
+    /// The dead-letter queue, stream or topic does not exist.
+    #[error("{broker} has no {kind} `{name}`")]
+    Missing {
+        /// Which broker.
+        broker: Broker,
+        /// `queue`, `stream` or `topic`.
+        kind: &'static str,
+        /// Its name.
+        name: String,
+    },
+    /// No dead letter has that id.
+    #[error("no dead letter `{id}` in `{name}`")]
+    NotFound {
+        /// The dead letters' queue, stream or topic.
+        name: String,
+        /// The id asked for.
+        id: String,
+    },
+    /// The id is not of the broker's form (JetStream: a sequence; Kafka:
+    /// `partition:offset`).
+    #[error("`{id}` is not a dead-letter id of {broker}: {expected}")]
+    BadId {
+        /// Which broker.
+        broker: Broker,
+        /// The id given.
+        id: String,
+        /// What an id looks like there.
+        expected: &'static str,
+    },
+    /// A replay or purge with a filter that names nothing.
+    #[error(
+        "a {operation} needs a filter that names something (ids, a reason, an age) or Filter::all()"
+    )]
+    Unfiltered {
+        /// `replay` or `purge`.
+        operation: &'static str,
+    },
+    /// The broker cannot do it (Kafka: removing one record; a broker
+    /// without `DeleteRecords`).
+    #[error("{broker} cannot {what}: {why}")]
+    Unsupported {
+        /// Which broker.
+        broker: Broker,
+        /// What was asked.
+        what: String,
+        /// Why not, and what to do instead.
+        why: String,
+    },
+    /// The broker failed the operation.
+    #[error("{broker}: {source}")]
+    Broker {
+        /// Which broker.
+        broker: Broker,
+        /// What the client said.
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl DeadLetterError {
+    #[cfg_attr(
+        not(any(feature = "rabbitmq", feature = "nats", feature = "kafka")),
+        allow(dead_code)
+    )]
+    pub(crate) fn broker(broker: Broker, source: impl Into<BoxError>) -> Self {
+        DeadLetterError::Broker {
+            broker,
+            source: source.into(),
+        }
+    }
+}
+
+/// `url` without the password of its user part.
+#[cfg_attr(not(any(feature = "rabbitmq", feature = "nats")), allow(dead_code))]
+pub(crate) fn redacted(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let user = &url[scheme + 3..at];
+            // A user part without a colon may be a token (`nats://TOKEN@host`).
+            let kept = user.find(':').map_or("", |colon| &user[..=colon]);
+            format!("{}{kept}***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Milliseconds since the Unix epoch, now.
+#[cfg_attr(
+    not(any(feature = "rabbitmq", feature = "nats", feature = "kafka")),
+    allow(dead_code)
+)]
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_left_out_of_addresses() {
+        assert_eq!(
+            redacted("amqp://guest:secret@127.0.0.1:5672/%2f"),
+            "amqp://guest:***@127.0.0.1:5672/%2f"
+        );
+        assert_eq!(redacted("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+        assert_eq!(redacted("nats://s3cret@host"), "nats://***@host");
+    }
+
+    #[test]
+    fn a_limit_alone_selects_nothing_to_replay() {
+        assert!(Filter::new().limit(5).check("replay").is_err());
+        assert!(Filter::all().check("purge").is_ok());
+        assert!(Filter::new().reason("x").check("purge").is_ok());
+        assert!(Filter::new().limit(2).full(2));
+        assert!(!Filter::new().full(1_000_000));
+    }
+
+    #[test]
+    fn an_unknown_time_is_not_old() {
+        let d = DeadLetter::new(Broker::RabbitMq, "a", Vec::new());
+        assert!(
+            !Filter::new()
+                .older_than(Duration::from_secs(1))
+                .matches(&d, i64::MAX)
+        );
+        assert!(Filter::new().matches(&d, 0));
+    }
+}
