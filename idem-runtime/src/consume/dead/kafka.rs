@@ -138,7 +138,7 @@ impl DeadLetters {
     ///
     /// See [`DeadLetters`].
     pub fn default_name(work_topic: &str) -> String {
-        topics::dead_letter_topic(work_topic)
+        topics::Names::new(work_topic).dead_letter_topic()
     }
 
     /// The ledger of the replayed dead letters of `dead_letter_topic`:
