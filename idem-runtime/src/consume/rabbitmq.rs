@@ -813,36 +813,7 @@ impl Consumer {
             }
         }
         headers = kept;
-        let mut properties = BasicProperties::default()
-            .with_headers(headers)
-            .with_delivery_mode(2);
-        if let Some(v) = original.content_type() {
-            properties = properties.with_content_type(v.clone());
-        }
-        if let Some(v) = original.content_encoding() {
-            properties = properties.with_content_encoding(v.clone());
-        }
-        if let Some(v) = original.message_id() {
-            properties = properties.with_message_id(v.clone());
-        }
-        if let Some(v) = original.correlation_id() {
-            properties = properties.with_correlation_id(v.clone());
-        }
-        if let Some(v) = original.timestamp() {
-            properties = properties.with_timestamp(*v);
-        }
-        if let Some(v) = original.kind() {
-            properties = properties.with_type(v.clone());
-        }
-        if let Some(v) = original.priority() {
-            properties = properties.with_priority(*v);
-        }
-        if let Some(v) = original.reply_to() {
-            properties = properties.with_reply_to(v.clone());
-        }
-        if let Some(v) = original.app_id() {
-            properties = properties.with_app_id(v.clone());
-        }
+        let properties = copy_properties(original, headers);
         let mandatory = BasicPublishOptions {
             mandatory: true,
             ..BasicPublishOptions::default()
@@ -881,6 +852,45 @@ fn refused(e: &lapin::Error) -> bool {
         ),
         _ => false,
     }
+}
+
+/// The properties of a copy of a message (a retry, a dead letter, a
+/// replayed dead letter): persistent, with `headers`, keeping the
+/// message's identity (content type and encoding, message and correlation
+/// id, timestamp, type, priority, reply to, app id) but not `expiration`,
+/// which would drop the copy.
+pub(crate) fn copy_properties(original: &BasicProperties, headers: FieldTable) -> BasicProperties {
+    let mut properties = BasicProperties::default()
+        .with_headers(headers)
+        .with_delivery_mode(2);
+    if let Some(v) = original.content_type() {
+        properties = properties.with_content_type(v.clone());
+    }
+    if let Some(v) = original.content_encoding() {
+        properties = properties.with_content_encoding(v.clone());
+    }
+    if let Some(v) = original.message_id() {
+        properties = properties.with_message_id(v.clone());
+    }
+    if let Some(v) = original.correlation_id() {
+        properties = properties.with_correlation_id(v.clone());
+    }
+    if let Some(v) = original.timestamp() {
+        properties = properties.with_timestamp(*v);
+    }
+    if let Some(v) = original.kind() {
+        properties = properties.with_type(v.clone());
+    }
+    if let Some(v) = original.priority() {
+        properties = properties.with_priority(*v);
+    }
+    if let Some(v) = original.reply_to() {
+        properties = properties.with_reply_to(v.clone());
+    }
+    if let Some(v) = original.app_id() {
+        properties = properties.with_app_id(v.clone());
+    }
+    properties
 }
 
 /// What the broker said about `delivery`, for the handler.

@@ -49,7 +49,7 @@ use lapin::options::{
     QueueDeclareOptions, QueuePurgeOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use lapin::{Channel, Connection, ConnectionProperties};
 use sha2::{Digest as _, Sha256};
 
 use super::{
@@ -526,36 +526,7 @@ async fn publish_copy(
     headers.insert(REPLAYS.into(), AMQPValue::LongLongInt(i64::from(replays)));
     // The message's identity is kept; `expiration` is not (it would drop the
     // copy again).
-    let mut properties = BasicProperties::default()
-        .with_headers(headers)
-        .with_delivery_mode(2);
-    if let Some(v) = original.content_type() {
-        properties = properties.with_content_type(v.clone());
-    }
-    if let Some(v) = original.content_encoding() {
-        properties = properties.with_content_encoding(v.clone());
-    }
-    if let Some(v) = original.message_id() {
-        properties = properties.with_message_id(v.clone());
-    }
-    if let Some(v) = original.correlation_id() {
-        properties = properties.with_correlation_id(v.clone());
-    }
-    if let Some(v) = original.timestamp() {
-        properties = properties.with_timestamp(*v);
-    }
-    if let Some(v) = original.kind() {
-        properties = properties.with_type(v.clone());
-    }
-    if let Some(v) = original.priority() {
-        properties = properties.with_priority(*v);
-    }
-    if let Some(v) = original.reply_to() {
-        properties = properties.with_reply_to(v.clone());
-    }
-    if let Some(v) = original.app_id() {
-        properties = properties.with_app_id(v.clone());
-    }
+    let properties = crate::consume::rabbitmq::copy_properties(original, headers);
     let mandatory = BasicPublishOptions {
         mandatory: true,
         ..BasicPublishOptions::default()
