@@ -207,7 +207,9 @@ async fn consumer_process(variant: &str) -> Result<(), BoxError> {
     println!("READY");
     match variant {
         "idem" => {
-            consumer.run(call, std::future::pending()).await?;
+            consumer
+                .run(call, idem_runtime::consume::CancellationToken::new())
+                .await?;
             Ok(())
         }
         "glue" => glue(&s, &stream, consumer.durable_name(), call).await,
