@@ -260,7 +260,8 @@ async fn a_durable_with_other_settings_is_refused() {
 }
 
 /// A handler whose store always fails, then comes back: one message,
-/// whose retries wait `first_delay` doubling with the faults in a row.
+/// whose retries wait `first_delay` plus for how long the store has been
+/// failing: doubling, for one message alone.
 fn failing_store(
     faults: usize,
     calls: &Arc<Mutex<Vec<(String, Instant)>>>,
@@ -300,7 +301,8 @@ fn times_of(calls: &Mutex<Vec<(String, Instant)>>, id: &str) -> Vec<Instant> {
 }
 
 /// The store is down (every call fails in it): the retries wait the first
-/// delay doubling with the faults in a row, then the message takes effect.
+/// delay plus the outage so far (0.2, 0.4, 0.8, 1.6 s), then the message
+/// takes effect.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_outage_is_met_with_growing_pauses() {
     let b = or_skip!(Nats::open("nats_store_outage").await);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use super::delivery::{Broker, Delivery};
-use super::{Handled, Settled, StoreFaults};
+use super::{Handled, Settled, StoreHealth};
 use crate::telemetry::{Throttle, metric};
 
 /// The metrics of one consumer.
@@ -18,8 +18,8 @@ pub(crate) struct Meter {
     /// Warnings that repeat under an outage (settling fails while the
     /// broker is away) are summarised.
     settle_failed: Arc<Throttle>,
-    /// Calls in a row that failed in the store.
-    pub(crate) store_faults: StoreFaults,
+    /// Since when calls have been failing in the store.
+    pub(crate) store: StoreHealth,
 }
 
 /// One delivery being handled: `in_flight` counts it until it is dropped.
@@ -41,7 +41,7 @@ impl Meter {
             broker: broker.as_str(),
             queue: Arc::from(queue),
             settle_failed: Arc::new(Throttle::new()),
-            store_faults: StoreFaults::default(),
+            store: StoreHealth::default(),
         }
     }
 

@@ -175,9 +175,9 @@ pub struct Policy {
     /// How many deliveries are processed at once. Default 8.
     pub concurrency: usize,
     /// The longest wait after a store fault (the store, not the message, at
-    /// fault): the backoff grows with the store faults in a row up to this,
-    /// so a message handed back during an outage is not left waiting
-    /// minutes after the store is back. Default 30 s.
+    /// fault): the wait grows with the time the store has been failing up
+    /// to this, so a message handed back during an outage is not left
+    /// waiting minutes after the store is back. Default 30 s.
     pub max_store_delay: Duration,
 }
 
@@ -260,15 +260,18 @@ pub enum Verdict {
 
 /// What a consumer knows when it decides on a delivery: how many times the
 /// message's body failed, how many times it was handed back for any reason
-/// (a failure, `InProgress`, a store fault), and how many calls in a row
-/// the consumer saw fail in the store before this one.
+/// (a failure, `InProgress`, a store fault), and for how long the
+/// consumer's calls have been failing in the store.
 ///
 /// # Examples
 ///
 /// ```
 /// use idem_runtime::consume::Attempts;
+/// use std::time::Duration;
+///
 /// let first = Attempts::default();
-/// assert_eq!((first.failures, first.retries, first.store_faults), (0, 0, 0));
+/// assert_eq!((first.failures, first.retries), (0, 0));
+/// assert_eq!(first.store_failing_for, Duration::ZERO);
 /// let later = Attempts { failures: 1, retries: 3, ..Attempts::default() };
 /// # let _ = later;
 /// ```
@@ -278,33 +281,28 @@ pub struct Attempts {
     pub failures: u32,
     /// Times the message was handed back to the broker so far.
     pub retries: u32,
-    /// Calls of this consumer that failed in the store in a row, just
-    /// before this one (any message's): the store's health, which a store
-    /// fault's backoff follows. A call that reaches the store sets it back
-    /// to 0.
-    pub store_faults: u32,
+    /// For how long this consumer's calls (any message's) have been failing
+    /// in the store with no call getting past it in between: zero at a
+    /// store fault that follows a call that got past the store. The store's
+    /// health, which a store fault's wait follows.
+    pub store_failing_for: Duration,
 }
 
-/// The store's health as one consumer sees it: calls in a row that failed
-/// in the store.
+/// The store's health as one consumer sees it: since when its calls have
+/// been failing in the store, none getting past it.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct StoreFaults(std::sync::Arc<std::sync::atomic::AtomicU32>);
+pub(crate) struct StoreHealth(std::sync::Arc<Mutex<Option<std::time::Instant>>>);
 
-impl StoreFaults {
-    fn now(&self) -> u32 {
-        self.0.load(std::sync::atomic::Ordering::Relaxed)
+impl StoreHealth {
+    /// A call failed in the store: for how long the store has been failing.
+    fn fault(&self) -> Duration {
+        let mut since = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        since.get_or_insert_with(std::time::Instant::now).elapsed()
     }
 
-    /// A call ended: in the store (`true`), or past it.
-    fn note(&self, store_fault: bool) {
-        use std::sync::atomic::Ordering::Relaxed;
-        if store_fault {
-            let _ = self
-                .0
-                .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_add(1)));
-        } else {
-            self.0.store(0, Relaxed);
-        }
+    /// A call got past the store.
+    fn ok(&self) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
 }
 
@@ -330,11 +328,12 @@ impl Verdict {
 
     /// The verdict on a handler call's result, for a message with
     /// `attempts` behind it, under `policy`. A failed body waits
-    /// [`Policy::backoff`] of its failures; a store fault, of the store
-    /// faults in a row ([`Attempts::store_faults`]), up to
-    /// [`Policy::max_store_delay`]: an outage is met with growing pauses,
-    /// while a store that fails now and then (or a message that met many
-    /// faults before) is retried after the first delay.
+    /// [`Policy::backoff`] of its failures; a store fault waits the first
+    /// delay plus for how long the store has been failing
+    /// ([`Attempts::store_failing_for`]), up to [`Policy::max_store_delay`]:
+    /// an outage is met with pauses that grow with it (doubling, for one
+    /// message alone), while a store that fails now and then between calls
+    /// that pass costs the first delay, whatever the message met before.
     ///
     /// # Examples
     ///
@@ -354,16 +353,16 @@ impl Verdict {
     /// let second = Attempts { failures: 1, retries: 1, ..Attempts::default() };
     /// assert!(matches!(Verdict::of(&failed, second, &policy), Verdict::DeadLetter { .. }));
     ///
-    /// // a store fault after three others in a row waits longer
+    /// // a store fault after 7 s of nothing but store faults waits longer
     /// let down: Result<Outcome<()>, Error<&str>> =
     ///     Err(Error::Store { handler: "h", key: Some(key), source: StoreError::Timeout(Duration::from_secs(5)) });
-    /// let after = |store_faults| match Verdict::of(&down, Attempts { store_faults, ..Attempts::default() }, &policy) {
+    /// let after = |secs| match Verdict::of(&down, Attempts { store_failing_for: Duration::from_secs(secs), ..Attempts::default() }, &policy) {
     ///     Verdict::Retry { after, failed: false, .. } => after,
     ///     other => panic!("{other:?}"),
     /// };
     /// assert_eq!(after(0), Duration::from_secs(1));
-    /// assert_eq!(after(3), Duration::from_secs(8));
-    /// assert_eq!(after(10), policy.max_store_delay); // 30 s at most
+    /// assert_eq!(after(7), Duration::from_secs(8));
+    /// assert_eq!(after(60), policy.max_store_delay); // 30 s at most
     /// ```
     pub fn of<T, E: Display>(
         result: &Result<Outcome<T>, Error<E>>,
@@ -372,7 +371,7 @@ impl Verdict {
     ) -> Verdict {
         let Attempts {
             failures,
-            store_faults,
+            store_failing_for,
             ..
         } = attempts;
         let err = match result {
@@ -419,7 +418,8 @@ impl Verdict {
             // at fault, so it is retried without counting.
             _ => Verdict::Retry {
                 after: policy
-                    .backoff(store_faults.saturating_add(1))
+                    .first_delay
+                    .saturating_add(store_failing_for)
                     .min(policy.max_store_delay),
                 failed: false,
                 reason: err.to_string(),
@@ -525,14 +525,7 @@ where
     Fut: Future<Output = Result<Outcome<T>, Error<E>>>,
 {
     let began = std::time::Instant::now();
-    let attempts = Attempts {
-        store_faults: meter.store_faults.now(),
-        ..attempts
-    };
-    let handled = run_handler(handler, payload, delivery, attempts, policy).await;
-    if handled.cause != "decode" {
-        meter.store_faults.note(handled.cause == "store");
-    }
+    let handled = run_handler(handler, payload, delivery, attempts, policy, &meter.store).await;
     meter.handled(&handled, began);
     handled
 }
@@ -543,6 +536,7 @@ async fn run_handler<M, T, E, F, Fut>(
     delivery: Delivery,
     attempts: Attempts,
     policy: &Policy,
+    store: &StoreHealth,
 ) -> Handled
 where
     M: DeserializeOwned,
@@ -578,6 +572,16 @@ where
                 Ok(Outcome::Executed(_)) => "executed",
                 Ok(Outcome::Duplicate(_)) => "duplicate",
                 Err(e) => e.kind(),
+            };
+            let attempts = match result {
+                Err(Error::Store { .. }) => Attempts {
+                    store_failing_for: store.fault(),
+                    ..attempts
+                },
+                _ => {
+                    store.ok();
+                    attempts
+                }
             };
             Handled {
                 verdict: Verdict::of(&result, attempts, policy),

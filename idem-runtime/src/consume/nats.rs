@@ -44,8 +44,8 @@
 //! `delivered` counter, which survives consumer restarts. A message whose
 //! body fails on its `max_attempts`-th delivery or later is dead-lettered;
 //! store outages and `InProgress` answers are retried whatever the count, but
-//! they do use up deliveries. A store fault's wait follows the store faults
-//! the consumer saw in a row, not the deliveries (which also count earlier
+//! they do use up deliveries. A store fault's wait follows for how long the
+//! store has been failing, not the deliveries (which also count earlier
 //! faults and crashed consumers).
 //!
 //! # Examples
