@@ -673,7 +673,8 @@ pub(crate) async fn migrate_from_many_connections_at_once<F: StressHandlers>() {
             "fingerprint",
             "created_at",
             "updated_at",
-            "expires_at"
+            "expires_at",
+            "max_attempts"
         ]
     );
     let store = fx.store_on_admin(&dedup, Way::LAST);
