@@ -33,6 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem_examples::broker::kafka::{self, Admin};
+use idem_examples::cpu::{Cpu, load_average};
 use idem_examples::{env, median};
 use idem_runtime::consume::Policy;
 use idem_runtime::consume::kafka::Consumer;
@@ -97,51 +98,6 @@ impl Clock {
         let last = self.last.lock().expect("clock").expect("a last message");
         (messages - 1) as f64 / (last - first).as_secs_f64()
     }
-}
-
-/// The CPU's time so far, in clock ticks, from the `cpu` line of
-/// `/proc/stat`: all of it, the busy part, and the stolen part.
-#[derive(Debug, Clone, Copy)]
-struct Cpu {
-    total: u64,
-    busy: u64,
-    steal: u64,
-}
-
-impl Cpu {
-    fn now() -> Result<Cpu, BoxError> {
-        let stat = std::fs::read_to_string("/proc/stat")?;
-        let line = stat.lines().next().ok_or("an empty /proc/stat")?;
-        let f: Vec<u64> = line
-            .split_whitespace()
-            .skip(1)
-            .map(str::parse)
-            .collect::<Result<_, _>>()?;
-        // user nice system idle iowait irq softirq steal (guest time is in user)
-        let [user, nice, system, idle, iowait, irq, softirq, steal, ..] = f[..] else {
-            return Err("a short cpu line in /proc/stat".into());
-        };
-        Ok(Cpu {
-            total: user + nice + system + idle + iowait + irq + softirq + steal,
-            busy: user + nice + system + irq + softirq,
-            steal,
-        })
-    }
-
-    /// The busy and stolen shares of the time since `before`, in percent.
-    fn since(self, before: Cpu) -> (f64, f64) {
-        let total = (self.total - before.total).max(1) as f64;
-        (
-            100.0 * (self.busy - before.busy) as f64 / total,
-            100.0 * (self.steal - before.steal) as f64 / total,
-        )
-    }
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".into())
 }
 
 #[derive(Clone, Copy, PartialEq)]

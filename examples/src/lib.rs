@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 #[cfg(any(feature = "rabbitmq", feature = "nats", feature = "kafka"))]
 pub mod broker;
+pub mod cpu;
 pub mod delay_proxy;
 
 /// A fresh SQLite file under the system's temp directory, removed (with its

@@ -1,0 +1,53 @@
+//! What the machine was doing around a benchmark's rounds: CPU time from
+//! `/proc/stat` (busy and stolen shares) and the load average, so a figure
+//! says whether it was measured on a quiet machine.
+
+/// A boxed error, as the benchmarks return.
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The CPU's time so far, in clock ticks, from the `cpu` line of
+/// `/proc/stat`: all of it, the busy part, and the stolen part.
+#[derive(Debug, Clone, Copy)]
+pub struct Cpu {
+    total: u64,
+    busy: u64,
+    steal: u64,
+}
+
+impl Cpu {
+    /// The counters now.
+    pub fn now() -> Result<Cpu, BoxError> {
+        let stat = std::fs::read_to_string("/proc/stat")?;
+        let line = stat.lines().next().ok_or("an empty /proc/stat")?;
+        let f: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .map(str::parse)
+            .collect::<Result<_, _>>()?;
+        // user nice system idle iowait irq softirq steal (guest time is in user)
+        let [user, nice, system, idle, iowait, irq, softirq, steal, ..] = f[..] else {
+            return Err("a short cpu line in /proc/stat".into());
+        };
+        Ok(Cpu {
+            total: user + nice + system + idle + iowait + irq + softirq + steal,
+            busy: user + nice + system + irq + softirq,
+            steal,
+        })
+    }
+
+    /// The busy and stolen shares of the time since `before`, in percent.
+    pub fn since(self, before: Cpu) -> (f64, f64) {
+        let total = (self.total - before.total).max(1) as f64;
+        (
+            100.0 * (self.busy - before.busy) as f64 / total,
+            100.0 * (self.steal - before.steal) as f64 / total,
+        )
+    }
+}
+
+/// The 1-, 5- and 15-minute load averages, or `unknown`.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
