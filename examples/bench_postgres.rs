@@ -22,6 +22,9 @@
 //!   its own (`RoundTrips::Separate`), the default for a server on the
 //!   consumer's host (the proxy listens on loopback too, so every variant
 //!   says which it takes);
+//! * `idem, claim checked, merged` and `separate`: `ClaimOrder::Checked`,
+//!   claiming last with a read of the key's record before the body: the
+//!   cost of turning a settled key's duplicate away before its body;
 //! * `idem, claim first`: the same with `ClaimOrder::First` (the claim and
 //!   the outcome's `UPDATE` statements of their own, whatever `RoundTrips`
 //!   says);
@@ -164,6 +167,26 @@ const IDEM: &[IdemVariant] = &[
         handler: Handler::Plain,
         table: "bench_idem_last",
         options: |store| store.with_round_trips(RoundTrips::Separate),
+    },
+    IdemVariant {
+        label: "idem, claim checked, merged",
+        handler: Handler::Plain,
+        table: "bench_idem_checked_merged",
+        options: |store| {
+            store
+                .with_claim_order(ClaimOrder::Checked)
+                .with_round_trips(RoundTrips::Merged)
+        },
+    },
+    IdemVariant {
+        label: "idem, claim checked, separate",
+        handler: Handler::Plain,
+        table: "bench_idem_checked",
+        options: |store| {
+            store
+                .with_claim_order(ClaimOrder::Checked)
+                .with_round_trips(RoundTrips::Separate)
+        },
     },
     IdemVariant {
         label: "idem, claim first",

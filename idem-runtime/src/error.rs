@@ -71,10 +71,12 @@ pub enum Error<E> {
     /// The body failed with an error its type calls final (see
     /// [`FinalError`](crate::FinalError)): the SKU does not exist, the
     /// account is closed. The error is recorded like an outcome, and every
-    /// delivery of the key until the ttl ends gets it back without running
-    /// the body (`replayed` is then `true`). In transaction mode the body's
-    /// writes were rolled back. Dead-letter (or ack) the message: no
-    /// redelivery can pass.
+    /// delivery of the key until the ttl ends gets it back (`replayed` is then
+    /// `true`) without running the body, except in transaction mode claiming
+    /// last (`ClaimOrder::Last`, PostgreSQL's and MySQL's default), where the delivery's body runs before the record is found
+    /// and its writes are rolled back. In transaction mode the failing
+    /// body's writes were rolled back too. Dead-letter (or ack) the message:
+    /// no redelivery can pass.
     #[error("handler `{handler}` failed for good for key {}{}: {error}", .key.shown(), if *.replayed { " (recorded earlier)" } else { "" })]
     Failed {
         /// The handler's registered name.
@@ -92,9 +94,11 @@ pub enum Error<E> {
     /// handler's `fingerprint` (its declared expression, or the whole
     /// message) differs between the two deliveries. The same key names two
     /// different messages, a producer's bug or a key expression that misses
-    /// a field. The body did not run, and the record was left as it is.
-    /// Dead-letter the message and alert.
-    #[error("handler `{handler}`: key {} was recorded with another payload (fingerprint {recorded}, this delivery's {given}); the body did not run", .key.shown())]
+    /// a field. The record was left as it is, and nothing of this delivery
+    /// was committed: its body did not run, except in transaction mode
+    /// claiming last (`ClaimOrder::Last`, PostgreSQL's and MySQL's default), where it ran before the record was found and its
+    /// writes were rolled back. Dead-letter the message and alert.
+    #[error("handler `{handler}`: key {} was recorded with another payload (fingerprint {recorded}, this delivery's {given}); the record was left as it is and nothing of this delivery was committed", .key.shown())]
     PayloadMismatch {
         /// The handler's registered name.
         handler: &'static str,
@@ -124,7 +128,10 @@ pub enum Error<E> {
 
     /// Another delivery of the same key is being processed right now (a live
     /// lease, or a transaction holding the key past the lock timeout). Nack
-    /// and redeliver after `retry_after`; the body did not run.
+    /// and redeliver after `retry_after`. Nothing of this delivery was
+    /// committed; its body did not run, except claiming last, where the
+    /// wait comes at the insert after the body, whose writes were rolled
+    /// back.
     #[error(
         "handler `{handler}`: key {} is being processed by another consumer; retry after {retry_after:?}"
     , .key.shown())]
@@ -227,7 +234,9 @@ pub enum Error<E> {
     },
 
     /// A recorded outcome no longer decodes into the handler's return type
-    /// (the type changed since it was recorded). The body did not run.
+    /// (the type changed since it was recorded). Nothing of this delivery was
+    /// committed; its body did not run, except claiming last (`ClaimOrder::Last`, PostgreSQL's and MySQL's default), where it
+    /// ran before the record was found and its writes were rolled back.
     #[error("handler `{handler}`: the recorded outcome for key {} does not decode: {source}", .key.shown())]
     Codec {
         /// The handler's registered name.

@@ -25,9 +25,11 @@ pub enum Outcome<T> {
     Executed(T),
     /// A repeat delivery: nothing was applied again; this is the recorded
     /// result of the delivery that took effect. (In lease mode and in
-    /// transaction mode on SQLite, or on Postgres with `ClaimOrder::First`, the
-    /// body did not run; on Postgres's default `ClaimOrder::Last` it ran and
-    /// its transaction was rolled back.)
+    /// transaction mode on SQLite, or on PostgreSQL and MySQL with
+    /// `ClaimOrder::First`, the body did not run; with `ClaimOrder::Checked`
+    /// it did not unless the delivery raced the first one's transaction; with
+    /// their default `ClaimOrder::Last` it ran and its transaction was rolled
+    /// back.)
     Duplicate(T),
 }
 

@@ -41,3 +41,14 @@ mod claim_first {
         StoreKind::Pg(ClaimOrder::First, RoundTrips::Separate)
     );
 }
+
+/// `ClaimOrder::Checked`: claiming last, with a read of the key's record
+/// before the body; a duplicate of a settled key is turned away before its
+/// body runs, one racing the first delivery runs it and is rolled back.
+mod claim_checked {
+    use super::{ClaimOrder, RoundTrips, StoreKind};
+    crate::common::tx::suite!(
+        crate::common::PgDb,
+        StoreKind::Pg(ClaimOrder::Checked, RoundTrips::Separate)
+    );
+}

@@ -137,8 +137,20 @@ const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT idem_body";
 /// When a transaction-mode handler writes its dedup row (PostgreSQL and
 /// MySQL; SQLite always claims first).
 ///
-/// Both orders keep the invariant: the row, the body's writes and the outcome
-/// commit together or not at all.
+/// Every order keeps the invariant: the row, the body's writes and the outcome
+/// commit together or not at all. They differ in what a duplicate costs and
+/// whether its body runs:
+///
+/// | order | a fresh message | a duplicate of a settled key | a duplicate while the first is open |
+/// | --- | --- | --- | --- |
+/// | [`Last`](Self::Last) | 1 statement (none more, merged into the `COMMIT`) | its body runs, then rolls back | its body runs, then waits and rolls back |
+/// | [`Checked`](Self::Checked) | 2 statements: a read, the insert | turned away before its body | its body runs, then waits and rolls back |
+/// | [`First`](Self::First) | 2 statements: the claim, the outcome | turned away before its body | waits for the first, its body never runs |
+///
+/// "Settled" is a recorded outcome, a recorded final error, a record of
+/// another payload (`Error::PayloadMismatch`) or a record that does not
+/// decode. What each costs on this machine is in
+/// [`guide::benchmarks`](crate::guide::benchmarks).
 ///
 /// # Examples
 ///
@@ -155,6 +167,14 @@ pub enum ClaimOrder {
     /// ([`guide::benchmarks`](crate::guide::benchmarks)).
     #[default]
     Last,
+    /// After the body, as [`Last`](Self::Last), with a read of the key's
+    /// record before it (a `SELECT` by primary key, without a lock): a
+    /// delivery of a key that is settled (the redelivery after a crash or a
+    /// rebalance, the usual duplicate) is answered before its body runs. One
+    /// statement more than `Last` a message, and no lock is held across the
+    /// body; only a duplicate that arrives while the first delivery's
+    /// transaction is still open runs its body, which then rolls back.
+    Checked,
     /// Before the body, with the outcome written by an `UPDATE` before the
     /// commit: two extra statements a fresh message, but a duplicate is turned
     /// away before its body runs. Choose it when a duplicate body is expensive
@@ -816,17 +836,19 @@ impl<D: Dialect> SqlStore<D> {
                     }
                 }
             }
-            ClaimOrder::Last => match self.merged(&self.sql.claim_with_commit) {
-                Some(message) => {
-                    return self.commit_claim_merged(tx, message, spec, &values).await;
+            ClaimOrder::Last | ClaimOrder::Checked => {
+                match self.merged(&self.sql.claim_with_commit) {
+                    Some(message) => {
+                        return self.commit_claim_merged(tx, message, spec, &values).await;
+                    }
+                    // Claim-last found a live row: this delivery is a duplicate.
+                    // Its body's writes roll back with the transaction.
+                    None => {
+                        self.take(&mut tx, &self.sql.claim_with_outcome, spec, &values)
+                            .await
+                    }
                 }
-                // Claim-last found a live row: this delivery is a duplicate.
-                // Its body's writes roll back with the transaction.
-                None => {
-                    self.take(&mut tx, &self.sql.claim_with_outcome, spec, &values)
-                        .await
-                }
-            },
+            }
         };
         self.lost(tx, spec, &values, taken).await
     }
@@ -1179,6 +1201,37 @@ impl<D: Dialect> SqlStore<D> {
         }
     }
 
+    /// Claiming last with a read first ([`ClaimOrder::Checked`]): reads the
+    /// key's record in `tx` and turns the delivery away when the record
+    /// settles the key; otherwise hands `tx` to the body, and the insert
+    /// after it decides as claiming last does.
+    async fn check_before_body(
+        &self,
+        mut tx: Transaction<'static, D>,
+        spec: &'static HandlerSpec,
+        key: &Key,
+        fingerprint: Option<&str>,
+    ) -> Result<TxClaim<Transaction<'static, D>>, StoreError> {
+        let values = self.stamped(spec.name, key, Duration::ZERO)?;
+        let found = match D::fetch(&mut tx, &self.sql.select, &values).await {
+            Ok(found) => found,
+            Err(e) => {
+                let _ = tx.rollback().await;
+                return Err(self.err(e));
+            }
+        };
+        match self.standing(found, spec, fingerprint) {
+            // A claim of another process's (a lease, a claim-first
+            // transaction that committed its row early) is left to the
+            // insert after the body, as claiming last leaves it.
+            None | Some(Standing::InProgress { .. }) => Ok(TxClaim::Fresh(tx)),
+            Some(settled) => {
+                tx.rollback().await.map_err(|e| self.err(e))?;
+                Ok(TxClaim::Refused(settled))
+            }
+        }
+    }
+
     /// The error of a claim row gone before its commit (see
     /// [`write_claimed`](Self::write_claimed)).
     fn claim_row_gone(&self) -> sqlx::Error {
@@ -1203,8 +1256,10 @@ impl<D: Dialect> TxStore for SqlStore<D> {
         fingerprint: Option<&str>,
     ) -> Result<TxClaim<Self::Tx>, StoreError> {
         let mut tx = self.begin().await?;
-        if self.order_for(spec) == ClaimOrder::Last {
-            return Ok(TxClaim::Fresh(tx));
+        match self.order_for(spec) {
+            ClaimOrder::Last => return Ok(TxClaim::Fresh(tx)),
+            ClaimOrder::Checked => return self.check_before_body(tx, spec, key, fingerprint).await,
+            ClaimOrder::First => {}
         }
         let values = self.claim_values(spec, key, fingerprint, spec.ttl)?;
         let standing = match self.take(&mut tx, &self.sql.claim, spec, &values).await {
