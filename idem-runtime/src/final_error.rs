@@ -1,6 +1,7 @@
 //! Final errors: a body's error that no redelivery can cure (the SKU does
 //! not exist, the account is closed), recorded like an outcome so that
-//! duplicates get it back without running the body.
+//! duplicates get it back (without running the body, but claiming last; see
+//! [`FinalError`]).
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
