@@ -150,7 +150,9 @@ const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT idem_body";
 /// "Settled" is a recorded outcome, a recorded final error, a record of
 /// another payload (`Error::PayloadMismatch`) or a record that does not
 /// decode. What each costs on this machine is in
-/// [`guide::benchmarks`](crate::guide::benchmarks).
+/// [`guide::benchmarks`](crate::guide::benchmarks). A batch handler reads
+/// its keys' records before its body whatever the order, and gives the body
+/// only the fresh messages ([`guide::batches`](crate::guide::batches)).
 ///
 /// # Examples
 ///
