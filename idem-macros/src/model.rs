@@ -164,6 +164,9 @@ pub(crate) struct Stub {
     pub(crate) params: Vec<syn::PatType>,
     /// `None` when the return type itself was refused.
     pub(crate) result: Option<ResultTypes>,
+    /// The written return type of a `fn` (not `async`) that returns a
+    /// future of its result: `result` then holds the future's `Output`.
+    pub(crate) future: Option<Type>,
     /// Whether the handler takes a batch, as far as could be told.
     pub(crate) batch: bool,
 }

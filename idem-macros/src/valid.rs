@@ -8,11 +8,12 @@
 
 use idem_grammar::FingerprintExpr;
 use syn::ItemFn;
+use syn::ext::IdentExt;
 
 use crate::attr::Args;
 use crate::ctxt::Ctxt;
 use crate::model::{DEFAULT_LEASE, Handler, Mode, Param, Shape, Stub};
-use crate::types::mut_referent;
+use crate::types::{future_output, mut_referent, written};
 
 mod args;
 mod batch;
@@ -36,11 +37,26 @@ pub(crate) struct Checked {
 /// Checks everything.
 pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Checked {
     let sig = &func.sig;
-    if sig.asyncness.is_none() {
-        cx.error_spanned_by(
+    // A `fn` returning a future of its result is one mistake, not also a
+    // return type that is no `Result`: its result is the future's `Output`.
+    let future = match (&sig.asyncness, &sig.output) {
+        (None, syn::ReturnType::Type(_, ty)) => future_output(ty),
+        _ => None,
+    };
+    match (&sig.asyncness, future) {
+        (Some(_), _) => {}
+        (None, Some(output)) => cx.error_spanned_by(
+            sig.fn_token,
+            format!(
+                "#[idempotent] needs an `async fn`, and this `fn` returns a future: write `async fn {}(..) -> {}` and make the body of its `async` block the function's body (the claim and the record are awaited around it)",
+                sig.ident.unraw(),
+                written(output),
+            ),
+        ),
+        (None, None) => cx.error_spanned_by(
             sig.fn_token,
             "#[idempotent] needs an `async fn`: the claim and the record are awaited around the body",
-        );
+        ),
     }
     if let Some(c) = &sig.constness {
         cx.error_spanned_by(c, "an idempotent handler cannot be `const`");
@@ -73,7 +89,14 @@ pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Checked {
         None => Some(syn::parse_quote!(::idem_runtime)),
     };
 
-    let result_types = return_types(cx, &sig.output, &sig.ident);
+    let result_types = match future {
+        Some(output) => return_types(
+            cx,
+            &syn::ReturnType::Type(Default::default(), Box::new(output.clone())),
+            &sig.ident,
+        ),
+        None => return_types(cx, &sig.output, &sig.ident),
+    };
     let max_attempts = args.max_attempts.as_ref().and_then(|e| max_attempts(cx, e));
 
     // The names the key's and the fingerprint's paths start with: a
@@ -150,6 +173,10 @@ pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Checked {
         receiver: sig_parts.receiver.clone(),
         params: sig_parts.params.iter().map(|p| p.arg.clone()).collect(),
         result: result_types.clone(),
+        future: future.and(match &sig.output {
+            syn::ReturnType::Type(_, ty) => Some((**ty).clone()),
+            syn::ReturnType::Default => None,
+        }),
         batch: matches!(batch, Ok(Some(_)) | Err(true)),
     };
     let handler = (|| {

@@ -15,8 +15,11 @@ use crate::types::{holds_impl_trait, mut_referent, unparenthesized};
 /// written transaction type with its lifetimes `'static` (what a store hands
 /// over). The checks are calls of the runtime's `__private::stores`
 /// functions, spanned on what they check, so that rustc reports an unknown
-/// store on its name, a transaction of another store on the transaction's
-/// type, and a transaction out of place on its type.
+/// store on its name, a first parameter that is not the store's transaction
+/// (another store's, or no transaction at all) on its type, with the type
+/// to write, and a transaction out of place on its type. Each mistake is
+/// one check's error: the store's mode is checked on its name, and the
+/// transaction against that store only where the store has transactions.
 pub(super) fn store_checks<'a>(
     store: &StoreArg,
     tx_param: Option<&syn::PatType>,
@@ -29,17 +32,15 @@ pub(super) fn store_checks<'a>(
     // The store's own check, spanned on its literal: an unknown name,
     // another name of a store, a feature that is off; and, for a store type,
     // whether it runs this mode. In transaction mode a second check,
-    // spanned on the transaction's type, says whether that type is a store's
-    // transaction and this store's.
+    // spanned on the transaction's type, says whether that type is this
+    // store's transaction.
     let lease_mode = respan(quote!(#stores::LeaseMode), named_at);
-    let (param, tx_mode) = match tx {
+    let (param, tx) = match tx {
         Some(ty) => {
             let owned = static_lifetimes(ty);
-            let at_ty = respan(stores.clone(), ty.span());
-            let mode = quote_spanned!(ty.span()=> <#owned as #at_ty::TxModeOf>::Mode);
             (
                 quote!(impl #p::TxStore<Tx = #owned>),
-                Some((mode, ty.span())),
+                Some((owned, ty.span())),
             )
         }
         None => (quote!(impl #p::LeaseStore), None),
@@ -51,9 +52,11 @@ pub(super) fn store_checks<'a>(
             let store_fn = Ident::new("__idem_store", Span::mixed_site().located_at(named_at));
             let import = quote_spanned!(named_at=> use #names::#name as #store_fn;);
             let by_name = quote_spanned!(named_at=> #store_fn::<#lease_mode>(););
-            let by_tx = tx_mode.map(|(mode, span)| {
+            // The store's bound accepts its own transaction only.
+            let by_tx = tx.map(|(owned, span)| {
                 let store_fn = Ident::new("__idem_store", Span::mixed_site().located_at(span));
-                quote_spanned!(span=> #store_fn::<#mode>();)
+                let mode = respan(quote!(#stores::TxMode), span);
+                quote_spanned!(span=> #store_fn::<#mode<#owned>>();)
             });
             quote! {
                 #import
@@ -64,10 +67,26 @@ pub(super) fn store_checks<'a>(
         StoreRef::Type(path) => {
             let path = respan(quote!(#path), named_at);
             let check = respan(quote!(#stores::store_type), named_at);
-            match tx_mode {
-                Some((mode, span)) => {
-                    let mode = respan(mode, span);
-                    quote_spanned!(named_at=> #check::<#path, #mode>();)
+            match tx {
+                // Whether the store has transactions, on its name; whether
+                // the first parameter is its `Tx`, on the parameter (only
+                // for a store with transactions, through `StoreProbe`'s
+                // lookup, so that a store without is one error).
+                Some((owned, span)) => {
+                    let any_tx = respan(quote!(#stores::AnyTxMode), named_at);
+                    let at_ty = respan(stores.clone(), span);
+                    let by_name = quote_spanned!(named_at=> #check::<#path, #any_tx>(););
+                    let by_tx = quote_spanned! {span=>
+                        {
+                            #[allow(unused_imports)]
+                            use #at_ty::{NoStoreTx as _, StoreTx as _};
+                            (&#at_ty::StoreProbe::<#path, #owned>::new()).store_tx().first_param();
+                        }
+                    };
+                    quote! {
+                        #by_name
+                        #by_tx
+                    }
                 }
                 None => quote_spanned!(named_at=> #check::<#path, #lease_mode>();),
             }

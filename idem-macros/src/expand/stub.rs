@@ -10,6 +10,7 @@ use super::output::{Value, ValuesVia, output};
 use super::spans::around;
 use super::store::store_checks;
 use crate::model::Stub;
+use crate::types::unparenthesized;
 
 /// The function emitted beside the errors of a refused handler: the
 /// rewritten signature, so that callers written for it get no second, wrong
@@ -111,17 +112,22 @@ pub(crate) fn stub(s: &Stub) -> TokenStream {
             clippy::let_underscore_future,
             clippy::let_unit_value,
             clippy::needless_return,
+            clippy::redundant_closure_call,
             clippy::unused_async
         )]
     };
     // Never runs: the macro refused this handler (see the errors reported
     // with it).
+    let result = match &s.future {
+        Some(written) => future_body(written, &func.block),
+        None => quote!(#(#block)*),
+    };
     let body = quote! {
         #store_checks
         let _ = async move {
             #(#removed)*
             #fake_return
-            #(#block)*
+            #result
         };
         ::core::unreachable!("#[idempotent] refused this handler at compile time")
     };
@@ -136,6 +142,39 @@ pub(crate) fn stub(s: &Stub) -> TokenStream {
         body,
     }
     .tokens()
+}
+
+/// The body of a `fn` that returns a future (`written`) instead of being
+/// `async`: the future it makes, checked against the written type, and
+/// awaited, so that the stub's `async` block (its result pinned to the
+/// future's `Output`) type-checks the body as written. The block runs in a
+/// closure, so that a `return` in it returns the future as it did.
+fn future_body(written: &Type, block: &syn::Block) -> TokenStream {
+    let future = Ident::new("__idem_future", Span::mixed_site());
+    let make = quote!((move || #block)());
+    match unparenthesized(written) {
+        // An opaque type cannot be named: the future is checked against
+        // each of its traits instead.
+        Type::ImplTrait(t) => {
+            let checks = t.bounds.iter().filter_map(|bound| match bound {
+                syn::TypeParamBound::Trait(tb)
+                    if matches!(tb.modifier, syn::TraitBoundModifier::None) =>
+                {
+                    Some(quote!(let _: &dyn #tb = &#future;))
+                }
+                _ => None,
+            });
+            quote! {
+                let #future = #make;
+                #(#checks)*
+                #future.await
+            }
+        }
+        named => quote! {
+            let #future: #named = #make;
+            #future.await
+        },
+    }
 }
 
 /// Whether a type can stand in the rewritten signature as it is: no

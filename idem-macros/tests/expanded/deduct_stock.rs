@@ -7,9 +7,7 @@ async fn deduct_stock(
 > {
     use ::idem_runtime::__private::stores::names::sqlite as __idem_store;
     __idem_store::<::idem_runtime::__private::stores::LeaseMode>();
-    __idem_store::<
-        <SqliteTx<'static> as ::idem_runtime::__private::stores::TxModeOf>::Mode,
-    >();
+    __idem_store::<::idem_runtime::__private::stores::TxMode<SqliteTx<'static>>>();
     const __IDEM_SPEC: ::idem_runtime::__private::HandlerSpec = ::idem_runtime::__private::HandlerSpec {
         name: "deduct_stock",
         function: "deduct_stock",

@@ -7,11 +7,14 @@
 //! fails the function's bound, whose `on_unimplemented` message says so); in
 //! transaction mode `postgres::<TxMode<T>>()`, spanned on the transaction's
 //! type `T`, checks that `T` is this store's transaction (a transaction of
-//! another store, or a store without transactions, fails there). Names that
-//! fail the first check pass the second, so each mistake is one error.
+//! another store, a type that is no transaction, or a store without
+//! transactions fails there, with what to write). Names that fail the first
+//! check pass the second, so each mistake is one error.
 //!
 //! A store outside this crate is named by its path (`store =
-//! "crate::MyStore"`) and checked by [`store_type`].
+//! "crate::MyStore"`) and checked by [`store_type`], spanned on the name;
+//! in transaction mode [`StoreProbe`], spanned on `T`, checks that `T` is
+//! the store's `Tx`, and names it when it is not.
 //!
 //! Adding a store to idem is adding its function to [`names`] and its bound to
 //! [`bounds`] (with the bound's feature-off twin when a feature gates the
@@ -31,19 +34,10 @@ use crate::store::contract::{LeaseStore, StoreTransaction, TxStore};
 /// runs lease mode.
 pub struct LeaseMode;
 
-/// The mode of a handler whose first parameter is `&mut T`.
+/// The mode of a handler whose first parameter is `&mut T`, whatever `T`
+/// is: a store's bound accepts its own transaction only, so a `T` that is
+/// no transaction at all is the same one error as another store's.
 pub struct TxMode<T: ?Sized>(PhantomData<T>);
-
-/// `TxMode<T>` for a store's transaction `T`. Named through this projection,
-/// a `T` that is no transaction is one error (`StoreTransaction`'s), not a
-/// second one from the store's bound.
-pub trait TxModeOf {
-    /// `TxMode<Self>`.
-    type Mode: ?Sized;
-}
-impl<T: StoreTransaction + ?Sized> TxModeOf for T {
-    type Mode = TxMode<T>;
-}
 
 /// The store names: a function each, and nothing else, so that no other item
 /// of this module is taken for a store.
@@ -84,8 +78,9 @@ pub mod bounds {
     #[cfg(feature = "sqlite")]
     #[diagnostic::on_unimplemented(
         message = "this is not a SQLite transaction, but the handler uses store = \"sqlite\": write `&mut SqliteTx<'_>`",
-        label = "the transaction of another store",
-        note = "`SqliteTx` is `idem_runtime::SqliteTx`, an alias of `sqlx::Transaction<'_, sqlx::Sqlite>`"
+        label = "a `&mut` first parameter is the handler's transaction",
+        note = "`SqliteTx` is `idem_runtime::SqliteTx`, an alias of `sqlx::Transaction<'_, sqlx::Sqlite>`",
+        note = "state of the body that is no transaction goes after the message (or is taken by `&`): a handler without a transaction runs in lease mode"
     )]
     pub trait Sqlite {}
     #[cfg(feature = "sqlite")]
@@ -105,8 +100,9 @@ pub mod bounds {
     #[cfg(feature = "postgres")]
     #[diagnostic::on_unimplemented(
         message = "this is not a Postgres transaction, but the handler uses store = \"postgres\": write `&mut PgTx<'_>`",
-        label = "the transaction of another store",
-        note = "`PgTx` is `idem_runtime::PgTx`, an alias of `sqlx::Transaction<'_, sqlx::Postgres>`"
+        label = "a `&mut` first parameter is the handler's transaction",
+        note = "`PgTx` is `idem_runtime::PgTx`, an alias of `sqlx::Transaction<'_, sqlx::Postgres>`",
+        note = "state of the body that is no transaction goes after the message (or is taken by `&`): a handler without a transaction runs in lease mode"
     )]
     pub trait Postgres {}
     #[cfg(feature = "postgres")]
@@ -126,8 +122,9 @@ pub mod bounds {
     #[cfg(feature = "mysql")]
     #[diagnostic::on_unimplemented(
         message = "this is not a MySQL transaction, but the handler uses store = \"mysql\": write `&mut MySqlTx<'_>`",
-        label = "the transaction of another store",
-        note = "`MySqlTx` is `idem_runtime::MySqlTx`, an alias of `sqlx::Transaction<'_, sqlx::MySql>`"
+        label = "a `&mut` first parameter is the handler's transaction",
+        note = "`MySqlTx` is `idem_runtime::MySqlTx`, an alias of `sqlx::Transaction<'_, sqlx::MySql>`",
+        note = "state of the body that is no transaction goes after the message (or is taken by `&`): a handler without a transaction runs in lease mode"
     )]
     pub trait Mysql {}
     #[cfg(feature = "mysql")]
@@ -147,8 +144,9 @@ pub mod bounds {
     #[cfg(feature = "redis")]
     #[diagnostic::on_unimplemented(
         message = "store \"redis\" has no transactions: remove this parameter to run the handler in lease mode, or use a SQL store",
-        label = "a transaction parameter makes a transaction-mode handler",
-        note = "the SQL stores (\"sqlite\", \"postgres\", \"mysql\") run transaction mode; \"redis\" and \"memory\" run lease mode only"
+        label = "a `&mut` first parameter is the handler's transaction",
+        note = "the SQL stores (\"sqlite\", \"postgres\", \"mysql\") run transaction mode; \"redis\" and \"memory\" run lease mode only",
+        note = "state of the body goes after the message (or is taken by `&`)"
     )]
     pub trait Redis {}
     #[cfg(feature = "redis")]
@@ -165,8 +163,9 @@ pub mod bounds {
 
     #[diagnostic::on_unimplemented(
         message = "store \"memory\" has no transactions: remove this parameter to run the handler in lease mode, or use a SQL store",
-        label = "a transaction parameter makes a transaction-mode handler",
-        note = "the SQL stores (\"sqlite\", \"postgres\", \"mysql\") run transaction mode; \"redis\" and \"memory\" run lease mode only"
+        label = "a `&mut` first parameter is the handler's transaction",
+        note = "the SQL stores (\"sqlite\", \"postgres\", \"mysql\") run transaction mode; \"redis\" and \"memory\" run lease mode only",
+        note = "state of the body goes after the message (or is taken by `&`)"
     )]
     pub trait Memory {}
     impl Memory for LeaseMode {}
@@ -227,6 +226,12 @@ pub mod bounds {
 // ---------------------------------------------------------------------------
 // A store named by its path
 
+/// The mode check of a transaction-mode handler whose store is named by
+/// its path: whether the store has transactions at all. Whether the first
+/// parameter is its transaction is [`StoreProbe`]'s check, on that
+/// parameter.
+pub struct AnyTxMode;
+
 /// Implemented by a store that can run a handler of mode `M`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot run this handler: it is not a store of the handler's mode",
@@ -235,10 +240,73 @@ pub mod bounds {
 )]
 pub trait StoreFor<M: ?Sized> {}
 impl<S: LeaseStore> StoreFor<LeaseMode> for S {}
-impl<S: TxStore<Tx = T>, T: StoreTransaction + 'static> StoreFor<TxMode<T>> for S {}
+impl<S: TxStore> StoreFor<AnyTxMode> for S {}
 
 /// `store = "path::to::Store"`: a store type of the application's own.
 pub fn store_type<S: StoreFor<M> + ?Sized, M: ?Sized>() {}
+
+/// Wraps a store type named by its path, `S`, and the type of the
+/// handler's first parameter, `&mut T`, for the method lookup below:
+/// [`StoreTx`] when `S` is a [`TxStore`], whose `Tx` `T` must then be,
+/// [`NoStoreTx`] otherwise (nothing: [`store_type`] reports that store, on
+/// its name).
+pub struct StoreProbe<S: ?Sized, T: ?Sized>(PhantomData<S>, PhantomData<T>);
+
+impl<S: ?Sized, T: ?Sized> StoreProbe<S, T> {
+    /// The probe.
+    pub fn new() -> Self {
+        StoreProbe(PhantomData, PhantomData)
+    }
+}
+
+impl<S: ?Sized, T: ?Sized> Default for StoreProbe<S, T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The lookup for stores with transactions.
+pub trait StoreTx<S: ?Sized, T: ?Sized> {
+    /// The check of `T` against the store's transaction type.
+    fn store_tx(&self) -> ExpectTx<S, T>;
+}
+impl<S: TxStore + ?Sized, T: ?Sized> StoreTx<S, T> for StoreProbe<S, T> {
+    fn store_tx(&self) -> ExpectTx<S, T> {
+        ExpectTx(PhantomData, PhantomData)
+    }
+}
+
+/// The lookup for every other store type.
+pub trait NoStoreTx {
+    /// Nothing to check.
+    fn store_tx(&self) -> Fine {
+        Fine
+    }
+}
+impl<S: ?Sized, T: ?Sized> NoStoreTx for &StoreProbe<S, T> {}
+
+/// A store with transactions, `S`, and the handler's `&mut T`.
+pub struct ExpectTx<S: ?Sized, T: ?Sized>(PhantomData<S>, PhantomData<T>);
+impl<S: TxStore + ?Sized, T: ?Sized> ExpectTx<S, T> {
+    /// Requires `T` to be `S`'s transaction: [`TxOfStore`], whose message
+    /// names `S::Tx` as rustc prints it (the macro sees only the store's
+    /// path).
+    pub fn first_param(self)
+    where
+        T: TxOfStore<S, S::Tx>,
+    {
+    }
+}
+
+/// `Self` is `S`'s transaction, `Tx`.
+#[diagnostic::on_unimplemented(
+    message = "this is not the transaction of `{S}`, the handler's store: write `&mut {Tx}`",
+    label = "a `&mut` first parameter is the handler's transaction",
+    note = "`{Tx}` is `<{S} as idem_runtime::store::TxStore>::Tx`; its lifetimes, if any, may be written `'_`",
+    note = "state of the body that is no transaction goes after the message (or is taken by `&`): a handler without a transaction runs in lease mode"
+)]
+pub trait TxOfStore<S: ?Sized, Tx: ?Sized> {}
+impl<S: ?Sized, T: ?Sized> TxOfStore<S, T> for T {}
 
 // ---------------------------------------------------------------------------
 // Where the transaction parameter is
@@ -301,9 +369,12 @@ pub trait NotTx {
 }
 impl<T: ?Sized> NotTx for &TxProbe<T> {}
 
-/// A parameter that is not a transaction.
+/// Nothing to report: a parameter after the first that is no
+/// transaction, or a store named by its path that has none.
 pub struct Fine;
 impl Fine {
     /// Nothing.
     pub fn check(self) {}
+    /// Nothing: [`store_type`] reports a store without transactions.
+    pub fn first_param(self) {}
 }

@@ -1151,10 +1151,12 @@ pub trait TxStore: Send + Sync {
 /// The transaction a [`TxStore`] hands to a transaction-mode body.
 ///
 /// A handler is in transaction mode when its first parameter (after `self`)
-/// is `&mut T` with `T` implementing this trait; the store's
-/// [`TxStore::Tx`] must then be `T`. A `&mut T` first parameter whose `T`
-/// is not a transaction is a compile error saying so, and a transaction
-/// anywhere else is a compile error saying it must come first.
+/// is `&mut T` and a message follows it; `T` must then be the
+/// [`TxStore::Tx`] of the handler's store, a type implementing this trait.
+/// A `&mut T` first parameter whose `T` is not that store's transaction
+/// (another store's, or no transaction at all) is one compile error on `T`
+/// naming the type to write, and a transaction anywhere else is a compile
+/// error saying it must come first.
 ///
 /// Implemented for every `sqlx::Transaction` (with a SQL store's feature).
 /// A store of your own implements it for its transaction type.
@@ -1169,10 +1171,9 @@ pub trait TxStore: Send + Sync {
 /// impl StoreTransaction for LedgerTx {}
 /// ```
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a store's transaction, but a `&mut` first parameter is taken for the handler's transaction",
-    label = "the first parameter of a transaction-mode handler is the store's transaction",
-    note = "if this is a message or state of the body, take it by shared reference (`&{Self}`) or put it after the message: a handler without a transaction runs in lease mode",
-    note = "a store's own transaction type implements `idem_runtime::store::StoreTransaction`"
+    message = "`{Self}` is not a store's transaction: the `Tx` of a `TxStore` implements `idem_runtime::store::StoreTransaction`",
+    label = "not a store's transaction",
+    note = "a store's own transaction type implements it: `impl StoreTransaction for LedgerTx {{}}`"
 )]
 pub trait StoreTransaction: Send {}
 
