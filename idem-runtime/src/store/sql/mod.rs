@@ -1291,13 +1291,15 @@ impl<D: Dialect> TxStore for SqlStore<D> {
 
     async fn commit_outcome(
         &self,
-        mut tx: Self::Tx,
+        tx: Self::Tx,
         spec: &'static HandlerSpec,
         key: &Key,
         fingerprint: Option<&str>,
         outcome: &str,
     ) -> Result<TxCommit, StoreError> {
         // A consumer's write (its offset) that commits with the outcome.
+        #[cfg(feature = "kafka")]
+        let mut tx = tx;
         #[cfg(feature = "kafka")]
         let rode = match rider::take(&self.pool) {
             Some(rider) => {
