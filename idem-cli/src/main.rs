@@ -41,7 +41,8 @@
 //! stdout whose field names are stable: records carry `handler`, `key`
 //! (stored form), `key_parts`, `status`, `outcome` (the recorded JSON),
 //! `attempts`, `failures`, `last_error`, `fingerprint`, `token` (the lease
-//! holder), `created_at_ms`, `updated_at_ms`, `expires_at_ms` (ms since the
+//! holder; a completed record keeps the token of the claim that completed
+//! it), `created_at_ms`, `updated_at_ms`, `expires_at_ms` (ms since the
 //! epoch), `created_at`, `updated_at`, `expires_at` (UTC, RFC 3339) and
 //! `expired`.
 //!

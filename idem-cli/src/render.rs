@@ -216,7 +216,17 @@ pub(crate) fn record_text(record: &Record, now_ms: i64) -> String {
         ),
         ("last error", dash(record.last_error.as_deref())),
         ("fingerprint", dash(record.fingerprint.as_deref())),
-        ("lease holder", dash(record.token.as_deref())),
+        // A completed record keeps the token of the claim that completed
+        // it, which holds no lease.
+        (
+            "lease holder",
+            dash(
+                record
+                    .token
+                    .as_deref()
+                    .filter(|_| record.status != Status::Completed),
+            ),
+        ),
         ("created", when(record.created_at_ms, now_ms)),
         ("updated", when(record.updated_at_ms, now_ms)),
         (ends, when(record.expires_at_ms, now_ms)),

@@ -28,6 +28,7 @@ use idem_runtime::store::{Claim, LeaseStore};
 use idem_runtime::store::{Record, Status};
 use idem_runtime::{Error, Key, Outcome, idempotent};
 
+use super::lossy::Lossy;
 use super::{AppError, Probe, Tally, eventually, together};
 
 // The scenarios about batch handlers, with their handler.
@@ -35,6 +36,7 @@ use super::{AppError, Probe, Tally, eventually, together};
 pub(crate) use super::lease_batch::{
     a_batch_answers_each_message_in_input_order,
     a_batch_body_answering_too_few_values_is_an_outcome_count_error,
+    a_batch_completion_whose_reply_was_lost_is_executed_not_lease_lost,
     a_failing_batch_records_nothing_and_its_redelivery_runs_it,
     overlapping_batches_from_8_consumers_execute_every_key_once,
 };
@@ -94,15 +96,8 @@ pub(crate) trait Effects: Send + Sync {
 pub(crate) enum Token {
     /// The store keeps its tokens to itself (the memory store).
     Hidden,
-    /// The token the record holds (`None`: none, as after completion).
+    /// The token the record holds (`None`: none, as after a failure).
     Shown(Option<String>),
-}
-
-impl Token {
-    /// No token is held, or the store does not show it.
-    pub(crate) fn is_cleared(&self) -> bool {
-        matches!(self, Token::Hidden | Token::Shown(None))
-    }
 }
 
 /// A lease store of the test's own, with what a scenario reads back from it.
@@ -137,6 +132,14 @@ pub(crate) trait LeaseFixture: Effects + Sized + 'static {
     async fn token(&self, handler: &str, key: &Key) -> Token;
     /// How often bodies applied their effect for message `id`.
     async fn effects(&self, id: &str) -> usize;
+
+    /// The store again, on a link of its own whose next completion loses
+    /// its reply once armed ([`Lossy`]): where the store has a server, its
+    /// connection drops after the server wrote; otherwise (this default)
+    /// the completion runs and then answers an error.
+    async fn lossy(&self) -> Lossy<Self::Store> {
+        Lossy::simulated(self.store().clone())
+    }
 
     /// Lets the lease of `handler`'s claim of `key` run out now, as for a
     /// consumer stalled past its lease: the store's time moves to the
@@ -434,7 +437,7 @@ async fn jobs_together<F: LeaseFixture>(
 // The scenarios
 
 /// The first delivery runs the body and leaves a completed record: outcome,
-/// timestamps, the ttl as its expiry, no fencing token.
+/// timestamps, the ttl as its expiry, the fencing token of its claim.
 pub(crate) async fn first_delivery_executes_and_records_completed<F: LeaseFixture>(fx: Arc<F>) {
     let probe = Probe::new();
     let msg = Job::new("j-1", 7);
@@ -460,8 +463,8 @@ pub(crate) async fn first_delivery_executes_and_records_completed<F: LeaseFixtur
         "{rec:?}"
     );
     assert_expires_in(&*fx, &rec, Duration::from_secs(3_600)).await;
-    // The fencing token is cleared on completion.
-    assert!(fx.token(JOB, &msg.key()).await.is_cleared());
+    // The record keeps the fencing token of the claim that completed it.
+    assert_ne!(fx.token(JOB, &msg.key()).await, Token::Shown(None));
     assert_eq!(fx.records().await, 1);
 }
 
@@ -782,16 +785,15 @@ pub(crate) async fn expired_lease_is_taken_over_and_the_stale_completion_is_leas
         }
         other => panic!("expected LeaseLost, got {other:?}"),
     }
-    // Exactly one completion stands: B's, kept for the ttl, without token.
+    // Exactly one completion stands: B's, kept for the ttl, under B's token.
     let rec = fx.record(JOB, &key).await.unwrap();
     assert_eq!(
         (rec.status, rec.outcome.as_deref()),
         (Status::Completed, Some("2"))
     );
-    assert!(
-        fx.token(JOB, &key).await.is_cleared(),
-        "A's token {token_a:?}"
-    );
+    if token_a != Token::Hidden {
+        assert_ne!(fx.token(JOB, &key).await, token_a, "A's token stands");
+    }
     assert_expires_in(&*fx, &rec, Duration::from_secs(3_600)).await;
     assert_eq!(fx.records().await, 1);
     for value in [3, 4] {
@@ -805,6 +807,94 @@ pub(crate) async fn expired_lease_is_taken_over_and_the_stale_completion_is_leas
     // Both bodies ran: that is what LeaseLost warns about.
     assert_eq!(probe.runs(), 2);
     assert_eq!(fx.effects("j-8").await, 2);
+}
+
+/// As above, but B's body returns what A's does, so the record holds the
+/// very bytes A's completion carries: A's completion is still
+/// `LeaseLost`, since the record is B's (another token), not A's.
+pub(crate) async fn a_takeover_recording_the_same_outcome_leaves_the_stale_completion_lease_lost<
+    F: LeaseFixture,
+>(
+    fx: Arc<F>,
+) {
+    let probe = Probe::new();
+    let key = Job::new("same-1", 0).key();
+    let a = spawn_job(&fx, &probe, Job::parked("same-1", 5));
+    probe.wait_parked().await;
+    let token_a = fx.token(JOB, &key).await;
+    fx.run_out_lease(JOB, &key).await;
+    let b = job(fx.store(), &Job::new("same-1", 5), &probe, &*fx).await;
+    assert_eq!(b.unwrap(), Outcome::Executed(5), "B takes the key over");
+    let token_b = fx.token(JOB, &key).await;
+
+    probe.open_gate();
+    let a = a.await.unwrap();
+    assert!(
+        matches!(&a, Err(Error::LeaseLost { handler: JOB, key: k }) if *k == key),
+        "expected LeaseLost for A, got {a:?}"
+    );
+    let rec = fx.record(JOB, &key).await.unwrap();
+    assert_eq!(
+        (rec.status, rec.outcome.as_deref()),
+        (Status::Completed, Some("5"))
+    );
+    assert_eq!(fx.token(JOB, &key).await, token_b, "B's record stands");
+    if token_a != Token::Hidden {
+        assert_ne!(token_a, token_b);
+    }
+    assert_eq!(probe.runs(), 2);
+    assert_eq!(fx.effects("same-1").await, 2);
+}
+
+/// The value a body returns when its completion's reply is to be lost: a
+/// number no other request of a scenario holds, so the proxy finds the
+/// completion by it.
+pub(crate) const LOST_REPLY_VALUE: u32 = 918_273_645;
+
+/// The store writes a completion and its reply is lost (the connection
+/// drops after the write; see [`Lossy`]); the runtime sends the completion
+/// again, which finds the record completed by its own token: the call is
+/// `Executed`, not `LeaseLost`, and the outcome stands for the ttl. On the
+/// stores with a server the connection really drops.
+pub(crate) async fn a_completion_whose_reply_was_lost_is_executed_not_lease_lost<
+    F: LeaseFixture,
+>(
+    fx: Arc<F>,
+) {
+    let lossy = fx.lossy().await;
+    let probe = Probe::new();
+    // A first call on the link: whatever a store loads or prepares once,
+    // it has, so the lost reply is the completion's own.
+    let warm = Job::new("lost-0", 1);
+    assert_eq!(
+        job(&lossy, &warm, &probe, &*fx).await.unwrap(),
+        Outcome::Executed(1)
+    );
+
+    lossy.lose_next_completion();
+    let msg = Job::new("lost-1", LOST_REPLY_VALUE);
+    let out = job(&lossy, &msg, &probe, &*fx).await;
+    assert_eq!(lossy.lost(), 1, "the completion's reply was not lost");
+    eprintln!(
+        "a completion's reply lost ({}): {out:?}",
+        if lossy.is_real() {
+            "the connection dropped"
+        } else {
+            "simulated"
+        }
+    );
+    assert_eq!(out.unwrap(), Outcome::Executed(LOST_REPLY_VALUE));
+    let rec = fx.record(JOB, &msg.key()).await.expect("a record");
+    assert_eq!(rec.status, Status::Completed, "{rec:?}");
+    assert_eq!(rec.outcome, Some(LOST_REPLY_VALUE.to_string()));
+    assert_expires_in(&*fx, &rec, Duration::from_secs(3_600)).await;
+    // Redeliveries, through either store, are duplicates.
+    let again = job(&lossy, &msg, &probe, &*fx).await;
+    assert_eq!(again.unwrap(), Outcome::Duplicate(LOST_REPLY_VALUE));
+    let again = job(fx.store(), &msg, &probe, &*fx).await;
+    assert_eq!(again.unwrap(), Outcome::Duplicate(LOST_REPLY_VALUE));
+    assert_eq!(probe.runs(), 2);
+    assert_eq!(fx.effects("lost-1").await, 1);
 }
 
 /// A's lease runs out while its body is stalled, but nobody takes the key
@@ -1156,6 +1246,8 @@ macro_rules! scenarios {
             in_progress_reports_what_is_left_of_the_lease: Manual,
             after_the_ttl_the_key_runs_again: Manual,
             expired_lease_is_taken_over_and_the_stale_completion_is_lease_lost: Manual,
+            a_takeover_recording_the_same_outcome_leaves_the_stale_completion_lease_lost: Manual,
+            a_completion_whose_reply_was_lost_is_executed_not_lease_lost: Manual,
             a_late_completion_nobody_overtook_is_recorded: Manual,
             stale_failure_after_a_takeover_does_not_release_the_new_claim: Manual,
             heartbeat_keeps_a_long_body_s_lease_alive: Real,
@@ -1172,6 +1264,7 @@ macro_rules! scenarios {
             a_batch_answers_each_message_in_input_order: Manual,
             a_failing_batch_records_nothing_and_its_redelivery_runs_it: Manual,
             a_batch_body_answering_too_few_values_is_an_outcome_count_error: Manual,
+            a_batch_completion_whose_reply_was_lost_is_executed_not_lease_lost: Manual,
             overlapping_batches_from_8_consumers_execute_every_key_once: Manual,
         }
     };

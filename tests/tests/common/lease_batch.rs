@@ -176,6 +176,55 @@ pub(crate) async fn a_batch_body_answering_too_few_values_is_an_outcome_count_er
     assert_eq!(fx.effects("c-1").await, 1);
 }
 
+/// A batch's completion is written and its reply lost (see
+/// [`Lossy`](super::lossy::Lossy); the connection really drops on the
+/// stores with a server): the runtime sends it again, which finds every
+/// record completed by the batch's own tokens. Each message is `Executed`,
+/// not `LeaseLost`, and a redelivery is a duplicate.
+pub(crate) async fn a_batch_completion_whose_reply_was_lost_is_executed_not_lease_lost<
+    F: LeaseFixture,
+>(
+    fx: Arc<F>,
+) {
+    let lossy = fx.lossy().await;
+    let probe = Probe::new();
+    let warm = job_batch(&lossy, &[Job::new("lb-0", 1)], &probe, &*fx)
+        .await
+        .expect("a first batch on the link");
+    assert_eq!(shown(&warm), ["executed 1"]);
+
+    lossy.lose_next_completion();
+    let value = super::lease::LOST_REPLY_VALUE;
+    let batch = [Job::new("lb-1", value), Job::new("lb-2", value + 1)];
+    let results = job_batch(&lossy, &batch, &probe, &*fx)
+        .await
+        .expect("the batch");
+    assert_eq!(lossy.lost(), 1, "the completion's reply was not lost");
+    assert_eq!(
+        shown(&results),
+        [
+            format!("executed {value}"),
+            format!("executed {}", value + 1)
+        ]
+    );
+    for (msg, v) in batch.iter().zip([value, value + 1]) {
+        let rec = fx.record(JOB_BATCH, &msg.key()).await.expect("a record");
+        assert_eq!(rec.outcome, Some(v.to_string()), "{rec:?}");
+        assert_eq!(fx.effects(&msg.id).await, 1, "{}", msg.id);
+    }
+    let again = job_batch(fx.store(), &batch, &probe, &*fx)
+        .await
+        .expect("the redelivery");
+    assert_eq!(
+        shown(&again),
+        [
+            format!("duplicate {value}"),
+            format!("duplicate {}", value + 1)
+        ]
+    );
+    assert_eq!(probe.runs(), 2);
+}
+
 /// Message ids `0..KEYS`, read by 8 consumers in overlapping windows.
 const KEYS: usize = 120;
 

@@ -135,8 +135,21 @@ pub(crate) async fn a_batch_of_fresh_keys_is_claimed_completed_and_replayed(fx: 
     store.release_batch(&BATCH, &held).await.unwrap();
     let r = record(fx, &BATCH, &keys[KEYS - 1]).await;
     assert_eq!(
-        (r.status, r.outcome.as_deref(), r.token),
-        (Status::Completed, Some(outcomes[KEYS - 1].as_str()), None)
+        (r.status, r.outcome.as_deref(), r.token.as_deref()),
+        (
+            Status::Completed,
+            Some(outcomes[KEYS - 1].as_str()),
+            Some(tokens[KEYS - 1])
+        )
+    );
+    // The same completion again (its reply lost): every key answers that
+    // it recorded, and the records stay as they are.
+    let completed = store.complete_batch(&BATCH, &done).await.unwrap();
+    assert!(completed.iter().all(|c| *c), "{completed:?}");
+    let later = record(fx, &BATCH, &keys[KEYS - 1]).await;
+    assert_eq!(
+        (later.outcome, later.token, later.updated_at_ms),
+        (r.outcome, r.token, r.updated_at_ms)
     );
 }
 

@@ -104,37 +104,45 @@ return {1}
 /// the key or completed it. A key that expired with nobody taking it over
 /// is recorded all the same, as the SQL stores do: the body's effect
 /// happened. Failures and the last error stay: a success resets nothing.
+/// The completed record keeps the token, so that a completion sent again
+/// with it (its first reply lost) answers 1 and writes nothing.
 ///
 /// The function is [`COMPLETE_STRING`], then this.
 pub(crate) const COMPLETE: &str = r"
 local r = load(KEYS[1], ARGV[4])
 if r then
   if r.t ~= ARGV[1] then return 0 end
+  if r.s == 'c' then return 1 end
+  if r.s ~= 'p' and r.s ~= 'r' then return 0 end
 else
   r = {c = ARGV[4], a = 1, f = 0, p = ''}
 end
-r.s, r.t, r.u, r.l, r.o = 'c', '', ARGV[4], nil, ARGV[2]
+r.s, r.t, r.u, r.l, r.o = 'c', ARGV[1], ARGV[4], nil, ARGV[2]
 redis.call('SET', KEYS[1], encode(r), 'PX', ARGV[3])
 return 1
 ";
 
 /// The common case of [`COMPLETE`], a string record, read with one
-/// `string.match` of its head and one of its tail's lengths: a record that
-/// holds the token has no outcome yet, so the completed record is a new
-/// head, the old tail up to the end of its last error (what follows is
-/// the handler's `max_attempts`, which a completed record does not keep),
-/// and the outcome. An absent key or a hash falls through.
+/// `string.match` of its head and one of its tail's lengths: a claim (in
+/// progress, or a stall counted as the last failure) has no outcome yet,
+/// so the completed record is a new head with the same token, the old tail
+/// up to the end of its last error (what follows is the handler's
+/// `max_attempts`, which a completed record does not keep), and the
+/// outcome. A record this token completed already answers 1 as it is. An
+/// absent key or a hash falls through.
 pub(crate) const COMPLETE_STRING: &str = r"
 local v = redis.pcall('GET', KEYS[1])
 if type(v) == 'string' then
-  local tl, at = string.match(v, '^2|%a|[^|]*|[^|]*|(%d+)|()')
+  local s, ts, tl, at = string.match(v, '^2|(%a)|[^|]*|[^|]*|()(%d+)|()')
   if not tl then error('idem: the value of ' .. KEYS[1] .. ' is not a record') end
   tl = tonumber(tl)
   if tl == 0 or string.sub(v, at, at + tl - 1) ~= ARGV[1] then return 0 end
+  if s == 'c' then return 1 end
+  if s ~= 'p' and s ~= 'r' then return 0 end
   local pl, el, bt = string.match(v, '^[^|]*|[^|]*|[^|]*|(%d+)|(%d*)|()', at + tl)
   if not pl then error('idem: the value of ' .. KEYS[1] .. ' is not a record') end
   local ends = bt + tonumber(pl) + (tonumber(el) or 0) - 1
-  redis.call('SET', KEYS[1], '2|c|' .. ARGV[4] .. '||0|' .. string.sub(v, at + tl, ends) .. ARGV[2],
+  redis.call('SET', KEYS[1], '2|c|' .. ARGV[4] .. '||' .. string.sub(v, ts, ends) .. ARGV[2],
     'PX', ARGV[3])
   return 1
 end
@@ -143,10 +151,12 @@ end
 /// Records a failure under the claim of token `ARGV[1]`: status letter
 /// `ARGV[2]` (`r` retry or `f` failed), recorded error `ARGV[3]` (JSON, or
 /// empty), text `ARGV[4]`, kept for `ARGV[5]` ms; `ARGV[6]` is now.
-/// Returns 1, or 0 when the token no longer holds the key.
+/// Returns 1, or 0 when the token no longer holds the key (a completed
+/// record keeps the token of the claim that completed it: no failure is
+/// recorded over it).
 pub(crate) const FAIL: &str = r"
 local r = load(KEYS[1], ARGV[6])
-if not r or r.t ~= ARGV[1] then return 0 end
+if not r or r.t ~= ARGV[1] or (r.s ~= 'p' and r.s ~= 'r') then return 0 end
 r.s, r.t, r.u, r.l, r.f, r.e = ARGV[2], '', ARGV[6], nil, r.f + 1, ARGV[4]
 if ARGV[3] ~= '' then r.o = ARGV[3] else r.o = nil end
 redis.call('SET', KEYS[1], encode(r), 'PX', ARGV[5])
