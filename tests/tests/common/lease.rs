@@ -45,7 +45,8 @@ pub(crate) use super::lease_batch::{
 #[allow(unused_imports)]
 pub(crate) use super::lease_ops::{
     a_claim_whose_lease_ran_out_counts_as_a_failure, a_final_error_is_recorded_and_replayed,
-    a_huge_error_text_is_cut_and_counted, a_stalled_last_attempt_that_finishes_is_recorded,
+    a_huge_error_text_is_cut_and_counted, a_settled_record_reads_back_the_same_expiry_each_time,
+    a_stalled_last_attempt_that_finishes_is_recorded,
     deliveries_with_another_payload_are_mismatches_and_run_nothing,
     failures_are_counted_exactly_under_16_concurrent_consumers,
 };
@@ -1261,6 +1262,7 @@ macro_rules! scenarios {
             a_claim_whose_lease_ran_out_counts_as_a_failure: Manual,
             a_stalled_last_attempt_that_finishes_is_recorded: Manual,
             a_huge_error_text_is_cut_and_counted: Manual,
+            a_settled_record_reads_back_the_same_expiry_each_time: Manual,
             a_batch_answers_each_message_in_input_order: Manual,
             a_failing_batch_records_nothing_and_its_redelivery_runs_it: Manual,
             a_batch_body_answering_too_few_values_is_an_outcome_count_error: Manual,

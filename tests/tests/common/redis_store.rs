@@ -146,11 +146,7 @@ pub(crate) async fn a_batch_of_fresh_keys_is_claimed_completed_and_replayed(fx: 
     // it recorded, and the records stay as they are.
     let completed = store.complete_batch(&BATCH, &done).await.unwrap();
     assert!(completed.iter().all(|c| *c), "{completed:?}");
-    let later = record(fx, &BATCH, &keys[KEYS - 1]).await;
-    assert_eq!(
-        (later.outcome, later.token, later.updated_at_ms),
-        (r.outcome, r.token, r.updated_at_ms)
-    );
+    assert_eq!(record(fx, &BATCH, &keys[KEYS - 1]).await, r);
 }
 
 /// One batch over a completed key, a live claim, a fresh key, a counted
@@ -638,9 +634,78 @@ pub(crate) async fn hashes_of_the_previous_release_are_read_and_honoured(fx: &Re
 /// Hands the scenarios to `$then!`, after `$args`: `$then! { $args
 /// scenario, ... }`.
 #[allow(unused_macros)]
+/// A settled record says when it ends as it was written, read after read,
+/// whatever its key's TTL has come down to: with the store's clock
+/// stopped (a manual clock), a time derived from the TTL would move with
+/// every read. A completed record, a final failure and a counted one each
+/// end a ttl after they were written; a claim ends with its lease.
+pub(crate) async fn a_record_reads_back_the_end_it_was_written_with(fx: &RedisFx) {
+    const AT: i64 = 1_800_000_000_000;
+    let store = fx
+        .store
+        .clone()
+        .with_clock(idem_runtime::clock::ManualClock::new(AT));
+    let ttl = 3_600_000;
+    let keys: Vec<Key> = ["done", "gone", "again", "held"]
+        .iter()
+        .map(|id| key(&format!("ends-{id}")))
+        .collect();
+    let mut tokens = Vec::new();
+    for k in &keys {
+        tokens.push(token(&store.claim(&COUNTED, k, None).await.unwrap()).to_owned());
+    }
+    assert!(
+        store
+            .complete(&COUNTED, &keys[0], &tokens[0], "1")
+            .await
+            .unwrap()
+    );
+    let last = Failure::Final {
+        error: "gone for good",
+        encoded: "\"gone\"",
+    };
+    assert!(
+        store
+            .fail(&COUNTED, &keys[1], &tokens[1], last)
+            .await
+            .unwrap()
+    );
+    let counted = Failure::Counted { error: "timeout" };
+    assert!(
+        store
+            .fail(&COUNTED, &keys[2], &tokens[2], counted)
+            .await
+            .unwrap()
+    );
+
+    let lease = i64::try_from(COUNTED.lease.as_millis()).unwrap();
+    let ends = [AT + ttl, AT + ttl, AT + ttl, AT + lease];
+    for (k, end) in keys.iter().zip(ends) {
+        let first = store
+            .record(COUNTED.name, k)
+            .await
+            .unwrap()
+            .expect("a record");
+        assert_eq!(first.expires_at_ms, end, "{first:?}");
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_millis(7)).await;
+            let again = store
+                .record(COUNTED.name, k)
+                .await
+                .unwrap()
+                .expect("a record");
+            assert_eq!(again, first, "two reads of an untouched record");
+        }
+        let listed = store.list(COUNTED.name, Query::new()).await.unwrap();
+        let listed = listed.iter().find(|r| r.key == k.as_str()).expect("listed");
+        assert_eq!(*listed, first, "listed as read");
+    }
+}
+
 macro_rules! redis_store_scenarios {
     ($($then:ident)::+ ! { $($args:tt)* }) => {
         $($then)::+ ! { $($args)*
+            a_record_reads_back_the_end_it_was_written_with,
             a_batch_of_fresh_keys_is_claimed_completed_and_replayed,
             a_batch_mixes_recorded_live_and_fresh_keys,
             a_batch_completion_after_a_takeover_is_fenced,

@@ -188,7 +188,7 @@ impl<'a> Claiming<'a> {
             status: Status::InProgress,
             created: self.now,
             updated: self.now,
-            lease_end: Some(expiry(
+            ends: Some(expiry(
                 self.now,
                 self.spec.lease.max(Duration::from_millis(1)),
             )),
@@ -271,8 +271,12 @@ impl<'a> Claiming<'a> {
             }));
         };
         // The key exists, so a record that is not in progress has not
-        // expired: Redis would have deleted it.
+        // expired: Redis would have deleted it. Its written end is this
+        // consumer's clock, or another's; the key's TTL is what counts.
         let mut record = record::decode("", "", &found, i64::MAX)?;
+        if record.status != Status::InProgress {
+            record.expires_at_ms = i64::MAX;
+        }
         if record.token.as_deref() == Some(self.token.as_str()) {
             // This claim's own write, its reply lost and the command sent
             // again.

@@ -18,11 +18,14 @@ use crate::store::contract::{BatchItem, Claim, Failure, Held, LeaseStore};
 
 impl RedisStore {
     fn complete_cmd(&self, spec: &HandlerSpec, key: &Key, token: &str, outcome: &str) -> Cmd {
+        let ttl = millis(spec.ttl).max(1);
+        let now = self.clock.now_millis();
         let mut cmd = self.library.complete.on(&self.redis_key(spec.name, key));
         cmd.arg(token)
             .arg(outcome)
-            .arg(millis(spec.ttl).max(1))
-            .arg(self.clock.now_millis());
+            .arg(ttl)
+            .arg(now)
+            .arg(now.saturating_add(ttl));
         cmd
     }
 
@@ -80,13 +83,16 @@ impl LeaseStore for RedisStore {
         token: &str,
         failure: Failure<'_>,
     ) -> Result<bool, StoreError> {
+        let ttl = millis(spec.ttl).max(1);
+        let now = self.clock.now_millis();
         let mut cmd = self.library.fail.on(&self.redis_key(spec.name, key));
         cmd.arg(token)
             .arg(record::status_letter(failure.status()).to_string())
             .arg(failure.recorded().unwrap_or_default())
             .arg(failure.text())
-            .arg(millis(spec.ttl).max(1))
-            .arg(self.clock.now_millis());
+            .arg(ttl)
+            .arg(now)
+            .arg(now.saturating_add(ttl));
         one(self.call(&cmd).await?)
     }
 

@@ -197,7 +197,11 @@ impl RedisStore {
         Ok(self)
     }
 
-    /// Reads the `c`/`u` timestamps from `clock` (expiry is Redis's own).
+    /// Reads time from `clock`: a record's created and updated times, and
+    /// the end it is written with (a lease's, or a ttl from the write),
+    /// which [`record`](Self::record) and the operators' tools read back.
+    /// Redis still expires each key by its own clock, a key's TTL after the
+    /// write.
     ///
     /// # Examples
     ///

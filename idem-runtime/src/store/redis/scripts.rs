@@ -25,7 +25,9 @@
 /// The library's shared code, run once when it loads: `parse(v, key)`,
 /// `load(key, now)` and `encode(r)`, a record as a table with
 /// `s` (status letter), `t` (token, `''` when none), `c`/`u` (created and
-/// updated, as text), `l` (lease end, text or `nil`), `a`/`f` (attempts
+/// updated, as text), `l` (the end: of a claim's lease, or of a settled
+/// record's window; text, or `nil` in a settled record written before its
+/// end was kept), `a`/`f` (attempts
 /// and failures, numbers), `e` (last error or `nil`), `p` (fingerprint,
 /// `''` when none), `o` (outcome or `nil`) and `m` (the handler's
 /// `max_attempts` as text, or `nil`: the rest of a record in progress or
@@ -100,7 +102,8 @@ return {1}
 ";
 
 /// Completes the claim of token `ARGV[1]` with outcome `ARGV[2]`, kept for
-/// `ARGV[3]` ms; `ARGV[4]` is now. Returns 1, or 0 when another claim holds
+/// `ARGV[3]` ms; `ARGV[4]` is now, and `ARGV[5]` the end the record is
+/// written with (now and those ms). Returns 1, or 0 when another claim holds
 /// the key or completed it. A key that expired with nobody taking it over
 /// is recorded all the same, as the SQL stores do: the body's effect
 /// happened. Failures and the last error stay: a success resets nothing.
@@ -117,7 +120,7 @@ if r then
 else
   r = {c = ARGV[4], a = 1, f = 0, p = ''}
 end
-r.s, r.t, r.u, r.l, r.o = 'c', ARGV[1], ARGV[4], nil, ARGV[2]
+r.s, r.t, r.u, r.l, r.o = 'c', ARGV[1], ARGV[4], ARGV[5], ARGV[2]
 redis.call('SET', KEYS[1], encode(r), 'PX', ARGV[3])
 return 1
 ";
@@ -142,7 +145,8 @@ if type(v) == 'string' then
   local pl, el, bt = string.match(v, '^[^|]*|[^|]*|[^|]*|(%d+)|(%d*)|()', at + tl)
   if not pl then error('idem: the value of ' .. KEYS[1] .. ' is not a record') end
   local ends = bt + tonumber(pl) + (tonumber(el) or 0) - 1
-  redis.call('SET', KEYS[1], '2|c|' .. ARGV[4] .. '||' .. string.sub(v, ts, ends) .. ARGV[2],
+  redis.call('SET', KEYS[1],
+    '2|c|' .. ARGV[4] .. '|' .. ARGV[5] .. '|' .. string.sub(v, ts, ends) .. ARGV[2],
     'PX', ARGV[3])
   return 1
 end
@@ -150,14 +154,15 @@ end
 
 /// Records a failure under the claim of token `ARGV[1]`: status letter
 /// `ARGV[2]` (`r` retry or `f` failed), recorded error `ARGV[3]` (JSON, or
-/// empty), text `ARGV[4]`, kept for `ARGV[5]` ms; `ARGV[6]` is now.
+/// empty), text `ARGV[4]`, kept for `ARGV[5]` ms; `ARGV[6]` is now, and
+/// `ARGV[7]` the end the record is written with (now and those ms).
 /// Returns 1, or 0 when the token no longer holds the key (a completed
 /// record keeps the token of the claim that completed it: no failure is
 /// recorded over it).
 pub(crate) const FAIL: &str = r"
 local r = load(KEYS[1], ARGV[6])
 if not r or r.t ~= ARGV[1] or (r.s ~= 'p' and r.s ~= 'r') then return 0 end
-r.s, r.t, r.u, r.l, r.f, r.e = ARGV[2], '', ARGV[6], nil, r.f + 1, ARGV[4]
+r.s, r.t, r.u, r.l, r.f, r.e = ARGV[2], '', ARGV[6], ARGV[7], r.f + 1, ARGV[4]
 if ARGV[3] ~= '' then r.o = ARGV[3] else r.o = nil end
 redis.call('SET', KEYS[1], encode(r), 'PX', ARGV[5])
 return 1
