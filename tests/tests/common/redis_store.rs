@@ -631,9 +631,6 @@ pub(crate) async fn hashes_of_the_previous_release_are_read_and_honoured(fx: &Re
     ));
 }
 
-/// Hands the scenarios to `$then!`, after `$args`: `$then! { $args
-/// scenario, ... }`.
-#[allow(unused_macros)]
 /// A settled record says when it ends as it was written, read after read,
 /// whatever its key's TTL has come down to: with the store's clock
 /// stopped (a manual clock), a time derived from the TTL would move with
@@ -702,6 +699,9 @@ pub(crate) async fn a_record_reads_back_the_end_it_was_written_with(fx: &RedisFx
     }
 }
 
+/// Hands the scenarios to `$then!`, after `$args`: `$then! { $args
+/// scenario, ... }`.
+#[allow(unused_macros)]
 macro_rules! redis_store_scenarios {
     ($($then:ident)::+ ! { $($args:tt)* }) => {
         $($then)::+ ! { $($args)*
