@@ -426,7 +426,9 @@ pub(crate) async fn a_huge_error_text_is_cut_and_counted<F: LeaseFixture>(fx: Ar
 
 /// A settled record (completed, failed for good, waiting for a retry)
 /// reads back the same, expiry included, read after read, and it ends a
-/// ttl after it was last written.
+/// ttl after it was last written: exactly, by the store's clock; on Redis,
+/// by the server's (here the same machine's), which the Redis store
+/// scenarios check against the key's own expiry.
 pub(crate) async fn a_settled_record_reads_back_the_same_expiry_each_time<F: LeaseFixture>(
     fx: Arc<F>,
 ) {
@@ -449,11 +451,12 @@ pub(crate) async fn a_settled_record_reads_back_the_same_expiry_each_time<F: Lea
     ] {
         let first = fx.record(handler, &key).await.expect("a record");
         assert_eq!(first.status, status, "{first:?}");
-        assert_eq!(
-            first.expires_at_ms,
-            first.updated_at_ms + ttl,
-            "the ttl from the last write: {first:?}"
-        );
+        let off = first.expires_at_ms - (first.updated_at_ms + ttl);
+        if F::DELETES_EXPIRED {
+            assert!(off.abs() <= 1_000, "the ttl from the last write: {first:?}");
+        } else {
+            assert_eq!(off, 0, "the ttl from the last write: {first:?}");
+        }
         for _ in 0..5 {
             tokio::time::sleep(Duration::from_millis(7)).await;
             let again = fx.record(handler, &key).await.expect("a record");

@@ -631,18 +631,17 @@ pub(crate) async fn hashes_of_the_previous_release_are_read_and_honoured(fx: &Re
     ));
 }
 
-/// A settled record says when it ends as it was written, read after read,
-/// whatever its key's TTL has come down to: with the store's clock
-/// stopped (a manual clock), a time derived from the TTL would move with
-/// every read. A completed record, a final failure and a counted one each
-/// end a ttl after they were written; a claim ends with its lease.
+/// A record says when it ends as it was written, read after read: a
+/// settled one (completed, failed for good, counted) when Redis expires its
+/// key, exactly, and a claim when its lease ends, by the consumer's clock.
+/// The store's clock is stopped (a manual clock): an end derived from the
+/// key's TTL at each read would move with every read.
 pub(crate) async fn a_record_reads_back_the_end_it_was_written_with(fx: &RedisFx) {
     const AT: i64 = 1_800_000_000_000;
     let store = fx
         .store
         .clone()
         .with_clock(idem_runtime::clock::ManualClock::new(AT));
-    let ttl = 3_600_000;
     let keys: Vec<Key> = ["done", "gone", "again", "held"]
         .iter()
         .map(|id| key(&format!("ends-{id}")))
@@ -651,12 +650,8 @@ pub(crate) async fn a_record_reads_back_the_end_it_was_written_with(fx: &RedisFx
     for k in &keys {
         tokens.push(token(&store.claim(&COUNTED, k, None).await.unwrap()).to_owned());
     }
-    assert!(
-        store
-            .complete(&COUNTED, &keys[0], &tokens[0], "1")
-            .await
-            .unwrap()
-    );
+    let completed = store.complete(&COUNTED, &keys[0], &tokens[0], "1");
+    assert!(completed.await.unwrap());
     let last = Failure::Final {
         error: "gone for good",
         encoded: "\"gone\"",
@@ -668,30 +663,37 @@ pub(crate) async fn a_record_reads_back_the_end_it_was_written_with(fx: &RedisFx
             .unwrap()
     );
     let counted = Failure::Counted { error: "timeout" };
-    assert!(
-        store
-            .fail(&COUNTED, &keys[2], &tokens[2], counted)
-            .await
-            .unwrap()
-    );
+    let failed = store.fail(&COUNTED, &keys[2], &tokens[2], counted);
+    assert!(failed.await.unwrap());
 
     let lease = i64::try_from(COUNTED.lease.as_millis()).unwrap();
-    let ends = [AT + ttl, AT + ttl, AT + ttl, AT + lease];
-    for (k, end) in keys.iter().zip(ends) {
-        let first = store
-            .record(COUNTED.name, k)
-            .await
-            .unwrap()
-            .expect("a record");
-        assert_eq!(first.expires_at_ms, end, "{first:?}");
-        for _ in 0..5 {
-            tokio::time::sleep(Duration::from_millis(7)).await;
-            let again = store
+    let ttl = i64::try_from(COUNTED.ttl.as_millis()).unwrap();
+    for (i, k) in keys.iter().enumerate() {
+        let read = || async {
+            store
                 .record(COUNTED.name, k)
                 .await
                 .unwrap()
-                .expect("a record");
-            assert_eq!(again, first, "two reads of an untouched record");
+                .expect("a record")
+        };
+        let first = read().await;
+        if i < 3 {
+            // The end Redis was told, by its own clock: a ttl after the write.
+            let at: i64 = fx
+                .query(redis::cmd("PEXPIRETIME").arg(fx.rkey(COUNTED.name, k)))
+                .await;
+            assert_eq!(first.expires_at_ms, at, "{first:?}");
+            let since = system_now_ms() - (at - ttl);
+            assert!(
+                (0..60_000).contains(&since),
+                "written {since} ms ago: {first:?}"
+            );
+        } else {
+            assert_eq!(first.expires_at_ms, AT + lease, "{first:?}");
+        }
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_millis(7)).await;
+            assert_eq!(read().await, first, "two reads of an untouched record");
         }
         let listed = store.list(COUNTED.name, Query::new()).await.unwrap();
         let listed = listed.iter().find(|r| r.key == k.as_str()).expect("listed");

@@ -18,14 +18,11 @@ use crate::store::contract::{BatchItem, Claim, Failure, Held, LeaseStore};
 
 impl RedisStore {
     fn complete_cmd(&self, spec: &HandlerSpec, key: &Key, token: &str, outcome: &str) -> Cmd {
-        let ttl = millis(spec.ttl).max(1);
-        let now = self.clock.now_millis();
         let mut cmd = self.library.complete.on(&self.redis_key(spec.name, key));
         cmd.arg(token)
             .arg(outcome)
-            .arg(ttl)
-            .arg(now)
-            .arg(now.saturating_add(ttl));
+            .arg(millis(spec.ttl).max(1))
+            .arg(self.clock.now_millis());
         cmd
     }
 
@@ -83,16 +80,13 @@ impl LeaseStore for RedisStore {
         token: &str,
         failure: Failure<'_>,
     ) -> Result<bool, StoreError> {
-        let ttl = millis(spec.ttl).max(1);
-        let now = self.clock.now_millis();
         let mut cmd = self.library.fail.on(&self.redis_key(spec.name, key));
         cmd.arg(token)
             .arg(record::status_letter(failure.status()).to_string())
             .arg(failure.recorded().unwrap_or_default())
             .arg(failure.text())
-            .arg(ttl)
-            .arg(now)
-            .arg(now.saturating_add(ttl));
+            .arg(millis(spec.ttl).max(1))
+            .arg(self.clock.now_millis());
         one(self.call(&cmd).await?)
     }
 

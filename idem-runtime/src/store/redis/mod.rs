@@ -197,11 +197,11 @@ impl RedisStore {
         Ok(self)
     }
 
-    /// Reads time from `clock`: a record's created and updated times, and
-    /// the end it is written with (a lease's, or a ttl from the write),
-    /// which [`record`](Self::record) and the operators' tools read back.
-    /// Redis still expires each key by its own clock, a key's TTL after the
-    /// write.
+    /// Reads the created and updated times, and the end of a claim's lease,
+    /// from `clock`. The expiry of a completed, failed or retry record is
+    /// Redis's own: the ttl after the write, by the server's clock, written
+    /// in the record as it is set, so [`record`](Self::record) reads the
+    /// same expiry each time.
     ///
     /// # Examples
     ///

@@ -15,11 +15,12 @@ use crate::store::Record;
 impl RedisStore {
     /// The record of `key` under handler `handler`, if any, in this
     /// release's format or an earlier one's. `expires_at_ms` is the end the
-    /// record was written with: its lease's end for a claim in progress,
-    /// the end of its window (the ttl from when it was completed, failed
-    /// or counted) otherwise, so two reads of an untouched record are
-    /// equal. A settled record written by an earlier release, which does
-    /// not keep its end, has it computed from the key's TTL at the read.
+    /// record was written with: its lease's end for a claim in progress (by
+    /// the consumer's clock), and otherwise the moment Redis expires the
+    /// key (by the server's clock: the ttl after it was completed, failed
+    /// or counted), so two reads of an untouched record are equal. A settled
+    /// record written by an earlier release, which does not keep its end,
+    /// has it computed from the key's TTL at the read.
     ///
     /// # Examples
     ///

@@ -8,12 +8,14 @@
 //! as its length says (the rest takes what is left, so it is never
 //! escaped). The status `s` is one letter: `p` in progress, `c`
 //! completed, `f` failed, `r` retry. Times are milliseconds since the
-//! epoch. The end is when the record stops counting, as it was written:
-//! the end of the lease while the claim is in progress, the end of the
-//! dedup window (the ttl from the write) once it is completed, failed or
-//! waiting for a retry; a record written before the end was kept for
-//! those has it empty once settled, and its end is read from the key's
-//! TTL. The error length is empty when there is no last error. The rest
+//! epoch, by the consumer's clock, except the end of a settled record. The
+//! end is when the record stops counting, as it was written: the end of
+//! the lease while the claim is in progress (by the consumer's clock, which
+//! claims compare it with); once completed, failed or waiting for a retry,
+//! the moment Redis expires the key, by the server's clock (the function
+//! that writes the record reads it, and sets the key to expire then), the
+//! ttl after the write. A settled record written before its end was kept
+//! has it empty, and its end is read from the key's TTL. The error length is empty when there is no last error. The rest
 //! is the outcome of a completed or failed record; a record in progress or
 //! waiting for a retry has no outcome, and its rest is the handler's
 //! `max_attempts` in decimal, or empty (a handler without it, or a record
@@ -93,9 +95,10 @@ pub(crate) struct Parts<'a> {
     pub(crate) status: Status,
     pub(crate) created: i64,
     pub(crate) updated: i64,
-    /// When the record stops counting: the end of a claim's lease, or of a
-    /// settled record's window. `None` only in records written before the
-    /// end of a settled record was kept.
+    /// When the record stops counting: the end of a claim's lease, or when
+    /// Redis expires a settled record. `None` only in records written before
+    /// the end of a settled record was kept. A settled record written by a
+    /// function has its end put in there by the function.
     pub(crate) ends: Option<i64>,
     pub(crate) attempts: i64,
     pub(crate) failures: i64,

@@ -79,6 +79,10 @@ local function load(k, now)
   if not v then return nil end
   return parse(v, k)
 end
+local function expiring(ms)
+  local t = redis.call('TIME')
+  return string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ms))
+end
 local function encode(r)
   local e = r.e
   local rest = r.m
@@ -90,20 +94,30 @@ end
 ";
 
 /// Writes `ARGV[2]` for `ARGV[3]` ms if the key still holds `ARGV[1]`
-/// (`''`: if it is still absent). Replies `{1}` written, `{0, value}`
-/// not written with what the key holds now (nil: nothing), `{2}` the key
-/// holds a hash.
+/// (`''`: if it is still absent). With `ARGV[4]` `1`, `ARGV[2]` is a
+/// settled record: its end is written as the moment Redis expires it (as
+/// a completion's), and the key expires then. Replies `{1}` written,
+/// `{0, value}` not written with what the key holds now (nil: nothing),
+/// `{2}` the key holds a hash.
 pub(crate) const SWAP: &str = r"
 local v = redis.pcall('GET', KEYS[1])
 if type(v) == 'table' then return {2} end
 if (v or '') ~= ARGV[1] then return {0, v} end
+if ARGV[4] == '1' then
+  local head, tail = string.match(ARGV[2], '^(2|%a|[^|]*|)[^|]*(|.*)$')
+  if not head then error('idem: not a record: ' .. ARGV[2]) end
+  local e = expiring(ARGV[3])
+  redis.call('SET', KEYS[1], head .. e .. tail, 'PXAT', e)
+  return {1}
+end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return {1}
 ";
 
 /// Completes the claim of token `ARGV[1]` with outcome `ARGV[2]`, kept for
-/// `ARGV[3]` ms; `ARGV[4]` is now, and `ARGV[5]` the end the record is
-/// written with (now and those ms). Returns 1, or 0 when another claim holds
+/// `ARGV[3]` ms; `ARGV[4]` is now. The record is written with its end,
+/// the moment Redis expires it (by the server's clock, `expiring`), and
+/// the key is set to expire then (`PXAT`). Returns 1, or 0 when another claim holds
 /// the key or completed it. A key that expired with nobody taking it over
 /// is recorded all the same, as the SQL stores do: the body's effect
 /// happened. Failures and the last error stay: a success resets nothing.
@@ -120,8 +134,8 @@ if r then
 else
   r = {c = ARGV[4], a = 1, f = 0, p = ''}
 end
-r.s, r.t, r.u, r.l, r.o = 'c', ARGV[1], ARGV[4], ARGV[5], ARGV[2]
-redis.call('SET', KEYS[1], encode(r), 'PX', ARGV[3])
+r.s, r.t, r.u, r.l, r.o = 'c', ARGV[1], ARGV[4], expiring(ARGV[3]), ARGV[2]
+redis.call('SET', KEYS[1], encode(r), 'PXAT', r.l)
 return 1
 ";
 
@@ -145,26 +159,25 @@ if type(v) == 'string' then
   local pl, el, bt = string.match(v, '^[^|]*|[^|]*|[^|]*|(%d+)|(%d*)|()', at + tl)
   if not pl then error('idem: the value of ' .. KEYS[1] .. ' is not a record') end
   local ends = bt + tonumber(pl) + (tonumber(el) or 0) - 1
-  redis.call('SET', KEYS[1],
-    '2|c|' .. ARGV[4] .. '|' .. ARGV[5] .. '|' .. string.sub(v, ts, ends) .. ARGV[2],
-    'PX', ARGV[3])
+  local e = expiring(ARGV[3])
+  redis.call('SET', KEYS[1], '2|c|' .. ARGV[4] .. '|' .. e .. '|' .. string.sub(v, ts, ends) .. ARGV[2],
+    'PXAT', e)
   return 1
 end
 ";
 
 /// Records a failure under the claim of token `ARGV[1]`: status letter
 /// `ARGV[2]` (`r` retry or `f` failed), recorded error `ARGV[3]` (JSON, or
-/// empty), text `ARGV[4]`, kept for `ARGV[5]` ms; `ARGV[6]` is now, and
-/// `ARGV[7]` the end the record is written with (now and those ms).
-/// Returns 1, or 0 when the token no longer holds the key (a completed
+/// empty), text `ARGV[4]`, kept for `ARGV[5]` ms (its end written, and
+/// the key expiring then, as a completion's); `ARGV[6]` is now. Returns 1, or 0 when the token no longer holds the key (a completed
 /// record keeps the token of the claim that completed it: no failure is
 /// recorded over it).
 pub(crate) const FAIL: &str = r"
 local r = load(KEYS[1], ARGV[6])
 if not r or r.t ~= ARGV[1] or (r.s ~= 'p' and r.s ~= 'r') then return 0 end
-r.s, r.t, r.u, r.l, r.f, r.e = ARGV[2], '', ARGV[6], ARGV[7], r.f + 1, ARGV[4]
+r.s, r.t, r.u, r.l, r.f, r.e = ARGV[2], '', ARGV[6], expiring(ARGV[5]), r.f + 1, ARGV[4]
 if ARGV[3] ~= '' then r.o = ARGV[3] else r.o = nil end
-redis.call('SET', KEYS[1], encode(r), 'PX', ARGV[5])
+redis.call('SET', KEYS[1], encode(r), 'PXAT', r.l)
 return 1
 ";
 
