@@ -193,5 +193,6 @@ pub use inspect::{
     DEFAULT_LIMIT, Filter, Forgot, HandlerStats, Inspect, Order, Query, Schema, Stats, Swept,
 };
 pub use record::{Record, Status};
+pub(crate) use record::{unrecordable_encoding, unrecordable_reason};
 pub use rules::LEASE_RAN_OUT;
 pub use sweep::Sweep;

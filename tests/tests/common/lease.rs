@@ -37,6 +37,7 @@ pub(crate) use super::lease_batch::{
     a_batch_answers_each_message_in_input_order,
     a_batch_body_answering_too_few_values_is_an_outcome_count_error,
     a_batch_completion_whose_reply_was_lost_is_executed_not_lease_lost,
+    a_batch_value_that_cannot_be_recorded_settles_its_key_alone,
     a_failing_batch_records_nothing_and_its_redelivery_runs_it,
     overlapping_batches_from_8_consumers_execute_every_key_once,
 };
@@ -293,6 +294,7 @@ pub(crate) const SHORT_LEASE: &str = "lease_short_lease";
 pub(crate) const SMS: &str = "lease_sms";
 pub(crate) const POINTS: &str = "lease_points";
 pub(crate) const LOPSIDED: &str = "lease_lopsided";
+pub(crate) const RATIO: &str = "lease_ratio";
 
 /// A lease long enough that the heartbeat never fires during a test.
 #[idempotent(
@@ -405,6 +407,14 @@ impl serde::Serialize for Lopsided {
 pub(crate) async fn grant_lopsided(msg: &Job, probe: &Probe) -> Result<Lopsided, AppError> {
     probe.hit();
     Ok(Lopsided { points: msg.value })
+}
+
+/// A ratio that is NaN: JSON cannot carry it. The record of a key lasts a
+/// second.
+#[idempotent(key = "msg.id", ttl = "1s", store = "memory", name = "lease_ratio")]
+pub(crate) async fn grant_ratio(msg: &Job, probe: &Probe) -> Result<f64, AppError> {
+    probe.hit();
+    Ok(f64::NAN)
 }
 
 type Done = Result<Outcome<u32>, Error<AppError>>;
@@ -1122,11 +1132,14 @@ pub(crate) async fn stored_outcome_that_no_longer_decodes_is_a_codec_error<F: Le
     );
 }
 
-/// A value that would not read back is refused when recording, never
-/// written: the call is `Unrecordable` naming what serde said, the claim is
-/// kept without an outcome (the body's effect happened), and a duplicate
-/// meanwhile is `InProgress`, not a record it cannot read.
-pub(crate) async fn an_outcome_that_would_not_read_back_is_unrecordable_and_the_claim_is_kept<
+/// The body succeeded, so its effect happened, but its value cannot be
+/// recorded (it would not read back; a NaN float): the call is
+/// `Unrecordable` naming what serde said, and the key is settled as failed
+/// for the ttl with the reason, so no delivery runs the body again: each
+/// gets `Unrecordable` from the record, with the same reason, though the
+/// handler's error type has no final errors. Once the ttl is over, the key
+/// runs again.
+pub(crate) async fn an_unrecordable_result_settles_the_key_and_deliveries_get_unrecordable<
     F: LeaseFixture,
 >(
     fx: Arc<F>,
@@ -1134,27 +1147,70 @@ pub(crate) async fn an_outcome_that_would_not_read_back_is_unrecordable_and_the_
     let probe = Probe::new();
     let msg = Job::new("j-13", 6);
     let err = grant_lopsided(fx.store(), &msg, &probe).await.unwrap_err();
-    match &err {
+    let reason = match &err {
         Error::Unrecordable {
             handler: LOPSIDED,
             key,
             source,
         } => {
             assert_eq!(*key, msg.key());
-            assert!(
-                source.to_string().contains("would not read back"),
-                "{source}"
-            );
+            let reason = source.to_string();
+            assert!(reason.contains("would not read back"), "{reason}");
+            reason
         }
         other => panic!("expected Unrecordable, got {other:?}"),
+    };
+    let rec = fx.record(LOPSIDED, &msg.key()).await.expect("a record");
+    assert_eq!((rec.status, rec.failures), (Status::Failed, 1), "{rec:?}");
+    assert_eq!(rec.unrecordable().as_deref(), Some(reason.as_str()));
+    assert_eq!(
+        rec.last_error,
+        Some(format!(
+            "the body took effect, but its result cannot be recorded: {reason}"
+        ))
+    );
+    assert_expires_in(&*fx, &rec, Duration::from_secs(3_600)).await;
+    let again = together(8, |_| {
+        let (fx, probe, msg) = (Arc::clone(&fx), Arc::clone(&probe), msg.clone());
+        async move { grant_lopsided(fx.store(), &msg, &probe).await }
+    })
+    .await;
+    for r in again {
+        match r {
+            Err(Error::Unrecordable {
+                handler: LOPSIDED,
+                key,
+                source,
+            }) => {
+                assert_eq!(key, msg.key());
+                assert_eq!(source.to_string(), reason, "the recorded reason");
+            }
+            other => panic!("expected Unrecordable from the record, got {other:?}"),
+        }
     }
-    let rec = fx.record(LOPSIDED, &msg.key()).await.unwrap();
-    assert_eq!((rec.status, rec.outcome), (Status::InProgress, None));
-    assert!(matches!(
-        grant_lopsided(fx.store(), &msg, &probe).await,
-        Err(Error::InProgress { .. })
-    ));
-    assert_eq!(probe.runs(), 1);
+    assert_eq!(probe.runs(), 1, "no delivery ran the body again");
+
+    // A NaN, with a ttl of a second: settled, then free again after it.
+    let nan = Job::new("j-14", 0);
+    for run in 1..=2 {
+        let first = match grant_ratio(fx.store(), &nan, &probe).await {
+            Err(Error::Unrecordable { source, .. }) => source.to_string(),
+            other => panic!("expected Unrecordable, got {other:?}"),
+        };
+        assert!(first.contains("NaN"), "{first}");
+        match grant_ratio(fx.store(), &nan, &probe).await {
+            Err(Error::Unrecordable { source, .. }) => assert_eq!(source.to_string(), first),
+            other => panic!("expected Unrecordable from the record, got {other:?}"),
+        }
+        assert_eq!(probe.runs(), 1 + run, "the body ran once per window");
+        let rec = fx.record(RATIO, &nan.key()).await.expect("a record");
+        assert_eq!(rec.status, Status::Failed, "{rec:?}");
+        assert!(
+            rec.unrecordable().is_some_and(|why| why.contains("NaN")),
+            "{rec:?}"
+        );
+        fx.advance(Duration::from_secs(1) + fx.slack()).await;
+    }
 }
 
 /// A `None` key part: `KeyMissing`, no body, nothing written; with the part
@@ -1253,7 +1309,7 @@ macro_rules! scenarios {
             stale_failure_after_a_takeover_does_not_release_the_new_claim: Manual,
             heartbeat_keeps_a_long_body_s_lease_alive: Real,
             stored_outcome_that_no_longer_decodes_is_a_codec_error: Manual,
-            an_outcome_that_would_not_read_back_is_unrecordable_and_the_claim_is_kept: Manual,
+            an_unrecordable_result_settles_the_key_and_deliveries_get_unrecordable: Manual,
             none_key_part_is_key_missing_and_the_body_does_not_run: Manual,
             body_reads_its_own_key: Manual,
             deliveries_with_another_payload_are_mismatches_and_run_nothing: Manual,
@@ -1267,6 +1323,7 @@ macro_rules! scenarios {
             a_failing_batch_records_nothing_and_its_redelivery_runs_it: Manual,
             a_batch_body_answering_too_few_values_is_an_outcome_count_error: Manual,
             a_batch_completion_whose_reply_was_lost_is_executed_not_lease_lost: Manual,
+            a_batch_value_that_cannot_be_recorded_settles_its_key_alone: Manual,
             overlapping_batches_from_8_consumers_execute_every_key_once: Manual,
         }
     };
