@@ -146,7 +146,14 @@ pub enum Error<E> {
     /// Lease mode: the body finished, but its lease had run out and another
     /// consumer took the key over, so this result was not recorded. The body's
     /// external effect may have happened twice; the record holds the other
-    /// consumer's result.
+    /// consumer's result (under the other claim's token, even when it is the
+    /// same bytes as this one).
+    ///
+    /// Not this: a completion that the store wrote but whose reply was lost
+    /// (the connection dropped after the write). The runtime sends a failed
+    /// completion again, the store answers that the record was completed by
+    /// this claim's own token (see [`LeaseStore::complete`](crate::store::LeaseStore::complete)),
+    /// and the call is [`Outcome::Executed`](crate::Outcome::Executed).
     #[error(
         "handler `{handler}`: lease on key {} was lost to another consumer; this result was not recorded"
     , .key.shown())]

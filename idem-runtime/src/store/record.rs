@@ -128,14 +128,20 @@ pub struct Record {
     /// The payload fingerprint of the delivery that wrote the record, for a
     /// handler that declares one.
     pub fingerprint: Option<String>,
-    /// The fencing token of the claim in progress: who holds the lease.
+    /// The fencing token of the claim in progress: who holds the lease. A
+    /// completed record keeps the token of the claim that completed it (a
+    /// completion sent again with it answers that it recorded). A failed
+    /// record has none, nor has one completed alone by an earlier release.
     pub token: Option<String>,
     /// When the current claim was made.
     pub created_at_ms: i64,
     /// When the record last changed.
     pub updated_at_ms: i64,
     /// When a completed (or failed, or retry) record stops counting, or when
-    /// an in-progress lease runs out.
+    /// an in-progress lease runs out, as the record was written: the same
+    /// at every read. (A settled Redis record: when Redis expires its key,
+    /// by the server's clock; one written by an earlier release, from the
+    /// key's TTL at the read.)
     pub expires_at_ms: i64,
     /// The handler's `max_attempts` as the claim that wrote the record knew
     /// it: how many failures exhaust the key. `None` for a handler without
