@@ -40,8 +40,11 @@
 //! Human-readable text by default; `--json` prints one JSON document on
 //! stdout whose field names are stable: records carry `handler`, `key`
 //! (stored form), `key_parts`, `status`, `outcome` (the recorded JSON),
+//! `unrecordable` (why the body's result could not be recorded, for a key
+//! settled because of it, or `null`),
 //! `attempts`, `failures`, `last_error`, `fingerprint`, `token` (the lease
-//! holder), `created_at_ms`, `updated_at_ms`, `expires_at_ms` (ms since the
+//! holder; a completed record keeps the token of the claim that completed
+//! it), `created_at_ms`, `updated_at_ms`, `expires_at_ms` (ms since the
 //! epoch), `created_at`, `updated_at`, `expires_at` (UTC, RFC 3339) and
 //! `expired`.
 //!

@@ -86,6 +86,12 @@ pub(crate) fn state(record: &Record, now_ms: i64) -> String {
             utc(record.expires_at_ms)
         );
     }
+    if !expired && record.unrecordable().is_some() {
+        return format!(
+            "unrecordable: the body took effect but its result could not be recorded; its deliveries are refused until {}, or until it is forgotten",
+            utc(record.expires_at_ms)
+        );
+    }
     match (record.status, expired) {
         (Status::InProgress, false) => format!("live claim, its lease ends {ends}"),
         (Status::InProgress, true) => {
@@ -122,6 +128,7 @@ pub(crate) fn status_now(record: &Record, now_ms: i64) -> String {
         (Status::InProgress, true) => "in_progress, stuck".to_owned(),
         (status, true) => format!("{status}, expired"),
         (status, false) if record.is_exhausted(now_ms) => format!("{status}, exhausted"),
+        (status, false) if record.unrecordable().is_some() => format!("{status}, unrecordable"),
         (status, false) => status.to_string(),
     }
 }
@@ -135,6 +142,9 @@ pub(crate) struct RecordJson<'r> {
     status: Status,
     /// The recorded JSON itself (text if it is not JSON).
     outcome: Option<serde_json::Value>,
+    /// Why the body's result could not be recorded, for a key settled
+    /// because of it.
+    unrecordable: Option<String>,
     attempts: i64,
     failures: i64,
     /// The handler's limit, as the record knows it.
@@ -166,6 +176,7 @@ impl<'r> RecordJson<'r> {
                 serde_json::from_str(text)
                     .unwrap_or_else(|_| serde_json::Value::String(text.to_owned()))
             }),
+            unrecordable: record.unrecordable(),
             attempts: record.attempts,
             failures: record.failures,
             max_attempts: record.max_attempts,
@@ -205,7 +216,13 @@ pub(crate) fn record_text(record: &Record, now_ms: i64) -> String {
             "status",
             format!("{} ({})", record.status, state(record, now_ms)),
         ),
-        ("outcome", dash(record.outcome.as_deref())),
+        (
+            "outcome",
+            match record.unrecordable() {
+                Some(why) => format!("- (the result could not be recorded: {why})"),
+                None => dash(record.outcome.as_deref()),
+            },
+        ),
         ("attempts", record.attempts.to_string()),
         ("failures", record.failures.to_string()),
         (
@@ -216,7 +233,17 @@ pub(crate) fn record_text(record: &Record, now_ms: i64) -> String {
         ),
         ("last error", dash(record.last_error.as_deref())),
         ("fingerprint", dash(record.fingerprint.as_deref())),
-        ("lease holder", dash(record.token.as_deref())),
+        // A completed record keeps the token of the claim that completed
+        // it, which holds no lease.
+        (
+            "lease holder",
+            dash(
+                record
+                    .token
+                    .as_deref()
+                    .filter(|_| record.status != Status::Completed),
+            ),
+        ),
         ("created", when(record.created_at_ms, now_ms)),
         ("updated", when(record.updated_at_ms, now_ms)),
         (ends, when(record.expires_at_ms, now_ms)),

@@ -56,6 +56,13 @@ impl<T: Serialize + DeserializeOwned> Codec<T> {
     }
 }
 
+impl<T> Codec<T> {
+    /// `value` as it is recorded, or why it cannot be.
+    pub(crate) fn encoded(&self, value: &T) -> Result<String, serde_json::Error> {
+        (self.encode)(value)
+    }
+}
+
 /// Encodes `value`, or says why it cannot be recorded.
 fn encode_checked<T: Serialize + DeserializeOwned>(value: &T) -> Result<String, serde_json::Error> {
     value
@@ -75,7 +82,7 @@ pub(crate) fn encode<T, E>(
     codec: Codec<T>,
     value: &T,
 ) -> Result<String, Error<E>> {
-    (codec.encode)(value).map_err(|source| Error::Unrecordable {
+    codec.encoded(value).map_err(|source| Error::Unrecordable {
         handler: spec.name,
         key: key.clone(),
         source,

@@ -153,7 +153,14 @@ pub enum Error<E> {
     /// Lease mode: the body finished, but its lease had run out and another
     /// consumer took the key over, so this result was not recorded. The body's
     /// external effect may have happened twice; the record holds the other
-    /// consumer's result.
+    /// consumer's result (under the other claim's token, even when it is the
+    /// same bytes as this one).
+    ///
+    /// Not this: a completion that the store wrote but whose reply was lost
+    /// (the connection dropped after the write). The runtime sends a failed
+    /// completion again, the store answers that the record was completed by
+    /// this claim's own token (see [`LeaseStore::complete`](crate::store::LeaseStore::complete)),
+    /// and the call is [`Outcome::Executed`](crate::Outcome::Executed).
     #[error(
         "handler `{handler}`: lease on key {} was lost to another consumer; this result was not recorded"
     , .key.shown())]
@@ -196,14 +203,26 @@ pub enum Error<E> {
     /// duplicate reads the same value back: serde could not encode it, or its
     /// encoding does not decode into the return type again (a NaN or infinite
     /// float, which JSON can only write as `null`; a type whose `Deserialize`
-    /// refuses what its `Serialize` wrote). Nothing was recorded, so no
-    /// duplicate can ever meet an unreadable record. Transaction mode: the
-    /// body's writes were rolled back with the claim, and a redelivery runs
-    /// the body again and is refused again. Lease mode: the body's effect
-    /// happened, and the claim is kept until its lease runs out, so until
-    /// then other deliveries of the key get `InProgress`; after it, a
-    /// redelivery runs the body again (a second effect). Either way,
-    /// dead-letter the message rather than redeliver it.
+    /// refuses what its `Serialize` wrote). The value is never written, so no
+    /// duplicate can ever meet an unreadable record.
+    ///
+    /// Transaction mode: the body's writes were rolled back with the claim,
+    /// and a redelivery runs the body again and is refused again.
+    ///
+    /// Lease mode: the body's effect happened, so the key is settled at once
+    /// as failed for the handler's ttl, its record saying why (`idem show`
+    /// prints it; [`Record::unrecordable`](crate::Record::unrecordable)):
+    /// no delivery runs the body again until the ttl ends or an operator
+    /// runs `idem forget`. Every later delivery of the key gets this error
+    /// too, without running the body, its `source` made from the recorded
+    /// reason (the same text), whatever the handler's error type. A batch
+    /// answers it for each message whose value cannot be recorded (the
+    /// others are recorded as usual), and for each message of a batch
+    /// settled by [`Error::OutcomeCount`] on a later delivery. If the store
+    /// cannot settle the key while the lease holds, that is logged, and a
+    /// redelivery after the lease runs the body again.
+    ///
+    /// Either way, dead-letter the message rather than redeliver it.
     #[error("handler `{handler}`: the result for key {} cannot be recorded: {source}", .key.shown())]
     Unrecordable {
         /// The handler's registered name.
@@ -217,10 +236,13 @@ pub enum Error<E> {
 
     /// A batch handler's body returned another number of values than it
     /// was given fresh messages, so no value can be matched to its message.
-    /// Nothing was recorded. Transaction mode: the body's writes were
-    /// rolled back. Lease mode: the body's effects happened, and the claims
-    /// are kept until their leases run out (other deliveries of those keys
-    /// get `InProgress` until then). A bug in the handler: fix the body.
+    /// No value was recorded. Transaction mode: the body's writes were
+    /// rolled back. Lease mode: the body's effects happened, so every fresh
+    /// key of the batch is settled as failed for the handler's ttl, as for
+    /// [`Error::Unrecordable`]: later deliveries of those keys get
+    /// `Unrecordable` (saying what the body returned) without running the
+    /// body, until the ttl ends or the keys are forgotten. A bug in the
+    /// handler: fix the body.
     #[error(
         "handler `{handler}`: the batch body was given {fresh} fresh messages but returned {returned} values"
     )]

@@ -8,16 +8,20 @@
 //! * [`processes`]: servers a test starts and kills itself (`redis-server`,
 //!   a Redis Cluster), and a test of the running binary as a child process
 //!   (a consumer of its own, under libfaketime if need be);
-//! * [`brokers`]: the same for RabbitMQ, NATS and Kafka.
+//! * [`brokers`]: the same for RabbitMQ, NATS and Kafka;
+//! * [`links`]: a network link a test breaks on purpose (a proxy that loses
+//!   the reply to one request).
 //!
 //! The items are re-exported here, so a test writes `idem_tests::pg_pool`.
 
 pub mod brokers;
 pub mod databases;
+pub mod links;
 pub mod processes;
 pub mod services;
 
 pub use databases::{DeleteKeys, DropMySqlTables, DropTables, unique_prefix, unique_table};
+pub use links::LostReply;
 pub use processes::{ChildTest, LIBFAKETIME, RedisCluster, RedisServer, TansuServer, free_port};
 pub use services::{
     mysql_pool, mysql_url, pg_pool, pg_url, redis_store, redis_url, services_required, unavailable,

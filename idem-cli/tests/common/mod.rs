@@ -189,6 +189,24 @@ pub(crate) async fn reserve(msg: &Reserve, runs: &AtomicU32) -> Result<u32, std:
     )))
 }
 
+/// The name `cli_ratio` is registered under.
+pub(crate) const RATIO: &str = "cli_ratio";
+
+/// A handler whose result, a NaN, JSON cannot carry: its body takes effect
+/// (counted in `runs`) and its key is settled as unrecordable.
+#[idempotent(
+    key = "msg.order_id + msg.sku",
+    ttl = "1h",
+    lease = "10m",
+    store = "sqlite",
+    name = "cli_ratio"
+)]
+pub(crate) async fn ratio(msg: &Reserve, runs: &AtomicU32) -> Result<f64, std::io::Error> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    let _ = &msg.order_id;
+    Ok(f64::NAN)
+}
+
 /// A key of `cli_orders`: `order_id + sku`.
 pub(crate) fn key(order: &str, sku: &str) -> Key {
     Key::from_parts(&[&order, &sku]).expect("a key")

@@ -11,8 +11,9 @@ use serde_json::{Value, json};
 
 use super::fixtures::StoreFx;
 use super::{
-    FINGERPRINT, GLOB_SPECS, ORDERS, ORDERS_SPEC, RESERVE, Reserve, Run, SHORT_SPEC, SMS, SMS_SPEC,
-    claim, claimable_afresh, complete, fail, idem, idem_env, key, now, reserve, two_hours_ago,
+    FINGERPRINT, GLOB_SPECS, ORDERS, ORDERS_SPEC, RATIO, RESERVE, Reserve, Run, SHORT_SPEC, SMS,
+    SMS_SPEC, claim, claimable_afresh, complete, fail, idem, idem_env, key, now, ratio, reserve,
+    two_hours_ago,
 };
 
 /// One `#[tokio::test]` per scenario on the fixture type `$Fx`, skipped
@@ -30,6 +31,7 @@ macro_rules! cli_suite {
             errors_are_one_line_with_their_exit_code,
             handler_names_are_matched_exactly,
             an_exhausted_key_reads_as_exhausted,
+            an_unrecordable_result_reads_as_such_until_it_is_forgotten,
         );
     };
     (@tests $Fx:ty; $($scenario:ident,)*) => {
@@ -225,7 +227,9 @@ pub(crate) async fn show_prints_every_field_of_a_record<F: StoreFx>(fx: &F) {
     assert_eq!(shown["failures"], 0);
     assert_eq!(shown["last_error"], Value::Null);
     assert_eq!(shown["fingerprint"], Value::Null);
-    assert_eq!(shown["token"], Value::Null);
+    // The token of the claim that completed the record, which holds no
+    // lease (the text says `lease holder -`).
+    assert!(shown["token"].is_string(), "{shown}");
     let created = written_at(&shown["created_at_ms"], T0);
     // Claimed, then completed by a statement of its own.
     let updated = written_at(&shown["updated_at_ms"], created);
@@ -875,4 +879,49 @@ fn sans_expired_of<F: StoreFx>(expected: &[&str]) -> Vec<String> {
         .filter(|o| !(F::NATIVE_EXPIRY && **o == "P-9"))
         .map(|o| (*o).to_owned())
         .collect()
+}
+
+/// A key settled because its body's result could not be recorded (a NaN)
+/// reads as such: `show` says why and until when its deliveries are
+/// refused, `list` marks it, `--json` gives the reason. Once forgotten, the
+/// key runs again.
+pub(crate) async fn an_unrecordable_result_reads_as_such_until_it_is_forgotten<F: StoreFx>(fx: &F) {
+    let runs = AtomicU32::new(0);
+    let msg = Reserve::new("N-1", "apple");
+    for _ in 0..2 {
+        let err = ratio(fx.store(), &msg, &runs).await.unwrap_err();
+        assert!(matches!(err, Error::Unrecordable { .. }), "{err:?}");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the redelivery ran nothing");
+
+    let text = on(fx, &["show", RATIO, "N-1", "apple"]).ok().stdout;
+    for line in [
+        "status       failed (unrecordable: the body took effect but its result could not be recorded; its deliveries are refused until ",
+        "outcome      - (the result could not be recorded: the result is NaN, which JSON cannot carry",
+        "last error   the body took effect, but its result cannot be recorded: the result is NaN",
+        "failures     1\n",
+    ] {
+        assert!(text.contains(line), "{line:?} is not in:\n{text}");
+    }
+    assert!(text.contains(", or until it is forgotten)\n"), "{text}");
+    let shown = on(fx, &["--json", "show", RATIO, "N-1", "apple"]).json();
+    assert_eq!(shown["status"], "failed");
+    let why = shown["unrecordable"].as_str().expect("the reason");
+    assert!(why.starts_with("the result is NaN"), "{shown}");
+    assert_eq!(shown["outcome"], json!({ "idem:unrecordable": why }));
+
+    let text = on(fx, &["list", RATIO]).ok().stdout;
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("N-1 + apple"))
+        .unwrap_or_else(|| panic!("no N-1 in:\n{text}"));
+    assert!(row.contains("failed, unrecordable"), "{row}");
+    let listed = on(fx, &["--json", "list", RATIO]).json();
+    assert_eq!(listed["records"][0]["unrecordable"], why);
+
+    // Forgotten, the key runs again (and is settled again).
+    on(fx, &["forget", RATIO, "N-1", "apple"]).ok();
+    let err = ratio(fx.store(), &msg, &runs).await.unwrap_err();
+    assert!(matches!(err, Error::Unrecordable { .. }), "{err:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
 }

@@ -14,6 +14,7 @@ use crate::key::Key;
 use crate::outcome::Outcome;
 use crate::registry::{self, HandlerSpec};
 use crate::store::contract::Standing;
+use crate::store::unrecordable_reason;
 use crate::telemetry::finish;
 
 pub(crate) mod lease;
@@ -61,18 +62,27 @@ pub(crate) fn refused<T, E>(
 ) -> Result<Outcome<T>, Error<E>> {
     match standing {
         Standing::Completed { outcome } => decode(spec, key, codec, &outcome),
-        Standing::Failed { error } => match errors.decode(&error) {
-            Ok(error) => Err(Error::Failed {
+        Standing::Failed { error } => match unrecordable_reason(&error) {
+            // The body took effect but its value could not be recorded:
+            // what the record says of it, whatever the handler's error type.
+            Some(why) => Err(Error::Unrecordable {
                 handler: spec.name,
                 key: key.clone(),
-                error,
-                replayed: true,
+                source: <serde_json::Error as serde::de::Error>::custom(why),
             }),
-            Err(source) => Err(Error::Codec {
-                handler: spec.name,
-                key: key.clone(),
-                source,
-            }),
+            None => match errors.decode(&error) {
+                Ok(error) => Err(Error::Failed {
+                    handler: spec.name,
+                    key: key.clone(),
+                    error,
+                    replayed: true,
+                }),
+                Err(source) => Err(Error::Codec {
+                    handler: spec.name,
+                    key: key.clone(),
+                    source,
+                }),
+            },
         },
         Standing::InProgress { retry_after } => Err(Error::InProgress {
             handler: spec.name,

@@ -15,11 +15,16 @@
 //!   first ([`Outcome::Duplicate`] of the first's recorded value), or
 //!   `PayloadMismatch` when the handler declares a fingerprint and the two
 //!   payloads differ;
-//! * a message whose key cannot be derived (a `None` part): `KeyMissing`.
+//! * a message whose key cannot be derived (a `None` part): `KeyMissing`;
+//! * in lease mode, a fresh message whose value cannot be recorded:
+//!   `Unrecordable`, its key settled as failed (so is a repeat of it).
 //!
 //! The call itself fails (the outer `Err`) when the batch could not be
 //! claimed or recorded, or when the body failed: then nothing of the
-//! batch is recorded, so every message may be redelivered. A batch body's
+//! batch is recorded, so every message may be redelivered. A body that
+//! answers another number of values than it was given fresh messages
+//! fails the call with `OutcomeCount`: transaction mode rolls back, lease
+//! mode settles every fresh key as unrecordable (the effects happened). A batch body's
 //! error is never recorded as final nor counted (the macro refuses
 //! `max_attempts` on a batch handler): it is the whole batch's error, and
 //! [`Error::Handler`] names the key of the batch's first fresh message.
@@ -140,6 +145,10 @@ pub(super) enum Fate<T> {
     Refused(Standing),
     /// Its lease was lost before its outcome was recorded.
     Lost,
+    /// The body ran it (lease mode), but its value cannot be recorded
+    /// (serde's error); the key was settled as failed with `.1` as its
+    /// recorded error.
+    Unrecordable(serde_json::Error, String),
 }
 
 /// The per-message results from each distinct key's fate, each counted in
@@ -162,6 +171,9 @@ pub(super) fn answer<T, E>(
                 outcome: outcome.clone(),
             }),
             Fate::Refused(standing) => Some(standing.clone()),
+            Fate::Unrecordable(_, recorded) => Some(Standing::Failed {
+                error: recorded.clone(),
+            }),
             Fate::Lost => None,
         })
         .collect();
@@ -178,6 +190,11 @@ pub(super) fn answer<T, E>(
                         Some(Fate::Refused(standing)) => {
                             refused(spec, key, fingerprint.as_deref(), codec, errors, standing)
                         }
+                        Some(Fate::Unrecordable(source, _)) => Err(Error::Unrecordable {
+                            handler: spec.name,
+                            key: key.clone(),
+                            source,
+                        }),
                         Some(Fate::Lost) | None => Err(Error::LeaseLost {
                             handler: spec.name,
                             key: key.clone(),

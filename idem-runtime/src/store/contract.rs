@@ -339,6 +339,19 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     /// Records `outcome` and keeps it for `spec.ttl`, if `token` still holds
     /// the claim. `Ok(false)` means the lease was lost.
     ///
+    /// The runtime sends a completion again, with the same token and
+    /// outcome, when the first one failed: also when the store wrote it
+    /// and only its reply was lost (the connection dropped after the
+    /// write). A completion whose token completed the record already must
+    /// answer `Ok(true)` and leave the record as it is; the stores of this
+    /// crate keep the token in the completed record to know it. A record
+    /// completed under another token (a consumer that took the key over
+    /// once this lease ran out) answers `Ok(false)`, even when it holds
+    /// the same outcome: that result is the other consumer's. A store that
+    /// answers `Ok(false)` to its own completion makes the call report
+    /// [`Error::LeaseLost`](crate::Error::LeaseLost) for a key whose
+    /// outcome it recorded.
+    ///
     /// # Examples
     ///
     /// ```
@@ -359,8 +372,10 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
     /// let key = Key::from_parts(&[&"m-1"])?;
     /// let Claim::Fresh { token } = store.claim(&SPEC, &key, None).await? else { panic!() };
     /// assert!(store.complete(&SPEC, &key, &token, r#"{"sent":true}"#).await?);
-    /// // the token no longer holds a claim
-    /// assert!(!store.complete(&SPEC, &key, &token, "null").await?);
+    /// // the same completion again (its first reply lost): recorded, unchanged
+    /// assert!(store.complete(&SPEC, &key, &token, r#"{"sent":true}"#).await?);
+    /// // another claim's token does not hold the key
+    /// assert!(!store.complete(&SPEC, &key, "someone else's token", r#"{"sent":true}"#).await?);
     /// # Ok(()) }
     /// ```
     fn complete(
@@ -543,6 +558,8 @@ pub trait LeaseStore: Clone + Send + Sync + 'static {
 
     /// Records each claim's outcome, as [`LeaseStore::complete`] does for
     /// one: per claim in the order given, `false` when its lease was lost.
+    /// Sent again after a failure like a single completion, it answers
+    /// `true` for each claim whose token completed its record already.
     ///
     /// # Examples
     ///

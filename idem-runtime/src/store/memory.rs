@@ -238,6 +238,12 @@ fn holds(e: &Option<Record>, token: &str) -> bool {
     matches!(e, Some(e) if e.status == Status::InProgress && e.token.as_deref() == Some(token))
 }
 
+/// Whether `token`'s claim completed the record: a completion retried with
+/// it (its first reply lost) recorded it already.
+fn completed_by(e: &Option<Record>, token: &str) -> bool {
+    matches!(e, Some(e) if e.status == Status::Completed && e.token.as_deref() == Some(token))
+}
+
 /// As [`holds`], or the claim's stall was counted as the last failure: its
 /// body may still record what it did.
 fn settles(e: &Option<Record>, token: &str) -> bool {
@@ -297,12 +303,15 @@ impl LeaseStore for MemoryStore {
         outcome: &str,
     ) -> Result<bool, StoreError> {
         Ok(self.with_entry(spec, key, |slot, now| {
+            if completed_by(slot, token) {
+                return true;
+            }
             if !settles(slot, token) {
                 return false;
             }
             if let Some(e) = slot {
+                // The record keeps the token of the claim that completed it.
                 e.status = Status::Completed;
-                e.token = None;
                 e.outcome = Some(outcome.to_owned());
                 e.updated_at_ms = now;
                 e.expires_at_ms = expiry(now, spec.ttl);

@@ -108,6 +108,14 @@
 //!     async fn complete(
 //!         &self, spec: &'static HandlerSpec, key: &Key, token: &str, outcome: &str,
 //!     ) -> Result<bool, StoreError> {
+//!         // Sent again after its reply was lost: the record keeps the token
+//!         // that completed it, and this completion is that one.
+//!         let done = self.0.lock().unwrap().get(&id(spec, key)).is_some_and(|r| {
+//!             r.status == Status::Completed && r.token.as_deref() == Some(token)
+//!         });
+//!         if done {
+//!             return Ok(true);
+//!         }
 //!         Ok(self.settle(spec, key, token, |r, now| {
 //!             r.status = Status::Completed;
 //!             r.outcome = Some(outcome.to_owned());
@@ -185,5 +193,6 @@ pub use inspect::{
     DEFAULT_LIMIT, Filter, Forgot, HandlerStats, Inspect, Order, Query, Schema, Stats, Swept,
 };
 pub use record::{Record, Status};
+pub(crate) use record::{unrecordable_encoding, unrecordable_reason};
 pub use rules::LEASE_RAN_OUT;
 pub use sweep::Sweep;

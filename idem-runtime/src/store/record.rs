@@ -128,14 +128,20 @@ pub struct Record {
     /// The payload fingerprint of the delivery that wrote the record, for a
     /// handler that declares one.
     pub fingerprint: Option<String>,
-    /// The fencing token of the claim in progress: who holds the lease.
+    /// The fencing token of the claim in progress: who holds the lease. A
+    /// completed record keeps the token of the claim that completed it (a
+    /// completion sent again with it answers that it recorded). A failed
+    /// record has none, nor has one completed alone by an earlier release.
     pub token: Option<String>,
     /// When the current claim was made.
     pub created_at_ms: i64,
     /// When the record last changed.
     pub updated_at_ms: i64,
     /// When a completed (or failed, or retry) record stops counting, or when
-    /// an in-progress lease runs out.
+    /// an in-progress lease runs out, as the record was written: the same
+    /// at every read. (A settled Redis record: when Redis expires its key,
+    /// by the server's clock; one written by an earlier release, from the
+    /// key's TTL at the read.)
     pub expires_at_ms: i64,
     /// The handler's `max_attempts` as the claim that wrote the record knew
     /// it: how many failures exhaust the key. `None` for a handler without
@@ -199,6 +205,38 @@ impl Record {
         self.expires_at_ms <= now_ms
     }
 
+    /// Why the body's value could not be recorded, when the record is the
+    /// failure the runtime records for that: the body succeeded in lease
+    /// mode, so its effect happened, but serde could not encode its value
+    /// or the value would not read back (a NaN float), or a batch body
+    /// returned another number of values than it was given messages. The
+    /// key is settled as failed for the handler's ttl, and its deliveries
+    /// get [`Error::Unrecordable`](crate::Error::Unrecordable) without
+    /// running the body, until the ttl ends or the record is forgotten
+    /// (`idem forget`). `None` for any other record.
+    ///
+    /// The record keeps `{"idem:unrecordable": "<why>"}` as its outcome,
+    /// a JSON object no handler's error encodes by accident, and the
+    /// reason, prefixed, as its last error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::store::{Record, Status};
+    ///
+    /// let mut r = Record::new("notify", "3:m-1", Status::Failed, 0, 60_000);
+    /// r.outcome = Some(r#"{"idem:unrecordable":"the result is NaN"}"#.into());
+    /// assert_eq!(r.unrecordable().as_deref(), Some("the result is NaN"));
+    /// r.outcome = Some(r#"{"UnknownSku":"pear-9"}"#.into()); // a final error of the handler's own
+    /// assert_eq!(r.unrecordable(), None);
+    /// ```
+    pub fn unrecordable(&self) -> Option<String> {
+        if self.status != Status::Failed {
+            return None;
+        }
+        unrecordable_reason(self.outcome.as_deref()?)
+    }
+
     /// Whether the key has used up its attempts at `now_ms`: a live
     /// [`Retry`](Status::Retry) record whose failures reached its
     /// [`max_attempts`](Record::max_attempts). Its deliveries are refused
@@ -225,5 +263,64 @@ impl Record {
             && self
                 .max_attempts
                 .is_some_and(|max| self.failures >= i64::from(max))
+    }
+}
+
+/// The member of the one-member JSON object recorded, as a final error, for
+/// a key whose body's value could not be recorded.
+const UNRECORDABLE: &str = "idem:unrecordable";
+
+/// What the runtime records, as a final error, for a key whose body took
+/// effect but whose value could not be recorded (`why`):
+/// `{"idem:unrecordable":"<why>"}`. No handler's error encodes as such an
+/// object by accident.
+pub(crate) fn unrecordable_encoding(why: &str) -> String {
+    let mut object = serde_json::Map::new();
+    object.insert(UNRECORDABLE.to_owned(), serde_json::Value::from(why));
+    serde_json::Value::Object(object).to_string()
+}
+
+/// Why the body's value could not be recorded, if `encoded` (a recorded
+/// final error) is what [`unrecordable_encoding`] writes.
+pub(crate) fn unrecordable_reason(encoded: &str) -> Option<String> {
+    // Only an object whose first member is the marker reads further.
+    if !encoded.starts_with("{\"idem:unrecordable\"") {
+        return None;
+    }
+    let object: serde_json::Map<String, serde_json::Value> = serde_json::from_str(encoded).ok()?;
+    if object.len() != 1 {
+        return None;
+    }
+    object.get(UNRECORDABLE)?.as_str().map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{unrecordable_encoding, unrecordable_reason};
+
+    #[test]
+    fn an_unrecordable_result_reads_back_and_nothing_else_does() {
+        for why in ["the result is NaN", "", "a \"quoted\" | é\nline"] {
+            let encoded = unrecordable_encoding(why);
+            assert_eq!(
+                unrecordable_reason(&encoded).as_deref(),
+                Some(why),
+                "{encoded}"
+            );
+        }
+        assert_eq!(
+            unrecordable_encoding("the result is NaN"),
+            r#"{"idem:unrecordable":"the result is NaN"}"#
+        );
+        for other in [
+            r#"{"UnknownSku":"pear-9"}"#,
+            r#""idem:unrecordable""#,
+            r#"{"idem:unrecordable":7}"#,
+            r#"{"idem:unrecordable":"x","more":1}"#,
+            r#"{"idem:unrecordable":"#,
+            "",
+        ] {
+            assert_eq!(unrecordable_reason(other), None, "{other}");
+        }
     }
 }

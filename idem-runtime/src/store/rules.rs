@@ -49,7 +49,11 @@
 //! The holder of a claim then completes it (completed, the window starts),
 //! fails it (failed or retry, one more failure, the window starts),
 //! releases it (absent again) or extends its lease; each only while the
-//! record still holds the claim's token.
+//! record still holds the claim's token. A completed record keeps the token
+//! of the claim that completed it: a completion sent again with that token
+//! (the store wrote the first one, and its reply was lost) answers that it
+//! recorded and changes nothing, while a completion with any other token,
+//! whatever outcome the record holds, answers that the lease was lost.
 //!
 //! The stores that decide in the process apply these rules through
 //! [`ClaimPlan`] (memory; Redis, which then writes its decision only if the

@@ -28,6 +28,7 @@ use idem_runtime::store::{Claim, LeaseStore};
 use idem_runtime::store::{Record, Status};
 use idem_runtime::{Error, Key, Outcome, idempotent};
 
+use super::lossy::Lossy;
 use super::{AppError, Probe, Tally, eventually, together};
 
 // The scenarios about batch handlers, with their handler.
@@ -35,6 +36,8 @@ use super::{AppError, Probe, Tally, eventually, together};
 pub(crate) use super::lease_batch::{
     a_batch_answers_each_message_in_input_order,
     a_batch_body_answering_too_few_values_is_an_outcome_count_error,
+    a_batch_completion_whose_reply_was_lost_is_executed_not_lease_lost,
+    a_batch_value_that_cannot_be_recorded_settles_its_key_alone,
     a_failing_batch_records_nothing_and_its_redelivery_runs_it,
     overlapping_batches_from_8_consumers_execute_every_key_once,
 };
@@ -43,7 +46,8 @@ pub(crate) use super::lease_batch::{
 #[allow(unused_imports)]
 pub(crate) use super::lease_ops::{
     a_claim_whose_lease_ran_out_counts_as_a_failure, a_final_error_is_recorded_and_replayed,
-    a_huge_error_text_is_cut_and_counted, a_stalled_last_attempt_that_finishes_is_recorded,
+    a_huge_error_text_is_cut_and_counted, a_settled_record_reads_back_the_same_expiry_each_time,
+    a_stalled_last_attempt_that_finishes_is_recorded,
     deliveries_with_another_payload_are_mismatches_and_run_nothing,
     failures_are_counted_exactly_under_16_concurrent_consumers,
 };
@@ -94,15 +98,8 @@ pub(crate) trait Effects: Send + Sync {
 pub(crate) enum Token {
     /// The store keeps its tokens to itself (the memory store).
     Hidden,
-    /// The token the record holds (`None`: none, as after completion).
+    /// The token the record holds (`None`: none, as after a failure).
     Shown(Option<String>),
-}
-
-impl Token {
-    /// No token is held, or the store does not show it.
-    pub(crate) fn is_cleared(&self) -> bool {
-        matches!(self, Token::Hidden | Token::Shown(None))
-    }
 }
 
 /// A lease store of the test's own, with what a scenario reads back from it.
@@ -137,6 +134,14 @@ pub(crate) trait LeaseFixture: Effects + Sized + 'static {
     async fn token(&self, handler: &str, key: &Key) -> Token;
     /// How often bodies applied their effect for message `id`.
     async fn effects(&self, id: &str) -> usize;
+
+    /// The store again, on a link of its own whose next completion loses
+    /// its reply once armed ([`Lossy`]): where the store has a server, its
+    /// connection drops after the server wrote; otherwise (this default)
+    /// the completion runs and then answers an error.
+    async fn lossy(&self) -> Lossy<Self::Store> {
+        Lossy::simulated(self.store().clone())
+    }
 
     /// Lets the lease of `handler`'s claim of `key` run out now, as for a
     /// consumer stalled past its lease: the store's time moves to the
@@ -289,6 +294,7 @@ pub(crate) const SHORT_LEASE: &str = "lease_short_lease";
 pub(crate) const SMS: &str = "lease_sms";
 pub(crate) const POINTS: &str = "lease_points";
 pub(crate) const LOPSIDED: &str = "lease_lopsided";
+pub(crate) const RATIO: &str = "lease_ratio";
 
 /// A lease long enough that the heartbeat never fires during a test.
 #[idempotent(
@@ -403,6 +409,14 @@ pub(crate) async fn grant_lopsided(msg: &Job, probe: &Probe) -> Result<Lopsided,
     Ok(Lopsided { points: msg.value })
 }
 
+/// A ratio that is NaN: JSON cannot carry it. The record of a key lasts a
+/// second.
+#[idempotent(key = "msg.id", ttl = "1s", store = "memory", name = "lease_ratio")]
+pub(crate) async fn grant_ratio(msg: &Job, probe: &Probe) -> Result<f64, AppError> {
+    probe.hit();
+    Ok(f64::NAN)
+}
+
 type Done = Result<Outcome<u32>, Error<AppError>>;
 
 /// Delivers `msg` to [`job`] in a task of its own (to park in the body).
@@ -434,7 +448,7 @@ async fn jobs_together<F: LeaseFixture>(
 // The scenarios
 
 /// The first delivery runs the body and leaves a completed record: outcome,
-/// timestamps, the ttl as its expiry, no fencing token.
+/// timestamps, the ttl as its expiry, the fencing token of its claim.
 pub(crate) async fn first_delivery_executes_and_records_completed<F: LeaseFixture>(fx: Arc<F>) {
     let probe = Probe::new();
     let msg = Job::new("j-1", 7);
@@ -460,8 +474,8 @@ pub(crate) async fn first_delivery_executes_and_records_completed<F: LeaseFixtur
         "{rec:?}"
     );
     assert_expires_in(&*fx, &rec, Duration::from_secs(3_600)).await;
-    // The fencing token is cleared on completion.
-    assert!(fx.token(JOB, &msg.key()).await.is_cleared());
+    // The record keeps the fencing token of the claim that completed it.
+    assert_ne!(fx.token(JOB, &msg.key()).await, Token::Shown(None));
     assert_eq!(fx.records().await, 1);
 }
 
@@ -782,16 +796,15 @@ pub(crate) async fn expired_lease_is_taken_over_and_the_stale_completion_is_leas
         }
         other => panic!("expected LeaseLost, got {other:?}"),
     }
-    // Exactly one completion stands: B's, kept for the ttl, without token.
+    // Exactly one completion stands: B's, kept for the ttl, under B's token.
     let rec = fx.record(JOB, &key).await.unwrap();
     assert_eq!(
         (rec.status, rec.outcome.as_deref()),
         (Status::Completed, Some("2"))
     );
-    assert!(
-        fx.token(JOB, &key).await.is_cleared(),
-        "A's token {token_a:?}"
-    );
+    if token_a != Token::Hidden {
+        assert_ne!(fx.token(JOB, &key).await, token_a, "A's token stands");
+    }
     assert_expires_in(&*fx, &rec, Duration::from_secs(3_600)).await;
     assert_eq!(fx.records().await, 1);
     for value in [3, 4] {
@@ -805,6 +818,94 @@ pub(crate) async fn expired_lease_is_taken_over_and_the_stale_completion_is_leas
     // Both bodies ran: that is what LeaseLost warns about.
     assert_eq!(probe.runs(), 2);
     assert_eq!(fx.effects("j-8").await, 2);
+}
+
+/// As above, but B's body returns what A's does, so the record holds the
+/// very bytes A's completion carries: A's completion is still
+/// `LeaseLost`, since the record is B's (another token), not A's.
+pub(crate) async fn a_takeover_recording_the_same_outcome_leaves_the_stale_completion_lease_lost<
+    F: LeaseFixture,
+>(
+    fx: Arc<F>,
+) {
+    let probe = Probe::new();
+    let key = Job::new("same-1", 0).key();
+    let a = spawn_job(&fx, &probe, Job::parked("same-1", 5));
+    probe.wait_parked().await;
+    let token_a = fx.token(JOB, &key).await;
+    fx.run_out_lease(JOB, &key).await;
+    let b = job(fx.store(), &Job::new("same-1", 5), &probe, &*fx).await;
+    assert_eq!(b.unwrap(), Outcome::Executed(5), "B takes the key over");
+    let token_b = fx.token(JOB, &key).await;
+
+    probe.open_gate();
+    let a = a.await.unwrap();
+    assert!(
+        matches!(&a, Err(Error::LeaseLost { handler: JOB, key: k }) if *k == key),
+        "expected LeaseLost for A, got {a:?}"
+    );
+    let rec = fx.record(JOB, &key).await.unwrap();
+    assert_eq!(
+        (rec.status, rec.outcome.as_deref()),
+        (Status::Completed, Some("5"))
+    );
+    assert_eq!(fx.token(JOB, &key).await, token_b, "B's record stands");
+    if token_a != Token::Hidden {
+        assert_ne!(token_a, token_b);
+    }
+    assert_eq!(probe.runs(), 2);
+    assert_eq!(fx.effects("same-1").await, 2);
+}
+
+/// The value a body returns when its completion's reply is to be lost: a
+/// number no other request of a scenario holds, so the proxy finds the
+/// completion by it.
+pub(crate) const LOST_REPLY_VALUE: u32 = 918_273_645;
+
+/// The store writes a completion and its reply is lost (the connection
+/// drops after the write; see [`Lossy`]); the runtime sends the completion
+/// again, which finds the record completed by its own token: the call is
+/// `Executed`, not `LeaseLost`, and the outcome stands for the ttl. On the
+/// stores with a server the connection really drops.
+pub(crate) async fn a_completion_whose_reply_was_lost_is_executed_not_lease_lost<
+    F: LeaseFixture,
+>(
+    fx: Arc<F>,
+) {
+    let lossy = fx.lossy().await;
+    let probe = Probe::new();
+    // A first call on the link: whatever a store loads or prepares once,
+    // it has, so the lost reply is the completion's own.
+    let warm = Job::new("lost-0", 1);
+    assert_eq!(
+        job(&lossy, &warm, &probe, &*fx).await.unwrap(),
+        Outcome::Executed(1)
+    );
+
+    lossy.lose_next_completion();
+    let msg = Job::new("lost-1", LOST_REPLY_VALUE);
+    let out = job(&lossy, &msg, &probe, &*fx).await;
+    assert_eq!(lossy.lost(), 1, "the completion's reply was not lost");
+    eprintln!(
+        "a completion's reply lost ({}): {out:?}",
+        if lossy.is_real() {
+            "the connection dropped"
+        } else {
+            "simulated"
+        }
+    );
+    assert_eq!(out.unwrap(), Outcome::Executed(LOST_REPLY_VALUE));
+    let rec = fx.record(JOB, &msg.key()).await.expect("a record");
+    assert_eq!(rec.status, Status::Completed, "{rec:?}");
+    assert_eq!(rec.outcome, Some(LOST_REPLY_VALUE.to_string()));
+    assert_expires_in(&*fx, &rec, Duration::from_secs(3_600)).await;
+    // Redeliveries, through either store, are duplicates.
+    let again = job(&lossy, &msg, &probe, &*fx).await;
+    assert_eq!(again.unwrap(), Outcome::Duplicate(LOST_REPLY_VALUE));
+    let again = job(fx.store(), &msg, &probe, &*fx).await;
+    assert_eq!(again.unwrap(), Outcome::Duplicate(LOST_REPLY_VALUE));
+    assert_eq!(probe.runs(), 2);
+    assert_eq!(fx.effects("lost-1").await, 1);
 }
 
 /// A's lease runs out while its body is stalled, but nobody takes the key
@@ -1031,11 +1132,14 @@ pub(crate) async fn stored_outcome_that_no_longer_decodes_is_a_codec_error<F: Le
     );
 }
 
-/// A value that would not read back is refused when recording, never
-/// written: the call is `Unrecordable` naming what serde said, the claim is
-/// kept without an outcome (the body's effect happened), and a duplicate
-/// meanwhile is `InProgress`, not a record it cannot read.
-pub(crate) async fn an_outcome_that_would_not_read_back_is_unrecordable_and_the_claim_is_kept<
+/// The body succeeded, so its effect happened, but its value cannot be
+/// recorded (it would not read back; a NaN float): the call is
+/// `Unrecordable` naming what serde said, and the key is settled as failed
+/// for the ttl with the reason, so no delivery runs the body again: each
+/// gets `Unrecordable` from the record, with the same reason, though the
+/// handler's error type has no final errors. Once the ttl is over, the key
+/// runs again.
+pub(crate) async fn an_unrecordable_result_settles_the_key_and_deliveries_get_unrecordable<
     F: LeaseFixture,
 >(
     fx: Arc<F>,
@@ -1043,27 +1147,70 @@ pub(crate) async fn an_outcome_that_would_not_read_back_is_unrecordable_and_the_
     let probe = Probe::new();
     let msg = Job::new("j-13", 6);
     let err = grant_lopsided(fx.store(), &msg, &probe).await.unwrap_err();
-    match &err {
+    let reason = match &err {
         Error::Unrecordable {
             handler: LOPSIDED,
             key,
             source,
         } => {
             assert_eq!(*key, msg.key());
-            assert!(
-                source.to_string().contains("would not read back"),
-                "{source}"
-            );
+            let reason = source.to_string();
+            assert!(reason.contains("would not read back"), "{reason}");
+            reason
         }
         other => panic!("expected Unrecordable, got {other:?}"),
+    };
+    let rec = fx.record(LOPSIDED, &msg.key()).await.expect("a record");
+    assert_eq!((rec.status, rec.failures), (Status::Failed, 1), "{rec:?}");
+    assert_eq!(rec.unrecordable().as_deref(), Some(reason.as_str()));
+    assert_eq!(
+        rec.last_error,
+        Some(format!(
+            "the body took effect, but its result cannot be recorded: {reason}"
+        ))
+    );
+    assert_expires_in(&*fx, &rec, Duration::from_secs(3_600)).await;
+    let again = together(8, |_| {
+        let (fx, probe, msg) = (Arc::clone(&fx), Arc::clone(&probe), msg.clone());
+        async move { grant_lopsided(fx.store(), &msg, &probe).await }
+    })
+    .await;
+    for r in again {
+        match r {
+            Err(Error::Unrecordable {
+                handler: LOPSIDED,
+                key,
+                source,
+            }) => {
+                assert_eq!(key, msg.key());
+                assert_eq!(source.to_string(), reason, "the recorded reason");
+            }
+            other => panic!("expected Unrecordable from the record, got {other:?}"),
+        }
     }
-    let rec = fx.record(LOPSIDED, &msg.key()).await.unwrap();
-    assert_eq!((rec.status, rec.outcome), (Status::InProgress, None));
-    assert!(matches!(
-        grant_lopsided(fx.store(), &msg, &probe).await,
-        Err(Error::InProgress { .. })
-    ));
-    assert_eq!(probe.runs(), 1);
+    assert_eq!(probe.runs(), 1, "no delivery ran the body again");
+
+    // A NaN, with a ttl of a second: settled, then free again after it.
+    let nan = Job::new("j-14", 0);
+    for run in 1..=2 {
+        let first = match grant_ratio(fx.store(), &nan, &probe).await {
+            Err(Error::Unrecordable { source, .. }) => source.to_string(),
+            other => panic!("expected Unrecordable, got {other:?}"),
+        };
+        assert!(first.contains("NaN"), "{first}");
+        match grant_ratio(fx.store(), &nan, &probe).await {
+            Err(Error::Unrecordable { source, .. }) => assert_eq!(source.to_string(), first),
+            other => panic!("expected Unrecordable from the record, got {other:?}"),
+        }
+        assert_eq!(probe.runs(), 1 + run, "the body ran once per window");
+        let rec = fx.record(RATIO, &nan.key()).await.expect("a record");
+        assert_eq!(rec.status, Status::Failed, "{rec:?}");
+        assert!(
+            rec.unrecordable().is_some_and(|why| why.contains("NaN")),
+            "{rec:?}"
+        );
+        fx.advance(Duration::from_secs(1) + fx.slack()).await;
+    }
 }
 
 /// A `None` key part: `KeyMissing`, no body, nothing written; with the part
@@ -1156,11 +1303,13 @@ macro_rules! scenarios {
             in_progress_reports_what_is_left_of_the_lease: Manual,
             after_the_ttl_the_key_runs_again: Manual,
             expired_lease_is_taken_over_and_the_stale_completion_is_lease_lost: Manual,
+            a_takeover_recording_the_same_outcome_leaves_the_stale_completion_lease_lost: Manual,
+            a_completion_whose_reply_was_lost_is_executed_not_lease_lost: Manual,
             a_late_completion_nobody_overtook_is_recorded: Manual,
             stale_failure_after_a_takeover_does_not_release_the_new_claim: Manual,
             heartbeat_keeps_a_long_body_s_lease_alive: Real,
             stored_outcome_that_no_longer_decodes_is_a_codec_error: Manual,
-            an_outcome_that_would_not_read_back_is_unrecordable_and_the_claim_is_kept: Manual,
+            an_unrecordable_result_settles_the_key_and_deliveries_get_unrecordable: Manual,
             none_key_part_is_key_missing_and_the_body_does_not_run: Manual,
             body_reads_its_own_key: Manual,
             deliveries_with_another_payload_are_mismatches_and_run_nothing: Manual,
@@ -1169,9 +1318,12 @@ macro_rules! scenarios {
             a_claim_whose_lease_ran_out_counts_as_a_failure: Manual,
             a_stalled_last_attempt_that_finishes_is_recorded: Manual,
             a_huge_error_text_is_cut_and_counted: Manual,
+            a_settled_record_reads_back_the_same_expiry_each_time: Manual,
             a_batch_answers_each_message_in_input_order: Manual,
             a_failing_batch_records_nothing_and_its_redelivery_runs_it: Manual,
             a_batch_body_answering_too_few_values_is_an_outcome_count_error: Manual,
+            a_batch_completion_whose_reply_was_lost_is_executed_not_lease_lost: Manual,
+            a_batch_value_that_cannot_be_recorded_settles_its_key_alone: Manual,
             overlapping_batches_from_8_consumers_execute_every_key_once: Manual,
         }
     };

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_runtime::store::Status;
 use idem_runtime::{Error, Outcome, idempotent};
 
 use super::lease::{Effects, Job, LeaseFixture};
@@ -166,14 +167,166 @@ pub(crate) async fn a_batch_body_answering_too_few_values_is_an_outcome_count_er
         ),
         "{err:?}"
     );
-    // The effects happened: the claims are kept, so a redelivery within
-    // the lease does not run the body again.
+    // The effects happened: every fresh key is settled as failed, with the
+    // reason, so no redelivery runs the body again within the ttl.
+    for msg in &batch {
+        let rec = fx.record(JOB_BATCH, &msg.key()).await.expect("a record");
+        assert_eq!(rec.status, Status::Failed, "{rec:?}");
+        let why = rec.unrecordable().expect("settled as unrecordable");
+        assert!(
+            why.contains("given 2 fresh messages but returned 1 values"),
+            "{why}"
+        );
+    }
     let again = job_batch(fx.store(), &batch, &probe, &*fx)
         .await
         .expect("the redelivery");
-    assert_eq!(shown(&again), ["in_progress", "in_progress"]);
+    assert_eq!(shown(&again), ["unrecordable", "unrecordable"]);
+    for r in &again {
+        assert!(
+            matches!(r, Err(Error::Unrecordable { source, .. })
+                if source.to_string().contains("returned 1 values")),
+            "{r:?}"
+        );
+    }
     assert_eq!(probe.runs(), 1);
     assert_eq!(fx.effects("c-1").await, 1);
+}
+
+/// Answers each message's value as a ratio, NaN (which JSON cannot carry)
+/// for the ids that start with `nan`.
+#[idempotent(
+    key = "msgs.id",
+    ttl = "1h",
+    lease = "1h",
+    store = "memory",
+    name = "lease_ratio_batch"
+)]
+pub(crate) async fn ratio_batch(msgs: &[Job], probe: &Probe) -> Result<Vec<f64>, AppError> {
+    probe.hit();
+    Ok(msgs
+        .iter()
+        .map(|m| {
+            if m.id.starts_with("nan") {
+                f64::NAN
+            } else {
+                f64::from(m.value)
+            }
+        })
+        .collect())
+}
+
+/// One message of a batch whose value cannot be recorded: that key is
+/// settled as failed with the reason and answers `Unrecordable` (its repeat
+/// in the batch too); the others are recorded as usual. A redelivery runs
+/// nothing.
+pub(crate) async fn a_batch_value_that_cannot_be_recorded_settles_its_key_alone<F: LeaseFixture>(
+    fx: Arc<F>,
+) {
+    let probe = Probe::new();
+    let batch = [
+        Job::new("q-1", 1),
+        Job::new("nan-1", 2),
+        Job::new("q-2", 3),
+        Job::new("nan-1", 4),
+    ];
+    let kinds = |results: &[Result<Outcome<f64>, Error<AppError>>]| -> Vec<String> {
+        results
+            .iter()
+            .map(|r| match r {
+                Ok(Outcome::Executed(v)) => format!("executed {v}"),
+                Ok(Outcome::Duplicate(v)) => format!("duplicate {v}"),
+                Err(Error::Unrecordable { key, source, .. }) => {
+                    assert_eq!(*key, Job::new("nan-1", 0).key());
+                    assert!(source.to_string().contains("NaN"), "{source}");
+                    "unrecordable".to_owned()
+                }
+                Err(e) => e.kind().to_owned(),
+            })
+            .collect()
+    };
+    let results = ratio_batch(fx.store(), &batch, &probe)
+        .await
+        .expect("the batch");
+    assert_eq!(
+        kinds(&results),
+        ["executed 1", "unrecordable", "executed 3", "unrecordable"]
+    );
+    let rec = fx
+        .record("lease_ratio_batch", &Job::new("nan-1", 0).key())
+        .await
+        .expect("a record");
+    assert_eq!(rec.status, Status::Failed, "{rec:?}");
+    assert!(
+        rec.unrecordable().is_some_and(|why| why.contains("NaN")),
+        "{rec:?}"
+    );
+    let rec = fx
+        .record("lease_ratio_batch", &Job::new("q-2", 0).key())
+        .await
+        .expect("a record");
+    assert_eq!(
+        (rec.status, rec.outcome.as_deref()),
+        (Status::Completed, Some("3.0"))
+    );
+
+    let again = ratio_batch(fx.store(), &batch, &probe)
+        .await
+        .expect("the redelivery");
+    assert_eq!(
+        kinds(&again),
+        ["duplicate 1", "unrecordable", "duplicate 3", "unrecordable"]
+    );
+    assert_eq!(probe.runs(), 1, "the redelivery ran nothing");
+}
+
+/// A batch's completion is written and its reply lost (see
+/// [`Lossy`](super::lossy::Lossy); the connection really drops on the
+/// stores with a server): the runtime sends it again, which finds every
+/// record completed by the batch's own tokens. Each message is `Executed`,
+/// not `LeaseLost`, and a redelivery is a duplicate.
+pub(crate) async fn a_batch_completion_whose_reply_was_lost_is_executed_not_lease_lost<
+    F: LeaseFixture,
+>(
+    fx: Arc<F>,
+) {
+    let lossy = fx.lossy().await;
+    let probe = Probe::new();
+    let warm = job_batch(&lossy, &[Job::new("lb-0", 1)], &probe, &*fx)
+        .await
+        .expect("a first batch on the link");
+    assert_eq!(shown(&warm), ["executed 1"]);
+
+    lossy.lose_next_completion();
+    let value = super::lease::LOST_REPLY_VALUE;
+    let batch = [Job::new("lb-1", value), Job::new("lb-2", value + 1)];
+    let results = job_batch(&lossy, &batch, &probe, &*fx)
+        .await
+        .expect("the batch");
+    assert_eq!(lossy.lost(), 1, "the completion's reply was not lost");
+    assert_eq!(
+        shown(&results),
+        [
+            format!("executed {value}"),
+            format!("executed {}", value + 1)
+        ]
+    );
+    for (msg, v) in batch.iter().zip([value, value + 1]) {
+        let rec = fx.record(JOB_BATCH, &msg.key()).await.expect("a record");
+        assert_eq!(rec.outcome, Some(v.to_string()), "{rec:?}");
+        assert_eq!(fx.effects(&msg.id).await, 1, "{}", msg.id);
+    }
+    let again = job_batch(fx.store(), &batch, &probe, &*fx)
+        .await
+        .expect("the redelivery");
+    assert_eq!(
+        shown(&again),
+        [
+            format!("duplicate {value}"),
+            format!("duplicate {}", value + 1)
+        ]
+    );
+    assert_eq!(probe.runs(), 2);
 }
 
 /// Message ids `0..KEYS`, read by 8 consumers in overlapping windows.

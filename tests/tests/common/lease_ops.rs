@@ -423,3 +423,44 @@ pub(crate) async fn a_huge_error_text_is_cut_and_counted<F: LeaseFixture>(fx: Ar
     ));
     assert_eq!(probe.runs(), 2);
 }
+
+/// A settled record (completed, failed for good, waiting for a retry)
+/// reads back the same, expiry included, read after read, and it ends a
+/// ttl after it was last written: exactly, by the store's clock; on Redis,
+/// by the server's (here the same machine's), which the Redis store
+/// scenarios check against the key's own expiry.
+pub(crate) async fn a_settled_record_reads_back_the_same_expiry_each_time<F: LeaseFixture>(
+    fx: Arc<F>,
+) {
+    let probe = Probe::new();
+    let done = super::lease::Job::new("ends-1", 3);
+    let out = super::lease::job(fx.store(), &done, &probe, &*fx).await;
+    assert_eq!(out.unwrap(), Outcome::Executed(3));
+    let ghost = Reserve::new("ends-2", "ghost", 1, 1.0);
+    let failed = unknown_sku(fx.store(), &ghost, &probe).await;
+    assert!(matches!(failed, Err(Error::Failed { .. })), "{failed:?}");
+    let retry = Reserve::new("ends-3", "apple", 1, 1.0);
+    let counted = flaky(fx.store(), &retry, &probe).await;
+    assert!(matches!(counted, Err(Error::Handler { .. })), "{counted:?}");
+
+    let ttl = 3_600_000;
+    for (handler, key, status) in [
+        (super::lease::JOB, done.key(), Status::Completed),
+        ("lease_unknown", ghost.key(), Status::Failed),
+        ("lease_flaky", retry.key(), Status::Retry),
+    ] {
+        let first = fx.record(handler, &key).await.expect("a record");
+        assert_eq!(first.status, status, "{first:?}");
+        let off = first.expires_at_ms - (first.updated_at_ms + ttl);
+        if F::DELETES_EXPIRED {
+            assert!(off.abs() <= 1_000, "the ttl from the last write: {first:?}");
+        } else {
+            assert_eq!(off, 0, "the ttl from the last write: {first:?}");
+        }
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_millis(7)).await;
+            let again = fx.record(handler, &key).await.expect("a record");
+            assert_eq!(again, first, "two reads of an untouched record");
+        }
+    }
+}

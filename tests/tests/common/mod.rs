@@ -10,6 +10,8 @@
 //!   [`RedisFx`]; what the SQL ones share (business tables next to the dedup
 //!   table, in the `$n` dialect; the suites' fixtures over them) is in
 //!   `sql.rs`, and `mysql.rs` writes its business tables in the `?` one;
+//! * [`lossy`]: a store whose next completion loses its reply (through a
+//!   proxy that drops the connection, where the store has a server);
 //! * what a test hands its handlers and does with their calls: [`Probe`]
 //!   (`probe.rs`), and [`together`], [`Tally`] and [`eventually`]
 //!   (`calls.rs`);
@@ -24,6 +26,7 @@ mod sql;
 mod calls;
 mod lease_batch;
 mod lease_ops;
+pub(crate) mod lossy;
 mod memory;
 mod mysql;
 mod pg;

@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use idem_runtime::clock::TimeShift;
 use idem_runtime::{ClaimOrder, MySqlStore, RoundTrips};
-use idem_tests::{DropMySqlTables, mysql_pool, mysql_url, unavailable, unique_table};
+use idem_tests::{DropMySqlTables, LostReply, mysql_pool, mysql_url, unavailable, unique_table};
 use sqlx::AssertSqlSafe;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 
+use super::lossy::Lossy;
 use super::tx::{Open, StoreKind};
 
 /// Connections a fixture's pool (and a second consumer's) may open.
@@ -107,6 +108,26 @@ impl MySqlDb {
             .expect("valid table name")
             .with_claim_order(self.order())
             .with_round_trips(self.store.round_trips())
+    }
+
+    /// A consumer of its own on the same dedup table (and time), which
+    /// reaches MariaDB through a proxy that can lose a completion's reply.
+    async fn lossy(&self) -> Lossy<MySqlStore> {
+        let options = MySqlConnectOptions::from_str(&mysql_url()).expect("MYSQL_URL");
+        let proxy = LostReply::start(options.get_port()).await;
+        let options = options.host("127.0.0.1").port(proxy.port());
+        let pool = MySqlPoolOptions::new()
+            .max_connections(POOL)
+            .acquire_timeout(Duration::from_secs(10));
+        let mut store = MySqlStore::connect_with(options, pool)
+            .await
+            .expect("MariaDB through the proxy")
+            .with_table(self.store.table())
+            .expect("valid table name");
+        if let Some(shift) = &self.shift {
+            store = store.with_time_shift(shift.clone());
+        }
+        Lossy::proxied(store, proxy)
     }
 
     fn order(&self) -> ClaimOrder {

@@ -5,10 +5,11 @@ use std::str::FromStr;
 
 use idem_runtime::clock::TimeShift;
 use idem_runtime::{ClaimOrder, PgStore, RoundTrips};
-use idem_tests::{DropTables, pg_pool, pg_url, unique_table};
+use idem_tests::{DropTables, LostReply, pg_pool, pg_url, unique_table};
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
+use super::lossy::Lossy;
 use super::tx::{Open, StoreKind};
 
 /// Connections a fixture's pool (and a second consumer's) may open.
@@ -94,6 +95,22 @@ impl PgDb {
             .expect("valid table name")
             .with_claim_order(self.order())
             .with_round_trips(self.store.round_trips())
+    }
+
+    /// A consumer of its own on the same dedup table (and time), which
+    /// reaches PostgreSQL through a proxy that can lose a completion's
+    /// reply.
+    async fn lossy(&self) -> Lossy<PgStore> {
+        let options = PgConnectOptions::from_str(&pg_url()).expect("DATABASE_URL");
+        let proxy = LostReply::start(options.get_port()).await;
+        let options = options.host("127.0.0.1").port(proxy.port());
+        let mut store = PgStore::from_pool(connect(options).await)
+            .with_table(self.store.table())
+            .expect("valid table name");
+        if let Some(shift) = &self.shift {
+            store = store.with_time_shift(shift.clone());
+        }
+        Lossy::proxied(store, proxy)
     }
 
     fn order(&self) -> ClaimOrder {

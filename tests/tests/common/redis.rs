@@ -11,13 +11,14 @@ use std::time::{Duration, Instant};
 
 use idem_runtime::store::Record;
 use idem_runtime::{Key, RedisStore};
-use idem_tests::{DeleteKeys, redis_store, redis_url, unique_prefix};
+use idem_tests::{DeleteKeys, LostReply, redis_store, redis_url, unique_prefix};
 use redis::FromRedisValue;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 
 use super::AppError;
 use super::lease::{BoxFuture, Effects, LeaseFixture, Time, Token};
+use super::lossy::{Lossy, port_of, through};
 
 /// A raw connection to the store's server or cluster, for what a test reads
 /// or does behind the store's back.
@@ -252,6 +253,22 @@ impl LeaseFixture for RedisFx {
     async fn effects(&self, id: &str) -> usize {
         let n: Option<usize> = self.query(redis::cmd("GET").arg(self.effect_key(id))).await;
         n.unwrap_or(0)
+    }
+
+    /// A consumer of its own under the same prefix, which reaches the
+    /// server through a proxy that can lose a completion's reply. On a
+    /// cluster (whose nodes name each other) the loss is simulated.
+    async fn lossy(&self) -> Lossy<RedisStore> {
+        let [url] = self.nodes.as_slice() else {
+            return Lossy::simulated(self.store.clone());
+        };
+        let proxy = LostReply::start(port_of(url, 6379)).await;
+        let store = RedisStore::connect(&through(url, proxy.port()))
+            .await
+            .expect("Redis through the proxy")
+            .with_prefix(&self.prefix)
+            .expect("a valid prefix");
+        Lossy::proxied(store, proxy)
     }
 
     /// A claim's record that lives as long as its lease expires. One that

@@ -135,9 +135,18 @@ pub(crate) async fn a_batch_of_fresh_keys_is_claimed_completed_and_replayed(fx: 
     store.release_batch(&BATCH, &held).await.unwrap();
     let r = record(fx, &BATCH, &keys[KEYS - 1]).await;
     assert_eq!(
-        (r.status, r.outcome.as_deref(), r.token),
-        (Status::Completed, Some(outcomes[KEYS - 1].as_str()), None)
+        (r.status, r.outcome.as_deref(), r.token.as_deref()),
+        (
+            Status::Completed,
+            Some(outcomes[KEYS - 1].as_str()),
+            Some(tokens[KEYS - 1])
+        )
     );
+    // The same completion again (its reply lost): every key answers that
+    // it recorded, and the records stay as they are.
+    let completed = store.complete_batch(&BATCH, &done).await.unwrap();
+    assert!(completed.iter().all(|c| *c), "{completed:?}");
+    assert_eq!(record(fx, &BATCH, &keys[KEYS - 1]).await, r);
 }
 
 /// One batch over a completed key, a live claim, a fresh key, a counted
@@ -622,12 +631,83 @@ pub(crate) async fn hashes_of_the_previous_release_are_read_and_honoured(fx: &Re
     ));
 }
 
+/// A record says when it ends as it was written, read after read: a
+/// settled one (completed, failed for good, counted) when Redis expires its
+/// key, exactly, and a claim when its lease ends, by the consumer's clock.
+/// The store's clock is stopped (a manual clock): an end derived from the
+/// key's TTL at each read would move with every read.
+pub(crate) async fn a_record_reads_back_the_end_it_was_written_with(fx: &RedisFx) {
+    const AT: i64 = 1_800_000_000_000;
+    let store = fx
+        .store
+        .clone()
+        .with_clock(idem_runtime::clock::ManualClock::new(AT));
+    let keys: Vec<Key> = ["done", "gone", "again", "held"]
+        .iter()
+        .map(|id| key(&format!("ends-{id}")))
+        .collect();
+    let mut tokens = Vec::new();
+    for k in &keys {
+        tokens.push(token(&store.claim(&COUNTED, k, None).await.unwrap()).to_owned());
+    }
+    let completed = store.complete(&COUNTED, &keys[0], &tokens[0], "1");
+    assert!(completed.await.unwrap());
+    let last = Failure::Final {
+        error: "gone for good",
+        encoded: "\"gone\"",
+    };
+    assert!(
+        store
+            .fail(&COUNTED, &keys[1], &tokens[1], last)
+            .await
+            .unwrap()
+    );
+    let counted = Failure::Counted { error: "timeout" };
+    let failed = store.fail(&COUNTED, &keys[2], &tokens[2], counted);
+    assert!(failed.await.unwrap());
+
+    let lease = i64::try_from(COUNTED.lease.as_millis()).unwrap();
+    let ttl = i64::try_from(COUNTED.ttl.as_millis()).unwrap();
+    for (i, k) in keys.iter().enumerate() {
+        let read = || async {
+            store
+                .record(COUNTED.name, k)
+                .await
+                .unwrap()
+                .expect("a record")
+        };
+        let first = read().await;
+        if i < 3 {
+            // The end Redis was told, by its own clock: a ttl after the write.
+            let at: i64 = fx
+                .query(redis::cmd("PEXPIRETIME").arg(fx.rkey(COUNTED.name, k)))
+                .await;
+            assert_eq!(first.expires_at_ms, at, "{first:?}");
+            let since = system_now_ms() - (at - ttl);
+            assert!(
+                (0..60_000).contains(&since),
+                "written {since} ms ago: {first:?}"
+            );
+        } else {
+            assert_eq!(first.expires_at_ms, AT + lease, "{first:?}");
+        }
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_millis(7)).await;
+            assert_eq!(read().await, first, "two reads of an untouched record");
+        }
+        let listed = store.list(COUNTED.name, Query::new()).await.unwrap();
+        let listed = listed.iter().find(|r| r.key == k.as_str()).expect("listed");
+        assert_eq!(*listed, first, "listed as read");
+    }
+}
+
 /// Hands the scenarios to `$then!`, after `$args`: `$then! { $args
 /// scenario, ... }`.
 #[allow(unused_macros)]
 macro_rules! redis_store_scenarios {
     ($($then:ident)::+ ! { $($args:tt)* }) => {
         $($then)::+ ! { $($args)*
+            a_record_reads_back_the_end_it_was_written_with,
             a_batch_of_fresh_keys_is_claimed_completed_and_replayed,
             a_batch_mixes_recorded_live_and_fresh_keys,
             a_batch_completion_after_a_takeover_is_fenced,

@@ -235,6 +235,10 @@ macro_rules! sql_suites {
             async fn effects(&self, id: &str) -> usize {
                 usize::try_from(self.ledger_rows(id).await).expect("a count")
             }
+
+            async fn lossy(&self) -> crate::common::lossy::Lossy<$Store> {
+                $Db::lossy(self).await
+            }
         }
 
         impl crate::common::tx::TxFixture for $Db {

@@ -107,6 +107,12 @@ impl Db {
         })
     }
 
+    /// The store, whose lost replies are simulated: SQLite has no
+    /// connection to drop.
+    async fn lossy(&self) -> crate::common::lossy::Lossy<SqliteStore> {
+        crate::common::lossy::Lossy::simulated(self.store.clone())
+    }
+
     /// A second consumer: its own pool on the same file, as another process
     /// would have.
     async fn second_store(&self) -> SqliteStore {

@@ -1,6 +1,7 @@
 //! A lease-mode batch: its keys claimed at once, one body over the fresh
 //! messages with every claim kept by the lease keeper, every outcome
-//! recorded at once (or every claim released when the body fails).
+//! recorded at once (or every claim released when the body fails; a key
+//! whose value cannot be recorded settled as failed).
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -9,8 +10,8 @@ use std::time::Instant;
 use tracing::Instrument;
 
 use super::keeper::Lease;
-use super::{Persist, complete_while_leased};
-use crate::call::plan::{Derived, Fate, Plan, Results, answer, batch_span, encode_all};
+use super::{Persist, complete_while_leased, settle_unrecordable};
+use crate::call::plan::{Derived, Fate, Plan, Results, answer, batch_span};
 use crate::call::{check_registry, store_err};
 use crate::codec::Codec;
 use crate::error::Error;
@@ -94,32 +95,87 @@ where
                 });
             }
         };
-        // The body's effects happened: a result that cannot be recorded
-        // keeps the claims until their leases run out, as a single call does.
-        let ran = encode_all(spec, &plan, &fresh, codec, values)?;
+        // The body's effects happened: a key whose value cannot be recorded
+        // is settled as failed, as a single call's is, and so is every
+        // fresh key when no value can be matched to its message.
+        if values.len() != fresh.len() {
+            let why = format!(
+                "the batch body was given {} fresh messages but returned {} values, so no value could be matched to its message",
+                fresh.len(),
+                values.len()
+            );
+            for held in &holding {
+                settle_unrecordable(
+                    store,
+                    spec,
+                    &lease,
+                    Persist::OneLeaseAtMost,
+                    held.key,
+                    held.token,
+                    &why,
+                )
+                .await;
+            }
+            return Err(Error::OutcomeCount {
+                handler: spec.name,
+                fresh: fresh.len(),
+                returned: values.len(),
+            });
+        }
+        let encoded: Vec<Result<String, serde_json::Error>> =
+            values.iter().map(|value| codec.encoded(value)).collect();
         let done: Vec<(Held<'_>, &str)> = holding
             .iter()
-            .zip(&ran)
-            .map(|(held, (_, outcome))| (*held, outcome.as_str()))
+            .zip(&encoded)
+            .filter_map(|(held, outcome)| Some((*held, outcome.as_deref().ok()?)))
             .collect();
-        let done = &done[..];
-        let complete = move || store.complete_batch(spec, done);
-        let completed = complete_while_leased(spec, &lease, Persist::OneLeaseAtMost, complete)
-            .await
-            .map_err(|source| Error::NotRecorded {
-                handler: spec.name,
-                key: plan.lead(&fresh),
-                source,
-            })?;
+        let completed = if done.is_empty() {
+            Vec::new()
+        } else {
+            let done = &done[..];
+            let complete = move || store.complete_batch(spec, done);
+            complete_while_leased(spec, &lease, Persist::OneLeaseAtMost, complete)
+                .await
+                .map_err(|source| Error::NotRecorded {
+                    handler: spec.name,
+                    key: plan.lead(&fresh),
+                    source,
+                })?
+        };
+        for (held, outcome) in holding.iter().zip(&encoded) {
+            if let Err(source) = outcome {
+                let why = source.to_string();
+                settle_unrecordable(
+                    store,
+                    spec,
+                    &lease,
+                    Persist::OneLeaseAtMost,
+                    held.key,
+                    held.token,
+                    &why,
+                )
+                .await;
+            }
+        }
         drop(lease);
 
-        let mut ran = ran.into_iter().zip(completed);
+        let mut completed = completed.into_iter();
+        let mut ran = values.into_iter().zip(encoded);
         let fates = claims
             .iter()
             .map(|claim| match claim {
                 Claim::Fresh { .. } => match ran.next() {
-                    Some(((value, outcome), true)) => Fate::Ran(value, outcome),
-                    _ => Fate::Lost,
+                    Some((value, Ok(outcome))) => match completed.next() {
+                        Some(true) => Fate::Ran(value, outcome),
+                        _ => Fate::Lost,
+                    },
+                    Some((_, Err(source))) => {
+                        let recorded = crate::store::unrecordable_encoding(
+                            &crate::call::capped(source.to_string()),
+                        );
+                        Fate::Unrecordable(source, recorded)
+                    }
+                    None => Fate::Lost,
                 },
                 refused => refusal(refused),
             })

@@ -7,7 +7,10 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use crate::error::StoreError;
+use crate::key::Key;
 use crate::registry::HandlerSpec;
+use crate::store::LeaseStore;
+use crate::store::contract::Failure;
 
 pub(crate) mod batch;
 pub(crate) mod keeper;
@@ -65,5 +68,44 @@ where
                 pause = (pause * 2).min(Duration::from_millis(500));
             }
         }
+    }
+}
+
+/// Settles `key`, whose body took effect but whose value cannot be
+/// recorded (`why`), as a final failure for the handler's ttl, through
+/// [`LeaseStore::fail`]: its recorded error is the runtime's own
+/// ([`unrecordable_encoding`](crate::store::unrecordable_encoding)), which
+/// every later delivery reads as [`Error::Unrecordable`](crate::Error::Unrecordable)
+/// without running the body. Tried again while `lease` holds (and
+/// `persist` allows) if the store fails; what cannot be settled is logged,
+/// and the key runs again once its lease runs out.
+pub(crate) async fn settle_unrecordable<S: LeaseStore>(
+    store: &S,
+    spec: &'static HandlerSpec,
+    lease: &Lease,
+    persist: Persist,
+    key: &Key,
+    token: &str,
+    why: &str,
+) {
+    let why = crate::call::capped(why.to_owned());
+    let encoded = crate::store::unrecordable_encoding(&why);
+    let text = crate::call::capped(format!(
+        "the body took effect, but its result cannot be recorded: {why}"
+    ));
+    let failure = Failure::Final {
+        error: &text,
+        encoded: &encoded,
+    };
+    let fail = || store.fail(spec, key, token, failure);
+    match complete_while_leased(spec, lease, persist, fail).await {
+        Ok(true) => {}
+        Ok(false) => tracing::warn!(
+            "the body took effect but its result cannot be recorded, and the key was not settled under this claim: its lease was lost (or an earlier try settled it and its reply was lost)"
+        ),
+        Err(e) => tracing::error!(
+            error = %e,
+            "the body took effect but its result cannot be recorded, and the key could not be settled: once its lease runs out, a redelivery runs the body again"
+        ),
     }
 }

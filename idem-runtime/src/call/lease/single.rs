@@ -8,9 +8,9 @@ use std::time::Instant;
 use tracing::Instrument;
 
 use super::keeper::Lease;
-use super::{Persist, complete_while_leased};
+use super::{Persist, complete_while_leased, settle_unrecordable};
 use crate::call::{Recording, check_registry, refused, store_err};
-use crate::codec::{Codec, encode};
+use crate::codec::Codec;
 use crate::error::Error;
 use crate::final_error::ErrorCodec;
 use crate::key::Key;
@@ -91,10 +91,30 @@ where
 
     match result {
         Ok(value) => {
-            // The body succeeded, so its effect happened: if the outcome cannot
-            // be encoded the claim is kept (not released) until its lease
-            // runs out, rather than inviting an immediate second execution.
-            let outcome = encode(spec, key, codec, &value)?;
+            let outcome = match codec.encoded(&value) {
+                Ok(outcome) => outcome,
+                Err(source) => {
+                    // The body succeeded, so its effect happened: the key is
+                    // settled as failed, and no delivery runs the body again
+                    // within the ttl.
+                    let why = source.to_string();
+                    settle_unrecordable(
+                        store,
+                        spec,
+                        &lease,
+                        Persist::WhileLeased,
+                        key,
+                        &token,
+                        &why,
+                    )
+                    .await;
+                    return Err(Error::Unrecordable {
+                        handler: spec.name,
+                        key: key.clone(),
+                        source,
+                    });
+                }
+            };
             let complete = || store.complete(spec, key, &token, &outcome);
             match complete_while_leased(spec, &lease, Persist::WhileLeased, complete).await {
                 Ok(true) => Ok(Outcome::Executed(value)),

@@ -188,7 +188,7 @@ impl<'a> Claiming<'a> {
             status: Status::InProgress,
             created: self.now,
             updated: self.now,
-            lease_end: Some(expiry(
+            ends: Some(expiry(
                 self.now,
                 self.spec.lease.max(Duration::from_millis(1)),
             )),
@@ -221,7 +221,9 @@ impl<'a> Claiming<'a> {
         let mut cmd = library.swap.on(&self.rkey);
         cmd.arg(swap.expected.as_deref().unwrap_or_default())
             .arg(&swap.value)
-            .arg(swap.px);
+            .arg(swap.px)
+            // A settled record: its end is when Redis expires it.
+            .arg(if swap.refused.is_some() { "1" } else { "0" });
         cmd
     }
 
@@ -271,8 +273,12 @@ impl<'a> Claiming<'a> {
             }));
         };
         // The key exists, so a record that is not in progress has not
-        // expired: Redis would have deleted it.
+        // expired: Redis would have deleted it (at the end it says, by its
+        // own clock, which this consumer's need not match).
         let mut record = record::decode("", "", &found, i64::MAX)?;
+        if record.status != Status::InProgress {
+            record.expires_at_ms = i64::MAX;
+        }
         if record.token.as_deref() == Some(self.token.as_str()) {
             // This claim's own write, its reply lost and the command sent
             // again.

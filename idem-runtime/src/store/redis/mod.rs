@@ -197,7 +197,11 @@ impl RedisStore {
         Ok(self)
     }
 
-    /// Reads the `c`/`u` timestamps from `clock` (expiry is Redis's own).
+    /// Reads the created and updated times, and the end of a claim's lease,
+    /// from `clock`. The expiry of a completed, failed or retry record is
+    /// Redis's own: the ttl after the write, by the server's clock, written
+    /// in the record as it is set, so [`record`](Self::record) reads the
+    /// same expiry each time.
     ///
     /// # Examples
     ///

@@ -14,9 +14,13 @@ use crate::store::Record;
 
 impl RedisStore {
     /// The record of `key` under handler `handler`, if any, in this
-    /// release's format or an earlier one's. `expires_at_ms` is the lease's
-    /// end for a claim in progress, and otherwise computed from the key's
-    /// TTL.
+    /// release's format or an earlier one's. `expires_at_ms` is the end the
+    /// record was written with: its lease's end for a claim in progress (by
+    /// the consumer's clock), and otherwise the moment Redis expires the
+    /// key (by the server's clock: the ttl after it was completed, failed
+    /// or counted), so two reads of an untouched record are equal. A settled
+    /// record written by an earlier release, which does not keep its end,
+    /// has it computed from the key's TTL at the read.
     ///
     /// # Examples
     ///
@@ -92,8 +96,9 @@ pub(super) fn read_replies(
     };
     match (get, hmget) {
         (Ok(Value::BulkString(value)), _) => {
-            let expires = now.saturating_add(pttl.max(0));
-            record::decode(handler, key, &value, expires).map(|r| Some(Some(r)))
+            // For a record that does not say when it ends.
+            let by_ttl = now.saturating_add(pttl.max(0));
+            record::decode(handler, key, &value, by_ttl).map(|r| Some(Some(r)))
         }
         (Ok(Value::Nil), Ok(fields)) => {
             let fields: Vec<Option<String>> =

@@ -2,24 +2,30 @@
 //! format, or a hash written by an earlier release, and how either reads
 //! as a [`Record`].
 //!
-//! The string is `2|s|updated|lease end|token length|token`, then
+//! The string is `2|s|updated|end|token length|token`, then
 //! `created|attempts|failures|fingerprint length|error length|`, then the
 //! fingerprint, the last error and the rest: each text is as many bytes
 //! as its length says (the rest takes what is left, so it is never
 //! escaped). The status `s` is one letter: `p` in progress, `c`
 //! completed, `f` failed, `r` retry. Times are milliseconds since the
-//! epoch; the lease end is empty unless the record is in progress, and
-//! the error length is empty when there is no last error. The rest is the
-//! outcome of a completed or failed record; a record in progress or
+//! epoch, by the consumer's clock, except the end of a settled record. The
+//! end is when the record stops counting, as it was written: the end of
+//! the lease while the claim is in progress (by the consumer's clock, which
+//! claims compare it with); once completed, failed or waiting for a retry,
+//! the moment Redis expires the key, by the server's clock (the function
+//! that writes the record reads it, and sets the key to expire then), the
+//! ttl after the write. A settled record written before its end was kept
+//! has it empty, and its end is read from the key's TTL. The error length is empty when there is no last error. The rest
+//! is the outcome of a completed or failed record; a record in progress or
 //! waiting for a retry has no outcome, and its rest is the handler's
 //! `max_attempts` in decimal, or empty (a handler without it, or a record
 //! written before it was kept there: readers that predate it ignore it).
 //!
-//! What a claim changes (status, update, lease, token) comes first; what
-//! it keeps follows the token. A record that holds a token has no outcome
-//! yet, so a completion checks the token and writes a new head, the old
-//! tail as it is, and the outcome: the Lua scripts (`scripts.rs`) do it
-//! with one `string.match` of the head.
+//! What a claim changes (status, update, end, token) comes first; what it
+//! keeps follows the token. A claim has no outcome yet, so a completion
+//! checks the token and writes a new head (the same token, which the
+//! completed record keeps), the old tail as it is, and the outcome: the
+//! Lua scripts (`scripts.rs`) do it with one `string.match` of the head.
 
 use crate::error::StoreError;
 use crate::store::{Record, Status};
@@ -89,8 +95,11 @@ pub(crate) struct Parts<'a> {
     pub(crate) status: Status,
     pub(crate) created: i64,
     pub(crate) updated: i64,
-    /// When the lease of a claim in progress ends.
-    pub(crate) lease_end: Option<i64>,
+    /// When the record stops counting: the end of a claim's lease, or when
+    /// Redis expires a settled record. `None` only in records written before
+    /// the end of a settled record was kept. A settled record written by a
+    /// function has its end put in there by the function.
+    pub(crate) ends: Option<i64>,
     pub(crate) attempts: i64,
     pub(crate) failures: i64,
     pub(crate) token: &'a str,
@@ -117,7 +126,7 @@ impl Parts<'_> {
         out.push('|');
         push_int(&mut out, self.updated);
         out.push('|');
-        if let Some(end) = self.lease_end {
+        if let Some(end) = self.ends {
             push_int(&mut out, end);
         }
         out.push('|');
@@ -146,14 +155,13 @@ impl Parts<'_> {
         out
     }
 
-    /// The string value of `record`; its `expires_at_ms` is the lease's end
-    /// when it is in progress.
+    /// The string value of `record`, whose `expires_at_ms` is its end.
     pub(crate) fn of(record: &Record) -> Parts<'_> {
         Parts {
             status: record.status,
             created: record.created_at_ms,
             updated: record.updated_at_ms,
-            lease_end: (record.status == Status::InProgress).then_some(record.expires_at_ms),
+            ends: Some(record.expires_at_ms),
             attempts: record.attempts,
             failures: record.failures,
             token: record.token.as_deref().unwrap_or_default(),
@@ -177,15 +185,15 @@ fn malformed(why: &str) -> StoreError {
     ))
 }
 
-/// Reads a string record of `handler`'s `key`. A record in progress
-/// expires when its lease ends; any other at `expires_at_ms` (what the
-/// key's TTL says, or `i64::MAX` when the caller only knows the key is
-/// there).
+/// Reads a string record of `handler`'s `key`. It expires at the end it
+/// was written with; a record written before the end of a settled record
+/// was kept expires at `unwritten_end` (what the key's TTL says, or
+/// `i64::MAX` when the caller only knows the key is there).
 pub(crate) fn decode(
     handler: &str,
     key: &str,
     value: &[u8],
-    expires_at_ms: i64,
+    unwritten_end: i64,
 ) -> Result<Record, StoreError> {
     let body = value
         .strip_prefix(TAG.as_bytes())
@@ -209,12 +217,12 @@ pub(crate) fn decode(
     let text = |part: &[u8]| -> Result<String, StoreError> {
         String::from_utf8(part.to_vec()).map_err(|_| malformed("a part that is not UTF-8"))
     };
-    // The head: status, update, lease end, token length; then the token.
+    // The head: status, update, end, token length; then the token.
     let mut head = body.splitn(5, |b| *b == b'|');
     let mut next = || head.next().ok_or_else(|| malformed("too few fields"));
     let status = status_of(next()?).ok_or_else(|| malformed("unknown status"))?;
     let updated = number(next()?)?;
-    let lease_end = optional(next()?)?;
+    let ends = optional(next()?)?;
     let token_len = length(next()?)?;
     let after = next()?;
     let token = text(
@@ -245,10 +253,7 @@ pub(crate) fn decode(
     let fingerprint = take(Some(fingerprint_len))?;
     let last_error = error_len.map(|n| take(Some(n))).transpose()?;
     let rest = take(None)?;
-    let expires_at_ms = match (status, lease_end) {
-        (Status::InProgress, Some(end)) => end,
-        _ => expires_at_ms,
-    };
+    let expires_at_ms = ends.unwrap_or(unwritten_end);
     let mut record = Record::new(handler, key, status, created, expires_at_ms);
     record.updated_at_ms = updated;
     record.attempts = attempts;
@@ -339,7 +344,7 @@ mod tests {
     fn a_record_reads_back_as_written_whatever_its_texts_hold() {
         let r = sample();
         let value = Parts::of(&r).encode();
-        assert_eq!(decode("h", "3:k-1", value.as_bytes(), 5).unwrap(), r);
+        assert_eq!(decode("h", "3:k-1", value.as_bytes(), 99).unwrap(), r);
 
         let mut claim = Record::new("h", "3:k-1", Status::InProgress, 10, 30_010);
         claim.token = Some("0f".repeat(16));
@@ -374,6 +379,32 @@ mod tests {
         empty.last_error = Some(String::new());
         let back = decode("h", "3:k-1", Parts::of(&empty).encode().as_bytes(), 5).unwrap();
         assert_eq!(back.last_error.as_deref(), Some(""));
+    }
+
+    #[test]
+    fn a_settled_record_keeps_the_end_it_was_written_with() {
+        // Completed at 250 for a ttl of an hour, under the claim's token.
+        let mut done = Record::new("h", "3:k-1", Status::Completed, 100, 3_600_250);
+        done.updated_at_ms = 250;
+        done.token = Some("0f".repeat(16));
+        done.outcome = Some("42".into());
+        let value = Parts::of(&done).encode();
+        assert_eq!(
+            value,
+            format!("2|c|250|3600250|32|{}100|1|0|0||42", "0f".repeat(16))
+        );
+        // Whatever the key's TTL says when it is read.
+        for ttl_end in [0, 3_600_249, 3_600_251, i64::MAX] {
+            assert_eq!(
+                decode("h", "3:k-1", value.as_bytes(), ttl_end).unwrap(),
+                done
+            );
+        }
+        // A record written before the end of a settled record was kept:
+        // its end is what the key's TTL says.
+        let older = decode("h", "3:k-1", b"2|c|250||0|100|1|0|0||42", 3_600_262).unwrap();
+        assert_eq!(older.expires_at_ms, 3_600_262);
+        assert_eq!(older.outcome.as_deref(), Some("42"));
     }
 
     #[test]

@@ -25,7 +25,9 @@
 /// The library's shared code, run once when it loads: `parse(v, key)`,
 /// `load(key, now)` and `encode(r)`, a record as a table with
 /// `s` (status letter), `t` (token, `''` when none), `c`/`u` (created and
-/// updated, as text), `l` (lease end, text or `nil`), `a`/`f` (attempts
+/// updated, as text), `l` (the end: of a claim's lease, or of a settled
+/// record's window; text, or `nil` in a settled record written before its
+/// end was kept), `a`/`f` (attempts
 /// and failures, numbers), `e` (last error or `nil`), `p` (fingerprint,
 /// `''` when none), `o` (outcome or `nil`) and `m` (the handler's
 /// `max_attempts` as text, or `nil`: the rest of a record in progress or
@@ -77,6 +79,10 @@ local function load(k, now)
   if not v then return nil end
   return parse(v, k)
 end
+local function expiring(ms)
+  local t = redis.call('TIME')
+  return string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ms))
+end
 local function encode(r)
   local e = r.e
   local rest = r.m
@@ -88,68 +94,90 @@ end
 ";
 
 /// Writes `ARGV[2]` for `ARGV[3]` ms if the key still holds `ARGV[1]`
-/// (`''`: if it is still absent). Replies `{1}` written, `{0, value}`
-/// not written with what the key holds now (nil: nothing), `{2}` the key
-/// holds a hash.
+/// (`''`: if it is still absent). With `ARGV[4]` `1`, `ARGV[2]` is a
+/// settled record: its end is written as the moment Redis expires it (as
+/// a completion's), and the key expires then. Replies `{1}` written,
+/// `{0, value}` not written with what the key holds now (nil: nothing),
+/// `{2}` the key holds a hash.
 pub(crate) const SWAP: &str = r"
 local v = redis.pcall('GET', KEYS[1])
 if type(v) == 'table' then return {2} end
 if (v or '') ~= ARGV[1] then return {0, v} end
+if ARGV[4] == '1' then
+  local head, tail = string.match(ARGV[2], '^(2|%a|[^|]*|)[^|]*(|.*)$')
+  if not head then error('idem: not a record: ' .. ARGV[2]) end
+  local e = expiring(ARGV[3])
+  redis.call('SET', KEYS[1], head .. e .. tail, 'PXAT', e)
+  return {1}
+end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return {1}
 ";
 
 /// Completes the claim of token `ARGV[1]` with outcome `ARGV[2]`, kept for
-/// `ARGV[3]` ms; `ARGV[4]` is now. Returns 1, or 0 when another claim holds
+/// `ARGV[3]` ms; `ARGV[4]` is now. The record is written with its end,
+/// the moment Redis expires it (by the server's clock, `expiring`), and
+/// the key is set to expire then (`PXAT`). Returns 1, or 0 when another claim holds
 /// the key or completed it. A key that expired with nobody taking it over
 /// is recorded all the same, as the SQL stores do: the body's effect
 /// happened. Failures and the last error stay: a success resets nothing.
+/// The completed record keeps the token, so that a completion sent again
+/// with it (its first reply lost) answers 1 and writes nothing.
 ///
 /// The function is [`COMPLETE_STRING`], then this.
 pub(crate) const COMPLETE: &str = r"
 local r = load(KEYS[1], ARGV[4])
 if r then
   if r.t ~= ARGV[1] then return 0 end
+  if r.s == 'c' then return 1 end
+  if r.s ~= 'p' and r.s ~= 'r' then return 0 end
 else
   r = {c = ARGV[4], a = 1, f = 0, p = ''}
 end
-r.s, r.t, r.u, r.l, r.o = 'c', '', ARGV[4], nil, ARGV[2]
-redis.call('SET', KEYS[1], encode(r), 'PX', ARGV[3])
+r.s, r.t, r.u, r.l, r.o = 'c', ARGV[1], ARGV[4], expiring(ARGV[3]), ARGV[2]
+redis.call('SET', KEYS[1], encode(r), 'PXAT', r.l)
 return 1
 ";
 
 /// The common case of [`COMPLETE`], a string record, read with one
-/// `string.match` of its head and one of its tail's lengths: a record that
-/// holds the token has no outcome yet, so the completed record is a new
-/// head, the old tail up to the end of its last error (what follows is
-/// the handler's `max_attempts`, which a completed record does not keep),
-/// and the outcome. An absent key or a hash falls through.
+/// `string.match` of its head and one of its tail's lengths: a claim (in
+/// progress, or a stall counted as the last failure) has no outcome yet,
+/// so the completed record is a new head with the same token, the old tail
+/// up to the end of its last error (what follows is the handler's
+/// `max_attempts`, which a completed record does not keep), and the
+/// outcome. A record this token completed already answers 1 as it is. An
+/// absent key or a hash falls through.
 pub(crate) const COMPLETE_STRING: &str = r"
 local v = redis.pcall('GET', KEYS[1])
 if type(v) == 'string' then
-  local tl, at = string.match(v, '^2|%a|[^|]*|[^|]*|(%d+)|()')
+  local s, ts, tl, at = string.match(v, '^2|(%a)|[^|]*|[^|]*|()(%d+)|()')
   if not tl then error('idem: the value of ' .. KEYS[1] .. ' is not a record') end
   tl = tonumber(tl)
   if tl == 0 or string.sub(v, at, at + tl - 1) ~= ARGV[1] then return 0 end
+  if s == 'c' then return 1 end
+  if s ~= 'p' and s ~= 'r' then return 0 end
   local pl, el, bt = string.match(v, '^[^|]*|[^|]*|[^|]*|(%d+)|(%d*)|()', at + tl)
   if not pl then error('idem: the value of ' .. KEYS[1] .. ' is not a record') end
   local ends = bt + tonumber(pl) + (tonumber(el) or 0) - 1
-  redis.call('SET', KEYS[1], '2|c|' .. ARGV[4] .. '||0|' .. string.sub(v, at + tl, ends) .. ARGV[2],
-    'PX', ARGV[3])
+  local e = expiring(ARGV[3])
+  redis.call('SET', KEYS[1], '2|c|' .. ARGV[4] .. '|' .. e .. '|' .. string.sub(v, ts, ends) .. ARGV[2],
+    'PXAT', e)
   return 1
 end
 ";
 
 /// Records a failure under the claim of token `ARGV[1]`: status letter
 /// `ARGV[2]` (`r` retry or `f` failed), recorded error `ARGV[3]` (JSON, or
-/// empty), text `ARGV[4]`, kept for `ARGV[5]` ms; `ARGV[6]` is now.
-/// Returns 1, or 0 when the token no longer holds the key.
+/// empty), text `ARGV[4]`, kept for `ARGV[5]` ms (its end written, and
+/// the key expiring then, as a completion's); `ARGV[6]` is now. Returns 1, or 0 when the token no longer holds the key (a completed
+/// record keeps the token of the claim that completed it: no failure is
+/// recorded over it).
 pub(crate) const FAIL: &str = r"
 local r = load(KEYS[1], ARGV[6])
-if not r or r.t ~= ARGV[1] then return 0 end
-r.s, r.t, r.u, r.l, r.f, r.e = ARGV[2], '', ARGV[6], nil, r.f + 1, ARGV[4]
+if not r or r.t ~= ARGV[1] or (r.s ~= 'p' and r.s ~= 'r') then return 0 end
+r.s, r.t, r.u, r.l, r.f, r.e = ARGV[2], '', ARGV[6], expiring(ARGV[5]), r.f + 1, ARGV[4]
 if ARGV[3] ~= '' then r.o = ARGV[3] else r.o = nil end
-redis.call('SET', KEYS[1], encode(r), 'PX', ARGV[5])
+redis.call('SET', KEYS[1], encode(r), 'PXAT', r.l)
 return 1
 ";
 

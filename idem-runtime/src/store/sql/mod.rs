@@ -63,7 +63,7 @@ use crate::store::contract::{
     TxCommit, TxStore,
 };
 use crate::store::rules::{live_standing, may_take};
-use crate::store::{Record, Sweep};
+use crate::store::{Record, Status, Sweep};
 
 mod batch;
 mod dialect;
@@ -997,7 +997,15 @@ impl<D: Dialect> LeaseStore for SqlStore<D> {
             outcome: Some(outcome),
             ..self.stamped(spec.name, key, spec.ttl)?
         };
-        Ok(self.write(&self.sql.complete_lease, &values, None).await? == 1)
+        if self.write(&self.sql.complete_lease, &values, None).await? == 1 {
+            return Ok(true);
+        }
+        // The claim no longer holds the key: lost, or completed by this
+        // very token (a completion whose reply was lost, tried again). The
+        // completed row keeps its token, so the row says which.
+        Ok(self.found(spec.name, key).await?.is_some_and(|found| {
+            found.record.status == Status::Completed && found.record.token.as_deref() == Some(token)
+        }))
     }
 
     async fn fail(

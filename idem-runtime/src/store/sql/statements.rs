@@ -65,7 +65,9 @@ pub(crate) struct Statements {
     /// Records `:outcome` under the claim this transaction holds.
     pub(crate) complete_tx: Statement,
     /// As `complete_tx`, if `:token` still holds the claim (or held the
-    /// claim whose stall was counted as the last failure).
+    /// claim whose stall was counted as the last failure), keeping the
+    /// token in the completed row: a completion retried with it reads back
+    /// that it recorded.
     pub(crate) complete_lease: Statement,
     /// Records a failure (`:status`, `:outcome`, `:error`) under the claim
     /// `:token` holds.
@@ -175,7 +177,7 @@ impl Statements {
             select_latest: render(&format!("{SELECT}{}", D::LATEST_READ)),
             complete_tx: render(COMPLETE_TX),
             complete_lease: render(&format!(
-                "UPDATE {{t}} SET status = 'completed', token = NULL, outcome = :outcome,
+                "UPDATE {{t}} SET status = 'completed', outcome = :outcome,
                                   updated_at = {{now}}, expires_at = {{until}}
                  WHERE {token_settles}"
             )),
