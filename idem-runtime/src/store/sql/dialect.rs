@@ -39,6 +39,11 @@ pub trait Dialect: Exec {
     /// not sqlx's plain `BEGIN`.
     const BEGIN: Option<&'static str>;
 
+    /// How a transaction-mode call's transaction ends when its
+    /// [`BEGIN`](Self::BEGIN) set the session up for the call and the end
+    /// sets it back; `None` ends it with sqlx's `COMMIT` and `ROLLBACK`.
+    const END: Option<TxEnd> = None;
+
     /// The statement that opens a sweep's transaction, when a sweep needs
     /// one; `None` runs it on its own.
     const SWEEP_BEGIN: Option<&'static str>;
@@ -142,6 +147,18 @@ pub struct WithCommit {
     pub savepoint: bool,
     /// How values are written into the message.
     pub literals: Literals,
+}
+
+/// The texts that end a transaction-mode call's transaction and set the
+/// session back to what it was before the call's `BEGIN`: see
+/// [`Dialect::END`]. Each is sent through the text protocol, in one round
+/// trip.
+#[derive(Debug, Clone, Copy)]
+pub struct TxEnd {
+    /// Commits the transaction, then restores the session.
+    pub commit: &'static str,
+    /// Rolls the transaction back, then restores the session.
+    pub rollback: &'static str,
 }
 
 /// A database error, as the store acts on it.

@@ -778,13 +778,34 @@ impl<D: Dialect> SqlStore<D> {
         })
     }
 
-    /// Opens a transaction-mode call's transaction.
+    /// Opens a transaction-mode call's transaction. It ends with
+    /// [`commit_tx`](Self::commit_tx) or [`rollback_tx`](Self::rollback_tx),
+    /// which set the session back where the dialect's `BEGIN` changed it.
     async fn begin(&self) -> Result<Transaction<'static, D>, StoreError> {
         match D::BEGIN {
             Some(begin) => self.pool.begin_with(begin).await,
             None => self.pool.begin().await,
         }
         .map_err(|e| self.err(e))
+    }
+
+    /// Commits a transaction-mode call's transaction ([`Dialect::END`]).
+    async fn commit_tx(mut tx: Transaction<'static, D>) -> Result<(), sqlx::Error> {
+        match D::END {
+            // sqlx still counts the transaction open: dropped, it queues a
+            // `ROLLBACK` of nothing, which leaves with the ping the pool
+            // sends when the connection returns.
+            Some(end) => D::run_text(&mut tx, end.commit).await.map(drop),
+            None => tx.commit().await,
+        }
+    }
+
+    /// Rolls a transaction-mode call's transaction back ([`Dialect::END`]).
+    async fn rollback_tx(mut tx: Transaction<'static, D>) -> Result<(), sqlx::Error> {
+        match D::END {
+            Some(end) => D::run_text(&mut tx, end.rollback).await.map(drop),
+            None => tx.rollback().await,
+        }
     }
 
     /// The store's error for a driver error.
@@ -811,7 +832,7 @@ impl<D: Dialect> SqlStore<D> {
                 {
                     Ok(()) => Ok(Race::Won),
                     Err(e) => {
-                        let _ = tx.rollback().await;
+                        let _ = Self::rollback_tx(tx).await;
                         return Err(self.err(e));
                     }
                 }
@@ -1083,14 +1104,17 @@ impl<D: Dialect> SqlStore<D> {
     ) -> Result<TxCommit, StoreError> {
         let standing = match taken {
             Ok(Race::Won) => {
-                tx.commit().await.map_err(|e| self.err(e))?;
+                Self::commit_tx(tx).await.map_err(|e| self.err(e))?;
                 return Ok(TxCommit::Committed);
             }
             Ok(Race::Lost(found)) => self.standing(found.map(|f| *f), spec, values.fingerprint),
             Err(e) if matches!(fault::<D>(&e), Fault::LockWait | Fault::Deadlock) => None,
-            Err(e) => return Err(self.err(e)),
+            Err(e) => {
+                let _ = Self::rollback_tx(tx).await;
+                return Err(self.err(e));
+            }
         };
-        tx.rollback().await.map_err(|e| self.err(e))?;
+        Self::rollback_tx(tx).await.map_err(|e| self.err(e))?;
         Ok(TxCommit::Refused(standing.unwrap_or(
             Standing::InProgress {
                 retry_after: self.lock_timeout(),
@@ -1124,8 +1148,9 @@ impl<D: Dialect> SqlStore<D> {
         values: &Values<'_>,
     ) -> Result<TxCommit, StoreError> {
         let Err(e) = D::run_message(&mut tx, message.text(values)).await else {
-            // The `BEGIN` the message ends with leaves the connection where
-            // sqlx believes it is, inside `tx`'s transaction: dropping `tx`
+            // The message ends the transaction as the dialect does (a
+            // `COMMIT` and a `BEGIN`, which leaves the connection where sqlx
+            // believes it is; or the dialect's own end): dropping `tx`
             // queues its `ROLLBACK` of nothing, which leaves with the ping
             // the pool sends when the connection returns, in the background.
             return Ok(TxCommit::Committed);
@@ -1136,7 +1161,7 @@ impl<D: Dialect> SqlStore<D> {
                 if savepoint
                     && let Err(back) = D::run_text(&mut tx, statements::BACK_BEFORE_DEDUP_ROW).await
                 {
-                    let _ = tx.rollback().await;
+                    let _ = Self::rollback_tx(tx).await;
                     // No transaction to go back into: the unique key the
                     // error names is a deferred one of the body's tables,
                     // checked by the `COMMIT`, which rolled back. Anything
@@ -1153,7 +1178,7 @@ impl<D: Dialect> SqlStore<D> {
             // deadlock victim: settled as claiming last settles them.
             Fault::LockWait | Fault::Deadlock => Err(e),
             _ => {
-                let _ = tx.rollback().await;
+                let _ = Self::rollback_tx(tx).await;
                 return Err(self.err(e));
             }
         };
@@ -1202,32 +1227,37 @@ impl<D: Dialect> TxStore for SqlStore<D> {
         key: &Key,
         fingerprint: Option<&str>,
     ) -> Result<TxClaim<Self::Tx>, StoreError> {
-        let mut tx = self.begin().await?;
         if self.order_for(spec) == ClaimOrder::Last {
-            return Ok(TxClaim::Fresh(tx));
+            return Ok(TxClaim::Fresh(self.begin().await?));
         }
         let values = self.claim_values(spec, key, fingerprint, spec.ttl)?;
+        let mut tx = self.begin().await?;
         let standing = match self.take(&mut tx, &self.sql.claim, spec, &values).await {
             Ok(Race::Won) => {
                 // A failure is to be counted in the claim row: the body's
                 // writes must be undoable without it.
-                if spec.max_attempts.is_some() {
-                    D::run_text(&mut tx, SAVEPOINT)
-                        .await
-                        .map_err(|e| self.err(e))?;
+                if spec.max_attempts.is_some()
+                    && let Err(e) = D::run_text(&mut tx, SAVEPOINT).await
+                {
+                    let _ = Self::rollback_tx(tx).await;
+                    return Err(self.err(e));
                 }
                 return Ok(TxClaim::Fresh(tx));
             }
             Ok(Race::Lost(found)) => self.standing(found.map(|f| *f), spec, fingerprint),
             // Another transaction holds the key past the lock timeout, or
             // this one was a deadlock victim: either way nothing of it
-            // remains (the dropped transaction rolls back).
+            // remains once it is rolled back.
             Err(e) if matches!(fault::<D>(&e), Fault::LockWait | Fault::Deadlock) => {
+                Self::rollback_tx(tx).await.map_err(|e| self.err(e))?;
                 return Ok(self.busy());
             }
-            Err(e) => return Err(self.err(e)),
+            Err(e) => {
+                let _ = Self::rollback_tx(tx).await;
+                return Err(self.err(e));
+            }
         };
-        tx.rollback().await.map_err(|e| self.err(e))?;
+        Self::rollback_tx(tx).await.map_err(|e| self.err(e))?;
         // Changed between our conflict and our read: let the redelivery retry.
         Ok(standing.map_or_else(|| self.busy(), TxClaim::Refused))
     }
@@ -1245,7 +1275,7 @@ impl<D: Dialect> TxStore for SqlStore<D> {
         let rode = match rider::take(&self.pool) {
             Some(rider) => {
                 if let Err(e) = rider.write(&mut tx).await {
-                    let _ = tx.rollback().await;
+                    let _ = Self::rollback_tx(tx).await;
                     return Err(self.err(e));
                 }
                 true
@@ -1287,16 +1317,16 @@ impl<D: Dialect> TxStore for SqlStore<D> {
             }
             .await;
             if let Err(e) = recorded {
-                let _ = tx.rollback().await;
+                let _ = Self::rollback_tx(tx).await;
                 return Err(self.err(e));
             }
-            tx.commit().await.map_err(|e| self.err(e))?;
+            Self::commit_tx(tx).await.map_err(|e| self.err(e))?;
             return Ok(TxCommit::Committed);
         }
         // No claim row to keep (claiming last, or a final error of a handler
         // that does not count failures): roll everything back, then claim
         // the key anew with the failure.
-        tx.rollback().await.map_err(|e| self.err(e))?;
+        Self::rollback_tx(tx).await.map_err(|e| self.err(e))?;
         let mut tx = self.begin().await?;
         let taken = self
             .take(&mut tx, &self.sql.claim_with_failure, spec, &values)
@@ -1311,7 +1341,7 @@ impl<D: Dialect> TxStore for SqlStore<D> {
         key: &Key,
         fingerprint: Option<&str>,
     ) -> Result<Option<Standing>, StoreError> {
-        tx.rollback().await.map_err(|e| self.err(e))?;
+        Self::rollback_tx(tx).await.map_err(|e| self.err(e))?;
         if self.order_for(spec) == ClaimOrder::First {
             // The claim came first: a failing body was never a duplicate's.
             return Ok(None);
@@ -1359,7 +1389,7 @@ impl<D: Dialect> TxStore for SqlStore<D> {
     }
 
     async fn rollback_batch(&self, tx: Self::Tx) -> Result<(), StoreError> {
-        tx.rollback().await.map_err(|e| self.err(e))
+        Self::rollback_tx(tx).await.map_err(|e| self.err(e))
     }
 }
 

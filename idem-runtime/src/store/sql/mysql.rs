@@ -24,7 +24,7 @@ use sqlx::mysql::{
 };
 use sqlx::{AssertSqlSafe, Executor as _, MySql, Transaction};
 
-use super::dialect::{Fault, WithCommit};
+use super::dialect::{Fault, TxEnd, WithCommit};
 use super::rows::{COLUMNS, NewRow, claimable, inserted, take_over_assignments};
 use super::template::{Literals, Placeholders};
 use super::{ClaimOrder, RoundTrips};
@@ -160,7 +160,24 @@ impl Dialect for MySql {
     // `KEY` is a reserved word in MySQL.
     const KEY: &'static str = "`key`";
     const MAX_HANDLER_LEN: usize = 128;
-    const BEGIN: Option<&'static str> = None;
+    // With autocommit off for the call: InnoDB ends the transaction of a
+    // deadlock victim (and, with `innodb_rollback_on_timeout`, of a lock
+    // wait timeout) while the body runs, and a statement the body sends
+    // after that (retrying the one that failed) would run, and commit, on
+    // its own, outside the claim. With autocommit off it opens a new
+    // transaction, which the call's commit or rollback ends with the claim
+    // and the outcome. `completion_type = 'RELEASE'` makes a `ROLLBACK` that
+    // is not the store's own end the session: sqlx's, for a transaction
+    // dropped unfinished (a call whose future is dropped, an error path),
+    // so that no connection goes back to the pool with autocommit off (the
+    // pool's release ping fails, and the pool closes the connection). The
+    // store's own ends say `NO RELEASE` and set both back ([`TxEnd`]).
+    const BEGIN: Option<&'static str> =
+        Some("SET autocommit = 0, completion_type = 'RELEASE'; START TRANSACTION");
+    const END: Option<TxEnd> = Some(TxEnd {
+        commit: "COMMIT NO RELEASE; SET autocommit = 1, completion_type = 'NO_CHAIN'",
+        rollback: "ROLLBACK NO RELEASE; SET autocommit = 1, completion_type = 'NO_CHAIN'",
+    });
     // Without gap locks: a sweep locks only the rows it deletes, so a claim
     // of a new key never waits on one.
     const SWEEP_BEGIN: Option<&'static str> =
