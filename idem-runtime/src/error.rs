@@ -437,6 +437,80 @@ pub enum StoreError {
     /// [`Error::Config`].
     #[error("{0}")]
     Registry(#[from] crate::registry::RegistryError),
+
+    /// Transaction mode: a statement of the body met contention in the
+    /// call's transaction: it gave up waiting on a row another transaction
+    /// holds, the database chose the transaction as a deadlock victim, or
+    /// could not serialize it ([`TxStore::contention`] found it in the
+    /// body's error). The database's own transient fault, not the
+    /// message's: the call's transaction was rolled back (the claim, the
+    /// body's writes, and no failure counted against `max_attempts`), and a
+    /// redelivery runs the body again.
+    ///
+    /// [`TxStore::contention`]: crate::store::TxStore::contention
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::{Contention, StoreError};
+    ///
+    /// let err = StoreError::Contention {
+    ///     kind: Contention::LockTimeout,
+    ///     error: "sql: canceling statement due to lock timeout".into(),
+    /// };
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     "a lock timeout in the body's transaction, rolled back: sql: canceling statement due to lock timeout"
+    /// );
+    /// ```
+    #[error("a {kind} in the body's transaction, rolled back: {error}")]
+    Contention {
+        /// What the database reported.
+        kind: Contention,
+        /// The body's error, as its text (`Display`).
+        error: String,
+    },
+}
+
+/// A database's transient fault in a transaction, which running the
+/// transaction again can pass: what [`StoreError::Contention`] says a
+/// transaction-mode body met.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::Contention;
+///
+/// assert_eq!(Contention::Deadlock.to_string(), "deadlock");
+/// assert_eq!(Contention::LockTimeout.to_string(), "lock timeout");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Contention {
+    /// The statement gave up waiting on a lock another transaction holds:
+    /// PostgreSQL's `lock_not_available` (55P03, past `lock_timeout`),
+    /// MySQL's 1205 (past `innodb_lock_wait_timeout`).
+    LockTimeout,
+    /// The database chose the transaction as a deadlock victim and rolled
+    /// it back: PostgreSQL's `deadlock_detected` (40P01), MySQL's 1213.
+    Deadlock,
+    /// The transaction could not be serialized with concurrent ones:
+    /// PostgreSQL's `serialization_failure` (40001).
+    Serialization,
+    /// The database was locked by another connection past the busy
+    /// timeout: SQLite's `SQLITE_BUSY` and `SQLITE_LOCKED`.
+    Busy,
+}
+
+impl std::fmt::Display for Contention {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Contention::LockTimeout => "lock timeout",
+            Contention::Deadlock => "deadlock",
+            Contention::Serialization => "serialization failure",
+            Contention::Busy => "busy database",
+        })
+    }
 }
 
 impl StoreError {

@@ -10,6 +10,7 @@
 use super::exec::Exec;
 use super::rows::NewRow;
 use super::template::{Literals, Placeholders};
+use crate::error::Contention;
 
 /// The SQL databases a [`SqlStore`](super::SqlStore) runs on: implemented
 /// for sqlx's [`Sqlite`](sqlx::Sqlite), [`Postgres`](sqlx::Postgres) and
@@ -130,6 +131,12 @@ pub trait Dialect: Exec {
 
     /// What a database error means to the store.
     fn fault(error: &dyn sqlx::error::DatabaseError) -> Fault;
+
+    /// The contention `error` reports, when it is this database's (its
+    /// driver's error type) and says a statement met contention in its
+    /// transaction: what [`TxStore::contention`](crate::store::TxStore::contention)
+    /// answers for a body's error.
+    fn contention(error: &dyn sqlx::error::DatabaseError) -> Option<Contention>;
 
     /// How many rows a statement wrote (for an `UPDATE`, matched).
     fn rows_affected(done: &Self::QueryResult) -> u64;

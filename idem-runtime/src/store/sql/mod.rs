@@ -55,7 +55,7 @@ use std::time::Duration;
 use sqlx::{Pool, Transaction};
 
 use crate::clock::millis;
-use crate::error::StoreError;
+use crate::error::{Contention, StoreError};
 use crate::key::Key;
 use crate::registry::HandlerSpec;
 use crate::store::contract::{
@@ -1390,6 +1390,18 @@ impl<D: Dialect> TxStore for SqlStore<D> {
 
     async fn rollback_batch(&self, tx: Self::Tx) -> Result<(), StoreError> {
         Self::rollback_tx(tx).await.map_err(|e| self.err(e))
+    }
+
+    fn contention(&self, error: &(dyn std::error::Error + 'static)) -> Option<Contention> {
+        // A `sqlx::Error`, or the database error one holds: its `source`,
+        // which a wrapper that is `#[error(transparent)]` over a
+        // `sqlx::Error` hands on in its place.
+        let db = match error.downcast_ref::<sqlx::Error>() {
+            Some(sqlx::Error::Database(db)) => db,
+            Some(_) => return None,
+            None => error.downcast_ref::<Box<dyn sqlx::error::DatabaseError>>()?,
+        };
+        D::contention(db.as_ref())
     }
 }
 

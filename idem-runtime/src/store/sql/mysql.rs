@@ -29,7 +29,7 @@ use super::rows::{COLUMNS, NewRow, claimable, inserted, take_over_assignments};
 use super::template::{Literals, Placeholders};
 use super::{ClaimOrder, RoundTrips};
 use super::{Dialect, SqlStore, reach};
-use crate::error::StoreError;
+use crate::error::{Contention, StoreError};
 use crate::registry;
 
 /// The transaction a transaction-mode MySQL handler receives:
@@ -324,6 +324,14 @@ impl Dialect for MySql {
                     .to_owned(),
             ),
             _ => Fault::Other,
+        }
+    }
+
+    fn contention(db: &dyn sqlx::error::DatabaseError) -> Option<Contention> {
+        match db.try_downcast_ref::<MySqlDatabaseError>()?.number() {
+            1205 => Some(Contention::LockTimeout),
+            1213 => Some(Contention::Deadlock),
+            _ => None,
         }
     }
 
