@@ -2,7 +2,8 @@
 
 use proc_macro2::{Span, TokenStream};
 use quote::quote;
-use syn::{Ident, Type};
+use syn::visit::Visit;
+use syn::{Ident, Lifetime, Type};
 
 use super::spans::{around, ends, respan};
 
@@ -54,7 +55,11 @@ pub(super) fn error_codec(
     if err_ty.is_none() {
         args.set_span(last);
     }
-    if !tx {
+    // The view sees the error as a `dyn Error + 'static`: an error type
+    // that names a lifetime of its own may borrow (from the message), and
+    // keeps its errors the body's, as before, instead of failing to compile.
+    let borrows = named_lifetimes(err_ty.unwrap_or(ret_ty));
+    if !tx || borrows {
         return quote! {
             let #errors = {
                 #[allow(unused_imports)]
@@ -82,5 +87,34 @@ pub(super) fn error_codec(
             };
             #new #args #with_view #view
         };
+    }
+}
+
+/// Whether `ty` names a lifetime other than `'static` (`'_` included).
+fn named_lifetimes(ty: &Type) -> bool {
+    struct Named(bool);
+    impl Visit<'_> for Named {
+        fn visit_lifetime(&mut self, lifetime: &Lifetime) {
+            self.0 |= lifetime.ident != "static";
+        }
+    }
+    let mut named = Named(false);
+    named.visit_type(ty);
+    named.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::named_lifetimes;
+
+    #[test]
+    fn lifetimes_other_than_static_are_seen() {
+        let ty = |s: &str| syn::parse_str::<syn::Type>(s).unwrap();
+        assert!(named_lifetimes(&ty("Borrowed<'m>")));
+        assert!(named_lifetimes(&ty("Result<u32, Borrowed<'_>>")));
+        assert!(!named_lifetimes(&ty(
+            "Box<dyn std::error::Error + Send + Sync + 'static>"
+        )));
+        assert!(!named_lifetimes(&ty("AppError")));
     }
 }
