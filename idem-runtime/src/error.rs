@@ -37,6 +37,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 ///         Error::Exhausted { .. } => "dead-letter: failed max_attempts times",
 ///         Error::InProgress { .. } => "nack with delay: another consumer is on it",
 ///         Error::Store { source: StoreError::MissingTable { .. }, .. } => "stop: migrate the store",
+///         Error::Store { source: StoreError::Contention { .. }, .. } => "nack: the rows were busy, retry soon",
 ///         Error::Store { .. } => "nack: the store failed, retry later",
 ///         Error::Config { .. } => "stop the consumer: the build is wrong, retrying never helps",
 ///         Error::NotRecorded { .. } => "ack and alert: the effect happened, a redelivery would repeat it",
@@ -53,6 +54,14 @@ pub enum Error<E> {
     /// redelivery runs the body again. For a handler with `max_attempts` the
     /// failure was counted in the record (with the error's text), and the
     /// delivery after the last allowed one gets [`Error::Exhausted`].
+    ///
+    /// In transaction mode a body's error that the store tells as its own
+    /// contention in the call's transaction (a lock wait past the lock
+    /// timeout, a deadlock, a serialization failure: PostgreSQL's 55P03,
+    /// 40P01, 40001, MySQL's 1205, 1213, SQLite's busy database) is not
+    /// this but [`Error::Store`] with [`StoreError::Contention`], counted
+    /// against nothing; see
+    /// [`TxStore::contention`](crate::store::TxStore::contention).
     #[error("handler `{handler}` failed for key {}: {error}", .key.shown())]
     Handler {
         /// The handler's registered name.
@@ -255,7 +264,10 @@ pub enum Error<E> {
     /// The store failed: connection, timeout, schema. In transaction mode
     /// this is also what a call returns when the transaction's connection
     /// failed while the body ran (the body's own error was only the symptom
-    /// of it): nothing was committed, and a redelivery is the cure.
+    /// of it), and when the body's error was the store's contention in the
+    /// call's transaction ([`StoreError::Contention`], with the body's
+    /// error as its text): nothing was committed, no failure was counted
+    /// against `max_attempts`, and a redelivery is the cure.
     #[error("handler `{handler}`: store error{}: {source}", key.as_ref().map(|k| format!(" for key {}", k.shown())).unwrap_or_default())]
     Store {
         /// The handler's registered name.

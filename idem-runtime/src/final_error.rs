@@ -19,7 +19,10 @@ use serde::de::DeserializeOwned;
 /// The error is stored as JSON, so the type also implements `Serialize` and
 /// `Deserialize`, and reads back what it wrote; `Display` is its text in the
 /// record's `last_error`. An error type without this trait has no final
-/// errors.
+/// errors. In transaction mode, an error the store tells as its own
+/// contention (a lock wait, a deadlock) is never final: the call reports it
+/// as the store's ([`StoreError::Contention`](crate::StoreError::Contention))
+/// before it asks `is_final`.
 ///
 /// # Examples
 ///

@@ -1021,7 +1021,8 @@ pub trait TxStore: Send + Sync {
     /// runtime sees the body's error when its type is a
     /// `std::error::Error + 'static`, or a type like `anyhow::Error` or
     /// `Box<dyn Error + Send + Sync>` that is
-    /// `AsRef<dyn Error + Send + Sync>`; any other body error is the body's.
+    /// `AsRef<dyn Error + Send + Sync>` (and not written with a lifetime of
+    /// its own, which may borrow); any other body error is the body's.
     ///
     /// The SQL stores recognise their driver's errors (a `sqlx::Error`, or
     /// the database error it holds) with PostgreSQL's SQLSTATEs 55P03,

@@ -1078,8 +1078,10 @@ impl<D: Dialect> SqlStore<D> {
     /// Runs `statement`, which writes the claim row this transaction holds
     /// (claiming first), and fails the call if the row is gone: the
     /// database ended the transaction (InnoDB rolls a deadlock victim back
-    /// whole and ends it; a statement of the body may have committed
-    /// implicitly), and nothing may be committed as if the claim held.
+    /// whole and ends it, and what the body sent after that is in a
+    /// transaction of its own, which the caller rolls back; a statement of
+    /// the body may have committed implicitly), and nothing may be
+    /// committed as if the claim held.
     async fn write_claimed(
         &self,
         tx: &mut Transaction<'static, D>,

@@ -101,7 +101,12 @@ const MIGRATE_LOCK_WAIT: Duration = Duration::from_secs(30);
 /// * **Transaction mode** (a handler with `tx: &mut MySqlTx<'_>`): the dedup
 ///   row is written in the body's transaction, after the body (the default)
 ///   or before it; see [`ClaimOrder`]. Claim, body writes and outcome commit
-///   in one InnoDB transaction or not at all.
+///   in one InnoDB transaction or not at all. The transaction runs with
+///   `autocommit` off (set back when it ends), so a statement the body
+///   sends after InnoDB ended it (a deadlock victim that runs its statement
+///   again) is part of the call, never committed on its own; a lock wait
+///   timeout or deadlock the body returns is the store's
+///   [`StoreError::Contention`](crate::StoreError::Contention).
 /// * **Lease mode** (no transaction parameter): the claim inserts a row with
 ///   a fencing token; completion, release and lease extension compare the
 ///   token.
