@@ -106,7 +106,7 @@ const MIGRATE_LOCK_WAIT: Duration = Duration::from_secs(30);
 ///   sends after InnoDB ended it (a deadlock victim that runs its statement
 ///   again) is part of the call, never committed on its own; a lock wait
 ///   timeout or deadlock the body returns is the store's
-///   [`StoreError::Contention`](crate::StoreError::Contention).
+///   [`StoreError::Contention`].
 /// * **Lease mode** (no transaction parameter): the claim inserts a row with
 ///   a fencing token; completion, release and lease extension compare the
 ///   token.
