@@ -133,7 +133,13 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
     let make_codec = quote_spanned! {ok_span=>
         let #codec = #p_ok::codec::<#value_ty>();
     };
-    let make_errors = error_codec(h.err_ty.as_ref(), ret_ty, &p, &errors);
+    let make_errors = error_codec(
+        h.err_ty.as_ref(),
+        ret_ty,
+        &p,
+        &errors,
+        matches!(h.mode, Mode::Tx { .. }),
+    );
     let fingerprint_text = match &h.fingerprint {
         Some(f) => {
             let text = &f.text;

@@ -37,6 +37,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 ///         Error::Exhausted { .. } => "dead-letter: failed max_attempts times",
 ///         Error::InProgress { .. } => "nack with delay: another consumer is on it",
 ///         Error::Store { source: StoreError::MissingTable { .. }, .. } => "stop: migrate the store",
+///         Error::Store { source: StoreError::Contention { .. }, .. } => "nack: the rows were busy, retry soon",
 ///         Error::Store { .. } => "nack: the store failed, retry later",
 ///         Error::Config { .. } => "stop the consumer: the build is wrong, retrying never helps",
 ///         Error::NotRecorded { .. } => "ack and alert: the effect happened, a redelivery would repeat it",
@@ -53,6 +54,14 @@ pub enum Error<E> {
     /// redelivery runs the body again. For a handler with `max_attempts` the
     /// failure was counted in the record (with the error's text), and the
     /// delivery after the last allowed one gets [`Error::Exhausted`].
+    ///
+    /// In transaction mode a body's error that the store tells as its own
+    /// contention in the call's transaction (a lock wait past the lock
+    /// timeout, a deadlock, a serialization failure: PostgreSQL's 55P03,
+    /// 40P01, 40001, MySQL's 1205, 1213, SQLite's busy database) is not
+    /// this but [`Error::Store`] with [`StoreError::Contention`], counted
+    /// against nothing; see
+    /// [`TxStore::contention`](crate::store::TxStore::contention).
     #[error("handler `{handler}` failed for key {}: {error}", .key.shown())]
     Handler {
         /// The handler's registered name.
@@ -286,7 +295,10 @@ pub enum Error<E> {
     /// The store failed: connection, timeout, schema. In transaction mode
     /// this is also what a call returns when the transaction's connection
     /// failed while the body ran (the body's own error was only the symptom
-    /// of it): nothing was committed, and a redelivery is the cure.
+    /// of it), and when the body's error was the store's contention in the
+    /// call's transaction ([`StoreError::Contention`], with the body's
+    /// error as its text): nothing was committed, no failure was counted
+    /// against `max_attempts`, and a redelivery is the cure.
     #[error("handler `{handler}`: store error{}: {source}", key.as_ref().map(|k| format!(" for key {}", k.shown())).unwrap_or_default())]
     Store {
         /// The handler's registered name.
@@ -468,6 +480,80 @@ pub enum StoreError {
     /// [`Error::Config`].
     #[error("{0}")]
     Registry(#[from] crate::registry::RegistryError),
+
+    /// Transaction mode: a statement of the body met contention in the
+    /// call's transaction: it gave up waiting on a row another transaction
+    /// holds, the database chose the transaction as a deadlock victim, or
+    /// could not serialize it ([`TxStore::contention`] found it in the
+    /// body's error). The database's own transient fault, not the
+    /// message's: the call's transaction was rolled back (the claim, the
+    /// body's writes, and no failure counted against `max_attempts`), and a
+    /// redelivery runs the body again.
+    ///
+    /// [`TxStore::contention`]: crate::store::TxStore::contention
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::{Contention, StoreError};
+    ///
+    /// let err = StoreError::Contention {
+    ///     kind: Contention::LockTimeout,
+    ///     error: "sql: canceling statement due to lock timeout".into(),
+    /// };
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     "a lock timeout in the body's transaction, rolled back: sql: canceling statement due to lock timeout"
+    /// );
+    /// ```
+    #[error("a {kind} in the body's transaction, rolled back: {error}")]
+    Contention {
+        /// What the database reported.
+        kind: Contention,
+        /// The body's error, as its text (`Display`).
+        error: String,
+    },
+}
+
+/// A database's transient fault in a transaction, which running the
+/// transaction again can pass: what [`StoreError::Contention`] says a
+/// transaction-mode body met.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::Contention;
+///
+/// assert_eq!(Contention::Deadlock.to_string(), "deadlock");
+/// assert_eq!(Contention::LockTimeout.to_string(), "lock timeout");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Contention {
+    /// The statement gave up waiting on a lock another transaction holds:
+    /// PostgreSQL's `lock_not_available` (55P03, past `lock_timeout`),
+    /// MySQL's 1205 (past `innodb_lock_wait_timeout`).
+    LockTimeout,
+    /// The database chose the transaction as a deadlock victim and rolled
+    /// it back: PostgreSQL's `deadlock_detected` (40P01), MySQL's 1213.
+    Deadlock,
+    /// The transaction could not be serialized with concurrent ones:
+    /// PostgreSQL's `serialization_failure` (40001).
+    Serialization,
+    /// The database was locked by another connection past the busy
+    /// timeout: SQLite's `SQLITE_BUSY` and `SQLITE_LOCKED`.
+    Busy,
+}
+
+impl std::fmt::Display for Contention {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Contention::LockTimeout => "lock timeout",
+            Contention::Deadlock => "deadlock",
+            Contention::Serialization => "serialization failure",
+            Contention::Busy => "busy database",
+        })
+    }
 }
 
 impl StoreError {

@@ -23,7 +23,10 @@ use serde::de::DeserializeOwned;
 /// The error is stored as JSON, so the type also implements `Serialize` and
 /// `Deserialize`, and reads back what it wrote; `Display` is its text in the
 /// record's `last_error`. An error type without this trait has no final
-/// errors.
+/// errors. In transaction mode, an error the store tells as its own
+/// contention (a lock wait, a deadlock) is never final: the call reports it
+/// as the store's ([`StoreError::Contention`](crate::StoreError::Contention))
+/// before it asks `is_final`.
 ///
 /// # Examples
 ///
@@ -86,14 +89,22 @@ pub trait FinalError: std::fmt::Display + Serialize + DeserializeOwned {
 }
 
 /// How a handler's error type is recorded: its text, and, for a
-/// [`FinalError`], its finality and JSON. Made by the generated code, where
-/// the type is known (`__private::ErrorProbe`), and handed to the call
-/// paths, which then need no bounds on the error type.
+/// [`FinalError`], its finality and JSON; in transaction mode also how to
+/// see it as a `std::error::Error`, when its type is one or holds one.
+/// Made by the generated code, where the type is known
+/// (`__private::ErrorProbe`), and handed to the call paths, which then need
+/// no bounds on the error type.
 #[doc(hidden)]
 pub struct ErrorCodec<E> {
     pub(crate) text: fn(&E) -> String,
     pub(crate) finals: Option<FinalCodec<E>>,
+    pub(crate) view: Option<ErrorView<E>>,
 }
+
+/// A handler's error seen as a `std::error::Error` (itself, or the error
+/// it holds), for the store to tell its own contention in it.
+#[doc(hidden)]
+pub type ErrorView<E> = fn(&E) -> &(dyn std::error::Error + 'static);
 
 impl<E> Clone for ErrorCodec<E> {
     fn clone(&self) -> Self {
@@ -106,7 +117,22 @@ impl<E> Copy for ErrorCodec<E> {}
 impl<E> ErrorCodec<E> {
     /// A codec from its parts (what the probes found).
     pub fn new(finals: Option<FinalCodec<E>>, text: fn(&E) -> String) -> Self {
-        ErrorCodec { text, finals }
+        ErrorCodec {
+            text,
+            finals,
+            view: None,
+        }
+    }
+
+    /// The codec, with how to see an error as a `std::error::Error` (what
+    /// the probe found, in transaction mode).
+    pub fn with_view(self, view: Option<ErrorView<E>>) -> Self {
+        ErrorCodec { view, ..self }
+    }
+
+    /// `error` as a `std::error::Error`, when its type lets it be seen so.
+    pub(crate) fn view<'e>(&self, error: &'e E) -> Option<&'e (dyn std::error::Error + 'static)> {
+        self.view.map(|view| view(error))
     }
 
     /// The error as a final failure's JSON, when it is final; `Err` when it

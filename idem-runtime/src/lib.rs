@@ -86,7 +86,7 @@ mod retry_after;
 pub mod store;
 mod telemetry;
 
-pub use error::{BoxError, Error, StoreError};
+pub use error::{BoxError, Contention, Error, StoreError};
 pub use final_error::FinalError;
 pub use fingerprint::fingerprint;
 /// Makes an async handler idempotent: a duplicate of a message gets the

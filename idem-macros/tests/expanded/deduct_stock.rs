@@ -29,14 +29,18 @@ async fn deduct_stock(
     let __idem_errors = {
         #[allow(unused_imports)]
         use ::idem_runtime::__private::{
-            DisplayText as _, FinalErrors as _, NoFinalErrors as _, NoText as _,
+            DisplayText as _, ErrorInside as _, ErrorItself as _, FinalErrors as _,
+            NoErrorView as _, NoFinalErrors as _, NoText as _,
         };
         ::idem_runtime::__private::ErrorCodec::<
             AppError,
         >::new(
-            (&::idem_runtime::__private::ErrorProbe::<AppError>::new()).idem_final(),
-            (&::idem_runtime::__private::ErrorProbe::<AppError>::new()).idem_text(),
-        )
+                (&::idem_runtime::__private::ErrorProbe::<AppError>::new()).idem_final(),
+                (&::idem_runtime::__private::ErrorProbe::<AppError>::new()).idem_text(),
+            )
+            .with_view(
+                (&&&::idem_runtime::__private::ErrorProbe::<AppError>::new()).idem_view(),
+            )
     };
     let __idem_key: ::idem_runtime::__private::Key = {
         use ::idem_runtime::__private::{AnyProbe as _, FloatProbe as _};

@@ -46,7 +46,7 @@ pub trait StorableOutcome: serde::Serialize + serde::de::DeserializeOwned {}
 impl<T: serde::Serialize + serde::de::DeserializeOwned> StorableOutcome for T {}
 
 pub use crate::codec::Codec;
-pub use crate::final_error::{ErrorCodec, FinalCodec};
+pub use crate::final_error::{ErrorCodec, ErrorView, FinalCodec};
 
 // ---------------------------------------------------------------------------
 // The handler's error
@@ -115,6 +115,56 @@ pub trait NoText<E> {
 impl<E> NoText<E> for &ErrorProbe<E> {
     fn idem_text(&self) -> fn(&E) -> String {
         |_| format!("an error of type `{}`", core::any::type_name::<E>())
+    }
+}
+
+// Transaction mode also looks up how to see the error as a
+// `std::error::Error`, so that the store can tell its own contention in it
+// (`TxStore::contention`): `(&&&ErrorProbe::<E>::new()).idem_view()`
+// resolves, one dereference at a time, to `ErrorItself` when `E: Error +
+// 'static`, to `ErrorInside` when `E` holds one (`anyhow::Error`,
+// `Box<dyn Error + Send + Sync>`: `AsRef<dyn Error + Send + Sync>`), and to
+// `NoErrorView` otherwise; the generated code hands what it found to
+// `ErrorCodec::with_view`.
+
+/// The lookup for an error type that is a `std::error::Error`: itself.
+pub trait ErrorItself<E> {
+    /// The error, as itself.
+    fn idem_view(&self) -> Option<ErrorView<E>>;
+}
+impl<E: std::error::Error + 'static> ErrorItself<E> for &&ErrorProbe<E> {
+    fn idem_view(&self) -> Option<ErrorView<E>> {
+        fn itself<E: std::error::Error + 'static>(e: &E) -> &(dyn std::error::Error + 'static) {
+            e
+        }
+        Some(itself::<E>)
+    }
+}
+
+/// The lookup for an error type that holds a `std::error::Error`.
+pub trait ErrorInside<E> {
+    /// The error it holds.
+    fn idem_view(&self) -> Option<ErrorView<E>>;
+}
+impl<E: AsRef<dyn std::error::Error + Send + Sync + 'static>> ErrorInside<E> for &ErrorProbe<E> {
+    fn idem_view(&self) -> Option<ErrorView<E>> {
+        fn inside<E: AsRef<dyn std::error::Error + Send + Sync + 'static>>(
+            e: &E,
+        ) -> &(dyn std::error::Error + 'static) {
+            e.as_ref()
+        }
+        Some(inside::<E>)
+    }
+}
+
+/// The lookup for any other error type: not seen as an error.
+pub trait NoErrorView<E> {
+    /// Nothing.
+    fn idem_view(&self) -> Option<ErrorView<E>>;
+}
+impl<E> NoErrorView<E> for ErrorProbe<E> {
+    fn idem_view(&self) -> Option<ErrorView<E>> {
+        None
     }
 }
 
@@ -455,5 +505,51 @@ impl<'a, T: ?Sized> AnyPart<'a, T> {
     /// The part.
     pub fn get(self) -> &'a T {
         self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ErrorInside as _, ErrorItself as _, ErrorProbe, NoErrorView as _};
+    use std::error::Error;
+
+    /// An error that holds another one, as `anyhow::Error` does: not an
+    /// `Error` itself, `AsRef` of the one it holds.
+    struct Holder(Box<dyn Error + Send + Sync>);
+
+    impl AsRef<dyn Error + Send + Sync> for Holder {
+        fn as_ref(&self) -> &(dyn Error + Send + Sync + 'static) {
+            self.0.as_ref()
+        }
+    }
+
+    #[derive(Debug)]
+    struct NotAnError;
+
+    // Written as the generated code writes it: the same three references
+    // whatever the type, each lookup one dereference apart.
+    #[allow(clippy::needless_borrow)]
+    #[test]
+    fn the_view_is_the_error_itself_the_error_it_holds_or_none() {
+        let io = std::io::Error::other("reset");
+        let view = (&&&ErrorProbe::<std::io::Error>::new())
+            .idem_view()
+            .expect("an io::Error is an Error");
+        assert!(view(&io).is::<std::io::Error>());
+
+        let boxed: Box<dyn Error + Send + Sync> = Box::new(std::io::Error::other("reset"));
+        let view = (&&&ErrorProbe::<Box<dyn Error + Send + Sync>>::new())
+            .idem_view()
+            .expect("a boxed error holds one");
+        assert!(view(&boxed).is::<std::io::Error>());
+
+        let held = Holder(Box::new(std::fmt::Error));
+        let view = (&&&ErrorProbe::<Holder>::new())
+            .idem_view()
+            .expect("a holder holds one");
+        assert!(view(&held).is::<std::fmt::Error>());
+
+        assert!((&&&ErrorProbe::<String>::new()).idem_view().is_none());
+        assert!((&&&ErrorProbe::<NotAnError>::new()).idem_view().is_none());
     }
 }

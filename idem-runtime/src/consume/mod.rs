@@ -14,7 +14,7 @@
 //! | --- | --- |
 //! | `Executed`, `Duplicate` | ack |
 //! | `InProgress { retry_after }` | retry after `retry_after`; not a failed attempt |
-//! | `Store` | retry after the backoff; not a failed attempt (the store, not the message, is at fault) |
+//! | `Store` | retry after the backoff; not a failed attempt (the store, not the message, is at fault), contention in a transaction-mode body's transaction included (`StoreError::Contention`) |
 //! | `Handler` | retry after the backoff; a failed attempt: the one after the last allowed is dead-lettered with the last error |
 //! | `LeaseLost`, `NotRecorded` | ack (a redelivery would run the body again), and an error is logged to alert |
 //! | `Failed` (a final error, this delivery's or recorded), `Exhausted` (the handler's `max_attempts` used up) | dead letter at once, with the error: no redelivery can pass |

@@ -17,7 +17,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::error::StoreError;
+use crate::error::{Contention, StoreError};
 use crate::key::Key;
 use crate::registry::HandlerSpec;
 pub(crate) use crate::store::batch::{BatchItem, Held, TxBatch, TxBatchCommit};
@@ -1022,6 +1022,81 @@ pub trait TxStore: Send + Sync {
         key: &Key,
         fingerprint: Option<&str>,
     ) -> impl Future<Output = Result<Option<Standing>, StoreError>> + Send;
+
+    /// Whether `error` is this store's own transient fault, raised in a
+    /// transaction-mode body's transaction: a lock wait that timed out, a
+    /// deadlock, a serialization failure. The runtime asks it of every link
+    /// of a failed body's error (the error, then its
+    /// [`source`](std::error::Error::source)s) before it records anything;
+    /// at the first link a store recognises, the call rolls the transaction
+    /// back (through [`rollback`](Self::rollback), so a claim-last duplicate
+    /// still gets its recorded outcome) and returns
+    /// [`Error::Store`](crate::Error::Store) with
+    /// [`StoreError::Contention`], keeping the body's error as its text: no
+    /// failure is counted against `max_attempts`, and a consumer retries it
+    /// as a store fault instead of dead-lettering a healthy message. The
+    /// runtime sees the body's error when its type is a
+    /// `std::error::Error + 'static`, or a type like `anyhow::Error` or
+    /// `Box<dyn Error + Send + Sync>` that is
+    /// `AsRef<dyn Error + Send + Sync>` (and not written with a lifetime of
+    /// its own, which may borrow); any other body error is the body's.
+    ///
+    /// The SQL stores recognise their driver's errors (a `sqlx::Error`, or
+    /// the database error it holds) with PostgreSQL's SQLSTATEs 55P03,
+    /// 40P01 and 40001, MySQL's error numbers 1205 and 1213, and SQLite's
+    /// `SQLITE_BUSY` and `SQLITE_LOCKED`. The default recognises nothing,
+    /// so every failed body of a store of your own stays the body's.
+    ///
+    /// # Examples
+    ///
+    /// A store whose database reports contention as an error of its own:
+    ///
+    /// ```
+    /// use idem_runtime::Contention;
+    /// use std::error::Error;
+    ///
+    /// #[derive(Debug, thiserror::Error)]
+    /// #[error("ledger busy, retry")]
+    /// struct LedgerBusy;
+    ///
+    /// // the body of `TxStore::contention` in the store's impl
+    /// fn contention(error: &(dyn Error + 'static)) -> Option<Contention> {
+    ///     error.is::<LedgerBusy>().then_some(Contention::LockTimeout)
+    /// }
+    /// assert_eq!(contention(&LedgerBusy), Some(Contention::LockTimeout));
+    /// assert_eq!(contention(&std::fmt::Error), None);
+    /// ```
+    ///
+    /// And what a SQL store makes of a driver error:
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// use idem_runtime::store::TxStore;
+    /// use idem_runtime::{Contention, SqliteStore};
+    /// use sqlx::Connection as _;
+    /// use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
+    /// use std::time::Duration;
+    ///
+    /// let path = dir.path().join("idem.db");
+    /// let store = SqliteStore::open(&path).await?;
+    /// // one connection holds the database's write lock ...
+    /// let _writer = store.pool().begin_with("BEGIN IMMEDIATE").await?;
+    /// // ... and another one's write does not wait for it
+    /// let impatient = SqliteConnectOptions::new().filename(&path).busy_timeout(Duration::ZERO);
+    /// let mut other = SqliteConnection::connect_with(&impatient).await?;
+    /// let busy = sqlx::query("BEGIN IMMEDIATE").execute(&mut other).await.unwrap_err();
+    /// assert_eq!(store.contention(&busy), Some(Contention::Busy));
+    /// // a connection error is no contention: the body's error stays its own
+    /// assert_eq!(store.contention(&sqlx::Error::PoolTimedOut), None);
+    /// # Ok(()) }
+    /// ```
+    fn contention(&self, error: &(dyn std::error::Error + 'static)) -> Option<Contention> {
+        let _ = error;
+        None
+    }
+
     /// Begins a transaction for a batch and reads what stands for each of
     /// its keys, in the order given: `None` for a fresh one. The keys are
     /// distinct. The stores of this crate read the batch in one statement
@@ -1352,5 +1427,9 @@ impl<S: TxStore> TxStore for std::sync::Arc<S> {
 
     fn rollback_batch(&self, tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send {
         (**self).rollback_batch(tx)
+    }
+
+    fn contention(&self, error: &(dyn std::error::Error + 'static)) -> Option<Contention> {
+        (**self).contention(error)
     }
 }

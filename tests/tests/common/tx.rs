@@ -25,7 +25,9 @@ use std::time::Duration;
 
 use idem_runtime::clock::TimeShift;
 use idem_runtime::store::TxStore;
-use idem_runtime::{ClaimOrder, Error, Key, Outcome, Record, RoundTrips, Status, StoreError};
+use idem_runtime::{
+    ClaimOrder, Contention, Error, Key, Outcome, Record, RoundTrips, Status, StoreError,
+};
 use idem_tests::or_skip;
 
 use super::ops::{OpsError, Reserve, Settled};
@@ -144,16 +146,15 @@ impl StoreKind {
         }
     }
 
-    /// Whether `e` is this server's error for a statement that waited on a
-    /// row lock past the lock timeout: PostgreSQL's `lock_not_available`
-    /// (SQLSTATE 55P03); MySQL's `ER_LOCK_WAIT_TIMEOUT` (error 1205, whose
-    /// SQLSTATE, HY000, says nothing of its own).
-    pub(crate) fn is_lock_timeout(self, e: &dyn sqlx::error::DatabaseError) -> bool {
+    /// Whether `text` is this server's error, as sqlx writes it, for a
+    /// statement that waited on a row lock past the lock timeout:
+    /// PostgreSQL's `lock_not_available` (SQLSTATE 55P03); MySQL's
+    /// `ER_LOCK_WAIT_TIMEOUT` (error 1205, whose SQLSTATE, HY000, says
+    /// nothing of its own).
+    pub(crate) fn is_lock_timeout(self, text: &str) -> bool {
         match self {
-            StoreKind::Pg(..) => e.code().as_deref() == Some("55P03"),
-            StoreKind::MySql(..) => e
-                .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-                .is_some_and(|e| e.number() == 1205),
+            StoreKind::Pg(..) => text.contains("lock timeout"),
+            StoreKind::MySql(..) => text.contains("1205"),
             StoreKind::Sqlite => false,
         }
     }
@@ -175,9 +176,9 @@ pub(crate) enum Waited {
     /// PostgreSQL and MySQL, `ClaimOrder::Last` and `Checked` (whose read
     /// finds nothing committed yet): the body runs first and its
     /// own `UPDATE` waits on the inventory row the first delivery holds, so
-    /// the body fails with the server's lock timeout error
-    /// ([`StoreKind::is_lock_timeout`]) and the call is `Error::Handler`; its
-    /// writes roll back.
+    /// the body fails with the server's lock timeout error, which the store
+    /// tells as its contention: the call is `Error::Store` with
+    /// `StoreError::Contention`; its writes roll back.
     BodyLockTimeout,
 }
 
@@ -1113,14 +1114,18 @@ pub(crate) async fn delivery_waiting_on_an_open_first_delivery_gives_up_at_the_l
         }
         (
             Waited::BodyLockTimeout,
-            Err(Error::Handler {
-                error: AppError::Sql(sqlx::Error::Database(e)),
+            Err(Error::Store {
+                source:
+                    StoreError::Contention {
+                        kind: Contention::LockTimeout,
+                        error,
+                    },
                 handler,
-                key: k,
+                key: Some(k),
             }),
         ) if *handler == F::DEDUCT => {
             assert_eq!(k, &msg.key());
-            assert!(kind.is_lock_timeout(e.as_ref()), "{kind:?}: {e}");
+            assert!(kind.is_lock_timeout(error), "{kind:?}: {error}");
             1
         }
         (waited, other) => panic!("{kind:?}: expected {waited:?}, got {other:?}"),

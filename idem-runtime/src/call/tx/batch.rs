@@ -8,7 +8,8 @@ use std::time::Instant;
 use tracing::Instrument;
 
 use crate::call::plan::{Derived, Fate, Plan, Results, answer, batch_span, encode_all};
-use crate::call::{check_registry, store_err};
+use crate::call::tx::contention;
+use crate::call::{capped, check_registry, store_err};
 use crate::codec::Codec;
 use crate::error::{Error, StoreError};
 use crate::final_error::ErrorCodec;
@@ -167,6 +168,20 @@ impl<'s, S: TxStore, T, E> TxBatchRun<'s, S, T, E> {
                 standings,
                 ..
             } = call;
+            // The store's own contention fails the batch as the store's.
+            if let Err(error) = &result
+                && let Some(kind) = contention(self.store, self.errors, error)
+            {
+                let text = capped((self.errors.text)(error));
+                if let Err(e) = self.store.rollback_batch(tx).await {
+                    tracing::warn!(error = %e, "rollback failed");
+                }
+                return TxBatchStep::Done(Err(store_err(
+                    self.spec,
+                    &self.plan.lead(&fresh),
+                    StoreError::Contention { kind, error: text },
+                )));
+            }
             let ran = match result
                 .map_err(|error| Error::Handler {
                     handler: self.spec.name,

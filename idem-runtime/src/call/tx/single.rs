@@ -5,10 +5,10 @@ use std::time::Instant;
 
 use tracing::Instrument;
 
-use crate::call::{Recording, check_registry, refused, store_err};
+use crate::call::tx::contention;
+use crate::call::{Recording, capped, check_registry, refused, store_err};
 use crate::codec::{Codec, encode};
-use crate::error::Error;
-use crate::error::StoreError;
+use crate::error::{Contention, Error, StoreError};
 use crate::final_error::ErrorCodec;
 use crate::key::Key;
 use crate::outcome::Outcome;
@@ -129,6 +129,22 @@ where
                 }
             }
             Err(error) => {
+                // The store's own contention is no failure of the body's:
+                // nothing is recorded or counted.
+                if let Some(kind) = contention(store, errors, &error) {
+                    return contended(
+                        store,
+                        call.tx,
+                        spec,
+                        key,
+                        fingerprint,
+                        codec,
+                        errors,
+                        kind,
+                        &error,
+                    )
+                    .await;
+                }
                 let recording = match Recording::of(spec, errors, &error) {
                     Ok(recording) => recording,
                     Err(source) => {
@@ -197,6 +213,37 @@ fn failed<T, E>(
             );
             Err(store_err(spec, key, source))
         }
+    }
+}
+
+/// What a call whose body failed on the store's contention returns: its
+/// transaction rolled back through the store (so that, claiming last, a
+/// duplicate's body still gets the recorded outcome), it is the store's
+/// error, with the body's error as its text.
+#[allow(clippy::too_many_arguments)]
+async fn contended<S: TxStore, T, E>(
+    store: &S,
+    tx: S::Tx,
+    spec: &'static HandlerSpec,
+    key: &Key,
+    fingerprint: Option<&str>,
+    codec: Codec<T>,
+    errors: ErrorCodec<E>,
+    kind: Contention,
+    error: &E,
+) -> Result<Outcome<T>, Error<E>> {
+    let text = capped((errors.text)(error));
+    match store.rollback(tx, spec, key, fingerprint).await {
+        Ok(Some(standing)) => refused(spec, key, fingerprint, codec, errors, standing),
+        Ok(None) => {
+            tracing::debug!(%kind, error = %text, "the body met contention in its transaction: rolled back, reported as the store's");
+            Err(store_err(
+                spec,
+                key,
+                StoreError::Contention { kind, error: text },
+            ))
+        }
+        Err(source) => Err(store_err(spec, key, source)),
     }
 }
 

@@ -330,7 +330,7 @@ impl<D: Dialect> SqlStore<D> {
         let records = match self.batch_records(&mut tx, spec, items).await {
             Ok(records) => records,
             Err(e) => {
-                let _ = tx.rollback().await;
+                let _ = Self::rollback_tx(tx).await;
                 return Err(self.err(e));
             }
         };
@@ -354,15 +354,15 @@ impl<D: Dialect> SqlStore<D> {
         let written = self.write_rows(&mut tx, spec, items, outcomes).await;
         match written {
             Ok(true) => {
-                tx.commit().await.map_err(|e| self.err(e))?;
+                Self::commit_tx(tx).await.map_err(|e| self.err(e))?;
                 Ok(TxBatchCommit::Committed)
             }
             Ok(false) => {
-                tx.rollback().await.map_err(|e| self.err(e))?;
+                Self::rollback_tx(tx).await.map_err(|e| self.err(e))?;
                 Ok(TxBatchCommit::Lost)
             }
             Err(e) => {
-                let _ = tx.rollback().await;
+                let _ = Self::rollback_tx(tx).await;
                 match fault::<D>(&e) {
                     // The database rolled the transaction back: begin again.
                     Fault::Deadlock => Ok(TxBatchCommit::Lost),

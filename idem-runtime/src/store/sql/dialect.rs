@@ -10,6 +10,7 @@
 use super::exec::Exec;
 use super::rows::NewRow;
 use super::template::{Literals, Placeholders};
+use crate::error::Contention;
 
 /// The SQL databases a [`SqlStore`](super::SqlStore) runs on: implemented
 /// for sqlx's [`Sqlite`](sqlx::Sqlite), [`Postgres`](sqlx::Postgres) and
@@ -38,6 +39,11 @@ pub trait Dialect: Exec {
     /// The statement that opens a transaction-mode call's transaction, when
     /// not sqlx's plain `BEGIN`.
     const BEGIN: Option<&'static str>;
+
+    /// How a transaction-mode call's transaction ends when its
+    /// [`BEGIN`](Self::BEGIN) set the session up for the call and the end
+    /// sets it back; `None` ends it with sqlx's `COMMIT` and `ROLLBACK`.
+    const END: Option<TxEnd> = None;
 
     /// The statement that opens a sweep's transaction, when a sweep needs
     /// one; `None` runs it on its own.
@@ -126,6 +132,12 @@ pub trait Dialect: Exec {
     /// What a database error means to the store.
     fn fault(error: &dyn sqlx::error::DatabaseError) -> Fault;
 
+    /// The contention `error` reports, when it is this database's (its
+    /// driver's error type) and says a statement met contention in its
+    /// transaction: what [`TxStore::contention`](crate::store::TxStore::contention)
+    /// answers for a body's error.
+    fn contention(error: &dyn sqlx::error::DatabaseError) -> Option<Contention>;
+
     /// How many rows a statement wrote (for an `UPDATE`, matched).
     fn rows_affected(done: &Self::QueryResult) -> u64;
 }
@@ -142,6 +154,18 @@ pub struct WithCommit {
     pub savepoint: bool,
     /// How values are written into the message.
     pub literals: Literals,
+}
+
+/// The texts that end a transaction-mode call's transaction and set the
+/// session back to what it was before the call's `BEGIN`: see
+/// [`Dialect::END`]. Each is sent through the text protocol, in one round
+/// trip.
+#[derive(Debug, Clone, Copy)]
+pub struct TxEnd {
+    /// Commits the transaction, then restores the session.
+    pub commit: &'static str,
+    /// Rolls the transaction back, then restores the session.
+    pub rollback: &'static str,
 }
 
 /// A database error, as the store acts on it.

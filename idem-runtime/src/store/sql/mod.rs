@@ -55,7 +55,7 @@ use std::time::Duration;
 use sqlx::{Pool, Transaction};
 
 use crate::clock::millis;
-use crate::error::StoreError;
+use crate::error::{Contention, StoreError};
 use crate::key::Key;
 use crate::registry::HandlerSpec;
 use crate::store::contract::{
@@ -800,13 +800,34 @@ impl<D: Dialect> SqlStore<D> {
         })
     }
 
-    /// Opens a transaction-mode call's transaction.
+    /// Opens a transaction-mode call's transaction. It ends with
+    /// [`commit_tx`](Self::commit_tx) or [`rollback_tx`](Self::rollback_tx),
+    /// which set the session back where the dialect's `BEGIN` changed it.
     async fn begin(&self) -> Result<Transaction<'static, D>, StoreError> {
         match D::BEGIN {
             Some(begin) => self.pool.begin_with(begin).await,
             None => self.pool.begin().await,
         }
         .map_err(|e| self.err(e))
+    }
+
+    /// Commits a transaction-mode call's transaction ([`Dialect::END`]).
+    async fn commit_tx(mut tx: Transaction<'static, D>) -> Result<(), sqlx::Error> {
+        match D::END {
+            // sqlx still counts the transaction open: dropped, it queues a
+            // `ROLLBACK` of nothing, which leaves with the ping the pool
+            // sends when the connection returns.
+            Some(end) => D::run_text(&mut tx, end.commit).await.map(drop),
+            None => tx.commit().await,
+        }
+    }
+
+    /// Rolls a transaction-mode call's transaction back ([`Dialect::END`]).
+    async fn rollback_tx(mut tx: Transaction<'static, D>) -> Result<(), sqlx::Error> {
+        match D::END {
+            Some(end) => D::run_text(&mut tx, end.rollback).await.map(drop),
+            None => tx.rollback().await,
+        }
     }
 
     /// The store's error for a driver error.
@@ -833,7 +854,7 @@ impl<D: Dialect> SqlStore<D> {
                 {
                     Ok(()) => Ok(Race::Won),
                     Err(e) => {
-                        let _ = tx.rollback().await;
+                        let _ = Self::rollback_tx(tx).await;
                         return Err(self.err(e));
                     }
                 }
@@ -1089,8 +1110,10 @@ impl<D: Dialect> SqlStore<D> {
     /// Runs `statement`, which writes the claim row this transaction holds
     /// (claiming first), and fails the call if the row is gone: the
     /// database ended the transaction (InnoDB rolls a deadlock victim back
-    /// whole and ends it; a statement of the body may have committed
-    /// implicitly), and nothing may be committed as if the claim held.
+    /// whole and ends it, and what the body sent after that is in a
+    /// transaction of its own, which the caller rolls back; a statement of
+    /// the body may have committed implicitly), and nothing may be
+    /// committed as if the claim held.
     async fn write_claimed(
         &self,
         tx: &mut Transaction<'static, D>,
@@ -1115,14 +1138,17 @@ impl<D: Dialect> SqlStore<D> {
     ) -> Result<TxCommit, StoreError> {
         let standing = match taken {
             Ok(Race::Won) => {
-                tx.commit().await.map_err(|e| self.err(e))?;
+                Self::commit_tx(tx).await.map_err(|e| self.err(e))?;
                 return Ok(TxCommit::Committed);
             }
             Ok(Race::Lost(found)) => self.standing(found.map(|f| *f), spec, values.fingerprint),
             Err(e) if matches!(fault::<D>(&e), Fault::LockWait | Fault::Deadlock) => None,
-            Err(e) => return Err(self.err(e)),
+            Err(e) => {
+                let _ = Self::rollback_tx(tx).await;
+                return Err(self.err(e));
+            }
         };
-        tx.rollback().await.map_err(|e| self.err(e))?;
+        Self::rollback_tx(tx).await.map_err(|e| self.err(e))?;
         Ok(TxCommit::Refused(standing.unwrap_or(
             Standing::InProgress {
                 retry_after: self.lock_timeout(),
@@ -1156,8 +1182,9 @@ impl<D: Dialect> SqlStore<D> {
         values: &Values<'_>,
     ) -> Result<TxCommit, StoreError> {
         let Err(e) = D::run_message(&mut tx, message.text(values)).await else {
-            // The `BEGIN` the message ends with leaves the connection where
-            // sqlx believes it is, inside `tx`'s transaction: dropping `tx`
+            // The message ends the transaction as the dialect does (a
+            // `COMMIT` and a `BEGIN`, which leaves the connection where sqlx
+            // believes it is; or the dialect's own end): dropping `tx`
             // queues its `ROLLBACK` of nothing, which leaves with the ping
             // the pool sends when the connection returns, in the background.
             return Ok(TxCommit::Committed);
@@ -1168,7 +1195,7 @@ impl<D: Dialect> SqlStore<D> {
                 if savepoint
                     && let Err(back) = D::run_text(&mut tx, statements::BACK_BEFORE_DEDUP_ROW).await
                 {
-                    let _ = tx.rollback().await;
+                    let _ = Self::rollback_tx(tx).await;
                     // No transaction to go back into: the unique key the
                     // error names is a deferred one of the body's tables,
                     // checked by the `COMMIT`, which rolled back. Anything
@@ -1185,7 +1212,7 @@ impl<D: Dialect> SqlStore<D> {
             // deadlock victim: settled as claiming last settles them.
             Fault::LockWait | Fault::Deadlock => Err(e),
             _ => {
-                let _ = tx.rollback().await;
+                let _ = Self::rollback_tx(tx).await;
                 return Err(self.err(e));
             }
         };
@@ -1217,16 +1244,16 @@ impl<D: Dialect> SqlStore<D> {
     /// after it decides as claiming last does.
     async fn check_before_body(
         &self,
-        mut tx: Transaction<'static, D>,
         spec: &'static HandlerSpec,
         key: &Key,
         fingerprint: Option<&str>,
     ) -> Result<TxClaim<Transaction<'static, D>>, StoreError> {
         let values = self.stamped(spec.name, key, Duration::ZERO)?;
+        let mut tx = self.begin().await?;
         let found = match D::fetch(&mut tx, &self.sql.select, &values).await {
             Ok(found) => found,
             Err(e) => {
-                let _ = tx.rollback().await;
+                let _ = Self::rollback_tx(tx).await;
                 return Err(self.err(e));
             }
         };
@@ -1236,7 +1263,7 @@ impl<D: Dialect> SqlStore<D> {
             // insert after the body, as claiming last leaves it.
             None | Some(Standing::InProgress { .. }) => Ok(TxClaim::Fresh(tx)),
             Some(settled) => {
-                tx.rollback().await.map_err(|e| self.err(e))?;
+                Self::rollback_tx(tx).await.map_err(|e| self.err(e))?;
                 Ok(TxClaim::Refused(settled))
             }
         }
@@ -1265,34 +1292,39 @@ impl<D: Dialect> TxStore for SqlStore<D> {
         key: &Key,
         fingerprint: Option<&str>,
     ) -> Result<TxClaim<Self::Tx>, StoreError> {
-        let mut tx = self.begin().await?;
         match self.order_for(spec) {
-            ClaimOrder::Last => return Ok(TxClaim::Fresh(tx)),
-            ClaimOrder::Checked => return self.check_before_body(tx, spec, key, fingerprint).await,
+            ClaimOrder::Last => return Ok(TxClaim::Fresh(self.begin().await?)),
+            ClaimOrder::Checked => return self.check_before_body(spec, key, fingerprint).await,
             ClaimOrder::First => {}
         }
         let values = self.claim_values(spec, key, fingerprint, spec.ttl)?;
+        let mut tx = self.begin().await?;
         let standing = match self.take(&mut tx, &self.sql.claim, spec, &values).await {
             Ok(Race::Won) => {
                 // A failure is to be counted in the claim row: the body's
                 // writes must be undoable without it.
-                if spec.max_attempts.is_some() {
-                    D::run_text(&mut tx, SAVEPOINT)
-                        .await
-                        .map_err(|e| self.err(e))?;
+                if spec.max_attempts.is_some()
+                    && let Err(e) = D::run_text(&mut tx, SAVEPOINT).await
+                {
+                    let _ = Self::rollback_tx(tx).await;
+                    return Err(self.err(e));
                 }
                 return Ok(TxClaim::Fresh(tx));
             }
             Ok(Race::Lost(found)) => self.standing(found.map(|f| *f), spec, fingerprint),
             // Another transaction holds the key past the lock timeout, or
             // this one was a deadlock victim: either way nothing of it
-            // remains (the dropped transaction rolls back).
+            // remains once it is rolled back.
             Err(e) if matches!(fault::<D>(&e), Fault::LockWait | Fault::Deadlock) => {
+                Self::rollback_tx(tx).await.map_err(|e| self.err(e))?;
                 return Ok(self.busy());
             }
-            Err(e) => return Err(self.err(e)),
+            Err(e) => {
+                let _ = Self::rollback_tx(tx).await;
+                return Err(self.err(e));
+            }
         };
-        tx.rollback().await.map_err(|e| self.err(e))?;
+        Self::rollback_tx(tx).await.map_err(|e| self.err(e))?;
         // Changed between our conflict and our read: let the redelivery retry.
         Ok(standing.map_or_else(|| self.busy(), TxClaim::Refused))
     }
@@ -1312,7 +1344,7 @@ impl<D: Dialect> TxStore for SqlStore<D> {
         let rode = match rider::take(&self.pool) {
             Some(rider) => {
                 if let Err(e) = rider.write(&mut tx).await {
-                    let _ = tx.rollback().await;
+                    let _ = Self::rollback_tx(tx).await;
                     return Err(self.err(e));
                 }
                 true
@@ -1354,16 +1386,16 @@ impl<D: Dialect> TxStore for SqlStore<D> {
             }
             .await;
             if let Err(e) = recorded {
-                let _ = tx.rollback().await;
+                let _ = Self::rollback_tx(tx).await;
                 return Err(self.err(e));
             }
-            tx.commit().await.map_err(|e| self.err(e))?;
+            Self::commit_tx(tx).await.map_err(|e| self.err(e))?;
             return Ok(TxCommit::Committed);
         }
         // No claim row to keep (claiming last, or a final error of a handler
         // that does not count failures): roll everything back, then claim
         // the key anew with the failure.
-        tx.rollback().await.map_err(|e| self.err(e))?;
+        Self::rollback_tx(tx).await.map_err(|e| self.err(e))?;
         let mut tx = self.begin().await?;
         let taken = self
             .take(&mut tx, &self.sql.claim_with_failure, spec, &values)
@@ -1378,7 +1410,7 @@ impl<D: Dialect> TxStore for SqlStore<D> {
         key: &Key,
         fingerprint: Option<&str>,
     ) -> Result<Option<Standing>, StoreError> {
-        tx.rollback().await.map_err(|e| self.err(e))?;
+        Self::rollback_tx(tx).await.map_err(|e| self.err(e))?;
         if self.order_for(spec) == ClaimOrder::First {
             // The claim came first: a failing body was never a duplicate's.
             return Ok(None);
@@ -1426,7 +1458,19 @@ impl<D: Dialect> TxStore for SqlStore<D> {
     }
 
     async fn rollback_batch(&self, tx: Self::Tx) -> Result<(), StoreError> {
-        tx.rollback().await.map_err(|e| self.err(e))
+        Self::rollback_tx(tx).await.map_err(|e| self.err(e))
+    }
+
+    fn contention(&self, error: &(dyn std::error::Error + 'static)) -> Option<Contention> {
+        // A `sqlx::Error`, or the database error one holds: its `source`,
+        // which a wrapper that is `#[error(transparent)]` over a
+        // `sqlx::Error` hands on in its place.
+        let db = match error.downcast_ref::<sqlx::Error>() {
+            Some(sqlx::Error::Database(db)) => db,
+            Some(_) => return None,
+            None => error.downcast_ref::<Box<dyn sqlx::error::DatabaseError>>()?,
+        };
+        D::contention(db.as_ref())
     }
 }
 

@@ -24,12 +24,12 @@ use sqlx::mysql::{
 };
 use sqlx::{AssertSqlSafe, Executor as _, MySql, Transaction};
 
-use super::dialect::{Fault, WithCommit};
+use super::dialect::{Fault, TxEnd, WithCommit};
 use super::rows::{COLUMNS, NewRow, claimable, inserted, take_over_assignments};
 use super::template::{Literals, Placeholders};
 use super::{ClaimOrder, RoundTrips};
 use super::{Dialect, SqlStore, reach};
-use crate::error::StoreError;
+use crate::error::{Contention, StoreError};
 use crate::registry;
 
 /// The transaction a transaction-mode MySQL handler receives:
@@ -101,7 +101,12 @@ const MIGRATE_LOCK_WAIT: Duration = Duration::from_secs(30);
 /// * **Transaction mode** (a handler with `tx: &mut MySqlTx<'_>`): the dedup
 ///   row is written in the body's transaction, after the body (the default)
 ///   or before it; see [`ClaimOrder`]. Claim, body writes and outcome commit
-///   in one InnoDB transaction or not at all.
+///   in one InnoDB transaction or not at all. The transaction runs with
+///   `autocommit` off (set back when it ends), so a statement the body
+///   sends after InnoDB ended it (a deadlock victim that runs its statement
+///   again) is part of the call, never committed on its own; a lock wait
+///   timeout or deadlock the body returns is the store's
+///   [`StoreError::Contention`].
 /// * **Lease mode** (no transaction parameter): the claim inserts a row with
 ///   a fencing token; completion, release and lease extension compare the
 ///   token.
@@ -160,7 +165,24 @@ impl Dialect for MySql {
     // `KEY` is a reserved word in MySQL.
     const KEY: &'static str = "`key`";
     const MAX_HANDLER_LEN: usize = 128;
-    const BEGIN: Option<&'static str> = None;
+    // With autocommit off for the call: InnoDB ends the transaction of a
+    // deadlock victim (and, with `innodb_rollback_on_timeout`, of a lock
+    // wait timeout) while the body runs, and a statement the body sends
+    // after that (retrying the one that failed) would run, and commit, on
+    // its own, outside the claim. With autocommit off it opens a new
+    // transaction, which the call's commit or rollback ends with the claim
+    // and the outcome. `completion_type = 'RELEASE'` makes a `ROLLBACK` that
+    // is not the store's own end the session: sqlx's, for a transaction
+    // dropped unfinished (a call whose future is dropped, an error path),
+    // so that no connection goes back to the pool with autocommit off (the
+    // pool's release ping fails, and the pool closes the connection). The
+    // store's own ends say `NO RELEASE` and set both back ([`TxEnd`]).
+    const BEGIN: Option<&'static str> =
+        Some("SET autocommit = 0, completion_type = 'RELEASE'; START TRANSACTION");
+    const END: Option<TxEnd> = Some(TxEnd {
+        commit: "COMMIT NO RELEASE; SET autocommit = 1, completion_type = 'NO_CHAIN'",
+        rollback: "ROLLBACK NO RELEASE; SET autocommit = 1, completion_type = 'NO_CHAIN'",
+    });
     // Without gap locks: a sweep locks only the rows it deletes, so a claim
     // of a new key never waits on one.
     const SWEEP_BEGIN: Option<&'static str> =
@@ -307,6 +329,14 @@ impl Dialect for MySql {
                     .to_owned(),
             ),
             _ => Fault::Other,
+        }
+    }
+
+    fn contention(db: &dyn sqlx::error::DatabaseError) -> Option<Contention> {
+        match db.try_downcast_ref::<MySqlDatabaseError>()?.number() {
+            1205 => Some(Contention::LockTimeout),
+            1213 => Some(Contention::Deadlock),
+            _ => None,
         }
     }
 

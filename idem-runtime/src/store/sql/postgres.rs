@@ -17,7 +17,9 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgQueryResult};
+use sqlx::postgres::{
+    PgConnectOptions, PgConnection, PgDatabaseError, PgPool, PgPoolOptions, PgQueryResult,
+};
 use sqlx::{AssertSqlSafe, Postgres, Transaction};
 
 use super::dialect::{Fault, WithCommit};
@@ -25,7 +27,7 @@ use super::rows::{COLUMNS, NewRow, insert_or_take_over};
 use super::template::{Literals, Placeholders, unicode_escapes};
 use super::{ClaimOrder, RoundTrips};
 use super::{Dialect, SqlStore, reach};
-use crate::error::StoreError;
+use crate::error::{Contention, StoreError};
 use crate::registry;
 
 /// The transaction a transaction-mode Postgres handler receives:
@@ -288,6 +290,15 @@ impl Dialect for Postgres {
                     .to_owned(),
             ),
             _ => Fault::Other,
+        }
+    }
+
+    fn contention(db: &dyn sqlx::error::DatabaseError) -> Option<Contention> {
+        match db.try_downcast_ref::<PgDatabaseError>()?.code() {
+            "55P03" => Some(Contention::LockTimeout),
+            "40P01" => Some(Contention::Deadlock),
+            "40001" => Some(Contention::Serialization),
+            _ => None,
         }
     }
 

@@ -19,7 +19,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteQueryResult,
+    SqliteConnectOptions, SqliteError, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteQueryResult,
 };
 use sqlx::{AssertSqlSafe, Sqlite, Transaction};
 
@@ -27,7 +28,7 @@ use super::dialect::Fault;
 use super::rows::{COLUMNS, NewRow, insert_or_take_over};
 use super::template::Placeholders;
 use super::{ClaimOrder, Dialect, SqlStore};
-use crate::error::StoreError;
+use crate::error::{Contention, StoreError};
 use crate::registry;
 
 /// The transaction a transaction-mode SQLite handler receives:
@@ -266,6 +267,11 @@ impl Dialect for Sqlite {
             return Fault::MissingColumn;
         }
         Fault::Other
+    }
+
+    fn contention(db: &dyn sqlx::error::DatabaseError) -> Option<Contention> {
+        db.try_downcast_ref::<SqliteError>()?;
+        (Self::fault(db) == Fault::Busy).then_some(Contention::Busy)
     }
 
     fn rows_affected(done: &SqliteQueryResult) -> u64 {

@@ -49,7 +49,8 @@ pub(crate) struct Statements {
     /// Takes an absent or expired key as `failed` ([`FAILED`]).
     pub(crate) claim_with_failure: Take,
     /// A savepoint (where the dialect sets one), the insert of a new
-    /// `completed` row, `COMMIT` and `BEGIN`, in one message with its
+    /// `completed` row, `COMMIT` and `BEGIN` (or the dialect's own end of
+    /// the transaction, [`Dialect::END`]), in one message with its
     /// values written in; failing ([`Fault::Unique`](super::Fault)), and
     /// committing nothing, when a record of the key stands. `None` where
     /// the dialect sends no dedup row with the `COMMIT`
@@ -167,8 +168,14 @@ impl Statements {
                 } else {
                     String::new()
                 };
+                // The `BEGIN` after sqlx's `COMMIT` leaves the connection
+                // where sqlx believes it is, in a transaction (whose
+                // `ROLLBACK` of nothing sqlx sends when the transaction is
+                // dropped); a dialect's own end leaves none, and its
+                // `ROLLBACK` of nothing is silent.
+                let end = D::END.map_or("COMMIT; BEGIN", |end| end.commit);
                 let message = format!(
-                    "{savepoint}INSERT INTO {{t}} ({COLUMNS}) VALUES {}; COMMIT; BEGIN",
+                    "{savepoint}INSERT INTO {{t}} ({COLUMNS}) VALUES {}; {end}",
                     inserted(COMPLETED)
                 );
                 Inline::new(&expand::<D>(table, &message), with.literals)

@@ -1,0 +1,923 @@
+//! A transaction-mode body whose own statement meets the database's
+//! contention (a lock wait past the lock timeout, a deadlock) gets the
+//! store's error, not its own: `Error::Store` with
+//! `StoreError::Contention`, its transaction rolled back and no failure
+//! counted against `max_attempts`. Driven through a real consumer on
+//! RabbitMQ, with real concurrency on PostgreSQL and MariaDB, past the
+//! handler's attempt limit: every message is applied once after the
+//! contention ends, and none is dead-lettered. Each test has tables and
+//! queues of its own and removes them.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem_runtime::consume::rabbitmq::Consumer;
+use idem_runtime::consume::{CancellationToken, ConsumeError, Policy, Report};
+use idem_runtime::{
+    Contention, Error, Key, MySqlStore, MySqlTx, Outcome, PgStore, PgTx, SqliteStore, SqliteTx,
+    StoreError, idempotent,
+};
+use idem_tests::brokers::{DeleteQueues, amqp_channel, amqp_url};
+use idem_tests::{
+    DropMySqlTables, DropTables, mysql_pool, or_skip, pg_url, unavailable, unique_table,
+};
+use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Channel, Connection};
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{AssertSqlSafe, Connection as _, MySqlPool, PgPool};
+use tokio::task::JoinHandle;
+
+/// A message: its id is its key.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Credit {
+    id: String,
+}
+
+/// The test handlers' error: a wrapper whose `source` is sqlx's error.
+#[derive(Debug, thiserror::Error)]
+enum AppError {
+    #[error("sql: {0}")]
+    Sql(#[from] sqlx::Error),
+}
+
+/// What the bodies share: the business tables and how often each
+/// message's body ran.
+#[derive(Default)]
+struct Scene {
+    /// `id TEXT/VARCHAR PRIMARY KEY, n BIGINT`: rows `hot`, `a` and `b`.
+    rows: String,
+    /// One row per effect: the message id.
+    effects: String,
+    runs: Mutex<HashMap<String, u32>>,
+    /// A body that locks two rows holds the first one.
+    holds_first: tokio::sync::Notify,
+}
+
+impl Scene {
+    fn ran(&self, id: &str) {
+        *self.runs.lock().unwrap().entry(id.to_owned()).or_default() += 1;
+    }
+
+    fn runs(&self, id: &str) -> u32 {
+        self.runs.lock().unwrap().get(id).copied().unwrap_or(0)
+    }
+}
+
+/// Waits until `cond` holds, for at most `within`; `false` if it never did.
+async fn until<F, Fut>(within: Duration, mut cond: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < deadline {
+        if cond().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+// ---------------------------------------------------------------------------
+// RabbitMQ
+
+/// A work queue of the test's own, its consumer's retry and dead-letter
+/// queues, deleted at the end.
+struct Queue {
+    consumer: Consumer,
+    queue: String,
+    channel: Channel,
+    conn: Connection,
+    _cleanup: DeleteQueues,
+}
+
+/// What the consumers run with: the handler's limit and the consumer's are
+/// both 2 failed attempts; retries come quickly.
+fn policy() -> Policy {
+    Policy {
+        max_attempts: 2,
+        first_delay: Duration::from_millis(100),
+        max_store_delay: Duration::from_millis(500),
+        concurrency: 4,
+        ..Policy::default()
+    }
+}
+
+impl Queue {
+    async fn open(name: &str) -> Option<Queue> {
+        let (conn, channel) = amqp_channel().await?;
+        let queue = unique_table(name);
+        let consumer = Consumer::new(amqp_url(), queue.clone()).policy(policy());
+        let mut queues = vec![queue.clone(), consumer.dead_letter_queue()];
+        queues.extend(consumer.retry_queues());
+        let cleanup = DeleteQueues::new(queues);
+        consumer.declare().await.expect("declare the queues");
+        Some(Queue {
+            consumer,
+            queue,
+            channel,
+            conn,
+            _cleanup: cleanup,
+        })
+    }
+
+    async fn publish(&self, id: &str) {
+        let payload = serde_json::to_vec(&Credit { id: id.to_owned() }).unwrap();
+        self.channel
+            .basic_publish(
+                "".into(),
+                self.queue.as_str().into(),
+                BasicPublishOptions::default(),
+                &payload,
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .expect("publish")
+            .await
+            .expect("publish confirmed");
+    }
+
+    /// Messages in the dead-letter queue.
+    async fn dead_letters(&self) -> u64 {
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        let channel = self.conn.create_channel().await.expect("a channel");
+        let count = channel
+            .queue_declare(
+                self.consumer.dead_letter_queue().as_str().into(),
+                passive,
+                FieldTable::default(),
+            )
+            .await
+            .map(|q| u64::from(q.message_count()))
+            .unwrap_or(0);
+        let _ = channel.close(200, "inspected".into()).await;
+        count
+    }
+
+    /// Runs the consumer around `call` until stopped.
+    fn start<F, Fut>(&self, call: F) -> Running
+    where
+        F: Fn(Credit) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<Outcome<u32>, Error<AppError>>> + Send + 'static,
+    {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(self.consumer.clone().run(call, stop.clone()));
+        Running { stop, task }
+    }
+}
+
+struct Running {
+    stop: CancellationToken,
+    task: JoinHandle<Result<Report, ConsumeError>>,
+}
+
+impl Running {
+    async fn stop(self) -> Report {
+        self.stop.cancel();
+        tokio::time::timeout(Duration::from_secs(30), self.task)
+            .await
+            .expect("the consumer stops within 30 s")
+            .expect("the consumer's task")
+            .expect("the consumer ends without an error")
+    }
+}
+
+/// What [`settles_once`] reads of a database.
+trait Fixture {
+    fn scene(&self) -> &Scene;
+    /// Effects by message id.
+    async fn effects(&self) -> HashMap<String, i64>;
+    /// The record of `id` under `handler`, which must exist.
+    async fn record(&self, handler: &str, id: &str) -> idem_runtime::Record;
+}
+
+/// After the contention is over: waits until every message of `ids` took
+/// effect (or one was dead-lettered), stops the consumer, and checks that
+/// each took effect exactly once, its record (of `handler`) completed with
+/// no failure counted, and that nothing was dead-lettered.
+async fn settles_once(
+    queue: &Queue,
+    running: Running,
+    ids: &[&str],
+    fx: &impl Fixture,
+    handler: &str,
+) {
+    let settled = until(Duration::from_secs(30), || async {
+        fx.effects().await.len() == ids.len() || queue.dead_letters().await > 0
+    })
+    .await;
+    let report = running.stop().await;
+    let dead = queue.dead_letters().await;
+    let runs: Vec<u32> = ids.iter().map(|id| fx.scene().runs(id)).collect();
+    assert_eq!(
+        (dead, report.dead_lettered),
+        (0, 0),
+        "a healthy message met contention and was dead-lettered (runs {runs:?}, {report:?})"
+    );
+    assert!(
+        settled,
+        "every message took effect (runs {runs:?}, {report:?})"
+    );
+    let effects = fx.effects().await;
+    for id in ids {
+        assert_eq!(effects.get(*id), Some(&1), "{id} took effect once");
+        let record = fx.record(handler, id).await;
+        assert_eq!(record.status, idem_runtime::Status::Completed, "{id}");
+        assert_eq!(record.failures, 0, "{id}: contention is not charged");
+    }
+}
+
+fn key(id: &str) -> Key {
+    Key::from_parts(&[&id]).expect("a key")
+}
+
+// ---------------------------------------------------------------------------
+// PostgreSQL
+
+/// A PostgreSQL store on a dedup table of its own whose pool waits at most
+/// `lock_timeout` on a lock, beside the scene's business tables.
+struct PgFx {
+    store: PgStore,
+    pool: PgPool,
+    scene: Arc<Scene>,
+    _drop: DropTables,
+}
+
+impl PgFx {
+    async fn open(name: &str, lock_timeout: Duration) -> Option<PgFx> {
+        let url = pg_url();
+        let options = PgConnectOptions::from_str(&url)
+            .expect("a PostgreSQL URL")
+            .options([("lock_timeout", format!("{}ms", lock_timeout.as_millis()))]);
+        let connect = PgPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options);
+        let pool = match tokio::time::timeout(Duration::from_secs(10), connect).await {
+            Ok(Ok(pool)) => pool,
+            Ok(Err(e)) => return unavailable("PostgreSQL", &url, e),
+            Err(_) => return unavailable("PostgreSQL", &url, "connect timed out"),
+        };
+        let dedup = unique_table(&format!("idem_busy_{name}"));
+        let scene = Scene {
+            rows: format!("{dedup}_rows"),
+            effects: format!("{dedup}_effects"),
+            ..Scene::default()
+        };
+        let drop = DropTables::new(&[&dedup, &scene.rows, &scene.effects]);
+        let store = PgStore::from_pool(pool.clone())
+            .with_table(&dedup)
+            .expect("a valid table name")
+            .with_lock_timeout(lock_timeout);
+        store.migrate().await.expect("migrate");
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE TABLE {rows} (id TEXT PRIMARY KEY, n BIGINT NOT NULL);
+             INSERT INTO {rows} VALUES ('hot', 0), ('a', 0), ('b', 0);
+             CREATE TABLE {effects} (id TEXT NOT NULL);",
+            rows = scene.rows,
+            effects = scene.effects
+        )))
+        .execute(&pool)
+        .await
+        .expect("the business tables");
+        Some(PgFx {
+            store,
+            pool,
+            scene: Arc::new(scene),
+            _drop: drop,
+        })
+    }
+
+    /// `n` of row `id`.
+    async fn n(&self, id: &str) -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT n FROM {} WHERE id = $1",
+            self.scene.rows
+        )))
+        .bind(id)
+        .fetch_one(&self.pool)
+        .await
+        .expect("read a row")
+    }
+
+    /// A transaction of its own that holds row `id` locked until it is
+    /// rolled back.
+    async fn lock(&self, id: &str) -> sqlx::Transaction<'static, sqlx::Postgres> {
+        let mut holder = self.pool.begin().await.expect("a transaction");
+        sqlx::query(AssertSqlSafe(format!(
+            "SELECT n FROM {} WHERE id = $1 FOR UPDATE",
+            self.scene.rows
+        )))
+        .bind(id)
+        .execute(&mut *holder)
+        .await
+        .expect("lock the row");
+        holder
+    }
+}
+
+impl Fixture for PgFx {
+    fn scene(&self) -> &Scene {
+        &self.scene
+    }
+
+    async fn effects(&self) -> HashMap<String, i64> {
+        sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT id, count(*) FROM {} GROUP BY id",
+            self.scene.effects
+        )))
+        .fetch_all(&self.pool)
+        .await
+        .expect("read the effects")
+        .into_iter()
+        .collect()
+    }
+
+    async fn record(&self, handler: &str, id: &str) -> idem_runtime::Record {
+        self.store
+            .record(handler, &key(id))
+            .await
+            .expect("read the record")
+            .unwrap_or_else(|| panic!("{id}: no record"))
+    }
+}
+
+/// Adds a hit to row `hot`, and records the effect.
+async fn pg_hot(
+    tx: &mut sqlx::PgConnection,
+    msg: &Credit,
+    scene: &Scene,
+) -> Result<u32, sqlx::Error> {
+    scene.ran(&msg.id);
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE {} SET n = n + 1 WHERE id = 'hot'",
+        scene.rows
+    )))
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {} (id) VALUES ($1)",
+        scene.effects
+    )))
+    .bind(&msg.id)
+    .execute(&mut *tx)
+    .await?;
+    Ok(1)
+}
+
+#[idempotent(
+    key = "msg.id",
+    ttl = "1h",
+    store = "postgres",
+    max_attempts = 2,
+    name = "busy_pg_credit"
+)]
+async fn pg_credit(tx: &mut PgTx<'_>, msg: &Credit, scene: &Scene) -> Result<u32, AppError> {
+    Ok(pg_hot(tx, msg, scene).await?)
+}
+
+/// Another transaction holds the row every body updates, for longer than
+/// three lock timeouts: each delivery's body gives up waiting (55P03), past
+/// the handler's and the consumer's limit of two failed attempts. Once the
+/// lock is gone, every message takes effect once; none is dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_lock_timeouts_in_the_body_are_retried_not_dead_lettered() {
+    let pg = or_skip!(PgFx::open("pg_lock", Duration::from_millis(200)).await);
+    let queue = or_skip!(Queue::open("busy_pg_lock").await);
+    let holder = pg.lock("hot").await;
+    let ids = ["m-1", "m-2", "m-3"];
+    for id in ids {
+        queue.publish(id).await;
+    }
+    let running = {
+        let (store, scene) = (pg.store.clone(), Arc::clone(&pg.scene));
+        queue.start(move |msg: Credit| {
+            let (store, scene) = (store.clone(), Arc::clone(&scene));
+            async move { pg_credit(&store, &msg, &scene).await }
+        })
+    };
+    // Each body waits on the lock three times at least, or a message is
+    // dead-lettered (which fails the test below).
+    until(Duration::from_secs(30), || async {
+        ids.iter().all(|id| pg.scene.runs(id) >= 3) || queue.dead_letters().await > 0
+    })
+    .await;
+    holder.rollback().await.expect("release the lock");
+    settles_once(&queue, running, &ids, &pg, "busy_pg_credit").await;
+    assert_eq!(pg.n("hot").await, 3);
+}
+
+/// Updates row `b`, then row `a`.
+#[idempotent(
+    key = "msg.id",
+    ttl = "1h",
+    store = "postgres",
+    max_attempts = 2,
+    name = "busy_pg_cross"
+)]
+async fn pg_cross(tx: &mut PgTx<'_>, msg: &Credit, scene: &Scene) -> Result<u32, AppError> {
+    scene.ran(&msg.id);
+    for row in ["b", "a"] {
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {} SET n = n + 1 WHERE id = $1",
+            scene.rows
+        )))
+        .bind(row)
+        .execute(&mut **tx)
+        .await?;
+        if row == "b" {
+            scene.holds_first.notify_one();
+        }
+    }
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {} (id) VALUES ($1)",
+        scene.effects
+    )))
+    .bind(&msg.id)
+    .execute(&mut **tx)
+    .await?;
+    Ok(2)
+}
+
+/// A transaction of the test's own holds row `a`; once the body holds `b`
+/// (and goes on to `a`), the test's transaction asks for `b`: a deadlock,
+/// which PostgreSQL detects in the body's session (its `deadlock_timeout`
+/// of 1 s runs out first: the test's session waits 30 s before it looks)
+/// and ends with 40P01 there. Three rounds, one more than the handler's
+/// and the consumer's limit; then the message takes effect once, and is
+/// not dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_deadlocks_in_the_body_are_retried_not_dead_lettered() {
+    let pg = or_skip!(PgFx::open("pg_cycle", Duration::from_secs(5)).await);
+    let queue = or_skip!(Queue::open("busy_pg_cycle").await);
+    let options = PgConnectOptions::from_str(&pg_url())
+        .unwrap()
+        .options([("deadlock_timeout", "30s")]);
+    let mut rival = sqlx::PgConnection::connect_with(&options)
+        .await
+        .expect("the rival's connection");
+    queue.publish("d-1").await;
+    let running = {
+        let (store, scene) = (pg.store.clone(), Arc::clone(&pg.scene));
+        queue.start(move |msg: Credit| {
+            let (store, scene) = (store.clone(), Arc::clone(&scene));
+            async move { pg_cross(&store, &msg, &scene).await }
+        })
+    };
+    let rows = pg.scene.rows.clone();
+    let lock = |id: &'static str| {
+        sqlx::query(AssertSqlSafe(format!(
+            "SELECT n FROM {rows} WHERE id = '{id}' FOR UPDATE"
+        )))
+    };
+    let mut rounds = 0;
+    for _ in 0..3 {
+        let mut tx = rival.begin().await.expect("the rival's transaction");
+        lock("a").execute(&mut *tx).await.expect("lock a");
+        let holds = pg.scene.holds_first.notified();
+        if tokio::time::timeout(Duration::from_secs(15), holds)
+            .await
+            .is_err()
+        {
+            // No body came again (on a dead-lettered message).
+            break;
+        }
+        lock("b")
+            .execute(&mut *tx)
+            .await
+            .expect("the rival gets b once the body is the victim");
+        tx.rollback().await.expect("the rival lets go");
+        rounds += 1;
+    }
+    settles_once(&queue, running, &["d-1"], &pg, "busy_pg_cross").await;
+    assert_eq!(rounds, 3, "the body was the deadlock victim three times");
+    assert_eq!((pg.n("a").await, pg.n("b").await), (1, 1));
+}
+
+// ---------------------------------------------------------------------------
+// What the runtime sees of a body's error, by its type (PostgreSQL)
+
+/// An error that is sqlx's, seen through: `#[error(transparent)]`, whose
+/// `source` is the database error sqlx's holds.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+struct Transparent(#[from] sqlx::Error);
+
+/// An error that holds another one, as `anyhow::Error` does: `AsRef` of
+/// the error it holds, not an `Error` itself.
+#[derive(Debug)]
+struct Holder(Box<dyn std::error::Error + Send + Sync>);
+
+impl std::fmt::Display for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "held: {}", self.0)
+    }
+}
+
+impl AsRef<dyn std::error::Error + Send + Sync> for Holder {
+    fn as_ref(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        self.0.as_ref()
+    }
+}
+
+macro_rules! pg_hot_handler {
+    ($($name:ident -> $err:ty, $into:expr;)*) => {$(
+        #[idempotent(key = "msg.id", ttl = "1h", store = "postgres", max_attempts = 2)]
+        async fn $name(tx: &mut PgTx<'_>, msg: &Credit, scene: &Scene) -> Result<u32, $err> {
+            let into: fn(sqlx::Error) -> $err = $into;
+            pg_hot(tx, msg, scene).await.map_err(into)
+        }
+    )*};
+}
+
+pg_hot_handler! {
+    hot_sqlx -> sqlx::Error, |e| e;
+    hot_app -> AppError, AppError::from;
+    hot_transparent -> Transparent, Transparent::from;
+    hot_boxed -> Box<dyn std::error::Error + Send + Sync>, |e| Box::new(e);
+    hot_held -> Holder, |e| Holder(Box::new(e));
+    hot_text -> String, |e| e.to_string();
+}
+
+/// The store's contention is found in the body's error whatever carries
+/// it: sqlx's error itself, a wrapper whose source it is, a transparent
+/// one, a box, an `anyhow`-like holder. An error type that is none of
+/// these (a `String`) stays the body's: the runtime cannot look into it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contention_is_found_in_every_error_type_that_shows_it() {
+    let pg = or_skip!(PgFx::open("pg_types", Duration::from_millis(100)).await);
+    let holder = pg.lock("hot").await;
+    let msg = |id: &str| Credit { id: id.to_owned() };
+    let (store, scene) = (&pg.store, &*pg.scene);
+    let contention = |kind: &str, e: String| {
+        assert!(
+            e.starts_with("handler `hot_")
+                && e.contains("a lock timeout in the body's transaction, rolled back"),
+            "{kind}: {e}"
+        );
+    };
+    macro_rules! store_contention {
+        ($($handler:ident),*) => {$(
+            match $handler(store, &msg(stringify!($handler)), scene).await {
+                Err(e @ Error::Store {
+                    source: StoreError::Contention { kind: Contention::LockTimeout, .. },
+                    ..
+                }) => contention(stringify!($handler), e.to_string()),
+                other => panic!("{}: {other:?}", stringify!($handler)),
+            }
+        )*};
+    }
+    store_contention!(hot_sqlx, hot_app, hot_transparent, hot_boxed, hot_held);
+    match hot_text(store, &msg("text"), scene).await {
+        Err(Error::Handler { error, .. }) => assert!(error.contains("lock timeout"), "{error}"),
+        other => panic!("a `String` error is the body's: {other:?}"),
+    }
+    holder.rollback().await.unwrap();
+    // Nothing was counted: each runs now, as a first attempt.
+    for handler in [
+        "hot_sqlx",
+        "hot_app",
+        "hot_transparent",
+        "hot_boxed",
+        "hot_held",
+    ] {
+        assert!(
+            pg.store
+                .record(handler, &key(handler))
+                .await
+                .unwrap()
+                .is_none(),
+            "{handler}: nothing recorded"
+        );
+    }
+    assert_eq!(
+        hot_sqlx(store, &msg("hot_sqlx"), scene).await.unwrap(),
+        Outcome::Executed(1)
+    );
+    assert_eq!(pg.record("hot_sqlx", "hot_sqlx").await.failures, 0);
+    let text = pg.record("hot_text", "text").await;
+    assert_eq!(text.failures, 1, "the `String` error was counted");
+}
+
+/// Adds a hit to row `hot` per message.
+#[idempotent(
+    key = "msgs.id",
+    ttl = "1h",
+    store = "postgres",
+    name = "busy_pg_batch"
+)]
+async fn pg_batch(tx: &mut PgTx<'_>, msgs: &[Credit], scene: &Scene) -> Result<Vec<u32>, AppError> {
+    let mut values = Vec::with_capacity(msgs.len());
+    for msg in msgs {
+        values.push(pg_hot(tx, msg, scene).await?);
+    }
+    Ok(values)
+}
+
+/// A transaction-mode batch whose body meets a lock timeout fails as the
+/// store's, and records nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_body_meets_contention_fails_as_the_store() {
+    let pg = or_skip!(PgFx::open("pg_batch", Duration::from_millis(100)).await);
+    let holder = pg.lock("hot").await;
+    let msgs = [Credit { id: "b-1".into() }, Credit { id: "b-2".into() }];
+    match pg_batch(&pg.store, &msgs, &pg.scene).await {
+        Err(Error::Store {
+            source:
+                StoreError::Contention {
+                    kind: Contention::LockTimeout,
+                    error,
+                },
+            key,
+            ..
+        }) => {
+            assert!(error.starts_with("sql: "), "the body's text: {error}");
+            assert_eq!(key, Some(self::key("b-1")));
+        }
+        other => panic!("{other:?}"),
+    }
+    holder.rollback().await.unwrap();
+    let answers = pg_batch(&pg.store, &msgs, &pg.scene).await.unwrap();
+    assert!(
+        answers
+            .iter()
+            .all(|a| matches!(a, Ok(Outcome::Executed(1)))),
+        "{answers:?}"
+    );
+    assert_eq!(pg.n("hot").await, 2);
+}
+
+// ---------------------------------------------------------------------------
+// MySQL / MariaDB
+
+/// A MariaDB store on a dedup table of its own whose sessions wait 1 s on a
+/// row lock, beside the scene's business tables.
+struct MyFx {
+    store: MySqlStore,
+    pool: MySqlPool,
+    scene: Arc<Scene>,
+    _drop: DropMySqlTables,
+}
+
+impl MyFx {
+    async fn open(name: &str) -> Option<MyFx> {
+        let pool = mysql_pool(8, 1).await?;
+        let dedup = unique_table(&format!("idem_busy_{name}"));
+        let scene = Scene {
+            rows: format!("{dedup}_rows"),
+            effects: format!("{dedup}_effects"),
+            ..Scene::default()
+        };
+        let drop = DropMySqlTables::new(&[&dedup, &scene.rows, &scene.effects]);
+        let store = MySqlStore::from_pool(pool.clone())
+            .with_table(&dedup)
+            .expect("a valid table name")
+            .with_lock_timeout(Duration::from_secs(1));
+        store.migrate().await.expect("migrate");
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE TABLE {rows} (id VARCHAR(16) PRIMARY KEY, n BIGINT NOT NULL) ENGINE = InnoDB;
+             INSERT INTO {rows} VALUES ('hot', 0), ('a', 0), ('b', 0);
+             CREATE TABLE {effects} (id VARCHAR(16) NOT NULL) ENGINE = InnoDB;",
+            rows = scene.rows,
+            effects = scene.effects
+        )))
+        .execute(&pool)
+        .await
+        .expect("the business tables");
+        Some(MyFx {
+            store,
+            pool,
+            scene: Arc::new(scene),
+            _drop: drop,
+        })
+    }
+
+    async fn n(&self, id: &str) -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT n FROM {} WHERE id = ?",
+            self.scene.rows
+        )))
+        .bind(id)
+        .fetch_one(&self.pool)
+        .await
+        .expect("read a row")
+    }
+}
+
+impl Fixture for MyFx {
+    fn scene(&self) -> &Scene {
+        &self.scene
+    }
+
+    async fn effects(&self) -> HashMap<String, i64> {
+        sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT id, COUNT(*) FROM {} GROUP BY id",
+            self.scene.effects
+        )))
+        .fetch_all(&self.pool)
+        .await
+        .expect("read the effects")
+        .into_iter()
+        .collect()
+    }
+
+    async fn record(&self, handler: &str, id: &str) -> idem_runtime::Record {
+        self.store
+            .record(handler, &key(id))
+            .await
+            .expect("read the record")
+            .unwrap_or_else(|| panic!("{id}: no record"))
+    }
+}
+
+/// Adds a hit to `row`.
+async fn my_hit(
+    tx: &mut sqlx::MySqlConnection,
+    row: &str,
+    scene: &Scene,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE {} SET n = n + 1 WHERE id = ?",
+        scene.rows
+    )))
+    .bind(row)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+#[idempotent(
+    key = "msg.id",
+    ttl = "1h",
+    store = "mysql",
+    max_attempts = 2,
+    name = "busy_my_credit"
+)]
+async fn my_credit(tx: &mut MySqlTx<'_>, msg: &Credit, scene: &Scene) -> Result<u32, AppError> {
+    scene.ran(&msg.id);
+    my_hit(tx, "hot", scene).await?;
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {} (id) VALUES (?)",
+        scene.effects
+    )))
+    .bind(&msg.id)
+    .execute(&mut **tx)
+    .await?;
+    Ok(1)
+}
+
+/// As on PostgreSQL, with InnoDB's lock wait timeout (1205), which rolls
+/// back only the statement: the store rolls the rest back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_lock_timeouts_in_the_body_are_retried_not_dead_lettered() {
+    let my = or_skip!(MyFx::open("my_lock").await);
+    let queue = or_skip!(Queue::open("busy_my_lock").await);
+    let mut holder = my.pool.begin().await.unwrap();
+    sqlx::query(AssertSqlSafe(format!(
+        "SELECT n FROM {} WHERE id = 'hot' FOR UPDATE",
+        my.scene.rows
+    )))
+    .execute(&mut *holder)
+    .await
+    .unwrap();
+    let ids = ["m-1", "m-2"];
+    for id in ids {
+        queue.publish(id).await;
+    }
+    let running = {
+        let (store, scene) = (my.store.clone(), Arc::clone(&my.scene));
+        queue.start(move |msg: Credit| {
+            let (store, scene) = (store.clone(), Arc::clone(&scene));
+            async move { my_credit(&store, &msg, &scene).await }
+        })
+    };
+    until(Duration::from_secs(40), || async {
+        ids.iter().all(|id| my.scene.runs(id) >= 3) || queue.dead_letters().await > 0
+    })
+    .await;
+    holder.rollback().await.unwrap();
+    settles_once(&queue, running, &ids, &my, "busy_my_credit").await;
+    assert_eq!(my.n("hot").await, 2);
+}
+
+#[idempotent(
+    key = "msg.id",
+    ttl = "1h",
+    store = "mysql",
+    max_attempts = 2,
+    name = "busy_my_cross"
+)]
+async fn my_cross(tx: &mut MySqlTx<'_>, msg: &Credit, scene: &Scene) -> Result<u32, AppError> {
+    scene.ran(&msg.id);
+    my_hit(tx, "b", scene).await?;
+    scene.holds_first.notify_one();
+    my_hit(tx, "a", scene).await?;
+    Ok(2)
+}
+
+/// InnoDB rolls a deadlock victim back whole (1213): here the body, which
+/// changed fewer rows than the test's transaction it deadlocks with. The
+/// call is the store's `Contention::Deadlock`, nothing of it stands, and
+/// nothing was counted against `max_attempts`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mysql_deadlock_victim_body_is_the_store_contention() {
+    let my = or_skip!(MyFx::open("my_cycle").await);
+    let rows = my.scene.rows.clone();
+    let mut rival = my.pool.begin().await.unwrap();
+    // The rival changes five rows, `a` among them: more than the body
+    // (its claim row and `b`), so InnoDB picks the body as the victim.
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "UPDATE {rows} SET n = n + 10 WHERE id IN ('hot', 'a');
+         INSERT INTO {effects} (id) VALUES ('x'), ('y'), ('z');",
+        effects = my.scene.effects
+    )))
+    .execute(&mut *rival)
+    .await
+    .unwrap();
+    let call = {
+        let (store, scene) = (my.store.clone(), Arc::clone(&my.scene));
+        tokio::spawn(async move { my_cross(&store, &Credit { id: "d-1".into() }, &scene).await })
+    };
+    // The body holds `b`, and goes on to `a`: whichever of the two
+    // waits first, the second closes the cycle.
+    tokio::time::timeout(Duration::from_secs(10), my.scene.holds_first.notified())
+        .await
+        .expect("the body holds b");
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE {rows} SET n = n + 10 WHERE id = 'b'"
+    )))
+    .execute(&mut *rival)
+    .await
+    .expect("the rival goes on once the body is the victim");
+    match call.await.unwrap() {
+        Err(Error::Store {
+            source:
+                StoreError::Contention {
+                    kind: Contention::Deadlock,
+                    error,
+                },
+            ..
+        }) => assert!(error.contains("Deadlock"), "{error}"),
+        other => panic!("{other:?}"),
+    }
+    rival.rollback().await.unwrap();
+    assert!(
+        my.store
+            .record("busy_my_cross", &key("d-1"))
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing of the call stands, no failure counted"
+    );
+    assert_eq!(
+        my_cross(&my.store, &Credit { id: "d-1".into() }, &my.scene)
+            .await
+            .unwrap(),
+        Outcome::Executed(2)
+    );
+    assert_eq!((my.n("a").await, my.n("b").await), (1, 1));
+}
+
+// ---------------------------------------------------------------------------
+// An error type that borrows
+
+/// An error that borrows from the message.
+#[derive(Debug)]
+struct Borrowed<'a>(&'a str);
+
+impl std::fmt::Display for Borrowed<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "no credit for {}", self.0)
+    }
+}
+
+impl std::error::Error for Borrowed<'_> {}
+
+#[idempotent(key = "id", ttl = "1h", store = "sqlite")]
+async fn borrowing<'m>(tx: &mut SqliteTx<'_>, msg: &'m Credit) -> Result<u32, Borrowed<'m>> {
+    let _ = tx;
+    Err(Borrowed(&msg.id))
+}
+
+/// A transaction-mode handler whose error type is written with a lifetime
+/// of its own compiles (the runtime does not try to see it as a
+/// `dyn Error + 'static`), and its errors stay the body's.
+#[tokio::test]
+async fn an_error_type_that_borrows_stays_the_body_s() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("idem.db")).await.unwrap();
+    store.migrate().await.unwrap();
+    let msg = Credit { id: "c-1".into() };
+    match borrowing(&store, &msg).await {
+        Err(Error::Handler { error, .. }) => assert_eq!(error.0, "c-1"),
+        other => panic!("{other:?}"),
+    }
+}
