@@ -82,7 +82,7 @@ pub enum Error<E> {
     /// account is closed. The error is recorded like an outcome, and every
     /// delivery of the key until the ttl ends gets it back (`replayed` is then
     /// `true`) without running the body, except in transaction mode claiming
-    /// last (`ClaimOrder::Last`, PostgreSQL's and MySQL's default), where the delivery's body runs before the record is found
+    /// last (`ClaimOrder::Last`, PostgreSQL's and MySQL's default, or `ClaimOrder::Checked` when the delivery raced the first one's open transaction), where the delivery's body runs before the record is found
     /// and its writes are rolled back. In transaction mode the failing
     /// body's writes were rolled back too. Dead-letter (or ack) the message:
     /// no redelivery can pass.
@@ -105,7 +105,7 @@ pub enum Error<E> {
     /// different messages, a producer's bug or a key expression that misses
     /// a field. The record was left as it is, and nothing of this delivery
     /// was committed: its body did not run, except in transaction mode
-    /// claiming last (`ClaimOrder::Last`, PostgreSQL's and MySQL's default), where it ran before the record was found and its
+    /// claiming last (`ClaimOrder::Last`, PostgreSQL's and MySQL's default, or `ClaimOrder::Checked` when the delivery raced the first one's open transaction), where it ran before the record was found and its
     /// writes were rolled back. Dead-letter the message and alert.
     #[error("handler `{handler}`: key {} was recorded with another payload (fingerprint {recorded}, this delivery's {given}); the record was left as it is and nothing of this delivery was committed", .key.shown())]
     PayloadMismatch {
@@ -266,7 +266,7 @@ pub enum Error<E> {
 
     /// A recorded outcome no longer decodes into the handler's return type
     /// (the type changed since it was recorded). Nothing of this delivery was
-    /// committed; its body did not run, except claiming last (`ClaimOrder::Last`, PostgreSQL's and MySQL's default), where it
+    /// committed; its body did not run, except claiming last (`ClaimOrder::Last`, PostgreSQL's and MySQL's default, or `ClaimOrder::Checked` when the delivery raced the first one's open transaction), where it
     /// ran before the record was found and its writes were rolled back.
     #[error("handler `{handler}`: the recorded outcome for key {} does not decode: {source}", .key.shown())]
     Codec {

@@ -52,3 +52,13 @@ mod claim_checked {
         StoreKind::Pg(ClaimOrder::Checked, RoundTrips::Separate)
     );
 }
+
+/// `ClaimOrder::Checked` with `RoundTrips::Merged`: the read before the
+/// body, and the dedup row in the `COMMIT`'s message.
+mod claim_checked_merged {
+    use super::{ClaimOrder, RoundTrips, StoreKind};
+    crate::common::tx::suite!(
+        crate::common::PgDb,
+        StoreKind::Pg(ClaimOrder::Checked, RoundTrips::Merged)
+    );
+}

@@ -104,18 +104,7 @@ where
                 fresh.len(),
                 values.len()
             );
-            for held in &holding {
-                settle_unrecordable(
-                    store,
-                    spec,
-                    &lease,
-                    Persist::OneLeaseAtMost,
-                    held.key,
-                    held.token,
-                    &why,
-                )
-                .await;
-            }
+            settle_all(store, spec, &lease, holding.iter().map(|held| (*held, why.clone()))).await;
             return Err(Error::OutcomeCount {
                 handler: spec.name,
                 fresh: fresh.len(),
@@ -124,6 +113,13 @@ where
         }
         let encoded: Vec<Result<String, serde_json::Error>> =
             values.iter().map(|value| codec.encoded(value)).collect();
+        // Settled before the others are completed: a completion that fails
+        // for good ends the call, and these keys must not run again.
+        let unrecordable = holding
+            .iter()
+            .zip(&encoded)
+            .filter_map(|(held, outcome)| Some((*held, outcome.as_ref().err()?.to_string())));
+        settle_all(store, spec, &lease, unrecordable).await;
         let done: Vec<(Held<'_>, &str)> = holding
             .iter()
             .zip(&encoded)
@@ -142,21 +138,6 @@ where
                     source,
                 })?
         };
-        for (held, outcome) in holding.iter().zip(&encoded) {
-            if let Err(source) = outcome {
-                let why = source.to_string();
-                settle_unrecordable(
-                    store,
-                    spec,
-                    &lease,
-                    Persist::OneLeaseAtMost,
-                    held.key,
-                    held.token,
-                    &why,
-                )
-                .await;
-            }
-        }
         drop(lease);
 
         let mut completed = completed.into_iter();
@@ -184,4 +165,39 @@ where
     }
     .instrument(span)
     .await
+}
+
+/// Settles each held key with its reason, one after another, as
+/// [`settle_unrecordable`] does; once the store has failed for a whole
+/// lease on one, the rest are logged and left (each would wait as long
+/// again): they run again once their leases run out.
+async fn settle_all<S: LeaseStore>(
+    store: &S,
+    spec: &'static HandlerSpec,
+    lease: &Lease,
+    keys: impl Iterator<Item = (Held<'_>, String)>,
+) {
+    let mut keys = keys;
+    while let Some((held, why)) = keys.next() {
+        let settled = settle_unrecordable(
+            store,
+            spec,
+            lease,
+            Persist::OneLeaseAtMost,
+            held.key,
+            held.token,
+            &why,
+        )
+        .await;
+        if !settled {
+            let left = keys.count();
+            if left > 0 {
+                tracing::error!(
+                    left,
+                    "the store kept failing: the batch's other keys whose results cannot be recorded are not settled either, and run again once their leases run out"
+                );
+            }
+            return;
+        }
+    }
 }

@@ -78,7 +78,9 @@ where
 /// every later delivery reads as [`Error::Unrecordable`](crate::Error::Unrecordable)
 /// without running the body. Tried again while `lease` holds (and
 /// `persist` allows) if the store fails; what cannot be settled is logged,
-/// and the key runs again once its lease runs out.
+/// and the key runs again once its lease runs out. `false` when the store
+/// kept failing, so that a batch stops trying its other keys (each would
+/// wait as long again).
 pub(crate) async fn settle_unrecordable<S: LeaseStore>(
     store: &S,
     spec: &'static HandlerSpec,
@@ -87,7 +89,7 @@ pub(crate) async fn settle_unrecordable<S: LeaseStore>(
     key: &Key,
     token: &str,
     why: &str,
-) {
+) -> bool {
     let why = crate::call::capped(why.to_owned());
     let encoded = crate::store::unrecordable_encoding(&why);
     let text = crate::call::capped(format!(
@@ -99,13 +101,19 @@ pub(crate) async fn settle_unrecordable<S: LeaseStore>(
     };
     let fail = || store.fail(spec, key, token, failure);
     match complete_while_leased(spec, lease, persist, fail).await {
-        Ok(true) => {}
-        Ok(false) => tracing::warn!(
-            "the body took effect but its result cannot be recorded, and the key was not settled under this claim: its lease was lost (or an earlier try settled it and its reply was lost)"
-        ),
-        Err(e) => tracing::error!(
-            error = %e,
-            "the body took effect but its result cannot be recorded, and the key could not be settled: once its lease runs out, a redelivery runs the body again"
-        ),
+        Ok(true) => true,
+        Ok(false) => {
+            tracing::warn!(
+                "the body took effect but its result cannot be recorded, and the key was not settled under this claim: its lease was lost (or an earlier try settled it and its reply was lost)"
+            );
+            true
+        }
+        Err(e) => {
+            tracing::error!(
+                error = %e,
+                "the body took effect but its result cannot be recorded, and the key could not be settled: once its lease runs out, a redelivery runs the body again"
+            );
+            false
+        }
     }
 }

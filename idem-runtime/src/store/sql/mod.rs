@@ -1258,9 +1258,9 @@ impl<D: Dialect> SqlStore<D> {
             }
         };
         match self.standing(found, spec, fingerprint) {
-            // A claim of another process's (a lease, a claim-first
-            // transaction that committed its row early) is left to the
-            // insert after the body, as claiming last leaves it.
+            // A live claim (a lease-mode handler's of the same name, in a
+            // table shared with it) is left to the insert after the body,
+            // as claiming last leaves it.
             None | Some(Standing::InProgress { .. }) => Ok(TxClaim::Fresh(tx)),
             Some(settled) => {
                 Self::rollback_tx(tx).await.map_err(|e| self.err(e))?;
