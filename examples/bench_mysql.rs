@@ -14,7 +14,7 @@
 //! a network (see `bench_postgres`, which runs several delays in one run).
 //!
 //! The business transaction deducts one unit from one of 10,000 stock rows
-//! (`BEGIN; UPDATE ...; COMMIT`). Four variants run interleaved, round
+//! (`BEGIN; UPDATE ...; COMMIT`). Five variants run interleaved, round
 //! after round, each for `SECS` seconds with `TASKS` concurrent consumers on
 //! a pool of as many connections:
 //!
