@@ -14,7 +14,7 @@
 //! a network (see `bench_postgres`, which runs several delays in one run).
 //!
 //! The business transaction deducts one unit from one of 10,000 stock rows
-//! (`BEGIN; UPDATE ...; COMMIT`). Four variants run interleaved, round
+//! (`BEGIN; UPDATE ...; COMMIT`). Five variants run interleaved, round
 //! after round, each for `SECS` seconds with `TASKS` concurrent consumers on
 //! a pool of as many connections:
 //!
@@ -26,7 +26,11 @@
 //!   the store's defaults: the dedup row a prepared statement of its own
 //!   (`RoundTrips::Separate`);
 //! * `idem, merged`: the same, the dedup row riding with the `COMMIT`
-//!   (`RoundTrips::Merged`).
+//!   (`RoundTrips::Merged`);
+//! * `bare, idem's session`: the bare business transaction opened and ended
+//!   as the MySQL store opens and ends a transaction-mode call's (autocommit
+//!   off for the call, and back on at its end; see `BEGIN` and `END` in
+//!   `idem-runtime/src/store/sql/mysql.rs`): what that alone costs.
 //!
 //! Every message is fresh (a new message id). It prints each variant's median
 //! throughput and its ratio to `bare`, counts the statements a fresh message
@@ -80,6 +84,20 @@ async fn deduct_bare(pool: &MySqlPool, msg: &Deduct) -> Result<(), sqlx::Error> 
     tx.commit().await
 }
 
+/// How the MySQL store opens a transaction-mode call's transaction, and
+/// commits it (its dialect's `BEGIN` and `END.commit`).
+const SESSION_BEGIN: &str = "SET autocommit = 0, completion_type = 'RELEASE'; START TRANSACTION";
+const SESSION_COMMIT: &str = "SET autocommit = 1, completion_type = 'NO_CHAIN'";
+
+async fn deduct_session(pool: &MySqlPool, msg: &Deduct) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin_with(SESSION_BEGIN).await?;
+    deduct(&mut tx, msg.sku).await?;
+    // As the store does: sqlx still counts the transaction open, and queues
+    // its `ROLLBACK` of nothing, sent with the pool's release ping.
+    sqlx::raw_sql(SESSION_COMMIT).execute(&mut *tx).await?;
+    Ok(())
+}
+
 async fn deduct_extra(pool: &MySqlPool, msg: &Deduct) -> Result<(), sqlx::Error> {
     let mut tx = pool.begin().await?;
     deduct(&mut tx, msg.sku).await?;
@@ -96,6 +114,7 @@ enum Variant {
     Extra,
     Idem,
     IdemMerged,
+    BareSession,
 }
 
 impl Variant {
@@ -105,6 +124,7 @@ impl Variant {
             Variant::Extra => "bare + 1 statement",
             Variant::Idem => "idem",
             Variant::IdemMerged => "idem, merged",
+            Variant::BareSession => "bare, idem's session",
         }
     }
 }
@@ -135,6 +155,9 @@ async fn run(
                 match variant {
                     Variant::Bare => deduct_bare(&pool, &msg).await.map_err(|e| e.to_string()),
                     Variant::Extra => deduct_extra(&pool, &msg).await.map_err(|e| e.to_string()),
+                    Variant::BareSession => {
+                        deduct_session(&pool, &msg).await.map_err(|e| e.to_string())
+                    }
                     Variant::Idem | Variant::IdemMerged => deduct_idem(&store, &msg)
                         .await
                         .map(|_| ())
@@ -212,6 +235,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Variant::Extra,
         Variant::Idem,
         Variant::IdemMerged,
+        Variant::BareSession,
     ];
     println!(
         "{tasks} consumers, {rounds} rounds of {secs} s per variant, interleaved, {}",
@@ -300,6 +324,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         median(tps[1].clone()) / bare
     );
     println!("idem, merged/bare: {:.3}", median(tps[3].clone()) / bare);
+    println!(
+        "bare in idem's session/bare: {:.3}",
+        median(tps[4].clone()) / bare
+    );
     let ratio = median(tps[2].clone()) / bare;
     println!("idem/bare: {ratio:.3}");
     sqlx::raw_sql(DROP_TABLES).execute(&pool).await?;

@@ -162,9 +162,13 @@ pub mod statement_log {
         SEEN.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
-    /// `seen` with the `BEGIN` that a driver sent outside its log.
+    /// `seen` with the `BEGIN` that a driver sent outside its log: unless it
+    /// starts with one, or with the MySQL store's own opening of a
+    /// transaction-mode call's transaction (`SET autocommit = 0, ...; START
+    /// TRANSACTION`, one message).
     pub fn with_begin(mut seen: Vec<String>) -> Vec<String> {
-        if seen.first().is_none_or(|s| !s.starts_with("BEGIN")) {
+        let opens = |s: &String| s.starts_with("BEGIN") || s.starts_with("SET autocommit = 0");
+        if !seen.first().is_some_and(opens) {
             seen.insert(0, "BEGIN".to_owned());
         }
         seen

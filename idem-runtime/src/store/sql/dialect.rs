@@ -162,9 +162,9 @@ pub struct WithCommit {
 /// trip.
 #[derive(Debug, Clone, Copy)]
 pub struct TxEnd {
-    /// Commits the transaction, then restores the session.
+    /// Commits the transaction and restores the session.
     pub commit: &'static str,
-    /// Rolls the transaction back, then restores the session.
+    /// Rolls the transaction back and restores the session.
     pub rollback: &'static str,
 }
 

@@ -176,11 +176,15 @@ impl Dialect for MySql {
     // dropped unfinished (a call whose future is dropped, an error path),
     // so that no connection goes back to the pool with autocommit off (the
     // pool's release ping fails, and the pool closes the connection). The
-    // store's own ends say `NO RELEASE` and set both back ([`TxEnd`]).
+    // store's own ends set both back ([`TxEnd`]): the commit by turning
+    // autocommit on, which commits the open transaction (completion_type
+    // does not apply to that implicit commit, and a commit that fails fails
+    // the `SET`), one statement where `COMMIT NO RELEASE` and a `SET` would
+    // be two; the rollback with `ROLLBACK NO RELEASE` first.
     const BEGIN: Option<&'static str> =
         Some("SET autocommit = 0, completion_type = 'RELEASE'; START TRANSACTION");
     const END: Option<TxEnd> = Some(TxEnd {
-        commit: "COMMIT NO RELEASE; SET autocommit = 1, completion_type = 'NO_CHAIN'",
+        commit: "SET autocommit = 1, completion_type = 'NO_CHAIN'",
         rollback: "ROLLBACK NO RELEASE; SET autocommit = 1, completion_type = 'NO_CHAIN'",
     });
     // Without gap locks: a sweep locks only the rows it deletes, so a claim
