@@ -157,7 +157,7 @@ impl Queue {
             )
             .await
             .map(|q| u64::from(q.message_count()))
-            .unwrap_or(0);
+            .expect("the dead-letter queue exists: the consumer declared it");
         let _ = channel.close(200, "inspected".into()).await;
         count
     }

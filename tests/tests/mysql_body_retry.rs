@@ -412,3 +412,261 @@ each_way! {
     claim_first: Shape::Single, ClaimOrder::First, RoundTrips::Separate;
     batch: Shape::Batch, ClaimOrder::Last, RoundTrips::Separate;
 }
+
+/// Claiming first, the claim row InnoDB takes back with a deadlock victim's
+/// transaction: whether the claim inserted it or took over a record (a
+/// failure counted earlier), the call finds it gone and fails, instead of
+/// writing its outcome over the record that came back. And a call dropped
+/// at any point, its `BEGIN` in flight included, leaves the pooled
+/// connection with autocommit on and no transaction open.
+mod claims_lost_and_calls_dropped {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::task::Poll;
+    use std::time::Duration;
+
+    use idem_runtime::{Error, Key, MySqlStore, MySqlTx, Outcome, Status, idempotent};
+    use idem_tests::{DropMySqlTables, mysql_pool, or_skip, unique_table};
+    use sqlx::{AssertSqlSafe, MySqlPool};
+    use tokio::sync::Notify;
+
+    use super::is_deadlock;
+
+    struct Scene {
+        rows: String,
+        fail_first: AtomicBool,
+        holds_b: Notify,
+        retried: AtomicUsize,
+    }
+
+    #[derive(Debug, Clone)]
+    struct Msg {
+        id: String,
+    }
+
+    async fn hit(tx: &mut sqlx::MySqlConnection, rows: &str, id: &str) -> Result<(), sqlx::Error> {
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {rows} SET n = n + 1 WHERE id = ?"
+        )))
+        .bind(id)
+        .execute(&mut *tx)
+        .await
+        .map(drop)
+    }
+
+    /// Claims first (`max_attempts`). With `fail_first`, its first run
+    /// fails (a counted failure); later runs hit `c`, `b`, then `a`, and a
+    /// deadlock on `a` is caught and only `UPDATE a` is sent again.
+    #[idempotent(
+        key = "msg.id",
+        ttl = "1h",
+        store = "mysql",
+        max_attempts = 3,
+        name = "my_retry_take"
+    )]
+    async fn take(tx: &mut MySqlTx<'_>, msg: &Msg, scene: &Scene) -> Result<u32, sqlx::Error> {
+        let _ = msg;
+        if scene.fail_first.swap(false, Ordering::SeqCst) {
+            return Err(sqlx::Error::Protocol("a business failure".into()));
+        }
+        hit(tx, &scene.rows, "c").await?;
+        hit(tx, &scene.rows, "b").await?;
+        scene.holds_b.notify_one();
+        match hit(tx, &scene.rows, "a").await {
+            Err(e) if is_deadlock(&e) => {
+                scene.retried.fetch_add(1, Ordering::SeqCst);
+                hit(tx, &scene.rows, "a").await?;
+            }
+            other => other?,
+        }
+        Ok(7)
+    }
+
+    async fn n(pool: &MySqlPool, rows: &str, id: &str) -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(format!("SELECT n FROM {rows} WHERE id = ?")))
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    }
+
+    async fn the_victims_claim_is_found_gone(prior_failure: bool) {
+        let pool = or_skip!(mysql_pool(6, 5).await);
+        let dedup = unique_table("my_retry_take");
+        let rows = format!("{dedup}_rows");
+        let _drop = DropMySqlTables::new(&[&dedup, &rows]);
+        let store = MySqlStore::from_pool(pool.clone())
+            .with_table(&dedup)
+            .unwrap();
+        store.migrate().await.unwrap();
+        // Rows `x*` weigh the rival's transaction, so that InnoDB picks the
+        // body's as the victim.
+        let extra: Vec<String> = (1..=40).map(|i| format!("('x{i}', 0)")).collect();
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE TABLE {rows} (id VARCHAR(8) PRIMARY KEY, n BIGINT NOT NULL) ENGINE=InnoDB;
+             INSERT INTO {rows} VALUES ('a', 0), ('b', 0), ('c', 0), {};",
+            extra.join(", ")
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
+        let scene = Arc::new(Scene {
+            rows: rows.clone(),
+            fail_first: AtomicBool::new(prior_failure),
+            holds_b: Notify::new(),
+            retried: AtomicUsize::new(0),
+        });
+        let key = Key::from_parts(&[&"k1"]).unwrap();
+        if prior_failure {
+            let r = take(&store, &Msg { id: "k1".into() }, &scene).await;
+            assert!(matches!(r, Err(Error::Handler { .. })), "{r:?}");
+            let record = store.record("my_retry_take", &key).await.unwrap().unwrap();
+            assert_eq!((record.status, record.failures), (Status::Retry, 1));
+        }
+        let mut rival = pool.begin().await.unwrap();
+        let weigh: Vec<String> = std::iter::once("a".to_owned())
+            .chain((1..=40).map(|i| format!("x{i}")))
+            .map(|id| format!("UPDATE {rows} SET n = n + 10 WHERE id = '{id}';"))
+            .collect();
+        sqlx::raw_sql(AssertSqlSafe(weigh.join(" ")))
+            .execute(&mut *rival)
+            .await
+            .unwrap();
+        let call = {
+            let (store, scene) = (store.clone(), Arc::clone(&scene));
+            tokio::spawn(async move { take(&store, &Msg { id: "k1".into() }, &scene).await })
+        };
+        tokio::time::timeout(Duration::from_secs(10), scene.holds_b.notified())
+            .await
+            .expect("the body holds b");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {rows} SET n = n + 10 WHERE id = 'b'"
+        )))
+        .execute(&mut *rival)
+        .await
+        .expect("the rival gets b once the body is the victim");
+        rival.rollback().await.unwrap();
+        let got = call.await.unwrap();
+        assert_eq!(
+            scene.retried.load(Ordering::SeqCst),
+            1,
+            "the body was the victim"
+        );
+        match got {
+            Err(Error::Store { .. }) => {}
+            other => panic!(
+                "the claim row InnoDB took back went unnoticed: {other:?}, c = {}",
+                n(&pool, &rows, "c").await
+            ),
+        }
+        // Nothing of the call stands: no effect, the record as it was.
+        assert_eq!(
+            (
+                n(&pool, &rows, "a").await,
+                n(&pool, &rows, "b").await,
+                n(&pool, &rows, "c").await
+            ),
+            (0, 0, 0)
+        );
+        let record = store.record("my_retry_take", &key).await.unwrap();
+        if prior_failure {
+            let record = record.expect("the earlier failure's record");
+            assert_eq!((record.status, record.failures), (Status::Retry, 1));
+        } else {
+            assert!(record.is_none(), "{record:?}");
+        }
+        // The redelivery runs the body whole.
+        let again = take(&store, &Msg { id: "k1".into() }, &scene).await;
+        assert!(matches!(again, Ok(Outcome::Executed(7))), "{again:?}");
+        assert_eq!(
+            (
+                n(&pool, &rows, "a").await,
+                n(&pool, &rows, "b").await,
+                n(&pool, &rows, "c").await
+            ),
+            (1, 1, 1)
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fresh_claim_lost_to_a_deadlock_fails_the_call() {
+        the_victims_claim_is_found_gone(false).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_taken_over_claim_lost_to_a_deadlock_fails_the_call() {
+        the_victims_claim_is_found_gone(true).await;
+    }
+
+    #[idempotent(key = "id", ttl = "1h", store = "mysql", name = "my_retry_quick")]
+    async fn quick(tx: &mut MySqlTx<'_>, msg: &Msg) -> Result<u32, sqlx::Error> {
+        let _ = msg;
+        let _: i64 = sqlx::query_scalar("SELECT 1").fetch_one(&mut **tx).await?;
+        Ok(1)
+    }
+
+    /// Polls `fut` `polls` times, yielding in between, then drops it.
+    async fn poll_then_drop<F: Future>(fut: F, polls: usize) {
+        let mut fut = pin!(fut);
+        for _ in 0..polls {
+            let ready =
+                std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx).is_ready())).await;
+            if ready {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_dropped_at_any_point_leaves_a_clean_pooled_connection() {
+        let pool = or_skip!(mysql_pool(1, 5).await);
+        let dedup = unique_table("my_retry_quick");
+        let _drop = DropMySqlTables::new(&[&dedup]);
+        let store = MySqlStore::from_pool(pool.clone())
+            .with_table(&dedup)
+            .unwrap();
+        store.migrate().await.unwrap();
+        let mut dirty = Vec::new();
+        for i in 0..200usize {
+            let polls = 1 + i % 8;
+            poll_then_drop(
+                quick(
+                    &store,
+                    &Msg {
+                        id: format!("q{i}"),
+                    },
+                ),
+                polls,
+            )
+            .await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let mut conn = pool.acquire().await.unwrap();
+            let (autocommit, completion, open): (i64, String, i64) = sqlx::query_as(
+                "SELECT CAST(@@autocommit AS SIGNED), CAST(@@completion_type AS CHAR), CAST(@@in_transaction AS SIGNED)",
+            )
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+            // A call dropped while sqlx's own `BEGIN` is unanswered leaves
+            // that transaction open (`open`), as any sqlx transaction does;
+            // the next `BEGIN` on the connection commits it, empty. What the
+            // store changes for a call, autocommit and completion_type,
+            // must never outlive it.
+            if autocommit != 1 || completion != "NO_CHAIN" {
+                dirty.push((i, polls, autocommit, completion, open));
+            }
+            if open != 0 || !dirty.is_empty() {
+                let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+                conn.close_on_drop();
+            }
+        }
+        assert!(
+            dirty.is_empty(),
+            "pooled connections left with autocommit off: {dirty:?}"
+        );
+    }
+}

@@ -159,9 +159,20 @@ async fn lease_tokens_guard_extension_release_and_completion() {
             .unwrap()
     );
     assert!(store.complete(&LEASE, &k, &token, "42").await.unwrap());
+    // Sent again (its reply lost), the completion finds the record its own
+    // token completed: it answers that it recorded, and writes nothing.
     assert!(
-        !store.complete(&LEASE, &k, &token, "43").await.unwrap(),
-        "the token no longer holds a claim"
+        store.complete(&LEASE, &k, &token, "42").await.unwrap(),
+        "the completion's own record"
+    );
+    assert_eq!(
+        store
+            .record(LEASE.name, &k)
+            .await
+            .unwrap()
+            .and_then(|r| r.outcome)
+            .as_deref(),
+        Some("42")
     );
     assert!(!store.extend(&LEASE, &k, &token).await.unwrap());
     assert_eq!(

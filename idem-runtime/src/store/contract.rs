@@ -1041,6 +1041,14 @@ pub trait TxStore: Send + Sync {
     /// `AsRef<dyn Error + Send + Sync>` (and not written with a lifetime of
     /// its own, which may borrow); any other body error is the body's.
     ///
+    /// The error's code is all the store reads, not which connection raised
+    /// it: a body that waits on a lock it holds itself (it writes a row in
+    /// its transaction, then again through another connection of the pool)
+    /// times out the same way on every delivery, and is retried as a store
+    /// fault each time instead of being counted; such a body is a bug to
+    /// fix, and the consumers' store-fault backoff (up to
+    /// `Policy::max_store_delay`) keeps it from spinning.
+    ///
     /// The SQL stores recognise their driver's errors (a `sqlx::Error`, or
     /// the database error it holds) with PostgreSQL's SQLSTATEs 55P03,
     /// 40P01 and 40001, MySQL's error numbers 1205 and 1213, and SQLite's

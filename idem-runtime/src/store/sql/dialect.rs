@@ -40,9 +40,16 @@ pub trait Dialect: Exec {
     /// not sqlx's plain `BEGIN`.
     const BEGIN: Option<&'static str>;
 
+    /// What a transaction-mode call's transaction sets up for the call,
+    /// sent in the transaction right after its `BEGIN` (so that sqlx counts
+    /// the transaction open before the session changes: a call dropped from
+    /// then on leaves a `ROLLBACK` queued), when anything.
+    const CALL_SESSION: Option<&'static str> = None;
+
     /// How a transaction-mode call's transaction ends when its
-    /// [`BEGIN`](Self::BEGIN) set the session up for the call and the end
-    /// sets it back; `None` ends it with sqlx's `COMMIT` and `ROLLBACK`.
+    /// [`CALL_SESSION`](Self::CALL_SESSION) set the session up for the call
+    /// and the end sets it back; `None` ends it with sqlx's `COMMIT` and
+    /// `ROLLBACK`.
     const END: Option<TxEnd> = None;
 
     /// The statement that opens a sweep's transaction, when a sweep needs

@@ -804,11 +804,18 @@ impl<D: Dialect> SqlStore<D> {
     /// [`commit_tx`](Self::commit_tx) or [`rollback_tx`](Self::rollback_tx),
     /// which set the session back where the dialect's `BEGIN` changed it.
     async fn begin(&self) -> Result<Transaction<'static, D>, StoreError> {
-        match D::BEGIN {
+        let mut tx = match D::BEGIN {
             Some(begin) => self.pool.begin_with(begin).await,
             None => self.pool.begin().await,
         }
-        .map_err(|e| self.err(e))
+        .map_err(|e| self.err(e))?;
+        if let Some(session) = D::CALL_SESSION
+            && let Err(e) = D::run_text(&mut tx, session).await
+        {
+            let _ = Self::rollback_tx(tx).await;
+            return Err(self.err(e));
+        }
+        Ok(tx)
     }
 
     /// Commits a transaction-mode call's transaction ([`Dialect::END`]).

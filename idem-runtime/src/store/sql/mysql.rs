@@ -176,13 +176,19 @@ impl Dialect for MySql {
     // dropped unfinished (a call whose future is dropped, an error path),
     // so that no connection goes back to the pool with autocommit off (the
     // pool's release ping fails, and the pool closes the connection). The
+    // `SET` is a statement of its own after sqlx's `BEGIN`: sqlx counts the
+    // transaction open once the `BEGIN` is answered, so a call dropped while
+    // the `SET` is on its way queues the `ROLLBACK` that ends the session;
+    // sent with the `BEGIN`, a call dropped before the answer would leave
+    // nothing queued and the session changed. The
     // store's own ends set both back ([`TxEnd`]): the commit by turning
     // autocommit on, which commits the open transaction (completion_type
     // does not apply to that implicit commit, and a commit that fails fails
     // the `SET`), one statement where `COMMIT NO RELEASE` and a `SET` would
     // be two; the rollback with `ROLLBACK NO RELEASE` first.
-    const BEGIN: Option<&'static str> =
-        Some("SET autocommit = 0, completion_type = 'RELEASE'; START TRANSACTION");
+    const BEGIN: Option<&'static str> = None;
+    const CALL_SESSION: Option<&'static str> =
+        Some("SET autocommit = 0, completion_type = 'RELEASE'");
     const END: Option<TxEnd> = Some(TxEnd {
         commit: "SET autocommit = 1, completion_type = 'NO_CHAIN'",
         rollback: "ROLLBACK NO RELEASE; SET autocommit = 1, completion_type = 'NO_CHAIN'",

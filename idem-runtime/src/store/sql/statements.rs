@@ -102,10 +102,18 @@ const FAIL: &str = "UPDATE {t} SET status = :status, token = NULL, outcome = :ou
                     failures = failures + 1, last_error = :error,
                     updated_at = {now}, expires_at = {until}";
 
+/// Which row a claiming-first transaction holds: its claim, `in_progress`
+/// without a token (a lease's has one). Not the row the claim took over: if
+/// the database ended the transaction (InnoDB rolls a deadlock victim back
+/// whole), that row is back, committed, and must not be written as if the
+/// claim held.
+const HELD_BY_TX: &str =
+    "handler = :handler AND {key} = :key AND status = 'in_progress' AND token IS NULL";
+
 /// Records `:outcome` under the claim this transaction holds.
 const COMPLETE_TX: &str = "UPDATE {t} SET status = 'completed', token = NULL, outcome = :outcome,
                                    updated_at = {now}, expires_at = {until}
-                           WHERE handler = :handler AND {key} = :key";
+                           WHERE ";
 
 /// Set before the dedup row sent with the `COMMIT` ([`WithCommit::savepoint`](super::WithCommit)).
 pub(crate) const DEDUP_ROW_SAVEPOINT: &str = "SAVEPOINT idem_dedup_row";
@@ -182,16 +190,14 @@ impl Statements {
             }),
             select: render(SELECT),
             select_latest: render(&format!("{SELECT}{}", D::LATEST_READ)),
-            complete_tx: render(COMPLETE_TX),
+            complete_tx: render(&format!("{COMPLETE_TX}{HELD_BY_TX}")),
             complete_lease: render(&format!(
                 "UPDATE {{t}} SET status = 'completed', outcome = :outcome,
                                   updated_at = {{now}}, expires_at = {{until}}
                  WHERE {token_settles}"
             )),
             fail_lease: render(&format!("{FAIL} WHERE {token_settles}")),
-            fail_tx: render(&format!(
-                "{FAIL} WHERE handler = :handler AND {{key}} = :key"
-            )),
+            fail_tx: render(&format!("{FAIL} WHERE {HELD_BY_TX}")),
             settle_ran_out: render(&format!(
                 "UPDATE {{t}} SET status = 'retry', failures = failures + 1,
                                   last_error = '{}', updated_at = {{now}}, expires_at = {{until}},
