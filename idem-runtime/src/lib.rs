@@ -77,6 +77,9 @@ pub mod consume;
 mod error;
 mod final_error;
 mod fingerprint;
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub mod http;
 #[cfg(any(doc, doctest))]
 pub mod guide;
 mod key;

@@ -9,6 +9,8 @@
 //!   a Redis Cluster), and a test of the running binary as a child process
 //!   (a consumer of its own, under libfaketime if need be);
 //! * [`brokers`]: the same for RabbitMQ, NATS and Kafka;
+//! * [`http`]: an axum server on a loopback port and a client of it, for
+//!   the Idempotency-Key tests;
 //! * [`links`]: a network link a test breaks on purpose (a proxy that loses
 //!   the reply to one request).
 //!
@@ -16,11 +18,13 @@
 
 pub mod brokers;
 pub mod databases;
+pub mod http;
 pub mod links;
 pub mod processes;
 pub mod services;
 
 pub use databases::{DeleteKeys, DropMySqlTables, DropTables, unique_prefix, unique_table};
+pub use http::{HttpClient, Reply, Server};
 pub use links::LostReply;
 pub use processes::{ChildTest, LIBFAKETIME, RedisCluster, RedisServer, TansuServer, free_port};
 pub use services::{

@@ -39,6 +39,12 @@ impl<Tx> TxCall<Tx> {
         &mut self.tx
     }
 
+    /// The transaction, to read.
+    #[cfg(feature = "http")]
+    pub(crate) fn tx_ref(&self) -> &Tx {
+        &self.tx
+    }
+
     /// The call's span, for the body.
     pub fn span(&self) -> tracing::Span {
         self.span.clone()

@@ -1,0 +1,100 @@
+//! The `Idempotency-Key` header on HTTP routes: a tower layer (so an axum
+//! `route_layer`) that gives a client's retry the first request's response
+//! instead of running it again, on every idem store, after the IETF
+//! httpapi draft "The Idempotency-Key HTTP Header Field".
+//!
+//! **Keys are scoped by the caller.** [`Idempotency::scoped_by`] takes the
+//! function that names who sent the request (the authenticated principal,
+//! a tenant); a key is only ever matched within its caller's scope, so one
+//! client can never be handed another's response. [`Idempotency::unscoped`]
+//! shares one namespace between all callers, for internal services.
+//!
+//! Two modes, as for message handlers:
+//!
+//! * **Transaction mode** ([`Idempotency::transaction`], SQLite,
+//!   PostgreSQL, MySQL): the layer opens the store's transaction and claims
+//!   the key in it; the handler writes through the request's
+//!   [`RequestTx`]; the response is recorded in that transaction. The
+//!   handler's writes and its recorded response commit together or not at
+//!   all: a server killed between them leaves neither, and the retry runs
+//!   again; killed after the commit, the retry gets the recorded response.
+//! * **Lease mode** ([`Idempotency::lease`], every store): the key is
+//!   claimed with a lease, the handler runs, its response is recorded.
+//!   For handlers whose effects leave the database: pass
+//!   [`IdempotencyKey::sent`] on to the payment provider or the SMS
+//!   gateway, so that a handler run again after a crash is deduplicated
+//!   there.
+//!
+//! # What a request gets
+//!
+//! | case | status | recorded |
+//! | --- | --- | --- |
+//! | a method the route does not take a key on (GET by default) | the handler's | no |
+//! | no key, the route requires one | `400`, problem+json | no |
+//! | no key, the route does not require one | the handler's | no |
+//! | a malformed key (not an sf-string or a token, empty, over 255 characters, two headers) | `400` | no |
+//! | the scope function names no caller | `401` | no |
+//! | a body over [`max_request_body`](Idempotency::max_request_body) | `413` | no |
+//! | the store cannot be reached before the handler runs | `503`, `Retry-After: 1` | no |
+//! | a fresh key: the handler's 2xx, 3xx, 4xx (not 408, 409, 425, 429) | the handler's | yes |
+//! | a fresh key: the handler's 5xx, 408, 409, 425, 429, or a failed response body | the handler's | no: released, and in transaction mode rolled back |
+//! | the key again with the same request, once recorded | the recorded one, `idempotent-replayed: true` | — |
+//! | … recorded without its body (over [`max_stored_body`](Idempotency::max_stored_body)) | the recorded status and headers, empty body, `idempotent-replayed: body-not-stored` | — |
+//! | the key again with another request (method, path, query, body by default) | `422` | no |
+//! | the key again while the first request runs | `409` with `Retry-After` ([`InFlight::Conflict`]), or the first's response after a wait ([`InFlight::Wait`]) | no |
+//! | transaction mode, the commit failed | `503` (nothing of the handler's was committed) | no |
+//!
+//! The statuses recorded are set per route with
+//! [`Idempotency::recorded`]; the default ([`recorded_by_default`]) follows
+//! Stripe for what the handler produced (its 4xx are its answer to this
+//! request, so a retry gets them again) but releases its 5xx: a server
+//! error is taken for a passing one, and in transaction mode nothing of it
+//! is committed, so a retry may run. What failed before the handler ran
+//! (every row of the layer's own answers) releases the key.
+//!
+//! The layer reads the request body whole (to fingerprint it) and the
+//! response body whole (to record it): it is for API calls, not for
+//! streams.
+//!
+//! Claiming last (PostgreSQL's and MySQL's default claim order), a retry that races the first request
+//! runs its handler, which rolls back when its commit finds the key: it
+//! gets the first request's response. Claiming first, it waits on the
+//! key's row and gets `409` or the replay.
+//!
+//! # Examples
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use idem_runtime::MemoryStore;
+//! use idem_runtime::http::Idempotency;
+//!
+//! let layer = Idempotency::scoped_by("send_sms", Duration::from_secs(86_400), |parts| {
+//!     parts.headers.get("x-account")?.to_str().ok().map(str::to_owned)
+//! })
+//! .lease(MemoryStore::new())?;
+//! // axum: Router::new().route("/sms", post(send_sms)).route_layer(layer)
+//! # let _ = layer;
+//! # Ok(()) }
+//! ```
+//!
+//! The guide's [HTTP chapter](crate::guide::http) has a whole server.
+
+mod config;
+#[cfg(feature = "axum")]
+mod extract;
+mod header;
+mod lease;
+mod problem;
+mod service;
+mod stored;
+mod tx;
+
+pub use config::{Fingerprint, Idempotency, InFlight, recorded_by_default};
+#[cfg(feature = "axum")]
+pub use extract::NotBehindTheLayer;
+pub use header::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, MAX_KEY_LEN};
+pub use lease::Lease;
+pub use service::{IdempotencyKey, IdempotencyLayer, IdempotencyService, IdempotentBody, Mode};
+pub use tx::{RequestTx, Transaction, TransactionOver, TxGuard};

@@ -1,0 +1,452 @@
+//! The tower layer and its service: what every request of a route goes
+//! through before its mode ([`lease`](super::lease) or
+//! [`transaction`](super::tx)) claims its key.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::{BodyExt, Either, Full, Limited};
+use sha2::{Digest, Sha256};
+use tower_service::Service;
+
+use super::config::Idempotency;
+use super::header::{self, Sent};
+use super::problem::Problem;
+use super::stored::Stored;
+use crate::codec::Codec;
+use crate::error::{BoxError, Error};
+use crate::final_error::ErrorCodec;
+use crate::key::{Key, KeyBuilder};
+use crate::outcome::Outcome;
+use crate::registry::HandlerSpec;
+
+/// The response body of a route behind the layer: the handler's own where
+/// the layer let the request pass, the layer's (recorded, replayed or a
+/// problem) where it took part.
+pub type IdempotentBody<B> = Either<B, Full<Bytes>>;
+
+/// The key a request was run under, in the request's extensions for the
+/// handler: in lease mode, pass [`sent`](IdempotencyKey::sent) on as the
+/// idempotency key of a downstream call.
+///
+/// # Examples
+///
+/// ```
+/// # #[cfg(feature = "axum")] {
+/// use axum_core::extract::FromRequestParts;
+/// use idem_runtime::http::IdempotencyKey;
+///
+/// // an axum handler's argument
+/// async fn send_sms(key: IdempotencyKey) -> String {
+///     format!("sent under {}", key.sent())
+/// }
+/// # let _ = send_sms;
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyKey {
+    sent: String,
+    key: Key,
+}
+
+impl IdempotencyKey {
+    /// The key as the client sent it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// fn downstream(key: &idem_runtime::http::IdempotencyKey) -> String {
+    ///     key.sent().to_owned()
+    /// }
+    /// # let _ = downstream;
+    /// ```
+    pub fn sent(&self) -> &str {
+        &self.sent
+    }
+
+    /// The key as the store records it: the caller's scope and the sent
+    /// key, encoded (what the `idem` CLI shows).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// fn recorded(key: &idem_runtime::http::IdempotencyKey) -> String {
+    ///     key.key().shown().to_owned()
+    /// }
+    /// # let _ = recorded;
+    /// ```
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+}
+
+/// A tower layer that makes a route's requests idempotent: made by
+/// [`Idempotency::lease`] or [`Idempotency::transaction`].
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_runtime::MemoryStore;
+/// use idem_runtime::http::{Idempotency, IdempotencyLayer, Lease};
+///
+/// let layer: IdempotencyLayer<Lease<MemoryStore>> =
+///     Idempotency::unscoped("layer_doc", Duration::from_secs(600)).lease(MemoryStore::new())?;
+/// # let _ = layer;
+/// # Ok::<(), idem_runtime::registry::RegistryError>(())
+/// ```
+#[derive(Debug)]
+pub struct IdempotencyLayer<M> {
+    pub(crate) route: Arc<Route>,
+    pub(crate) mode: M,
+}
+
+impl<M: Clone> Clone for IdempotencyLayer<M> {
+    fn clone(&self) -> Self {
+        IdempotencyLayer {
+            route: Arc::clone(&self.route),
+            mode: self.mode.clone(),
+        }
+    }
+}
+
+/// A route's configuration and the handler description it records under.
+// `pub` for `Mode::serve`, whose implementations are the crate's alone: it
+// cannot be named outside.
+#[allow(unreachable_pub)]
+#[derive(Debug)]
+pub struct Route {
+    pub(crate) config: Idempotency,
+    pub(crate) spec: &'static HandlerSpec,
+}
+
+impl<Svc, M: Clone> tower_layer::Layer<Svc> for IdempotencyLayer<M> {
+    type Service = IdempotencyService<Svc, M>;
+
+    fn layer(&self, inner: Svc) -> Self::Service {
+        IdempotencyService {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// The service [`IdempotencyLayer`] wraps a route's service in.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_layer::Layer;
+/// use idem_runtime::MemoryStore;
+/// use idem_runtime::http::Idempotency;
+///
+/// let layer = Idempotency::unscoped("service_doc", Duration::from_secs(600)).lease(MemoryStore::new())?;
+/// let service = layer.layer(tower_service_fn());
+/// # fn tower_service_fn() {}
+/// # let _ = service;
+/// # Ok::<(), idem_runtime::registry::RegistryError>(())
+/// ```
+#[derive(Debug)]
+pub struct IdempotencyService<Svc, M> {
+    inner: Svc,
+    layer: IdempotencyLayer<M>,
+}
+
+impl<Svc: Clone, M: Clone> Clone for IdempotencyService<Svc, M> {
+    fn clone(&self) -> Self {
+        IdempotencyService {
+            inner: self.inner.clone(),
+            layer: self.layer.clone(),
+        }
+    }
+}
+
+/// A request the layer read, ready for its mode to claim its key.
+// `pub` for `Mode::serve`, as `Route`.
+#[allow(unreachable_pub)]
+pub struct Prepared {
+    pub(crate) parts: http::request::Parts,
+    pub(crate) body: Bytes,
+    pub(crate) key: Key,
+    pub(crate) fingerprint: String,
+}
+
+/// What a route's handler answered: the response with its body read, or
+/// the service's own error.
+pub(crate) type Ran<E> = Result<(http::response::Parts, Bytes), NoResponse<E>>;
+
+/// Why a handler gave no response to record.
+pub(crate) enum NoResponse<E> {
+    /// The service failed.
+    Service(E),
+    /// The response's body failed while it was read.
+    Body,
+}
+
+/// A handler's response that is not recorded: its key is released (in
+/// transaction mode, its writes rolled back).
+#[derive(Debug)]
+pub(crate) struct Unrecorded;
+
+pub(crate) fn codecs() -> (Codec<Stored>, ErrorCodec<Unrecorded>) {
+    (
+        Codec::new(),
+        ErrorCodec::new(None, |_| {
+            "the response's status is not recorded: the key is released".to_owned()
+        }),
+    )
+}
+
+/// How a route's requests are run once read: [`Lease`](super::Lease) or
+/// [`Transaction`](super::Transaction); sealed.
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::MemoryStore;
+/// use idem_runtime::http::{Lease, Mode};
+///
+/// fn is_a_mode<M: Mode>() {}
+/// is_a_mode::<Lease<MemoryStore>>();
+/// ```
+pub trait Mode: Clone + Send + Sync + 'static {
+    #[doc(hidden)]
+    fn serve<Svc, ReqB, ResB>(
+        &self,
+        route: &Route,
+        inner: Svc,
+        request: Prepared,
+    ) -> impl Future<Output = Result<Response<Full<Bytes>>, Svc::Error>> + Send
+    where
+        Svc: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
+        Svc::Future: Send,
+        Svc::Error: Send,
+        ReqB: From<Bytes> + Send + 'static,
+        ResB: Body<Data = Bytes> + Send + 'static,
+        ResB::Error: Into<BoxError>;
+}
+
+impl<Svc, M, ReqB, ResB> Service<Request<ReqB>> for IdempotencyService<Svc, M>
+where
+    Svc: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    Svc::Future: Send,
+    Svc::Error: Send,
+    M: Mode,
+    ReqB: Body + From<Bytes> + Send + 'static,
+    ReqB::Data: Send,
+    ReqB::Error: Into<BoxError>,
+    ResB: Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    type Response = Response<IdempotentBody<ResB>>;
+    type Error = Svc::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqB>) -> Self::Future {
+        // The service made ready is the one to call; a clone stays behind.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let layer = self.layer.clone();
+        Box::pin(async move {
+            let route = &layer.route;
+            let request = match prepare(&route.config, request).await {
+                Ok(prepared) => prepared,
+                Err(Early::Pass(request)) => {
+                    return inner.call(request).await.map(|r| r.map(Either::Left));
+                }
+                Err(Early::Refuse(problem)) => {
+                    return Ok(problem.response().map(Either::Right));
+                }
+            };
+            let response = layer.mode.serve(route, inner, request).await?;
+            Ok(response.map(Either::Right))
+        })
+    }
+}
+
+/// Why a request goes no further than the layer's first look.
+enum Early<B> {
+    /// Not the layer's to handle: the route runs it as it is.
+    Pass(Request<B>),
+    /// Refused before anything ran.
+    Refuse(Problem),
+}
+
+/// The request read: its key, scope, body and fingerprint.
+async fn prepare<B>(config: &Idempotency, request: Request<B>) -> Result<Prepared, Early<B>>
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    if !config.methods.contains(request.method()) {
+        return Err(Early::Pass(request));
+    }
+    let sent = match header::read(request.headers()) {
+        Sent::Key(key) => key,
+        Sent::Missing if !config.required => return Err(Early::Pass(request)),
+        Sent::Missing => return Err(Early::Refuse(Problem::Missing)),
+        Sent::Malformed(why) => return Err(Early::Refuse(Problem::Malformed(why))),
+    };
+    let (mut parts, body) = request.into_parts();
+    let scope = match &config.scope {
+        Some(scope) => match scope(&parts) {
+            Some(s) => Some(s),
+            None => return Err(Early::Refuse(Problem::Unscoped)),
+        },
+        None => None,
+    };
+    let body = match Limited::new(body, config.max_request_body).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return Err(Early::Refuse(Problem::TooLarge(config.max_request_body)));
+        }
+        Err(_) => return Err(Early::Refuse(Problem::Malformed("the request's body could not be read"))),
+    };
+    let mut b = KeyBuilder::new();
+    if let Some(scope) = &scope {
+        // Infallible: a `&str` part is never `None`.
+        let _ = b.part(scope.as_str());
+    }
+    let _ = b.part(sent.as_str());
+    let key = b.finish();
+    let fingerprint = fingerprint(config, &parts, &body);
+    parts.extensions.insert(IdempotencyKey {
+        sent,
+        key: key.clone(),
+    });
+    Ok(Prepared {
+        parts,
+        body,
+        key,
+        fingerprint,
+    })
+}
+
+/// The request's fingerprint: a digest of the parts the route takes, each
+/// with its length, so that no two different requests meet.
+fn fingerprint(config: &Idempotency, parts: &http::request::Parts, body: &Bytes) -> String {
+    let fp = &config.fingerprint;
+    let mut h = Sha256::new();
+    let mut put = |tag: u8, bytes: &[u8]| {
+        h.update([tag]);
+        h.update((bytes.len() as u64).to_be_bytes());
+        h.update(bytes);
+    };
+    if fp.method {
+        put(b'm', parts.method.as_str().as_bytes());
+    }
+    if fp.path {
+        put(b'p', parts.uri.path().as_bytes());
+    }
+    if fp.query {
+        put(b'q', parts.uri.query().unwrap_or("").as_bytes());
+    }
+    for name in &fp.headers {
+        put(b'h', name.as_str().as_bytes());
+        for value in parts.headers.get_all(name) {
+            put(b'v', value.as_bytes());
+        }
+    }
+    if fp.body {
+        put(b'b', body);
+    }
+    crate::key::hex(&h.finalize()[..16])
+}
+
+/// Runs the route's handler on the request, its body read whole.
+pub(crate) async fn run<Svc, ReqB, ResB>(
+    mut inner: Svc,
+    parts: http::request::Parts,
+    body: Bytes,
+) -> Ran<Svc::Error>
+where
+    Svc: Service<Request<ReqB>, Response = Response<ResB>>,
+    ReqB: From<Bytes>,
+    ResB: Body<Data = Bytes>,
+    ResB::Error: Into<BoxError>,
+{
+    let response = inner
+        .call(Request::from_parts(parts, ReqB::from(body)))
+        .await
+        .map_err(NoResponse::Service)?;
+    let (parts, body) = response.into_parts();
+    match body.collect().await {
+        Ok(collected) => Ok((parts, collected.to_bytes())),
+        Err(e) => {
+            let e: BoxError = e.into();
+            tracing::warn!(error = %e, "the handler's response body failed: the key is released");
+            Err(NoResponse::Body)
+        }
+    }
+}
+
+/// What of `ran` is recorded for the key, or `Unrecorded` to release it.
+pub(crate) fn verdict<E>(config: &Idempotency, ran: &Ran<E>) -> Result<Stored, Unrecorded> {
+    match ran {
+        Ok((parts, body)) if (config.recorded)(parts.status) => Ok(Stored::of(
+            parts,
+            body,
+            &config.stored_headers,
+            config.max_stored_body,
+        )),
+        _ => Err(Unrecorded),
+    }
+}
+
+/// The handler's response as it ran, to send.
+pub(crate) fn sent<E>(ran: Ran<E>) -> Result<Response<Full<Bytes>>, E> {
+    match ran {
+        Ok((parts, body)) => Ok(Response::from_parts(parts, Full::new(body))),
+        Err(NoResponse::Service(e)) => Err(e),
+        Err(NoResponse::Body) => Ok(Problem::Internal("the handler's response body failed").response()),
+    }
+}
+
+/// What a request gets when the record of its key turned it away, or when
+/// the store failed before its handler ran.
+pub(crate) fn refused(
+    result: Result<Outcome<Stored>, Error<Unrecorded>>,
+) -> Response<Full<Bytes>> {
+    match result {
+        Ok(Outcome::Duplicate(stored) | Outcome::Executed(stored)) => stored
+            .replay()
+            .unwrap_or_else(|| Problem::Internal("the recorded response does not read back").response()),
+        Err(Error::InProgress { retry_after, .. }) => {
+            Problem::InFlight(retry_after).response()
+        }
+        Err(Error::PayloadMismatch { .. }) => Problem::Reused.response(),
+        Err(Error::Store { .. } | Error::Config { .. }) => Problem::Unavailable.response(),
+        Err(Error::Codec { .. }) => {
+            Problem::Internal("the recorded response does not read back").response()
+        }
+        Err(_) => Problem::Internal("the key's record refused the request").response(),
+    }
+}
+
+/// How long to pause before asking again for a key in progress, when the
+/// route waits and its time since `started` is not over.
+pub(crate) fn wait_for(
+    config: &Idempotency,
+    started: std::time::Instant,
+    in_progress: bool,
+) -> Option<Duration> {
+    match config.in_flight {
+        super::InFlight::Wait(limit) if in_progress => {
+            let left = limit.checked_sub(started.elapsed())?;
+            Some(left.min(Duration::from_millis(25)))
+        }
+        _ => None,
+    }
+}
