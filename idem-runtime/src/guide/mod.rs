@@ -25,6 +25,7 @@
 //! | [`postgres`], [`mysql`], [`redis`] | each server store: its options, round trips, and what was proven on it |
 //! | [`consumers`] | the RabbitMQ and NATS JetStream consumers: acks, retries, dead letters, chaos runs |
 //! | [`kafka`] | the Kafka consumer: partition order, commits, retry and dead-letter topics, rebalances, offsets in the database |
+//! | [`http`] | the Idempotency-Key header on axum routes: scopes, statuses, transaction and lease mode |
 //! | [`operations`] | the `idem` CLI, records, dead letters, the registry, tracing and metrics |
 //! | [`expansion`] | the code the attribute generates, verbatim |
 //! | [`benchmarks`] | what idem costs, measured, with the commands to measure it again |
@@ -74,6 +75,10 @@ pub mod consumers {}
 #[cfg(any(doc, all(feature = "kafka", feature = "sqlite")))]
 #[doc = include_str!("kafka.md")]
 pub mod kafka {}
+
+#[cfg(any(doc, all(feature = "axum", feature = "sqlite")))]
+#[doc = include_str!("http.md")]
+pub mod http {}
 
 #[doc = include_str!("operations.md")]
 pub mod operations {}

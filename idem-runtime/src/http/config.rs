@@ -363,7 +363,7 @@ impl Idempotency {
     /// ```
     /// use std::time::Duration;
     /// let route = idem_runtime::http::Idempotency::unscoped("sms", Duration::from_secs(600))
-    ///     .lease(Duration::from_secs(10));
+    ///     .lease_duration(Duration::from_secs(10));
     /// # let _ = route;
     /// ```
     pub fn lease_duration(mut self, lease: Duration) -> Self {
