@@ -60,7 +60,7 @@
 //!
 //! The [`guide`] is the rest of the documentation: a tutorial, a chapter for
 //! each subject (the attribute, the modes, keys, failures, batches, each
-//! store, the consumers, operations), the benchmarks and the design
+//! store, the consumers, HTTP routes, operations), the benchmarks and the design
 //! decisions. Every sample in it runs in the test suite.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, unreachable_pub, clippy::unwrap_used)]
