@@ -77,11 +77,11 @@ pub mod consume;
 mod error;
 mod final_error;
 mod fingerprint;
+#[cfg(any(doc, doctest))]
+pub mod guide;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
-#[cfg(any(doc, doctest))]
-pub mod guide;
 mod key;
 mod outcome;
 pub mod registry;

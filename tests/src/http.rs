@@ -112,11 +112,7 @@ impl HttpClient {
             .await
             .map_err(|e| format!("{e:?}"))?;
         let (parts, body) = response.into_parts();
-        let body = body
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
+        let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
         Ok(Reply {
             status: parts.status.as_u16(),
             headers: parts.headers,
@@ -131,7 +127,10 @@ impl HttpClient {
         self.send(
             "POST",
             path,
-            &[("idempotency-key", &quoted), ("content-type", "application/json")],
+            &[
+                ("idempotency-key", &quoted),
+                ("content-type", "application/json"),
+            ],
             body.to_string(),
         )
         .await

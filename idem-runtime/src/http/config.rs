@@ -464,8 +464,9 @@ impl Idempotency {
             fingerprint: Some(self.fingerprint.described()),
             max_attempts: None,
         }));
-        let mut handlers: Vec<&'static HandlerSpec> =
-            registry::handlers().filter(|h| h.name == self.name).collect();
+        let mut handlers: Vec<&'static HandlerSpec> = registry::handlers()
+            .filter(|h| h.name == self.name)
+            .collect();
         if handlers.is_empty() {
             return Ok(spec);
         }

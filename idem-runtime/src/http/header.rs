@@ -57,7 +57,11 @@ fn parse(text: &str) -> Result<String, &'static str> {
                 Some('"') => break,
                 Some('\\') => match chars.next() {
                     Some(c @ ('"' | '\\')) => key.push(c),
-                    _ => return Err("the Idempotency-Key's string has an escape other than \\\" or \\\\"),
+                    _ => {
+                        return Err(
+                            "the Idempotency-Key's string has an escape other than \\\" or \\\\",
+                        );
+                    }
                 },
                 Some(c) if (' '..='~').contains(&c) => key.push(c),
                 Some(_) => return Err("the Idempotency-Key is not visible ASCII"),
@@ -68,7 +72,10 @@ fn parse(text: &str) -> Result<String, &'static str> {
         }
         key
     } else {
-        if text.chars().any(|c| !('!'..='~').contains(&c) || matches!(c, '"' | ',' | ';')) {
+        if text
+            .chars()
+            .any(|c| !('!'..='~').contains(&c) || matches!(c, '"' | ',' | ';'))
+        {
             return Err("the Idempotency-Key is neither a quoted string nor one token");
         }
         text.to_owned()
@@ -102,7 +109,10 @@ mod tests {
             Sent::Key("8e03978e-40d5-43e8-bc93-6894a57f9324".into())
         );
         assert_eq!(sent(&[b"abc-123"]), Sent::Key("abc-123".into()));
-        assert_eq!(sent(&[br#""a \"b\" \\ c""#]), Sent::Key(r#"a "b" \ c"#.into()));
+        assert_eq!(
+            sent(&[br#""a \"b\" \\ c""#]),
+            Sent::Key(r#"a "b" \ c"#.into())
+        );
         assert_eq!(sent(&[b"  \"x\"  "]), Sent::Key("x".into()));
     }
 
@@ -126,6 +136,9 @@ mod tests {
         assert!(matches!(sent(&[b"a", b"b"]), Sent::Malformed(_)));
         let long = "k".repeat(256);
         assert!(matches!(sent(&[long.as_bytes()]), Sent::Malformed(_)));
-        assert_eq!(sent(&["k".repeat(255).as_bytes()]), Sent::Key("k".repeat(255)));
+        assert_eq!(
+            sent(&["k".repeat(255).as_bytes()]),
+            Sent::Key("k".repeat(255))
+        );
     }
 }

@@ -57,7 +57,10 @@ impl Idempotency {
     /// # let _ = layer;
     /// # Ok::<(), idem_runtime::registry::RegistryError>(())
     /// ```
-    pub fn lease<S: LeaseStore>(self, store: S) -> Result<IdempotencyLayer<Lease<S>>, RegistryError> {
+    pub fn lease<S: LeaseStore>(
+        self,
+        store: S,
+    ) -> Result<IdempotencyLayer<Lease<S>>, RegistryError> {
         let spec = self.spec(store.store_name(), registry::Mode::Lease)?;
         Ok(IdempotencyLayer {
             route: std::sync::Arc::new(Route { config: self, spec }),

@@ -312,7 +312,11 @@ where
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
             return Err(Early::Refuse(Problem::TooLarge(config.max_request_body)));
         }
-        Err(_) => return Err(Early::Refuse(Problem::Malformed("the request's body could not be read"))),
+        Err(_) => {
+            return Err(Early::Refuse(Problem::Malformed(
+                "the request's body could not be read",
+            )));
+        }
     };
     let mut b = KeyBuilder::new();
     if let Some(scope) = &scope {
@@ -410,22 +414,22 @@ pub(crate) fn sent<E>(ran: Ran<E>) -> Result<Response<Full<Bytes>>, E> {
     match ran {
         Ok((parts, body)) => Ok(Response::from_parts(parts, Full::new(body))),
         Err(NoResponse::Service(e)) => Err(e),
-        Err(NoResponse::Body) => Ok(Problem::Internal("the handler's response body failed").response()),
+        Err(NoResponse::Body) => {
+            Ok(Problem::Internal("the handler's response body failed").response())
+        }
     }
 }
 
 /// What a request gets when the record of its key turned it away, or when
 /// the store failed before its handler ran.
-pub(crate) fn refused(
-    result: Result<Outcome<Stored>, Error<Unrecorded>>,
-) -> Response<Full<Bytes>> {
+pub(crate) fn refused(result: Result<Outcome<Stored>, Error<Unrecorded>>) -> Response<Full<Bytes>> {
     match result {
-        Ok(Outcome::Duplicate(stored) | Outcome::Executed(stored)) => stored
-            .replay()
-            .unwrap_or_else(|| Problem::Internal("the recorded response does not read back").response()),
-        Err(Error::InProgress { retry_after, .. }) => {
-            Problem::InFlight(retry_after).response()
+        Ok(Outcome::Duplicate(stored) | Outcome::Executed(stored)) => {
+            stored.replay().unwrap_or_else(|| {
+                Problem::Internal("the recorded response does not read back").response()
+            })
         }
+        Err(Error::InProgress { retry_after, .. }) => Problem::InFlight(retry_after).response(),
         Err(Error::PayloadMismatch { .. }) => Problem::Reused.response(),
         Err(Error::Store { .. } | Error::Config { .. }) => Problem::Unavailable.response(),
         Err(Error::Codec { .. }) => {

@@ -122,7 +122,10 @@ mod tests {
         assert_eq!(body, Bytes::from_static(b"{\"id\":7}"));
         assert_eq!(r.headers()["location"], "/payments/7");
         assert!(r.headers().get("set-cookie").is_none());
-        assert_eq!(r.headers()[HeaderName::from_static("idempotent-replayed")], "true");
+        assert_eq!(
+            r.headers()[HeaderName::from_static("idempotent-replayed")],
+            "true"
+        );
         let (_, binary) = round_trip(b"\xff\x00\x80", 1024).await;
         assert_eq!(binary, Bytes::from_static(b"\xff\x00\x80"));
     }
