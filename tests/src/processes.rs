@@ -443,6 +443,14 @@ impl ChildTest {
         stdin.flush().expect("flush to the child");
     }
 
+    /// Kills the child with SIGKILL (no unwinding, no destructors, no
+    /// shutdown of its sockets or transactions but the kernel's) and reaps
+    /// it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Waits (at most `within`) for the child to exit; panics unless it
     /// succeeded.
     pub async fn finish(mut self, within: Duration) {
