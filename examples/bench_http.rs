@@ -34,8 +34,11 @@
 //! pool of `TASKS` connections shared by the handlers and the store; the
 //! run's tables are its own (named after its process id) and dropped at the
 //! end. Each round prints its rates and the CPU's busy and steal shares
-//! (from `/proc/stat`, all processes); then the medians, the statements
-//! each request sent, the CPU over the run, and, on the last line, the
+//! (from `/proc/stat`, all processes); then each variant's medians: its
+//! rate, and the CPU time a request cost this process (the server and the
+//! clients, from `/proc/self/stat`) and the rest of the machine (the
+//! database, and anything else running); the statements each request
+//! sent, the CPU over the run, and, on the last line, the
 //! ratios of the medians: `idempotent/bare` and `replay/fresh` (replay
 //! over idempotent). Every answer is checked (status, the replay marker),
 //! and at the end the payments table must hold exactly one row per fresh
@@ -52,7 +55,7 @@ use axum::http::{Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use idem_examples::cpu::{Cpu, load_average};
+use idem_examples::cpu::{Cpu, load_average, process_seconds};
 use idem_examples::http::Client;
 use idem_examples::{env, median, statement_log};
 use idem_runtime::http::{Idempotency, RequestTx, TransactionOver};
@@ -270,13 +273,24 @@ async fn send(
     Ok(())
 }
 
-/// Runs `variant` for `secs` with one task a client; returns requests/s.
+/// One variant's run: its rate, and the CPU a request cost this process
+/// (the server and the clients) and the rest of the machine (PostgreSQL,
+/// and whatever else runs).
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    rate: f64,
+    process_us: f64,
+    rest_us: f64,
+}
+
+/// Runs `variant` for `secs` with one task a client.
 async fn run(
     variant: Variant,
     secs: f64,
     clients: &[Client],
     load: &Arc<Load>,
-) -> Result<f64, BoxError> {
+) -> Result<Sample, BoxError> {
+    let (machine, process) = (Cpu::now()?, process_seconds()?);
     let start = Instant::now();
     let until = start + Duration::from_secs_f64(secs);
     let tasks: Vec<_> = clients
@@ -298,13 +312,21 @@ async fn run(
     for task in tasks {
         done += task.await??;
     }
-    Ok(done as f64 / start.elapsed().as_secs_f64())
+    let elapsed = start.elapsed().as_secs_f64();
+    let busy = Cpu::now()?.busy_seconds_since(machine);
+    let own = process_seconds()? - process;
+    let per = |seconds: f64| seconds * 1e6 / done.max(1) as f64;
+    Ok(Sample {
+        rate: done as f64 / elapsed,
+        process_us: per(own),
+        rest_us: per(busy - own),
+    })
 }
 
 /// The statements (= round trips) one request of `variant` sends (their
-/// summaries), with
-/// sqlx's statement log and the `BEGIN` its Postgres driver sends outside
-/// it: the request is served in this task, where the log listens.
+/// summaries), with sqlx's statement log and the `BEGIN` its Postgres
+/// driver sends outside it: the request is served in this task, where the
+/// log listens.
 async fn statements(
     router: &Router,
     load: &Load,
@@ -484,15 +506,16 @@ async fn rounds_of(
     for v in VARIANTS {
         run(v, 1.0, &clients, &load).await?;
     }
-    let mut rates: [Vec<f64>; 3] = Default::default();
+    let mut samples: [Vec<Sample>; 3] = Default::default();
     let start = Cpu::now()?;
     for round in 1..=rounds {
         let before = Cpu::now()?;
         let mut line = [0.0; 3];
         for i in 0..VARIANTS.len() {
             let v = (i + round) % VARIANTS.len();
-            line[v] = run(VARIANTS[v], secs, &clients, &load).await?;
-            rates[v].push(line[v]);
+            let sample = run(VARIANTS[v], secs, &clients, &load).await?;
+            line[v] = sample.rate;
+            samples[v].push(sample);
         }
         let (busy, steal) = Cpu::now()?.since(before);
         println!(
@@ -526,8 +549,22 @@ async fn rounds_of(
         .into());
     }
 
-    let [bare, idem, replay] = rates.map(median);
-    println!("median: bare {bare:.0} req/s, idempotent {idem:.0} req/s, replay {replay:.0} req/s");
+    let of = |v: usize, f: fn(&Sample) -> f64| median(samples[v].iter().map(f).collect());
+    println!(
+        "{:<12} {:>10} {:>7}   CPU per request: this process (server, clients) + the rest (PostgreSQL)",
+        "variant", "median r/s", "/bare"
+    );
+    for (v, variant) in VARIANTS.iter().enumerate() {
+        println!(
+            "{:<12} {:>10.0} {:>7.3}   {:.0} us + {:.0} us",
+            variant.name(),
+            of(v, |s| s.rate),
+            of(v, |s| s.rate) / of(0, |s| s.rate),
+            of(v, |s| s.process_us),
+            of(v, |s| s.rest_us),
+        );
+    }
+    let [bare, idem, replay] = [0, 1, 2].map(|v| of(v, |s| s.rate));
     println!(
         "statements (= round trips) per request: {}",
         counts.join(", ")
