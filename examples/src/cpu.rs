@@ -1,6 +1,7 @@
 //! What the machine was doing around a benchmark's rounds: CPU time from
 //! `/proc/stat` (busy and stolen shares) and the load average, so a figure
-//! says whether it was measured on a quiet machine.
+//! says whether it was measured on a quiet machine; and the benchmark's own
+//! CPU time (`/proc/self/stat`), to tell its share from the servers'.
 
 /// A boxed error, as the benchmarks return.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -50,4 +51,40 @@ pub fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_else(|_| "unknown".into())
+}
+
+impl Cpu {
+    /// The busy CPU time since `before`, all cores together, in seconds.
+    pub fn busy_seconds_since(self, before: Cpu) -> f64 {
+        (self.busy - before.busy) as f64 / clock_ticks()
+    }
+}
+
+/// This process's CPU time so far (user + system, from `/proc/self/stat`),
+/// in seconds.
+pub fn process_seconds() -> Result<f64, BoxError> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    // Fields after the command's `(name)`: state is field 3, utime 14, stime 15.
+    let (_, rest) = stat
+        .rsplit_once(')')
+        .ok_or("no command in /proc/self/stat")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let (Some(utime), Some(stime)) = (fields.get(11), fields.get(12)) else {
+        return Err("a short /proc/self/stat".into());
+    };
+    Ok((utime.parse::<u64>()? + stime.parse::<u64>()?) as f64 / clock_ticks())
+}
+
+/// Clock ticks per second (`getconf CLK_TCK`; 100 on Linux).
+pub fn clock_ticks() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(100.0)
+    })
 }

@@ -1,7 +1,8 @@
 //! Pieces shared by the examples: a throw-away database file, Redis clean-up,
 //! the benchmarks' medians and settings, a TCP proxy that delays traffic
-//! like a network ([`delay_proxy`]), and the brokers of the `consume`
-//! example (the module `broker`, built with a broker's feature).
+//! like a network ([`delay_proxy`]), the brokers of the `consume`
+//! example (the module `broker`, built with a broker's feature), and an
+//! HTTP client (the module `http`, with the `http` feature).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -11,6 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 pub mod broker;
 pub mod cpu;
 pub mod delay_proxy;
+#[cfg(feature = "http")]
+pub mod http;
 
 /// A fresh SQLite file under the system's temp directory, removed (with its
 /// WAL files) when dropped.
