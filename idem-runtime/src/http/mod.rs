@@ -56,10 +56,18 @@
 //! response body whole (to record it): it is for API calls, not for
 //! streams.
 //!
-//! Claiming last (PostgreSQL's and MySQL's default claim order), a retry that races the first request
-//! runs its handler, which rolls back when its commit finds the key: it
-//! gets the first request's response. Claiming first, it waits on the
-//! key's row and gets `409` or the replay.
+//! **The claim order decides whether a retry runs its handler.** A
+//! transaction-mode route follows its store's claim order. Claiming last
+//! (PostgreSQL's and MySQL's default, `ClaimOrder::Last`), every retry runs
+//! the handler, a retry of an already recorded key included: its writes
+//! roll back when the dedup insert at its commit finds the key, and it gets
+//! the recorded response; the effect happens once, but the handler's work
+//! (and anything it does outside the transaction) is done again.
+//! `ClaimOrder::Checked` reads the key first, so a retry of a recorded key
+//! runs nothing (only one that races the first request runs and rolls
+//! back); `ClaimOrder::First` claims it first, so a racing retry waits on
+//! the key's row and gets `409` or the replay. SQLite always claims first.
+//! For HTTP routes, whose clients retry, Checked is the usual choice.
 //!
 //! # Examples
 //!
