@@ -23,7 +23,7 @@ pub(crate) type Scope = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 /// use std::time::Duration;
 /// use idem_runtime::http::{Idempotency, InFlight};
 ///
-/// let route = Idempotency::unscoped("payments", Duration::from_secs(86_400))
+/// let route = Idempotency::unscoped("http_payments", Duration::from_secs(86_400))
 ///     .in_flight(InFlight::Wait(Duration::from_secs(2)));
 /// # let _ = route;
 /// ```
@@ -162,7 +162,7 @@ impl Fingerprint {
 /// use std::time::Duration;
 /// use idem_runtime::http::Idempotency;
 ///
-/// let route = Idempotency::scoped_by("payments", Duration::from_secs(86_400), |parts| {
+/// let route = Idempotency::scoped_by("http_payments", Duration::from_secs(86_400), |parts| {
 ///     // the principal an authentication layer put in the request
 ///     parts.headers.get("x-account").and_then(|v| v.to_str().ok()).map(str::to_owned)
 /// });
@@ -258,7 +258,7 @@ impl Idempotency {
     /// #[derive(Clone)]
     /// struct Principal(String);
     ///
-    /// let route = Idempotency::scoped_by("orders", Duration::from_secs(3_600), |parts| {
+    /// let route = Idempotency::scoped_by("http_orders", Duration::from_secs(3_600), |parts| {
     ///     parts.extensions.get::<Principal>().map(|p| p.0.clone())
     /// });
     /// # let _ = route;
@@ -278,7 +278,7 @@ impl Idempotency {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let route = idem_runtime::http::Idempotency::unscoped("ledger", Duration::from_secs(600));
+    /// let route = idem_runtime::http::Idempotency::unscoped("http_ledger", Duration::from_secs(600));
     /// # let _ = route;
     /// ```
     #[track_caller]
@@ -294,7 +294,7 @@ impl Idempotency {
     /// ```
     /// use std::time::Duration;
     /// use http::Method;
-    /// let route = idem_runtime::http::Idempotency::unscoped("docs", Duration::from_secs(600))
+    /// let route = idem_runtime::http::Idempotency::unscoped("http_docs", Duration::from_secs(600))
     ///     .methods([Method::POST, Method::PUT, Method::DELETE]);
     /// # let _ = route;
     /// ```
@@ -311,7 +311,7 @@ impl Idempotency {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let route = idem_runtime::http::Idempotency::unscoped("search", Duration::from_secs(600))
+    /// let route = idem_runtime::http::Idempotency::unscoped("http_search", Duration::from_secs(600))
     ///     .required(false);
     /// # let _ = route;
     /// ```
@@ -327,7 +327,7 @@ impl Idempotency {
     /// ```
     /// use std::time::Duration;
     /// use idem_runtime::http::{Fingerprint, Idempotency};
-    /// let route = Idempotency::unscoped("payments", Duration::from_secs(600))
+    /// let route = Idempotency::unscoped("http_payments", Duration::from_secs(600))
     ///     .fingerprint(Fingerprint::default().without_query());
     /// # let _ = route;
     /// ```
@@ -344,7 +344,7 @@ impl Idempotency {
     /// ```
     /// use std::time::Duration;
     /// use idem_runtime::http::{Idempotency, InFlight};
-    /// let route = Idempotency::unscoped("payments", Duration::from_secs(600))
+    /// let route = Idempotency::unscoped("http_payments", Duration::from_secs(600))
     ///     .in_flight(InFlight::Wait(Duration::from_millis(500)));
     /// # let _ = route;
     /// ```
@@ -362,7 +362,7 @@ impl Idempotency {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let route = idem_runtime::http::Idempotency::unscoped("sms", Duration::from_secs(600))
+    /// let route = idem_runtime::http::Idempotency::unscoped("http_sms", Duration::from_secs(600))
     ///     .lease_duration(Duration::from_secs(10));
     /// # let _ = route;
     /// ```
@@ -378,7 +378,7 @@ impl Idempotency {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let route = idem_runtime::http::Idempotency::unscoped("uploads", Duration::from_secs(600))
+    /// let route = idem_runtime::http::Idempotency::unscoped("http_uploads", Duration::from_secs(600))
     ///     .max_request_body(8 << 20);
     /// # let _ = route;
     /// ```
@@ -396,7 +396,7 @@ impl Idempotency {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let route = idem_runtime::http::Idempotency::unscoped("exports", Duration::from_secs(600))
+    /// let route = idem_runtime::http::Idempotency::unscoped("http_exports", Duration::from_secs(600))
     ///     .max_stored_body(1 << 20);
     /// # let _ = route;
     /// ```
@@ -413,7 +413,7 @@ impl Idempotency {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let route = idem_runtime::http::Idempotency::unscoped("orders", Duration::from_secs(600))
+    /// let route = idem_runtime::http::Idempotency::unscoped("http_orders", Duration::from_secs(600))
     ///     .stored_headers(["content-type", "location", "etag"]);
     /// # let _ = route;
     /// ```
@@ -432,7 +432,7 @@ impl Idempotency {
     /// use std::time::Duration;
     /// use http::StatusCode;
     /// // record successes only: every client error may be retried
-    /// let route = idem_runtime::http::Idempotency::unscoped("orders", Duration::from_secs(600))
+    /// let route = idem_runtime::http::Idempotency::unscoped("http_orders", Duration::from_secs(600))
     ///     .recorded(|s: StatusCode| s.is_success());
     /// # let _ = route;
     /// ```

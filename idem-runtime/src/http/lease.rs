@@ -32,7 +32,7 @@ use crate::store::LeaseStore;
 /// use idem_runtime::http::{Idempotency, IdempotencyLayer, Lease};
 ///
 /// let layer: IdempotencyLayer<Lease<MemoryStore>> =
-///     Idempotency::unscoped("lease_doc", Duration::from_secs(600)).lease(MemoryStore::new())?;
+///     Idempotency::unscoped("http_lease_doc", Duration::from_secs(600)).lease(MemoryStore::new())?;
 /// # let _ = layer;
 /// # Ok::<(), idem_runtime::registry::RegistryError>(())
 /// ```
@@ -52,7 +52,7 @@ impl Idempotency {
     /// use idem_runtime::MemoryStore;
     /// use idem_runtime::http::Idempotency;
     ///
-    /// let layer = Idempotency::unscoped("notify", Duration::from_secs(600)).lease(MemoryStore::new())?;
+    /// let layer = Idempotency::unscoped("http_notify", Duration::from_secs(600)).lease(MemoryStore::new())?;
     /// // axum: Router::new().route("/notify", post(notify)).route_layer(layer)
     /// # let _ = layer;
     /// # Ok::<(), idem_runtime::registry::RegistryError>(())

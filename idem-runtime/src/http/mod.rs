@@ -78,7 +78,7 @@
 //! use idem_runtime::MemoryStore;
 //! use idem_runtime::http::Idempotency;
 //!
-//! let layer = Idempotency::scoped_by("send_sms", Duration::from_secs(86_400), |parts| {
+//! let layer = Idempotency::scoped_by("http_send_sms", Duration::from_secs(86_400), |parts| {
 //!     parts.headers.get("x-account")?.to_str().ok().map(str::to_owned)
 //! })
 //! .lease(MemoryStore::new())?;

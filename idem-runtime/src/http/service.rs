@@ -97,7 +97,7 @@ impl IdempotencyKey {
 /// use idem_runtime::http::{Idempotency, IdempotencyLayer, Lease};
 ///
 /// let layer: IdempotencyLayer<Lease<MemoryStore>> =
-///     Idempotency::unscoped("layer_doc", Duration::from_secs(600)).lease(MemoryStore::new())?;
+///     Idempotency::unscoped("http_layer_doc", Duration::from_secs(600)).lease(MemoryStore::new())?;
 /// # let _ = layer;
 /// # Ok::<(), idem_runtime::registry::RegistryError>(())
 /// ```
@@ -147,7 +147,7 @@ impl<Svc, M: Clone> tower_layer::Layer<Svc> for IdempotencyLayer<M> {
 /// use idem_runtime::MemoryStore;
 /// use idem_runtime::http::Idempotency;
 ///
-/// let layer = Idempotency::unscoped("service_doc", Duration::from_secs(600)).lease(MemoryStore::new())?;
+/// let layer = Idempotency::unscoped("http_service_doc", Duration::from_secs(600)).lease(MemoryStore::new())?;
 /// let service = layer.layer(tower_service_fn());
 /// # fn tower_service_fn() {}
 /// # let _ = service;

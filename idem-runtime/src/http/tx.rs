@@ -45,7 +45,7 @@ use crate::store::TxStore;
 /// let store = SqliteStore::open(dir.path().join("idem.db")).await?;
 /// store.migrate().await?;
 /// let layer: IdempotencyLayer<Transaction<SqliteStore>> =
-///     Idempotency::unscoped("tx_doc", Duration::from_secs(600)).transaction(store)?;
+///     Idempotency::unscoped("http_tx_doc", Duration::from_secs(600)).transaction(store)?;
 /// # let _ = layer;
 /// # Ok(()) }
 /// ```
@@ -79,7 +79,7 @@ impl Idempotency {
     /// let dir = tempfile::tempdir()?;
     /// let store = SqliteStore::open(dir.path().join("idem.db")).await?;
     /// store.migrate().await?;
-    /// let layer = Idempotency::unscoped("create_order", Duration::from_secs(86_400)).transaction(store)?;
+    /// let layer = Idempotency::unscoped("http_create_order", Duration::from_secs(86_400)).transaction(store)?;
     /// // axum: Router::new().route("/orders", post(create_order)).route_layer(layer)
     /// # let _ = layer;
     /// # Ok(()) }
