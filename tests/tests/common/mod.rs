@@ -4,7 +4,8 @@
 //!   [`lease`] (lease mode, every lease store), [`tx`] (transaction mode,
 //!   every SQL store), [`broker`] (the consumers) and [`stress`]
 //!   (contention, crashes, killed connections and lock waits on PostgreSQL
-//!   and MySQL, each fixture in its own test file);
+//!   and MySQL, each fixture in its own test file) and [`http_suite`] (the
+//!   Idempotency-Key layer over real HTTP, every store in each of its modes);
 //! * the stores' fixtures, a store of the test's own each: [`Db`] (SQLite),
 //!   [`PgDb`] (PostgreSQL), [`MySqlDb`] (MySQL/MariaDB), [`MemoryFx`],
 //!   [`RedisFx`]; what the SQL ones share (business tables next to the dedup
@@ -35,6 +36,7 @@ mod redis;
 mod sqlite;
 
 pub(crate) mod broker;
+pub(crate) mod http_suite;
 pub(crate) mod lease;
 pub(crate) mod ops;
 pub(crate) mod recorder;

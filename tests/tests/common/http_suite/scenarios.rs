@@ -1,0 +1,345 @@
+//! The HTTP suite's scenarios, each generic over an [`HttpFixture`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_runtime::http::{Fingerprint, Idempotency, InFlight};
+use idem_tests::{HttpClient, Reply, Server};
+use serde_json::json;
+
+use super::{App, HttpFixture};
+
+const DAY: Duration = Duration::from_secs(86_400);
+const DRAFT_KEY: &str = "8e03978e-40d5-43e8-bc93-6894a57f9324";
+
+/// The route served, and a client of it.
+async fn serve<F: HttpFixture>(
+    fx: &Arc<F>,
+    route: Idempotency,
+    pad: usize,
+) -> (Arc<App>, Server, HttpClient) {
+    let app = Arc::new(App::default());
+    let server = Server::start(fx.router(route, &app, pad)).await;
+    let client = HttpClient::new(server.addr);
+    (app, server, client)
+}
+
+fn route() -> Idempotency {
+    Idempotency::unscoped("http_orders", DAY)
+}
+
+/// `POST /orders` with `key` (quoted, as the draft writes it) and extra
+/// headers.
+async fn post(c: &HttpClient, key: &str, order: &str, headers: &[(&str, &str)]) -> Reply {
+    let quoted = format!("\"{key}\"");
+    let mut all = vec![
+        ("idempotency-key", quoted.as_str()),
+        ("content-type", "application/json"),
+    ];
+    all.extend_from_slice(headers);
+    c.send(
+        "POST",
+        "/orders",
+        &all,
+        json!({ "order": order }).to_string(),
+    )
+    .await
+    .expect("the server answers")
+}
+
+fn title(r: &Reply) -> String {
+    r.json()["title"].as_str().unwrap_or_default().to_owned()
+}
+
+pub(crate) async fn the_drafts_examples<F: HttpFixture>(fx: Arc<F>) {
+    let (app, _server, c) = serve(&fx, route(), 0).await;
+    let first = post(&c, DRAFT_KEY, "o-1", &[]).await;
+    assert_eq!(first.status, 201, "{}", first.text());
+    assert!(!first.replayed());
+    assert_eq!(first.json()["key"], DRAFT_KEY, "the handler gets the key");
+    let retry = post(&c, DRAFT_KEY, "o-1", &[]).await;
+    assert_eq!(retry.status, 201);
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(retry.body, first.body, "the recorded body, byte for byte");
+    assert_eq!(
+        retry.header("location"),
+        Some("/orders/o-1"),
+        "a recorded header"
+    );
+    assert_eq!(
+        retry.header("x-run"),
+        None,
+        "a header the route does not record"
+    );
+    assert_eq!(fx.effects(&app, "o-1").await, 1);
+
+    // No key: 400, with the draft's problem.
+    let missing = c
+        .send(
+            "POST",
+            "/orders",
+            &[("content-type", "application/json")],
+            json!({"order": "o-2"}).to_string(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(missing.status, 400);
+    assert_eq!(
+        missing.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(title(&missing), "Idempotency-Key is missing");
+    // The key with another payload: 422.
+    let reused = post(&c, DRAFT_KEY, "o-other", &[]).await;
+    assert_eq!(reused.status, 422, "{}", reused.text());
+    assert_eq!(title(&reused), "Idempotency-Key is already used");
+    assert_eq!(fx.effects(&app, "o-other").await, 0);
+    // Malformed keys: 400, nothing run.
+    let long = format!("\"{}\"", "k".repeat(256));
+    for bad in ["\"\"", "\"open", long.as_str(), "a b", "\"a\";p=1"] {
+        let r = c
+            .send(
+                "POST",
+                "/orders",
+                &[("idempotency-key", bad)],
+                json!({"order": "o-bad"}).to_string(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status, 400, "{bad:?}: {}", r.text());
+        assert_eq!(title(&r), "Idempotency-Key is malformed", "{bad:?}");
+    }
+    let two = c
+        .send(
+            "POST",
+            "/orders",
+            &[("idempotency-key", "a"), ("idempotency-key", "b")],
+            json!({"order": "o-bad"}).to_string(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(two.status, 400);
+    assert_eq!(app.runs("o-bad"), 0);
+    assert_eq!(fx.effects(&app, "o-1").await, 1);
+}
+
+/// Eight clients send one key at once while the first request runs.
+async fn together<F: HttpFixture>(
+    fx: &Arc<F>,
+    route: Idempotency,
+    order: &str,
+) -> (Arc<App>, Vec<Reply>) {
+    let (app, _server, c) = serve(fx, route, 0).await;
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let c = c.clone();
+        let order = order.to_owned();
+        tasks.push(tokio::spawn(async move {
+            post(&c, "k-together", &order, &[("x-sleep-ms", "300")]).await
+        }));
+    }
+    let mut replies = Vec::new();
+    for t in tasks {
+        replies.push(t.await.expect("the client task"));
+    }
+    (app, replies)
+}
+
+pub(crate) async fn concurrent_retries_run_once<F: HttpFixture>(fx: Arc<F>) {
+    let (app, replies) = together(&fx, route(), "o-race").await;
+    assert_eq!(
+        fx.effects(&app, "o-race").await,
+        1,
+        "one effect for eight requests"
+    );
+    let fresh: Vec<&Reply> = replies
+        .iter()
+        .filter(|r| r.status == 201 && !r.replayed())
+        .collect();
+    assert_eq!(
+        fresh.len(),
+        1,
+        "one request ran: {:?}",
+        replies.iter().map(|r| r.status).collect::<Vec<_>>()
+    );
+    for r in &replies {
+        match r.status {
+            201 => assert_eq!(r.body, fresh[0].body, "a replay is the first's response"),
+            409 => {
+                assert_eq!(
+                    title(r),
+                    "A request is outstanding for this Idempotency-Key"
+                );
+                assert!(r.header("retry-after").is_some());
+            }
+            other => panic!("a retry got {other}: {}", r.text()),
+        }
+    }
+    let runs = app.runs("o-race");
+    if fx.mode().racing_retry_runs_handler() {
+        assert!((1..=8).contains(&runs), "{runs}");
+    } else {
+        assert_eq!(runs, 1, "only the first request ran its handler");
+    }
+}
+
+pub(crate) async fn concurrent_retries_wait_for_the_first<F: HttpFixture>(fx: Arc<F>) {
+    let route = route().in_flight(InFlight::Wait(Duration::from_secs(5)));
+    let (app, replies) = together(&fx, route, "o-wait").await;
+    assert_eq!(fx.effects(&app, "o-wait").await, 1);
+    for r in &replies {
+        assert_eq!(r.status, 201, "{}", r.text());
+        assert_eq!(
+            r.body, replies[0].body,
+            "every client gets the one response"
+        );
+    }
+    assert_eq!(replies.iter().filter(|r| !r.replayed()).count(), 1);
+}
+
+pub(crate) async fn keys_are_scoped_by_the_caller<F: HttpFixture>(fx: Arc<F>) {
+    let route = Idempotency::scoped_by("http_orders", DAY, |parts| {
+        parts
+            .headers
+            .get("x-account")?
+            .to_str()
+            .ok()
+            .map(str::to_owned)
+    });
+    let (app, _server, c) = serve(&fx, route, 0).await;
+    let alice = post(&c, "k-1", "o-scoped", &[("x-account", "alice")]).await;
+    let bob = post(&c, "k-1", "o-scoped", &[("x-account", "bob")]).await;
+    assert_eq!((alice.status, bob.status), (201, 201));
+    assert!(
+        !alice.replayed() && !bob.replayed(),
+        "each caller's key is its own"
+    );
+    assert_eq!(alice.json()["caller"], "alice");
+    assert_eq!(bob.json()["caller"], "bob");
+    let again = post(&c, "k-1", "o-scoped", &[("x-account", "bob")]).await;
+    assert!(again.replayed());
+    assert_eq!(
+        again.json()["caller"],
+        "bob",
+        "bob gets his own response back"
+    );
+    let nobody = post(&c, "k-1", "o-scoped", &[]).await;
+    assert_eq!(nobody.status, 401);
+    assert_eq!(fx.effects(&app, "o-scoped").await, 2);
+}
+
+pub(crate) async fn statuses_are_recorded_or_released_by_class<F: HttpFixture>(fx: Arc<F>) {
+    let (app, _server, c) = serve(&fx, route(), 0).await;
+    // A client error the handler produced is its answer: recorded.
+    for (key, status) in [("k-402", "402"), ("k-404", "404")] {
+        let order = format!("o-{status}");
+        let first = post(&c, key, &order, &[("x-status", status)]).await;
+        assert_eq!(first.status.to_string(), status);
+        let retry = post(&c, key, &order, &[]).await;
+        assert_eq!(retry.status.to_string(), status, "{}", retry.text());
+        assert!(retry.replayed());
+        assert_eq!(fx.effects(&app, &order).await, 1);
+    }
+    // A server error, and the client errors that ask for a retry, release
+    // the key; in transaction mode the handler's write rolls back.
+    for (key, status) in [("k-500", "500"), ("k-503", "503"), ("k-429", "429")] {
+        let order = format!("o-{status}");
+        let first = post(&c, key, &order, &[("x-status", status)]).await;
+        assert_eq!(first.status.to_string(), status);
+        assert!(!first.replayed());
+        let after_first = if fx.mode().rolls_back() { 0 } else { 1 };
+        assert_eq!(fx.effects(&app, &order).await, after_first, "{status}");
+        let retry = post(&c, key, &order, &[]).await;
+        assert_eq!(retry.status, 201, "the retry runs: {}", retry.text());
+        assert!(!retry.replayed());
+        assert_eq!(fx.effects(&app, &order).await, after_first + 1, "{status}");
+        assert!(post(&c, key, &order, &[]).await.replayed());
+    }
+}
+
+pub(crate) async fn other_methods_pass_through<F: HttpFixture>(fx: Arc<F>) {
+    let (app, _server, c) = serve(&fx, route(), 0).await;
+    for _ in 0..2 {
+        let r = c
+            .send(
+                "GET",
+                "/orders",
+                &[("idempotency-key", "k-get")],
+                json!({"order": "o-get"}).to_string(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status, 201);
+        assert!(!r.replayed());
+        assert_eq!(
+            r.json()["key"],
+            serde_json::Value::Null,
+            "the layer took no part"
+        );
+    }
+    assert_eq!(app.runs("o-get"), 2);
+}
+
+pub(crate) async fn sizes_are_bounded<F: HttpFixture>(fx: Arc<F>) {
+    let route = route().max_request_body(64).max_stored_body(256);
+    let (app, _server, c) = serve(&fx, route, 300).await;
+    let big = json!({ "order": "o-big-request", "filler": "x".repeat(100) }).to_string();
+    let r = c
+        .send("POST", "/orders", &[("idempotency-key", "k-413")], big)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 413);
+    assert_eq!(app.runs("o-big-request"), 0);
+    // The handler pads its bodies past what the route records.
+    let first = post(&c, "k-big", "o-big", &[]).await;
+    assert_eq!(first.status, 201);
+    assert!(
+        first.body.len() > 300,
+        "the first request gets the whole body"
+    );
+    let retry = post(&c, "k-big", "o-big", &[]).await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.body.is_empty(), "{}", retry.text());
+    assert_eq!(retry.header("idempotent-replayed"), Some("body-not-stored"));
+    assert_eq!(retry.header("location"), Some("/orders/o-big"));
+    assert_eq!(fx.effects(&app, "o-big").await, 1);
+}
+
+pub(crate) async fn optional_keys_and_the_fingerprint<F: HttpFixture>(fx: Arc<F>) {
+    let route = route()
+        .required(false)
+        .fingerprint(Fingerprint::default().without_body());
+    let (app, _server, c) = serve(&fx, route, 0).await;
+    for _ in 0..2 {
+        let r = c
+            .send(
+                "POST",
+                "/orders",
+                &[],
+                json!({"order": "o-keyless"}).to_string(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status, 201);
+        assert!(!r.replayed());
+    }
+    assert_eq!(
+        app.runs("o-keyless"),
+        2,
+        "without a key the handler runs each time"
+    );
+    let first = post(&c, "k-fp", "o-fp-1", &[]).await;
+    let other_body = post(&c, "k-fp", "o-fp-2", &[]).await;
+    assert_eq!(other_body.status, 201);
+    assert!(
+        other_body.replayed(),
+        "the body is not in the fingerprint: {}",
+        other_body.text()
+    );
+    assert_eq!(other_body.body, first.body);
+    assert_eq!(fx.effects(&app, "o-fp-1").await, 1);
+    assert_eq!(fx.effects(&app, "o-fp-2").await, 0);
+    if !fx.mode().retry_runs_handler() {
+        assert_eq!(app.runs("o-fp-2"), 0);
+    }
+}

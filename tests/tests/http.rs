@@ -1,0 +1,106 @@
+//! The Idempotency-Key layer over real HTTP on loopback: the HTTP suite
+//! (`common/http.rs`) on every store, in each mode the store has, and what
+//! is not a store's: a store that cannot be reached, and a route named as
+//! an `#[idempotent]` handler.
+
+mod common;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use common::http_suite::{self as suite, LeaseFx, TxFx};
+use common::tx::StoreKind;
+use common::{Db, MemoryFx, MySqlDb, PgDb, RedisFx};
+use idem_runtime::http::Idempotency;
+use idem_runtime::{ClaimOrder, MemoryStore, PgStore, RoundTrips, idempotent};
+use idem_tests::{HttpClient, Server, free_port, or_skip, pg_url};
+
+suite::tx_fixture!(Db, StoreKind::Sqlite);
+suite::tx_fixture!(PgDb, StoreKind::Pg(ClaimOrder::Last, RoundTrips::Separate));
+suite::tx_fixture!(
+    MySqlDb,
+    StoreKind::MySql(ClaimOrder::Last, RoundTrips::Separate)
+);
+
+mod tx_sqlite {
+    use super::*;
+    suite::suite!(TxFx<Db>);
+}
+
+mod tx_postgres {
+    use super::*;
+    suite::suite!(TxFx<PgDb>);
+}
+
+mod tx_mysql {
+    use super::*;
+    suite::suite!(TxFx<MySqlDb>);
+}
+
+mod lease_memory {
+    use super::*;
+    suite::suite!(LeaseFx<MemoryFx>);
+}
+
+mod lease_redis {
+    use super::*;
+    suite::suite!(LeaseFx<RedisFx>);
+}
+
+/// A store whose server cannot be reached answers 503 before the handler
+/// runs, with a `Retry-After`.
+#[tokio::test]
+async fn an_unreachable_store_answers_503_and_runs_nothing() {
+    // Reachable first, so that a missing server skips rather than passes.
+    let _pool = or_skip!(idem_tests::pg_pool(1).await);
+    let options = sqlx::postgres::PgConnectOptions::from_str(&pg_url())
+        .expect("DATABASE_URL")
+        .host("127.0.0.1")
+        .port(free_port().expect("a free port"));
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(300))
+        .connect_lazy_with(options);
+    let layer = Idempotency::unscoped("http_down", Duration::from_secs(60))
+        .transaction(PgStore::from_pool(pool))
+        .expect("a name of its own");
+    let ran = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = std::sync::Arc::clone(&ran);
+    let router = axum::Router::new().route(
+        "/pay",
+        axum::routing::post(move || {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async { "paid" }
+        })
+        .route_layer(layer),
+    );
+    let server = Server::start(router).await;
+    let r = HttpClient::new(server.addr)
+        .post("/pay", "k-down", &serde_json::json!({}))
+        .await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 0);
+}
+
+#[idempotent(key = "id", ttl = "1h", store = "memory")]
+async fn http_clash(msg: &Clash) -> Result<u32, std::io::Error> {
+    Ok(msg.id)
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Clash {
+    id: u32,
+}
+
+/// A route may not take a name an `#[idempotent]` handler has: their keys
+/// would share a namespace.
+#[tokio::test]
+async fn a_route_named_as_a_handler_is_refused() {
+    let refused =
+        Idempotency::unscoped("http_clash", Duration::from_secs(60)).lease(MemoryStore::new());
+    let err = refused.expect_err("the name is a handler's");
+    assert!(err.to_string().contains("http_clash"), "{err}");
+    // The handler itself still runs.
+    let store = MemoryStore::new();
+    assert!(http_clash(&store, &Clash { id: 1 }).await.is_ok());
+}
