@@ -177,21 +177,7 @@ fn client_cpu_us() -> Option<f64> {
     // Fields after the command's `(name)`: state is field 3, utime 14, stime 15.
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
     let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-    Some(ticks * 1e6 / clock_ticks())
-}
-
-/// Clock ticks per second (`getconf CLK_TCK`, 100 on Linux).
-fn clock_ticks() -> f64 {
-    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    *TICKS.get_or_init(|| {
-        std::process::Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8(o.stdout).ok())
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(100.0)
-    })
+    Some(ticks * 1e6 / idem_examples::cpu::clock_ticks())
 }
 
 /// The commands the server ran for `call`, from `MONITOR`: those a client
