@@ -15,7 +15,9 @@ pub fn unique_table(prefix: &str) -> String {
 }
 
 /// Drops the named tables when dropped, so tests leave nothing behind even
-/// when they fail.
+/// when they fail, with the functions a partitioned dedup table's
+/// migration makes beside it (`<table>_idem_bring`, `<table>_idem_maintain`;
+/// the tests' table names are short enough to be their prefix).
 pub struct DropTables {
     tables: Vec<String>,
 }
@@ -31,7 +33,21 @@ impl DropTables {
 
 impl Drop for DropTables {
     fn drop(&mut self) {
-        let sql = format!("DROP TABLE IF EXISTS {} CASCADE", self.tables.join(", "));
+        let functions: Vec<String> = self
+            .tables
+            .iter()
+            .flat_map(|t| {
+                [
+                    format!("{t}_idem_bring()"),
+                    format!("{t}_idem_maintain(bigint, bigint)"),
+                ]
+            })
+            .collect();
+        let sql = format!(
+            "DROP TABLE IF EXISTS {} CASCADE; DROP FUNCTION IF EXISTS {} CASCADE",
+            self.tables.join(", "),
+            functions.join(", ")
+        );
         // A fresh thread, runtime and connection: the test's runtime may be
         // shutting down, and its connections belong to it.
         let _ = std::thread::spawn(move || {

@@ -8,6 +8,7 @@
 //! [`super::SqlStore`].
 
 use super::exec::Exec;
+use super::partitions::{PartitionedSql, Partitions};
 use super::rows::NewRow;
 use super::template::{Literals, Placeholders};
 use crate::error::Contention;
@@ -119,6 +120,12 @@ pub trait Dialect: Exec {
     /// Creates the table `table` and its expiry index if they do not exist
     /// (one or more statements, no parameters), as this release writes it.
     fn create(table: &str) -> String;
+
+    /// The SQL of a table partitioned by time ([`Partitions`]), where the
+    /// database has partitions (`None` elsewhere). Claims on such a table
+    /// insert, then take over a claimable row with an `UPDATE`, as the
+    /// claims of a dialect whose [`take`](Self::take) has two statements.
+    const PARTITIONED: Option<fn(&str, Partitions) -> PartitionedSql> = None;
 
     /// Lists the names of `table`'s columns, one per row (no parameters;
     /// `table` is a validated identifier, safe to write as a literal).

@@ -72,6 +72,7 @@ mod inspect;
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub mod mysql;
+mod partitions;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
@@ -88,7 +89,8 @@ mod template;
 pub use dialect::Dialect;
 use dialect::Fault;
 use exec::Found;
-use statements::{Statements, Take};
+pub use partitions::Partitions;
+use statements::{Statements, Sweeping, Take};
 use table::{DEFAULT_TABLE, bare, validate_table_name};
 use template::{Statement, Values};
 
@@ -284,6 +286,8 @@ pub struct SqlStore<D: Dialect> {
     lock_timeout_ms: Arc<AtomicU64>,
     order: ClaimOrder,
     trips: RoundTrips,
+    /// How the table is partitioned, where it is (PostgreSQL).
+    partitions: Option<Partitions>,
 }
 
 impl<D: Dialect> Clone for SqlStore<D> {
@@ -296,6 +300,7 @@ impl<D: Dialect> Clone for SqlStore<D> {
             lock_timeout_ms: Arc::clone(&self.lock_timeout_ms),
             order: self.order,
             trips: self.trips,
+            partitions: self.partitions,
         }
     }
 }
@@ -314,12 +319,13 @@ impl<D: Dialect> SqlStore<D> {
     pub(crate) fn new(pool: Pool<D>, lock_timeout: Duration, order: ClaimOrder) -> Self {
         SqlStore {
             pool,
-            sql: Arc::new(Statements::new::<D>(DEFAULT_TABLE)),
+            sql: Arc::new(Statements::new::<D>(DEFAULT_TABLE, None)),
             #[cfg(feature = "test-util")]
             shift: crate::clock::TimeShift::default(),
             lock_timeout_ms: Arc::new(AtomicU64::new(millis_u64(lock_timeout))),
             order,
             trips: RoundTrips::Separate,
+            partitions: None,
         }
     }
 
@@ -372,7 +378,7 @@ impl<D: Dialect> SqlStore<D> {
     /// ```
     pub fn with_table(mut self, table: &str) -> Result<Self, StoreError> {
         validate_table_name(table)?;
-        self.sql = Arc::new(Statements::new::<D>(table));
+        self.sql = Arc::new(Statements::new::<D>(table, self.partitions));
         Ok(self)
     }
 
@@ -456,7 +462,16 @@ impl<D: Dialect> SqlStore<D> {
             batch: i64::from(batch),
             ..self.values()
         };
-        self.write(&self.sql.sweep, &values, D::SWEEP_BEGIN).await
+        match &self.sql.sweep {
+            Sweeping::Delete(delete) => self.write(delete, &values, D::SWEEP_BEGIN).await,
+            Sweeping::Maintain(call) => {
+                let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+                let removed = D::number(&mut conn, call, &values)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                Ok(u64::try_from(removed).unwrap_or(0))
+            }
+        }
     }
 
     /// The record of `key` under handler `handler`, if any.
@@ -616,6 +631,20 @@ impl<D: Dialect> SqlStore<D> {
     pub(crate) fn set_claim_order(mut self, order: ClaimOrder) -> Self {
         self.order = order;
         self
+    }
+
+    /// Partitions the table as `partitions` says (a dialect with
+    /// partitions: PostgreSQL).
+    #[cfg(feature = "postgres")]
+    pub(crate) fn set_partitions(mut self, partitions: Option<Partitions>) -> Self {
+        self.partitions = partitions;
+        self.sql = Arc::new(Statements::new::<D>(&self.sql.table, partitions));
+        self
+    }
+
+    /// How the table is partitioned, if it is.
+    pub(crate) fn partitioning(&self) -> Option<Partitions> {
+        self.partitions
     }
 
     /// Sets how transaction-mode handlers send their dedup row.

@@ -25,7 +25,8 @@ use sqlx::mysql::{
 use sqlx::{AssertSqlSafe, Executor as _, MySql, Transaction};
 
 use super::dialect::{Fault, TxEnd, WithCommit};
-use super::rows::{COLUMNS, NewRow, claimable, inserted, take_over_assignments};
+use super::rows::{COLUMNS, NewRow};
+use super::statements::insert_then_take_over;
 use super::template::{Literals, Placeholders};
 use super::{ClaimOrder, RoundTrips};
 use super::{Dialect, SqlStore, reach};
@@ -289,18 +290,7 @@ impl Dialect for MySql {
     }
 
     fn take(row: NewRow) -> (String, Option<String>) {
-        (
-            format!(
-                "INSERT IGNORE INTO {{t}} ({COLUMNS}) VALUES {}",
-                inserted(row)
-            ),
-            Some(format!(
-                "UPDATE {{t}} SET {}
-                 WHERE handler = :handler AND {{key}} = :key AND {}",
-                take_over_assignments("", row),
-                claimable("", row.fingerprint)
-            )),
-        )
+        insert_then_take_over::<Self>(row)
     }
 
     fn sweep() -> String {

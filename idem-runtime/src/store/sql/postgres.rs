@@ -23,7 +23,9 @@ use sqlx::postgres::{
 use sqlx::{AssertSqlSafe, Postgres, Transaction};
 
 use super::dialect::{Fault, WithCommit};
+use super::partitions::{PartitionedSql, Partitions};
 use super::rows::{COLUMNS, NewRow, insert_or_take_over};
+use super::table::derived_name;
 use super::template::{Literals, Placeholders, unicode_escapes};
 use super::{ClaimOrder, RoundTrips};
 use super::{Dialect, SqlStore, reach};
@@ -244,8 +246,13 @@ impl Dialect for Postgres {
     }
 
     fn insert_ignoring(select: &str) -> String {
-        format!("INSERT INTO {{t}} ({COLUMNS}) {select} ON CONFLICT (handler, {{key}}) DO NOTHING")
+        // No conflict target: the primary key of a partitioned table is
+        // `(handler, key, part)`, a plain one's `(handler, key)`.
+        format!("INSERT INTO {{t}} ({COLUMNS}) {select} ON CONFLICT DO NOTHING")
     }
+
+    const PARTITIONED: Option<fn(&str, Partitions) -> PartitionedSql> =
+        Some(super::partitions::postgres);
 
     fn update_from_rows(assignments: &str, condition: &str) -> String {
         format!(
@@ -500,29 +507,102 @@ impl SqlStore<Postgres> {
             .execute(&mut *tx)
             .await
             .map_err(|e| self.err(e))?;
+        self.check_layout(&mut tx).await?;
         sqlx::raw_sql(AssertSqlSafe(self.create_sql().clone()))
             .execute(&mut *tx)
             .await
             .map_err(|e| self.err(e))?;
         self.upgrade(&mut tx).await?;
-        tx.commit().await.map_err(|e| self.err(e))
+        tx.commit().await.map_err(|e| self.err(e))?;
+        if self.partitioning().is_some() {
+            // The partitions of now and ahead, before the first claim.
+            self.sweep_expired(0).await?;
+        }
+        Ok(())
+    }
+
+    /// Partitions the dedup table by time ([`Partitions`]): expiry drops a
+    /// partition whose records have all expired instead of deleting rows.
+    /// Set it before [`migrate`](Self::migrate), which creates the
+    /// partitioned table (and refuses a plain table of the same name: see
+    /// [`partition_existing`](Self::partition_existing)), and run a
+    /// [`Sweeper`](crate::Sweeper), which creates partitions ahead and drops
+    /// expired ones. The layout and its guarantees are in
+    /// [`guide::postgres`](crate::guide::postgres).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::store::sql::Partitions;
+    /// use idem_runtime::{PgStore, Sweeper};
+    /// use std::time::Duration;
+    ///
+    /// let store = PgStore::connect("postgres://app@db.internal/shop")
+    ///     .await?
+    ///     .with_partitions(Partitions::daily());
+    /// store.migrate().await?;
+    /// let _sweeper = Sweeper::spawn(store.clone(), Duration::from_secs(60), 10_000);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_partitions(self, partitions: Partitions) -> Self {
+        self.set_partitions(Some(partitions))
+    }
+
+    /// How the dedup table is partitioned, if it is
+    /// ([`with_partitions`](Self::with_partitions)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://postgres@127.0.0.1/test")?;
+    /// use idem_runtime::PgStore;
+    /// use idem_runtime::store::sql::Partitions;
+    ///
+    /// let store = PgStore::from_pool(pool);
+    /// assert_eq!(store.partitions(), None);
+    /// let store = store.with_partitions(Partitions::daily());
+    /// assert_eq!(store.partitions(), Some(Partitions::daily()));
+    /// # Ok(()) }
+    /// ```
+    pub fn partitions(&self) -> Option<Partitions> {
+        self.partitioning()
+    }
+
+    /// Refuses a table whose layout (plain or partitioned) is not the one
+    /// this store was told, before `migrate` writes anything.
+    async fn check_layout(&self, conn: &mut PgConnection) -> Result<(), StoreError> {
+        let kind: Option<String> =
+            sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)")
+                .bind(self.table())
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(|e| self.err(e))?;
+        let Some(kind) = kind else {
+            return Ok(());
+        };
+        let partitioned = kind == "p";
+        match (partitioned, self.partitioning().is_some()) {
+            (true, false) => Err(StoreError::Schema(format!(
+                "the dedup table `{}` is partitioned; open the store with `with_partitions` to use it",
+                self.table()
+            ))),
+            (false, true) => Err(StoreError::Schema(format!(
+                "the dedup table `{}` exists and is not partitioned: `partition_existing()` turns it into a partitioned one (guide::postgres, \"Partitioned tables\")",
+                self.table()
+            ))),
+            _ => Ok(()),
+        }
     }
 }
 
-/// The expiry index's name: `<table>_expires_at`, or, where that would pass
-/// PostgreSQL's 63-byte limit (and be cut to a name that may be the table's
-/// own, or another long table's index), the table name's first 40 bytes and
-/// 8 hex digits of its SHA-256 before `_expires_at`.
+/// The expiry index's name: `<table>_expires_at`, shortened where that
+/// would pass PostgreSQL's 63-byte limit (see [`derived_name`]).
 fn expiry_index(table: &str) -> String {
-    const SUFFIX: &str = "_expires_at";
-    if table.len() + SUFFIX.len() <= 63 {
-        return format!("{table}{SUFFIX}");
-    }
-    use sha2::Digest as _;
-    let digest = sha2::Sha256::digest(table.as_bytes());
-    let hex = crate::key::hex(&digest[..4]);
-    // Table names are ASCII (validated), so any byte is a char boundary.
-    format!("{}_{hex}{SUFFIX}", &table[..40])
+    derived_name(table, "_expires_at")
 }
 
 #[cfg(test)]

@@ -18,7 +18,11 @@
 use std::sync::Arc;
 
 use super::dialect::Dialect;
-use super::rows::{CLAIMED, COLUMNS, COMPLETED, FAILED, NewRow, RECORD, inserted, values_of};
+use super::partitions::Partitions;
+use super::rows::{
+    CLAIMED, COLUMNS, COMPLETED, FAILED, NewRow, RECORD, claimable, inserted,
+    take_over_assignments, values_of,
+};
 use super::template::{Inline, Statement};
 use crate::store::LEASE_RAN_OUT;
 
@@ -33,6 +37,33 @@ pub(crate) struct Take {
     /// Takes over the standing row if it has expired (`expires_at <=
     /// {now}`); `None` when `insert` does so itself.
     pub(crate) take_over: Option<Statement>,
+}
+
+/// A claim in two statements, for a database whose insert cannot take
+/// over a standing row by itself (MySQL), or may not (a partitioned
+/// table, whose insert trigger moves the row it meets): an insert that
+/// leaves a standing row alone, and an `UPDATE` that takes it over if a
+/// claim may ([`claimable`]).
+pub(crate) fn insert_then_take_over<D: Dialect>(row: NewRow) -> (String, Option<String>) {
+    (
+        D::insert_ignoring(&format!("VALUES {}", inserted(row))),
+        Some(format!(
+            "UPDATE {{t}} SET {}
+             WHERE handler = :handler AND {{key}} = :key AND {}",
+            take_over_assignments("", row),
+            claimable("", row.fingerprint)
+        )),
+    )
+}
+
+/// How a sweep removes expired records.
+#[derive(Debug)]
+pub(crate) enum Sweeping {
+    /// A `DELETE` of at most `:batch` expired rows: as many as it affected.
+    Delete(Statement),
+    /// A call of a partitioned table's maintenance function, which answers
+    /// how many rows it removed.
+    Maintain(Statement),
 }
 
 /// The SQL of one store, built once from a validated table name.
@@ -84,8 +115,9 @@ pub(crate) struct Statements {
     pub(crate) release: Statement,
     /// Moves the end of the lease `:token` holds to `{until}`.
     pub(crate) extend: Statement,
-    /// Deletes at most `:batch` rows expired at `{now}`.
-    pub(crate) sweep: Statement,
+    /// Removes expired rows: at most `:batch` expired at `{now}`, or, on a
+    /// partitioned table, one step of its upkeep.
+    pub(crate) sweep: Sweeping,
     /// Counts the rows.
     pub(crate) count: Statement,
     /// The names of the table's columns.
@@ -147,11 +179,16 @@ fn expand<D: Dialect>(table: &str, template: &str) -> String {
 }
 
 impl Statements {
-    /// The statements of dialect `D` on `table` (validated by the caller).
-    pub(crate) fn new<D: Dialect>(table: &str) -> Statements {
+    /// The statements of dialect `D` on `table` (validated by the caller),
+    /// partitioned as `partitions` says where the dialect has partitions.
+    pub(crate) fn new<D: Dialect>(table: &str, partitions: Option<Partitions>) -> Statements {
         let render = |template: &str| render::<D>(table, template);
+        let partitioned = partitions.and_then(|p| D::PARTITIONED.map(|sql| sql(table, p)));
         let take = |row: NewRow| {
-            let (insert, take_over) = D::take(row);
+            let (insert, take_over) = match partitioned {
+                Some(_) => insert_then_take_over::<D>(row),
+                None => D::take(row),
+            };
             Take {
                 insert: render(&insert),
                 take_over: take_over.as_deref().map(render),
@@ -166,7 +203,10 @@ impl Statements {
                              AND status IN ('in_progress', 'retry')";
         Statements {
             table: table.to_owned(),
-            create: D::create(table).into(),
+            create: match &partitioned {
+                Some(sql) => sql.create.as_str().into(),
+                None => D::create(table).into(),
+            },
             claim: take(CLAIMED),
             claim_with_outcome: take(COMPLETED),
             claim_with_failure: take(FAILED),
@@ -211,7 +251,10 @@ impl Statements {
             extend: render(&format!(
                 "UPDATE {{t}} SET updated_at = {{now}}, expires_at = {{until}} WHERE {token_holds}"
             )),
-            sweep: render(&D::sweep()),
+            sweep: match &partitioned {
+                Some(sql) => Sweeping::Maintain(render(&sql.sweep)),
+                None => Sweeping::Delete(render(&D::sweep())),
+            },
             count: render("SELECT COUNT(*) FROM {t}"),
             columns: render(&D::columns(table)),
             upgrades: D::ADDED_COLUMNS

@@ -31,6 +31,25 @@ pub(super) fn bare(table: &str) -> &str {
     table.rsplit('.').next().unwrap_or_default()
 }
 
+/// The name of an object of the table `bare` (an index, a partition, a
+/// function): `<bare><suffix>`, or, where that would pass PostgreSQL's
+/// 63-byte limit (and be cut to a name that may be the table's own, or
+/// another long table's object), the table name's first 40 bytes (fewer
+/// for a suffix longer than 14) and 8 hex digits of its SHA-256 before the
+/// suffix. `bare` is validated (ASCII), so any byte is a char boundary;
+/// `suffix` is this crate's, shorter than 54 bytes.
+#[cfg(feature = "postgres")]
+pub(super) fn derived_name(bare: &str, suffix: &str) -> String {
+    if bare.len() + suffix.len() <= 63 {
+        return format!("{bare}{suffix}");
+    }
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(bare.as_bytes());
+    let hex = crate::key::hex(&digest[..4]);
+    let keep = 40.min(63 - 9 - suffix.len());
+    format!("{}_{hex}{suffix}", &bare[..keep])
+}
+
 #[cfg(test)]
 mod tests {
     use super::validate_table_name;
