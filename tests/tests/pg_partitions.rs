@@ -549,3 +549,81 @@ async fn a_store_refuses_a_table_of_the_other_layout() {
         .to_string();
     assert!(err.contains("partition_existing"), "{err}");
 }
+
+/// A plain table with records becomes a partitioned one: its records keep
+/// suppressing duplicates, a key claimed again leaves it for the current
+/// partition, and once its last record expired the sweep drops it whole.
+#[tokio::test]
+async fn a_plain_table_becomes_a_partition_of_the_partitioned_one() {
+    let Some(pool) = pg_pool(8).await else {
+        return;
+    };
+    let table = unique_table("idem_conv");
+    let _drop = DropTables::new(&[&table]);
+    let plain = PgStore::from_pool(pool.clone()).with_table(&table).unwrap();
+    plain.migrate().await.unwrap();
+    let effects = Effects::default();
+    for i in 0..10 {
+        assert!(
+            lease_ping(&plain, &ping(&format!("l{i}")), &effects)
+                .await
+                .unwrap()
+                .is_executed()
+        );
+        assert!(
+            short_ping(&plain, &ping(&format!("s{i}")))
+                .await
+                .unwrap()
+                .is_executed()
+        );
+    }
+    let partitioned = plain
+        .clone()
+        .with_partitions(Partitions::every(Duration::from_secs(1)).unwrap());
+    partitioned.partition_existing().await.unwrap();
+    // Again, as after an interrupted deploy: nothing changes.
+    partitioned.partition_existing().await.unwrap();
+    let kind: String =
+        sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)")
+            .bind(&table)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(kind, "p");
+    assert_eq!(partitioned.count().await.unwrap(), 20);
+
+    // The plain table's records answer duplicates.
+    for i in 0..10 {
+        let again = lease_ping(&partitioned, &ping(&format!("l{i}")), &effects)
+            .await
+            .unwrap();
+        assert_eq!(again, Outcome::Duplicate(format!("pong l{i}")));
+    }
+    assert!(
+        short_ping(&partitioned, &ping("s0"))
+            .await
+            .unwrap()
+            .is_duplicate()
+    );
+    assert!(
+        lease_ping(&partitioned, &ping("new"), &effects)
+            .await
+            .unwrap()
+            .is_executed()
+    );
+    for i in 0..10 {
+        assert_eq!(effects.of(&format!("l{i}")), 1);
+    }
+    // The old partition holds the short records alone now (but s0, which
+    // its duplicate moved); past their ttl it goes.
+    tokio::time::sleep(Duration::from_millis(2_200)).await;
+    let mut removed = 0;
+    for _ in 0..10 {
+        removed += partitioned.sweep_expired(1_000).await.unwrap();
+    }
+    assert_eq!(removed, 9, "the plain table's expired records went with it");
+    assert_eq!(partitioned.count().await.unwrap(), 12);
+    // A plain store is refused from now on.
+    let err = plain.migrate().await.unwrap_err().to_string();
+    assert!(err.contains("is partitioned"), "{err}");
+}

@@ -191,6 +191,15 @@ pub struct PartitionedSql {
     /// One sweep: a statement template returning the rows removed
     /// (`{now}`, `:batch`).
     pub sweep: String,
+    /// Turns a plain table of the name into a partition of the
+    /// partitioned one (see [`PgStore::partition_existing`](crate::PgStore::partition_existing)):
+    /// the statements that run on their own, without blocking the
+    /// table's writers (a column, an index built concurrently, a check),
+    /// each safe to run again.
+    pub convert_online: Vec<String>,
+    /// Then, in one transaction: the swap of the plain table for the
+    /// partitioned one, with the plain one as its first partition.
+    pub convert_swap: String,
 }
 
 /// The partitioned table's SQL on PostgreSQL, for `table` (validated:
@@ -331,8 +340,50 @@ pub(super) fn postgres(table: &str, partitions: Partitions) -> PartitionedSql {
         END
         $idem$;"
     );
+    // The plain table becomes the partition of period 0, long past: the
+    // sweep drops it once its last record expired.
+    let legacy = format!("{prefix}0");
+    let part_key = derived_name(bare, "_part_key");
+    let convert_online = vec![
+        format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS part BIGINT NOT NULL DEFAULT 0"),
+        format!(
+            "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS {part_key} ON {table} (handler, key, part)"
+        ),
+        format!(
+            "DO $idem$
+            BEGIN
+                IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = '{table}'::regclass
+                               AND conname = 'idem_legacy_part') THEN
+                    ALTER TABLE {table} ADD CONSTRAINT idem_legacy_part CHECK (part = 0) NOT VALID;
+                END IF;
+            END
+            $idem$"
+        ),
+        format!("ALTER TABLE {table} VALIDATE CONSTRAINT idem_legacy_part"),
+    ];
+    let convert_swap = format!(
+        "LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE;
+        DO $idem$
+        BEGIN
+            EXECUTE format('ALTER TABLE {table} DROP CONSTRAINT %I',
+                (SELECT conname FROM pg_constraint
+                  WHERE conrelid = '{table}'::regclass AND contype = 'p'));
+        END
+        $idem$;
+        ALTER TABLE {table} ADD CONSTRAINT {legacy_pkey} PRIMARY KEY USING INDEX {part_key};
+        ALTER INDEX {old_index} RENAME TO {legacy_index};
+        ALTER TABLE {table} RENAME TO {legacy};
+        {create}
+        ALTER TABLE {table} ATTACH PARTITION {qualified_legacy} FOR VALUES FROM (0) TO (1);",
+        legacy_pkey = derived_name(&legacy, "_pkey"),
+        old_index = qualify(&index),
+        legacy_index = derived_name(&legacy, "_expires_at"),
+        qualified_legacy = qualify(&legacy),
+    );
     PartitionedSql {
         create,
         sweep: format!("SELECT {maintain}({{now}}, :batch)"),
+        convert_online,
+        convert_swap,
     }
 }

@@ -572,6 +572,89 @@ impl SqlStore<Postgres> {
         self.partitioning()
     }
 
+    /// Turns the store's plain dedup table into a partitioned one
+    /// ([`with_partitions`](Self::with_partitions), which must be set),
+    /// keeping every record: the plain table becomes the partitioned
+    /// table's first partition, whose records go on suppressing their
+    /// duplicates (a key claimed again moves into the current period's
+    /// partition), and which the sweeper drops once its last record
+    /// expired, one ttl later. Most of the work (a column, a unique index
+    /// built `CONCURRENTLY`, a validated check) runs beside the consumers
+    /// without blocking them; the swap at the end takes the table's lock
+    /// for a moment. Safe to run again after an interruption; a table
+    /// already partitioned is left as it is. Consumers still running
+    /// without [`with_partitions`](Self::with_partitions) fail their claims
+    /// with [`StoreError`] after the swap, and retry them: deploy them with
+    /// it. The steps, and how to do them by hand, are in
+    /// [`guide::postgres`](crate::guide::postgres).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::PgStore;
+    /// use idem_runtime::store::sql::Partitions;
+    ///
+    /// let store = PgStore::connect("postgres://app@db.internal/shop")
+    ///     .await?
+    ///     .with_partitions(Partitions::daily());
+    /// store.partition_existing().await?; // once, at the deploy
+    /// store.migrate().await?; // at every start-up
+    /// # Ok(()) }
+    /// ```
+    pub async fn partition_existing(&self) -> Result<(), StoreError> {
+        let Some(partitions) = self.partitioning() else {
+            return Err(StoreError::Schema(format!(
+                "`partition_existing` on `{}` needs the store's partitions: call `with_partitions` first",
+                self.table()
+            )));
+        };
+        let sql = super::partitions::postgres(self.table(), partitions);
+        let kind: Option<String> =
+            sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)")
+                .bind(self.table())
+                .fetch_optional(self.pool())
+                .await
+                .map_err(|e| self.err(e))?;
+        match kind.as_deref() {
+            None => return self.migrate().await,
+            Some("p") => return Ok(()),
+            Some(_) => {}
+        }
+        // Columns of an earlier release first, so that the partition has
+        // every column of the partitioned table.
+        let mut conn = self.pool().acquire().await.map_err(|e| self.err(e))?;
+        self.upgrade(&mut conn).await?;
+        for step in &sql.convert_online {
+            sqlx::raw_sql(AssertSqlSafe(step.clone()))
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| self.err(e))?;
+        }
+        drop(conn);
+        let mut tx = self.pool().begin().await.map_err(|e| self.err(e))?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+            .bind(format!("idem_migrate_{}", self.table()))
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?;
+        let kind: Option<String> =
+            sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)")
+                .bind(self.table())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
+        if kind.as_deref() == Some("r") {
+            sqlx::raw_sql(AssertSqlSafe(sql.convert_swap))
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
+        }
+        tx.commit().await.map_err(|e| self.err(e))?;
+        self.migrate().await
+    }
+
     /// Refuses a table whose layout (plain or partitioned) is not the one
     /// this store was told, before `migrate` writes anything.
     async fn check_layout(&self, conn: &mut PgConnection) -> Result<(), StoreError> {
