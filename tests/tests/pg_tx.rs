@@ -1,6 +1,7 @@
 //! Transaction mode on PostgreSQL: the transaction suite (`common/tx.rs`)
 //! against the server of `DATABASE_URL`, once for each `ClaimOrder` and
-//! each way of sending the dedup row (`RoundTrips`). The business tables
+//! each way of sending the dedup row (`RoundTrips`), and on a dedup table
+//! partitioned by time claiming last and first. The business tables
 //! live in Postgres and the bodies write them through the handler's
 //! transaction; each test has its own tables and drops them.
 
@@ -60,5 +61,25 @@ mod claim_checked_merged {
     crate::common::tx::suite!(
         crate::common::PgDb,
         StoreKind::Pg(ClaimOrder::Checked, RoundTrips::Merged)
+    );
+}
+
+/// `ClaimOrder::Last` on a dedup table partitioned by time
+/// (`PgStore::with_partitions`): the insert's trigger and the claim in two
+/// statements answer as a plain table does.
+mod partitioned_claim_last {
+    use super::{ClaimOrder, RoundTrips, StoreKind};
+    crate::common::tx::suite!(
+        crate::common::PgDb,
+        StoreKind::PgPartitioned(ClaimOrder::Last, RoundTrips::Merged)
+    );
+}
+
+/// `ClaimOrder::First` on a partitioned table.
+mod partitioned_claim_first {
+    use super::{ClaimOrder, RoundTrips, StoreKind};
+    crate::common::tx::suite!(
+        crate::common::PgDb,
+        StoreKind::PgPartitioned(ClaimOrder::First, RoundTrips::Separate)
     );
 }

@@ -4,6 +4,9 @@
 use std::str::FromStr;
 
 use idem_runtime::clock::TimeShift;
+use std::time::Duration;
+
+use idem_runtime::store::sql::Partitions;
 use idem_runtime::{ClaimOrder, PgStore, RoundTrips};
 use idem_tests::{DropTables, LostReply, pg_pool, pg_url, unique_table};
 use sqlx::AssertSqlSafe;
@@ -34,8 +37,13 @@ impl PgDb {
     /// The suites' constructor: `None` (after saying why) when the server is
     /// unreachable, which `IDEM_REQUIRE_SERVICES=1` turns into a failure.
     async fn open_with(kind: StoreKind, how: Open) -> Option<PgDb> {
-        let StoreKind::Pg(order, trips) = kind else {
-            panic!("a PostgreSQL fixture needs a PostgreSQL kind, not {kind:?}")
+        let (order, trips, partitions) = match kind {
+            StoreKind::Pg(order, trips) => (order, trips, None),
+            StoreKind::PgPartitioned(order, trips) => {
+                let minutes = Partitions::every(Duration::from_secs(60)).expect("a width");
+                (order, trips, Some(minutes))
+            }
+            _ => panic!("a PostgreSQL fixture needs a PostgreSQL kind, not {kind:?}"),
         };
         let pool = pg_pool(POOL).await?;
         let dedup = unique_table("idem_dedup");
@@ -58,6 +66,9 @@ impl PgDb {
             .expect("valid table name")
             .with_claim_order(order)
             .with_round_trips(trips);
+        if let Some(partitions) = partitions {
+            store = store.with_partitions(partitions);
+        }
         let mut manual = None;
         match how {
             Open::Shifted(shift) => {
@@ -90,11 +101,15 @@ impl PgDb {
     /// process would have.
     async fn second_store(&self) -> PgStore {
         let options = PgConnectOptions::from_str(&pg_url()).expect("DATABASE_URL");
-        PgStore::from_pool(connect(options).await)
+        let store = PgStore::from_pool(connect(options).await)
             .with_table(self.store.table())
             .expect("valid table name")
             .with_claim_order(self.order())
-            .with_round_trips(self.store.round_trips())
+            .with_round_trips(self.store.round_trips());
+        match self.store.partitions() {
+            Some(partitions) => store.with_partitions(partitions),
+            None => store,
+        }
     }
 
     /// A consumer of its own on the same dedup table (and time), which
@@ -107,6 +122,9 @@ impl PgDb {
         let mut store = PgStore::from_pool(connect(options).await)
             .with_table(self.store.table())
             .expect("valid table name");
+        if let Some(partitions) = self.store.partitions() {
+            store = store.with_partitions(partitions);
+        }
         if let Some(shift) = &self.shift {
             store = store.with_time_shift(shift.clone());
         }
@@ -115,7 +133,7 @@ impl PgDb {
 
     fn order(&self) -> ClaimOrder {
         match self.kind {
-            StoreKind::Pg(order, _) => order,
+            StoreKind::Pg(order, _) | StoreKind::PgPartitioned(order, _) => order,
             other => unreachable!("a PostgreSQL fixture opened as {other:?}"),
         }
     }
