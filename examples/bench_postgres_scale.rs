@@ -1,36 +1,56 @@
-//! Claim latency against the size of the dedup table: 100,000 rows against
-//! 10,000,000 rows, measured interleaved in one run.
+//! The dedup table at volume: a plain table against one partitioned by day
+//! (`PgStore::with_partitions`), grown side by side to 20 million rows,
+//! with claim latency, table size and the cost of expiry at each size.
 //!
 //! ```text
 //! cargo run --release -p idem-examples --features postgres --example bench_postgres_scale
-//! DATABASE_URL=postgres://... BIG=10000000 SMALL=100000 CALLS=2000 ROUNDS=5 cargo run --release ...
+//! STAGES=1000000,5000000,10000000,20000000 CALLS=2000 ROUNDS=3 TASKS=4 cargo run --release ...
 //! ```
 //!
-//! Both tables are filled with rows of the shape idem writes (random keys, a
-//! one-day expiry), then a lease-mode handler with an empty body claims and
-//! completes fresh random keys in each, alternating batches. It prints the
-//! median claim latency (the `idem_claim_seconds` histogram's samples) of
-//! each table and ends with `big/small: <ratio>`. Filling ten million rows
-//! takes a minute or two; the tables are dropped at the end.
+//! Both tables hold what a consumer with a 7-day ttl leaves after 8 days:
+//! rows written at random times over the last 8 days, completed, expiring 7
+//! days after they were written, so that the oldest day's have expired. The
+//! partitioned table has a partition a day (made by the benchmark for the
+//! past days, by `migrate` for today and ahead). The rows are inserted in
+//! bulk with SQL (the partitioned table's insert trigger off meanwhile:
+//! the keys are fresh), then `VACUUM ANALYZE`d, as autovacuum would.
+//!
+//! At each size, `ROUNDS` interleaved rounds per table of `CALLS` fresh
+//! claims, by `TASKS` concurrent tasks, through a lease-mode handler with
+//! an empty body (a claim and a completion): the claim latency's median and
+//! 99th percentile (the `idem_claim_seconds` samples), medians over the
+//! rounds, with the machine's busy and stolen CPU during them; then the
+//! tables' sizes (heap and indexes, every partition's). At the largest
+//! size, the expiry: the sweeper's `sweep_expired(10_000)` until it is
+//! done, on each table, with a stream of claims running beside it: the
+//! seconds per million rows removed, the claims' 99th percentile meanwhile,
+//! and the sizes after. The last line gives the ratios. The tables are
+//! dropped at the end; at 20 million rows they take about 9 GB on disk.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use idem_examples::{env, median};
+use idem_examples::cpu::{Cpu, load_average};
+use idem_examples::env;
+use idem_runtime::store::sql::Partitions;
 use idem_runtime::{PgStore, idempotent};
-use serde::Deserialize;
 use sqlx::postgres::PgPoolOptions;
+use sqlx::{AssertSqlSafe, PgPool};
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug)]
 struct Ping {
     id: String,
 }
 
-#[idempotent(key = "id", ttl = "24h", store = "postgres", name = "scale_ping")]
+#[idempotent(key = "id", ttl = "7d", store = "postgres", name = "scale_ping")]
 async fn ping(msg: &Ping) -> Result<(), std::io::Error> {
     let _ = &msg.id;
     Ok(())
 }
+
+const DAY_MS: i64 = 86_400_000;
+const PLAIN: &str = "scale_plain";
+const PARTED: &str = "scale_parted";
 
 /// Collects the claim-latency histogram samples the runtime records.
 mod recorder {
@@ -73,78 +93,264 @@ mod recorder {
     }
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let big: i64 = env("BIG", 10_000_000);
-    let small: i64 = env("SMALL", 100_000);
-    let calls: usize = env("CALLS", 2_000);
-    let rounds: usize = env("ROUNDS", 5);
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-    let samples = Arc::new(Mutex::new(Vec::new()));
-    metrics::set_global_recorder(recorder::ClaimRecorder(samples.clone()))?;
-
-    let pool = PgPoolOptions::new()
-        .max_connections(2)
-        .connect(&url)
-        .await?;
-    let mut stores = Vec::new();
-    for (table, rows) in [("scale_small", small), ("scale_big", big)] {
-        let store = PgStore::from_pool(pool.clone()).with_table(table)?;
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP TABLE IF EXISTS {table}")))
-            .execute(&pool)
-            .await?;
-        store.migrate().await?;
-        let started = std::time::Instant::now();
-        // Rows as idem writes them: random keys, completed, expiring in a day.
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO {table} (handler, key, status, token, outcome, attempts, created_at, updated_at, expires_at)
-             SELECT 'scale_ping', '36:' || gen_random_uuid()::text, 'completed', NULL, 'null', 1, $2, $2, $2 + 86400000 + g
-             FROM generate_series(1, $1) g"
-        )))
-        .bind(rows)
-        .bind(idem_runtime::clock::Clock::now_millis(&idem_runtime::clock::SystemClock))
-        .execute(&pool)
-        .await?;
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("VACUUM ANALYZE {table}")))
-            .execute(&pool)
-            .await?;
-        println!(
-            "{table}: {rows} rows in {:.1} s",
-            started.elapsed().as_secs_f64()
-        );
-        stores.push(store);
+/// The `q`-quantile of `samples`, in ms.
+fn quantile_ms(samples: &mut [f64], q: f64) -> f64 {
+    if samples.is_empty() {
+        return f64::NAN;
     }
+    samples.sort_by(f64::total_cmp);
+    let at = ((samples.len() - 1) as f64 * q).round() as usize;
+    samples[at] * 1e3
+}
 
-    let mut medians: Vec<Vec<f64>> = vec![Vec::new(), Vec::new()];
-    for round in 0..=rounds {
-        for (i, store) in stores.iter().enumerate() {
-            if let Ok(mut s) = samples.lock() {
-                s.clear();
-            }
-            for _ in 0..calls {
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Heap and indexes of `table`, every partition's included, in MB.
+async fn size_mb(pool: &PgPool, table: &str) -> Result<f64, BoxError> {
+    let bytes: i64 = sqlx::query_scalar(
+        "SELECT COALESCE(sum(pg_total_relation_size(relid)),
+                         pg_total_relation_size(to_regclass($1)))::bigint
+         FROM pg_partition_tree(to_regclass($1))",
+    )
+    .bind(table)
+    .fetch_one(pool)
+    .await?;
+    Ok(bytes as f64 / 1e6)
+}
+
+/// Adds `rows` rows written at random over the 8 days before `now_ms`
+/// (each, in the partitioned table, in the partition of its day).
+async fn fill(pool: &PgPool, table: &str, rows: i64, now_ms: i64) -> Result<(), BoxError> {
+    let (part, day) = if table == PARTED {
+        (", part", format!(", t / {DAY_MS}"))
+    } else {
+        ("", String::new())
+    };
+    // In slices, so that no one statement holds millions of rows' locks.
+    let slice = 1_000_000;
+    let mut done = 0;
+    while done < rows {
+        let n = slice.min(rows - done);
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {table} (handler, key, status, token, outcome, attempts,
+                                  created_at, updated_at, expires_at{part})
+             SELECT 'scale_ping', '36:' || gen_random_uuid()::text, 'completed', NULL, 'null', 1,
+                    t, t, t + 7 * {DAY_MS}{day}
+             FROM (SELECT $2 - (random() * 8 * {DAY_MS})::bigint AS t
+                   FROM generate_series(1, $1)) AS g"
+        )))
+        .bind(n)
+        .bind(now_ms)
+        .execute(pool)
+        .await?;
+        done += n;
+    }
+    Ok(())
+}
+
+/// The claims of one round on `store`: `calls` fresh keys by `tasks`
+/// tasks; the claim-latency samples.
+async fn round(
+    store: &PgStore,
+    samples: &Arc<Mutex<Vec<f64>>>,
+    calls: usize,
+    tasks: usize,
+) -> Result<Vec<f64>, BoxError> {
+    if let Ok(mut s) = samples.lock() {
+        s.clear();
+    }
+    let mut joins = Vec::new();
+    for _ in 0..tasks {
+        let store = store.clone();
+        joins.push(tokio::spawn(async move {
+            for _ in 0..calls / tasks {
                 let msg = Ping {
                     id: uuid::Uuid::new_v4().to_string(),
                 };
-                assert!(ping(store, &msg).await?.is_executed());
+                assert!(ping(&store, &msg).await?.is_executed());
             }
-            let taken = samples.lock().map(|s| s.clone()).unwrap_or_default();
-            // Round 0 warms caches and is not counted.
-            if round > 0 {
-                medians[i].push(median(taken));
-            }
-        }
+            Ok::<_, BoxError>(())
+        }));
     }
-    let small_ms = median(medians[0].clone()) * 1e3;
-    let big_ms = median(medians[1].clone()) * 1e3;
-    println!(
-        "median claim latency: {small} rows {small_ms:.3} ms, {big} rows {big_ms:.3} ms ({rounds} rounds of {calls} claims each)"
+    for j in joins {
+        j.await??;
+    }
+    Ok(samples.lock().map(|s| s.clone()).unwrap_or_default())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let stages: Vec<i64> = std::env::var("STAGES")
+        .unwrap_or_else(|_| "1000000,5000000,10000000,20000000".into())
+        .split(',')
+        .map(|s| s.trim().parse())
+        .collect::<Result<_, _>>()?;
+    let calls: usize = env("CALLS", 2_000);
+    let rounds: usize = env("ROUNDS", 3);
+    let tasks: usize = env("TASKS", 4);
+
+    let samples = Arc::new(Mutex::new(Vec::new()));
+    metrics::set_global_recorder(recorder::ClaimRecorder(samples.clone()))
+        .map_err(|e| e.to_string())?;
+    let pool = PgPoolOptions::new()
+        .max_connections(tasks as u32 + 2)
+        .connect(&url)
+        .await?;
+    let cleanup = format!(
+        "DROP TABLE IF EXISTS {PLAIN}, {PARTED} CASCADE;
+         DROP FUNCTION IF EXISTS {PARTED}_idem_bring() CASCADE;
+         DROP FUNCTION IF EXISTS {PARTED}_idem_maintain(bigint, bigint)"
     );
-    sqlx::raw_sql("DROP TABLE IF EXISTS scale_small, scale_big")
+    sqlx::raw_sql(AssertSqlSafe(cleanup.clone()))
         .execute(&pool)
         .await?;
+    let plain = PgStore::from_pool(pool.clone()).with_table(PLAIN)?;
+    let parted = PgStore::from_pool(pool.clone())
+        .with_table(PARTED)?
+        .with_partitions(Partitions::daily());
+    plain.migrate().await?;
+    parted.migrate().await?;
+    let now_ms: i64 = sqlx::query_scalar(
+        "SELECT (extract(epoch from statement_timestamp()) * 1000)::bigint",
+    )
+    .fetch_one(&pool)
+    .await?;
+    let today = now_ms / DAY_MS;
+    for day in today - 8..today {
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE TABLE IF NOT EXISTS {PARTED}_p{day} PARTITION OF {PARTED}
+             FOR VALUES FROM ({day}) TO ({})",
+            day + 1
+        )))
+        .execute(&pool)
+        .await?;
+    }
+    println!(
+        "plain `{PLAIN}` against `{PARTED}`, partitioned by day ({} partitions); {rounds} rounds of {calls} claims by {tasks} tasks at each size; load average {}",
+        9 + Partitions::daily().ahead(),
+        load_average()
+    );
+    println!(
+        "{:>10} | {:>9} {:>9} {:>9} | {:>9} {:>9} {:>9} | {:>6} {:>6}",
+        "rows", "plain p50", "p99", "MB", "parts p50", "p99", "MB", "busy%", "steal%"
+    );
+
+    let mut filled = 0;
+    let mut first: Option<(f64, f64)> = None;
+    let mut last = (0.0, 0.0, 0.0, 0.0);
+    for &stage in &stages {
+        let started = Instant::now();
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "ALTER TABLE {PARTED} DISABLE TRIGGER idem_bring"
+        )))
+        .execute(&pool)
+        .await?;
+        fill(&pool, PLAIN, stage - filled, now_ms).await?;
+        fill(&pool, PARTED, stage - filled, now_ms).await?;
+        // One statement a message: VACUUM runs outside a transaction.
+        for statement in [
+            format!("ALTER TABLE {PARTED} ENABLE TRIGGER idem_bring"),
+            format!("VACUUM ANALYZE {PLAIN}"),
+            format!("VACUUM ANALYZE {PARTED}"),
+        ] {
+            sqlx::raw_sql(AssertSqlSafe(statement)).execute(&pool).await?;
+        }
+        filled = stage;
+        let fill_s = started.elapsed().as_secs_f64();
+
+        let mut p = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+        let cpu = Cpu::now()?;
+        for r in 0..=rounds {
+            for (i, store) in [&plain, &parted].into_iter().enumerate() {
+                let mut s = round(store, &samples, calls, tasks).await?;
+                // Round 0 warms the caches and is not counted.
+                if r > 0 {
+                    p[2 * i].push(quantile_ms(&mut s, 0.5));
+                    p[2 * i + 1].push(quantile_ms(&mut s, 0.99));
+                }
+            }
+        }
+        let (busy, steal) = Cpu::now()?.since(cpu);
+        let [p50, p99, q50, q99] = p.map(median);
+        let plain_mb = size_mb(&pool, PLAIN).await?;
+        let parted_mb = size_mb(&pool, PARTED).await?;
+        println!(
+            "{stage:>10} | {p50:>9.3} {p99:>9.3} {plain_mb:>9.0} | {q50:>9.3} {q99:>9.3} {parted_mb:>9.0} | {busy:>6.1} {steal:>6.1}   (filled in {fill_s:.0} s)"
+        );
+        first.get_or_insert((p99, q99));
+        last = (p99, q99, plain_mb, parted_mb);
+    }
+
+    // Expiry at the largest size: the oldest day's rows have expired.
+    println!("expiry: sweep_expired(10000) until done, {tasks} tasks claiming beside it");
+    let mut sweeps = Vec::new();
+    for (name, store) in [(PLAIN, &plain), (PARTED, &parted)] {
+        let going = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        if let Ok(mut s) = samples.lock() {
+            s.clear();
+        }
+        let mut joins = Vec::new();
+        for _ in 0..tasks {
+            let (store, going) = (store.clone(), going.clone());
+            joins.push(tokio::spawn(async move {
+                while going.load(std::sync::atomic::Ordering::Relaxed) {
+                    let msg = Ping {
+                        id: uuid::Uuid::new_v4().to_string(),
+                    };
+                    assert!(ping(&store, &msg).await?.is_executed());
+                }
+                Ok::<_, BoxError>(())
+            }));
+        }
+        let cpu = Cpu::now()?;
+        let started = Instant::now();
+        let mut removed = 0u64;
+        loop {
+            let n = store.sweep_expired(10_000).await?;
+            removed += n;
+            if n < 10_000 {
+                break;
+            }
+        }
+        let took = started.elapsed().as_secs_f64();
+        going.store(false, std::sync::atomic::Ordering::Relaxed);
+        for j in joins {
+            j.await??;
+        }
+        let (busy, steal) = Cpu::now()?.since(cpu);
+        let mut s = samples.lock().map(|s| s.clone()).unwrap_or_default();
+        let p99 = quantile_ms(&mut s, 0.99);
+        let mb = size_mb(&pool, name).await?;
+        let per_million = took / (removed.max(1) as f64 / 1e6);
+        println!(
+            "  {name}: {removed} rows in {took:.2} s ({per_million:.3} s per million), claims' p99 meanwhile {p99:.3} ms over {} claims, {mb:.0} MB after; busy {busy:.1} %, steal {steal:.1} %",
+            s.len()
+        );
+        sweeps.push((per_million, p99, mb));
+    }
+    sqlx::raw_sql(AssertSqlSafe(cleanup)).execute(&pool).await?;
     tokio::time::sleep(Duration::from_millis(10)).await;
-    println!("big/small: {:.3}", big_ms / small_ms);
+
+    let (first_plain, first_parted) = first.unwrap_or((f64::NAN, f64::NAN));
+    let (last_plain, last_parted, plain_mb, parted_mb) = last;
+    println!(
+        "p99 at {} / at {}: plain {:.3}, partitioned {:.3}; partitioned/plain at {}: p99 {:.3}, size {:.3}; sweep per million partitioned/plain {:.4}, size after {:.3}",
+        stages.last().copied().unwrap_or(0),
+        stages.first().copied().unwrap_or(0),
+        last_plain / first_plain,
+        last_parted / first_parted,
+        stages.last().copied().unwrap_or(0),
+        last_parted / last_plain,
+        parted_mb / plain_mb,
+        sweeps[1].0 / sweeps[0].0,
+        sweeps[1].2 / sweeps[0].2,
+    );
     Ok(())
 }

@@ -257,8 +257,13 @@ pub(super) fn postgres(table: &str, partitions: Partitions) -> PartitionedSql {
             END IF;
             PERFORM pg_advisory_xact_lock(
                 hashtextextended(NEW.handler || '/' || NEW.key, hashtext('{table}')));
-            UPDATE {table} SET part = NEW.part
-             WHERE handler = NEW.handler AND key = NEW.key AND part <> NEW.part;
+            -- a read first: an UPDATE of a partitioned table costs more
+            -- to start than a read, and a fresh key has no row to move
+            IF EXISTS (SELECT 1 FROM {table}
+                        WHERE handler = NEW.handler AND key = NEW.key AND part <> NEW.part) THEN
+                UPDATE {table} SET part = NEW.part
+                 WHERE handler = NEW.handler AND key = NEW.key AND part <> NEW.part;
+            END IF;
             RETURN NEW;
         END
         $idem$;
