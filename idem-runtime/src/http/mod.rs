@@ -21,9 +21,11 @@
 //! * **Lease mode** ([`Idempotency::lease`], every store): the key is
 //!   claimed with a lease, the handler runs, its response is recorded.
 //!   For handlers whose effects leave the database: pass
-//!   [`IdempotencyKey::sent`] on to the payment provider or the SMS
+//!   [`IdempotencyKey::downstream`] on to the payment provider or the SMS
 //!   gateway, so that a handler run again after a crash is deduplicated
-//!   there.
+//!   there. It holds the caller's scope with the sent key: two callers who
+//!   send the same key must not share one key at a provider the server
+//!   calls under one account, so not [`IdempotencyKey::sent`].
 //!
 //! # What a request gets
 //!

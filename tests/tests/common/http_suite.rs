@@ -6,7 +6,8 @@
 //! pass). Its handler ([`App`]) answers what the request's headers script:
 //! `x-status` (201 unless told), `x-sleep-ms` (a pause before answering),
 //! with a JSON body naming the order, the handler's run for it, the caller
-//! and the key the layer handed it, and `location` (a header the layer
+//! and the key the layer handed it (as sent, and as the handler would pass
+//! it on downstream), and `location` (a header the layer
 //! records) and `x-run` (one it does not). In transaction mode it writes a
 //! ledger row through the request's `RequestTx`, so the effect is the rows
 //! committed; in lease mode the effect is the handler's run.
@@ -98,6 +99,7 @@ impl Script {
             "run": run,
             "caller": self.caller,
             "key": self.key.as_ref().map(|k| k.sent().to_owned()),
+            "downstream": self.key.as_ref().map(|k| k.downstream().to_owned()),
             "pad": "p".repeat(pad),
         });
         let mut response = (self.status, axum::Json(body)).into_response();
