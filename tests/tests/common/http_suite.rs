@@ -23,6 +23,7 @@ use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http::{HeaderMap, StatusCode};
+use idem_runtime::ClaimOrder;
 use idem_runtime::http::{Idempotency, IdempotencyKey};
 
 use super::lease::{LeaseFixture, Time};
@@ -135,6 +136,16 @@ impl Mode {
     pub(crate) fn racing_retry_runs_handler(self) -> bool {
         matches!(self, Mode::Tx(kind) if kind.racing_duplicate_may_run_body())
     }
+
+    /// Whether a retry racing the first request waits on the key's row
+    /// (claiming first on PostgreSQL or MySQL) until the first commits, or
+    /// its lock timeout passes.
+    pub(crate) fn racing_retry_waits(self) -> bool {
+        matches!(
+            self,
+            Mode::Tx(StoreKind::Pg(ClaimOrder::First, _) | StoreKind::MySql(ClaimOrder::First, _))
+        )
+    }
 }
 
 /// A store of the test's own and the route over it.
@@ -186,21 +197,29 @@ where
     }
 }
 
-/// Transaction mode over a SQL fixture: `tx_fixture!(Db)` makes `TxFx<Db>`
-/// one, its handler writing a ledger row through the request's transaction.
-pub(crate) struct TxFx<F>(pub(crate) F);
+/// Transaction mode over a SQL fixture: `tx_fixture!(Db, kind)` makes
+/// `TxFx<Db>` one, its handler writing a ledger row through the request's
+/// transaction; `tx_fixture!(Db, kind, Marker)` makes `TxFx<Db, Marker>`
+/// one, for a second store kind (a claim order) on the same fixture.
+pub(crate) struct TxFx<F, K = ()>(pub(crate) F, pub(crate) std::marker::PhantomData<K>);
 
 #[allow(unused_macros)]
 macro_rules! tx_fixture {
     ($Db:ty, $kind:expr) => {
-        impl $crate::common::http_suite::HttpFixture for $crate::common::http_suite::TxFx<$Db> {
+        $crate::common::http_suite::tx_fixture!($Db, $kind, ());
+    };
+    ($Db:ty, $kind:expr, $K:ty) => {
+        impl $crate::common::http_suite::HttpFixture for $crate::common::http_suite::TxFx<$Db, $K> {
             async fn open() -> Option<std::sync::Arc<Self>> {
                 let db = <$Db as $crate::common::tx::TxFixture>::open(
                     $kind,
                     $crate::common::tx::Open::Plain,
                 )
                 .await?;
-                Some(std::sync::Arc::new($crate::common::http_suite::TxFx(db)))
+                Some(std::sync::Arc::new($crate::common::http_suite::TxFx(
+                    db,
+                    std::marker::PhantomData,
+                )))
             }
 
             fn mode(&self) -> $crate::common::http_suite::Mode {
