@@ -67,8 +67,10 @@
 //! (and anything it does outside the transaction) is done again.
 //! `ClaimOrder::Checked` reads the key first, so a retry of a recorded key
 //! runs nothing (only one that races the first request runs and rolls
-//! back); `ClaimOrder::First` claims it first, so a racing retry waits on
-//! the key's row and gets `409` or the replay. SQLite always claims first.
+//! back); `ClaimOrder::First` claims it first, so a racing retry runs
+//! nothing and waits on the key's row: it gets the replay once the first
+//! request commits, or `409` if its wait passes the lock timeout first.
+//! SQLite always claims first.
 //! For HTTP routes, whose clients retry, Checked is the usual choice.
 //!
 //! # Examples
