@@ -1,12 +1,12 @@
 //! A transaction-mode body whose own statement meets the database's
-//! contention (a lock wait past the lock timeout, a deadlock) gets the
-//! store's error, not its own: `Error::Store` with
-//! `StoreError::Contention`, its transaction rolled back and no failure
-//! counted against `max_attempts`. Driven through a real consumer on
-//! RabbitMQ, with real concurrency on PostgreSQL and MariaDB, past the
-//! handler's attempt limit: every message is applied once after the
-//! contention ends, and none is dead-lettered. Each test has tables and
-//! queues of its own and removes them.
+//! contention (a lock wait past the lock timeout, a deadlock, a
+//! serialization failure) gets the store's error, not its own:
+//! `Error::Store` with `StoreError::Contention`, its transaction rolled
+//! back and no failure counted against `max_attempts`. Driven through a
+//! real consumer on RabbitMQ, with real concurrency on PostgreSQL and
+//! MariaDB, past the handler's attempt limit: every message is applied
+//! once after the contention ends, and none is dead-lettered. Each test has
+//! tables and queues of its own and removes them.
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -253,10 +253,24 @@ struct PgFx {
 
 impl PgFx {
     async fn open(name: &str, lock_timeout: Duration) -> Option<PgFx> {
+        PgFx::open_with(name, lock_timeout, None).await
+    }
+
+    /// As [`open`](PgFx::open), every transaction of the pool's (the
+    /// store's included) at `isolation` (`default_transaction_isolation`)
+    /// when given.
+    async fn open_with(
+        name: &str,
+        lock_timeout: Duration,
+        isolation: Option<&str>,
+    ) -> Option<PgFx> {
         let url = pg_url();
-        let options = PgConnectOptions::from_str(&url)
+        let mut options = PgConnectOptions::from_str(&url)
             .expect("a PostgreSQL URL")
             .options([("lock_timeout", format!("{}ms", lock_timeout.as_millis()))]);
+        if let Some(isolation) = isolation {
+            options = options.options([("default_transaction_isolation", isolation)]);
+        }
         let connect = PgPoolOptions::new()
             .max_connections(8)
             .acquire_timeout(Duration::from_secs(10))
@@ -500,6 +514,163 @@ async fn pg_deadlocks_in_the_body_are_retried_not_dead_lettered() {
     settles_once(&queue, running, &["d-1"], &pg, "busy_pg_cross").await;
     assert_eq!(rounds, 3, "the body was the deadlock victim three times");
     assert_eq!((pg.n("a").await, pg.n("b").await), (1, 1));
+}
+
+/// When the body of [`pg_serial`] updates row `hot`: after the test has
+/// updated it from a session of its own.
+#[derive(Default)]
+struct Race {
+    /// The body waits for `updated` (on its first run only).
+    armed: std::sync::atomic::AtomicBool,
+    /// The body read row `hot`: its transaction's snapshot is taken.
+    read: tokio::sync::Notify,
+    /// The test's update of row `hot` is committed.
+    updated: tokio::sync::Notify,
+}
+
+/// Reads row `hot` (at `REPEATABLE READ` the transaction's snapshot is
+/// taken by then, if the claim did not take it), waits while the test
+/// updates the row and commits, then adds a hit to it: PostgreSQL refuses
+/// to update a row version newer than the snapshot (40001), the first time.
+async fn pg_serial(
+    tx: &mut sqlx::PgConnection,
+    msg: &Credit,
+    scene: &Scene,
+    race: &Race,
+) -> Result<u32, sqlx::Error> {
+    // `pg_hot` counts the run.
+    let _: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT n FROM {} WHERE id = 'hot'",
+        scene.rows
+    )))
+    .fetch_one(&mut *tx)
+    .await?;
+    race.read.notify_one();
+    if race.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+        race.updated.notified().await;
+    }
+    pg_hot(tx, msg, scene).await
+}
+
+/// Counts failures (`max_attempts`), so claims first.
+#[idempotent(
+    key = "msg.id",
+    ttl = "1h",
+    store = "postgres",
+    max_attempts = 2,
+    name = "busy_pg_serial_counted"
+)]
+async fn pg_serial_counted(
+    tx: &mut PgTx<'_>,
+    msg: &Credit,
+    scene: &Scene,
+    race: &Race,
+) -> Result<u32, AppError> {
+    Ok(pg_serial(tx, msg, scene, race).await?)
+}
+
+/// Claims in the store's order (last).
+#[idempotent(
+    key = "msg.id",
+    ttl = "1h",
+    store = "postgres",
+    name = "busy_pg_serial"
+)]
+async fn pg_serial_plain(
+    tx: &mut PgTx<'_>,
+    msg: &Credit,
+    scene: &Scene,
+    race: &Race,
+) -> Result<u32, AppError> {
+    Ok(pg_serial(tx, msg, scene, race).await?)
+}
+
+/// Every transaction at `REPEATABLE READ`: the body reads row `hot`, the
+/// test's own session updates the row and commits, and the body's update
+/// of it fails with a real serialization failure (40001). The call fails
+/// as the store's contention (`Contention::Serialization`), not as the
+/// body's error: nothing recorded, no failure counted, no effect; the
+/// redelivery executes as a first attempt. Claiming first (a handler that
+/// counts failures) and last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_serialization_failures_in_the_body_are_the_stores() {
+    let pg = or_skip!(
+        PgFx::open_with("pg_serial", Duration::from_secs(5), Some("repeatable read")).await
+    );
+    let level: String = sqlx::query_scalar("SHOW transaction_isolation")
+        .fetch_one(&pg.pool)
+        .await
+        .expect("read the isolation level");
+    assert_eq!(level, "repeatable read", "the pool's transactions");
+    let rows = pg.scene.rows.clone();
+    macro_rules! round {
+        ($handler:ident, $name:literal, $id:literal) => {{
+            let race = Arc::new(Race::default());
+            race.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+            let call = {
+                let (store, scene, race) =
+                    (pg.store.clone(), Arc::clone(&pg.scene), Arc::clone(&race));
+                tokio::spawn(async move {
+                    $handler(&store, &Credit { id: $id.into() }, &scene, &race).await
+                })
+            };
+            tokio::time::timeout(Duration::from_secs(10), race.read.notified())
+                .await
+                .expect("the body reads row hot");
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {rows} SET n = n + 10 WHERE id = 'hot'"
+            )))
+            .execute(&pg.pool)
+            .await
+            .expect("the test's update commits: the body only read the row");
+            race.updated.notify_one();
+            match call.await.expect("the call's task") {
+                Err(
+                    e @ Error::Store {
+                        source:
+                            StoreError::Contention {
+                                kind: Contention::Serialization,
+                                ..
+                            },
+                        ..
+                    },
+                ) => assert!(
+                    e.to_string().contains("serialization failure"),
+                    "{}: {e}",
+                    $name
+                ),
+                other => panic!(
+                    "{}: the store's serialization failure, not {other:?}",
+                    $name
+                ),
+            }
+            assert!(
+                pg.store.record($name, &key($id)).await.unwrap().is_none(),
+                "{}: nothing recorded, no failure counted",
+                $name
+            );
+            assert_eq!(pg.effects().await.get($id), None, "{}: rolled back", $name);
+            // The redelivery runs alone: a first attempt, applied once.
+            let again = $handler(&pg.store, &Credit { id: $id.into() }, &pg.scene, &race).await;
+            assert!(
+                matches!(again, Ok(Outcome::Executed(1))),
+                "{}: {again:?}",
+                $name
+            );
+            let record = pg.record($name, $id).await;
+            assert_eq!(
+                (record.status, record.failures),
+                (idem_runtime::Status::Completed, 0),
+                "{}",
+                $name
+            );
+            assert_eq!(pg.effects().await.get($id), Some(&1), "{}", $name);
+            assert_eq!(pg.scene.runs($id), 2, "{}", $name);
+        }};
+    }
+    round!(pg_serial_counted, "busy_pg_serial_counted", "s-1");
+    round!(pg_serial_plain, "busy_pg_serial", "s-2");
+    assert_eq!(pg.n("hot").await, 22, "two updates of the test's, two hits");
 }
 
 // ---------------------------------------------------------------------------

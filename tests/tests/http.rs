@@ -1,5 +1,6 @@
 //! The Idempotency-Key layer over real HTTP on loopback: the HTTP suite
-//! (`common/http.rs`) on every store, in each mode the store has, and what
+//! (`common/http_suite.rs`) on every store, in each mode the store has (on
+//! PostgreSQL in each claim order), and what
 //! is not a store's: a store that cannot be reached, and a route named as
 //! an `#[idempotent]` handler.
 
@@ -22,6 +23,22 @@ suite::tx_fixture!(
     StoreKind::MySql(ClaimOrder::Last, RoundTrips::Separate)
 );
 
+/// PostgreSQL claiming in the order the HTTP docs recommend.
+struct Checked;
+suite::tx_fixture!(
+    PgDb,
+    StoreKind::Pg(ClaimOrder::Checked, RoundTrips::Separate),
+    Checked
+);
+
+/// PostgreSQL claiming first: a racing retry waits on the key's row.
+struct First;
+suite::tx_fixture!(
+    PgDb,
+    StoreKind::Pg(ClaimOrder::First, RoundTrips::Separate),
+    First
+);
+
 mod tx_sqlite {
     use super::*;
     suite::suite!(TxFx<Db>);
@@ -30,6 +47,21 @@ mod tx_sqlite {
 mod tx_postgres {
     use super::*;
     suite::suite!(TxFx<PgDb>);
+}
+
+/// `ClaimOrder::Checked`: a retry of a recorded key runs no handler, one
+/// racing the first request may run it and roll back.
+mod tx_postgres_checked {
+    use super::*;
+    suite::suite!(TxFx<PgDb, Checked>);
+}
+
+/// `ClaimOrder::First`: a retry racing the first request waits on the key's
+/// row and gets the replay once the first commits (or `409` past the lock
+/// timeout); no retry runs the handler.
+mod tx_postgres_first {
+    use super::*;
+    suite::suite!(TxFx<PgDb, First>);
 }
 
 mod tx_mysql {

@@ -410,6 +410,7 @@ each_way! {
     claim_last: Shape::Single, ClaimOrder::Last, RoundTrips::Separate;
     claim_last_merged: Shape::Single, ClaimOrder::Last, RoundTrips::Merged;
     claim_first: Shape::Single, ClaimOrder::First, RoundTrips::Separate;
+    claim_checked: Shape::Single, ClaimOrder::Checked, RoundTrips::Separate;
     batch: Shape::Batch, ClaimOrder::Last, RoundTrips::Separate;
 }
 

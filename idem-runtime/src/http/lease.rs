@@ -1,9 +1,10 @@
 //! Lease mode for a route: the key claimed with a fencing token, the
 //! handler run while the lease is kept, its response recorded (or the key
 //! released). For handlers whose effects leave the database (a payment
-//! provider, an SMS gateway): pass [`IdempotencyKey::sent`] on to them.
+//! provider, an SMS gateway): pass [`IdempotencyKey::downstream`] on to
+//! them.
 //!
-//! [`IdempotencyKey::sent`]: super::IdempotencyKey::sent
+//! [`IdempotencyKey::downstream`]: super::IdempotencyKey::downstream
 
 use std::time::Instant;
 

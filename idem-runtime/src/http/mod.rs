@@ -21,9 +21,11 @@
 //! * **Lease mode** ([`Idempotency::lease`], every store): the key is
 //!   claimed with a lease, the handler runs, its response is recorded.
 //!   For handlers whose effects leave the database: pass
-//!   [`IdempotencyKey::sent`] on to the payment provider or the SMS
+//!   [`IdempotencyKey::downstream`] on to the payment provider or the SMS
 //!   gateway, so that a handler run again after a crash is deduplicated
-//!   there.
+//!   there. It holds the caller's scope with the sent key: two callers who
+//!   send the same key must not share one key at a provider the server
+//!   calls under one account, so not [`IdempotencyKey::sent`].
 //!
 //! # What a request gets
 //!
@@ -65,8 +67,10 @@
 //! (and anything it does outside the transaction) is done again.
 //! `ClaimOrder::Checked` reads the key first, so a retry of a recorded key
 //! runs nothing (only one that races the first request runs and rolls
-//! back); `ClaimOrder::First` claims it first, so a racing retry waits on
-//! the key's row and gets `409` or the replay. SQLite always claims first.
+//! back); `ClaimOrder::First` claims it first, so a racing retry runs
+//! nothing and waits on the key's row: it gets the replay once the first
+//! request commits, or `409` if its wait passes the lock timeout first.
+//! SQLite always claims first.
 //! For HTTP routes, whose clients retry, Checked is the usual choice.
 //!
 //! # Examples

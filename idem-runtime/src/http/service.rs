@@ -22,7 +22,7 @@ use super::stored::Stored;
 use crate::codec::Codec;
 use crate::error::{BoxError, Error};
 use crate::final_error::ErrorCodec;
-use crate::key::{Key, KeyBuilder};
+use crate::key::{DIGEST_PREFIX, Key, KeyBuilder};
 use crate::outcome::Outcome;
 use crate::registry::HandlerSpec;
 
@@ -32,8 +32,8 @@ use crate::registry::HandlerSpec;
 pub type IdempotentBody<B> = Either<B, Full<Bytes>>;
 
 /// The key a request was run under, in the request's extensions for the
-/// handler: in lease mode, pass [`sent`](IdempotencyKey::sent) on as the
-/// idempotency key of a downstream call.
+/// handler: in lease mode, pass [`downstream`](IdempotencyKey::downstream)
+/// on as the idempotency key of a downstream call.
 ///
 /// # Examples
 ///
@@ -44,7 +44,7 @@ pub type IdempotentBody<B> = Either<B, Full<Bytes>>;
 ///
 /// // an axum handler's argument
 /// async fn send_sms(key: IdempotencyKey) -> String {
-///     format!("sent under {}", key.sent())
+///     format!("sent under {}", key.downstream())
 /// }
 /// # let _ = send_sms;
 /// # }
@@ -53,21 +53,79 @@ pub type IdempotentBody<B> = Either<B, Full<Bytes>>;
 pub struct IdempotencyKey {
     sent: String,
     key: Key,
+    downstream: String,
 }
 
 impl IdempotencyKey {
-    /// The key as the client sent it.
+    /// The key of a request from the caller `scope` (none on an unscoped
+    /// route) that sent `sent`.
+    fn new(scope: Option<&str>, sent: String) -> IdempotencyKey {
+        let mut b = KeyBuilder::new();
+        if let Some(scope) = scope {
+            // Infallible: a `&str` part is never `None`.
+            let _ = b.part(scope);
+        }
+        let _ = b.part(sent.as_str());
+        let key = b.finish();
+        let stored = key.as_str();
+        let downstream = if stored.bytes().all(|b| b.is_ascii_graphic()) {
+            stored.to_owned()
+        } else {
+            // The digest `Key` stores a long encoding as: of the same
+            // text, so it meets no other key's stored form.
+            format!(
+                "{DIGEST_PREFIX}{}",
+                crate::key::hex(&Sha256::digest(stored.as_bytes()))
+            )
+        };
+        IdempotencyKey {
+            sent,
+            key,
+            downstream,
+        }
+    }
+
+    /// The key as the client sent it: the same text from two callers of a
+    /// [`scoped_by`](super::Idempotency::scoped_by) route, so not the key
+    /// to pass on to a provider the server calls under one account (use
+    /// [`downstream`](IdempotencyKey::downstream)).
     ///
     /// # Examples
     ///
     /// ```
-    /// fn downstream(key: &idem_runtime::http::IdempotencyKey) -> String {
-    ///     key.sent().to_owned()
+    /// fn logged(key: &idem_runtime::http::IdempotencyKey) -> String {
+    ///     format!("the client's key {}", key.sent())
     /// }
-    /// # let _ = downstream;
+    /// # let _ = logged;
     /// ```
     pub fn sent(&self) -> &str {
         &self.sent
+    }
+
+    /// The key to pass on as the idempotency key of a downstream call (a
+    /// payment provider, an SMS gateway), so that a handler run again after
+    /// a crash is deduplicated there: the caller's scope and the sent key
+    /// together, so two callers who send the same key get two keys, as
+    /// they get two records. It is the stored key
+    /// ([`key().as_str()`](Key::as_str), at most
+    /// [`MAX_KEY_LEN`](crate::MAX_KEY_LEN), 128, characters: within
+    /// Stripe's 255) when that is visible ASCII, and otherwise (a scope
+    /// or key holding spaces or other characters) its `#sha256:` digest,
+    /// 72 characters, so it always fits a header. The route's name is not
+    /// in it: two routes that call one provider with their clients' keys
+    /// should prefix their own.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// fn charge(key: &idem_runtime::http::IdempotencyKey) -> Vec<(&'static str, String)> {
+    ///     // the provider's request headers
+    ///     vec![("Idempotency-Key", key.downstream().to_owned())]
+    /// }
+    /// # let _ = charge;
+    /// ```
+    pub fn downstream(&self) -> &str {
+        &self.downstream
     }
 
     /// The key as the store records it: the caller's scope and the sent
@@ -318,18 +376,10 @@ where
             )));
         }
     };
-    let mut b = KeyBuilder::new();
-    if let Some(scope) = &scope {
-        // Infallible: a `&str` part is never `None`.
-        let _ = b.part(scope.as_str());
-    }
-    let _ = b.part(sent.as_str());
-    let key = b.finish();
+    let sent = IdempotencyKey::new(scope.as_deref(), sent);
+    let key = sent.key.clone();
     let fingerprint = fingerprint(config, &parts, &body);
-    parts.extensions.insert(IdempotencyKey {
-        sent,
-        key: key.clone(),
-    });
+    parts.extensions.insert(sent);
     Ok(Prepared {
         parts,
         body,
@@ -452,5 +502,55 @@ pub(crate) fn wait_for(
             Some(left.min(Duration::from_millis(25)))
         }
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::IdempotencyKey;
+
+    #[test]
+    fn the_downstream_key_holds_the_callers_scope() {
+        let alice = IdempotencyKey::new(Some("alice"), "k-1".into());
+        let bob = IdempotencyKey::new(Some("bob"), "k-1".into());
+        assert_eq!((alice.sent(), bob.sent()), ("k-1", "k-1"));
+        assert_eq!(alice.downstream(), "5:alice|3:k-1");
+        assert_eq!(bob.downstream(), "3:bob|3:k-1");
+        assert_eq!(alice.downstream(), alice.key().as_str());
+        // Unscoped, the key alone.
+        let internal = IdempotencyKey::new(None, "k-1".into());
+        assert_eq!(internal.downstream(), "3:k-1");
+        assert_ne!(internal.downstream(), alice.downstream());
+    }
+
+    #[test]
+    fn the_downstream_key_is_short_visible_ascii() {
+        let digest = |d: &str| {
+            d.len() == 72
+                && d.starts_with("#sha256:")
+                && d[8..].bytes().all(|b| b.is_ascii_hexdigit())
+        };
+        // A scope with a space or beyond ASCII, a sent key with a space: the
+        // digest of the stored key, one per caller still.
+        let zoe = IdempotencyKey::new(Some("Zoë"), "k-1".into());
+        let spaced = IdempotencyKey::new(Some("zoe smith"), "k-1".into());
+        let key_spaced = IdempotencyKey::new(Some("zoe"), "a b".into());
+        for k in [&zoe, &spaced, &key_spaced] {
+            assert!(digest(k.downstream()), "{}", k.downstream());
+        }
+        assert_ne!(zoe.downstream(), spaced.downstream());
+        // A key as long as the header allows, scoped: stored as a digest
+        // already, and passed on as it is.
+        let long = IdempotencyKey::new(Some("alice"), "k".repeat(255));
+        assert!(digest(long.downstream()), "{}", long.downstream());
+        assert_eq!(long.downstream(), long.key().as_str());
+        // Never the digest a plain stored key could be.
+        let plain = IdempotencyKey::new(Some("zoe"), "k-1".into());
+        assert_eq!(plain.downstream(), "3:zoe|3:k-1");
+        assert!(
+            [&zoe, &spaced, &key_spaced, &long]
+                .iter()
+                .all(|k| k.downstream() != plain.downstream())
+        );
     }
 }

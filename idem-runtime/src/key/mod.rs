@@ -43,7 +43,7 @@ pub const MAX_KEY_LEN: usize = 128;
 
 /// What a key stored as its digest starts with: `#sha256:`, then the
 /// SHA-256 of the encoding in 64 lowercase hex digits.
-const DIGEST_PREFIX: &str = "#sha256:";
+pub(crate) const DIGEST_PREFIX: &str = "#sha256:";
 
 /// A derived idempotency key, as the store keeps it.
 ///

@@ -6,7 +6,8 @@
 //! pass). Its handler ([`App`]) answers what the request's headers script:
 //! `x-status` (201 unless told), `x-sleep-ms` (a pause before answering),
 //! with a JSON body naming the order, the handler's run for it, the caller
-//! and the key the layer handed it, and `location` (a header the layer
+//! and the key the layer handed it (as sent, and as the handler would pass
+//! it on downstream), and `location` (a header the layer
 //! records) and `x-run` (one it does not). In transaction mode it writes a
 //! ledger row through the request's `RequestTx`, so the effect is the rows
 //! committed; in lease mode the effect is the handler's run.
@@ -22,6 +23,7 @@ use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http::{HeaderMap, StatusCode};
+use idem_runtime::ClaimOrder;
 use idem_runtime::http::{Idempotency, IdempotencyKey};
 
 use super::lease::{LeaseFixture, Time};
@@ -98,6 +100,7 @@ impl Script {
             "run": run,
             "caller": self.caller,
             "key": self.key.as_ref().map(|k| k.sent().to_owned()),
+            "downstream": self.key.as_ref().map(|k| k.downstream().to_owned()),
             "pad": "p".repeat(pad),
         });
         let mut response = (self.status, axum::Json(body)).into_response();
@@ -132,6 +135,16 @@ impl Mode {
     /// Whether a retry racing the first request may run the handler.
     pub(crate) fn racing_retry_runs_handler(self) -> bool {
         matches!(self, Mode::Tx(kind) if kind.racing_duplicate_may_run_body())
+    }
+
+    /// Whether a retry racing the first request waits on the key's row
+    /// (claiming first on PostgreSQL or MySQL) until the first commits, or
+    /// its lock timeout passes.
+    pub(crate) fn racing_retry_waits(self) -> bool {
+        matches!(
+            self,
+            Mode::Tx(StoreKind::Pg(ClaimOrder::First, _) | StoreKind::MySql(ClaimOrder::First, _))
+        )
     }
 }
 
@@ -184,21 +197,29 @@ where
     }
 }
 
-/// Transaction mode over a SQL fixture: `tx_fixture!(Db)` makes `TxFx<Db>`
-/// one, its handler writing a ledger row through the request's transaction.
-pub(crate) struct TxFx<F>(pub(crate) F);
+/// Transaction mode over a SQL fixture: `tx_fixture!(Db, kind)` makes
+/// `TxFx<Db>` one, its handler writing a ledger row through the request's
+/// transaction; `tx_fixture!(Db, kind, Marker)` makes `TxFx<Db, Marker>`
+/// one, for a second store kind (a claim order) on the same fixture.
+pub(crate) struct TxFx<F, K = ()>(pub(crate) F, pub(crate) std::marker::PhantomData<K>);
 
 #[allow(unused_macros)]
 macro_rules! tx_fixture {
     ($Db:ty, $kind:expr) => {
-        impl $crate::common::http_suite::HttpFixture for $crate::common::http_suite::TxFx<$Db> {
+        $crate::common::http_suite::tx_fixture!($Db, $kind, ());
+    };
+    ($Db:ty, $kind:expr, $K:ty) => {
+        impl $crate::common::http_suite::HttpFixture for $crate::common::http_suite::TxFx<$Db, $K> {
             async fn open() -> Option<std::sync::Arc<Self>> {
                 let db = <$Db as $crate::common::tx::TxFixture>::open(
                     $kind,
                     $crate::common::tx::Open::Plain,
                 )
                 .await?;
-                Some(std::sync::Arc::new($crate::common::http_suite::TxFx(db)))
+                Some(std::sync::Arc::new($crate::common::http_suite::TxFx(
+                    db,
+                    std::marker::PhantomData,
+                )))
             }
 
             fn mode(&self) -> $crate::common::http_suite::Mode {

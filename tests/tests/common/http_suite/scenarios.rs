@@ -57,6 +57,11 @@ pub(crate) async fn the_drafts_examples<F: HttpFixture>(fx: Arc<F>) {
     assert_eq!(first.status, 201, "{}", first.text());
     assert!(!first.replayed());
     assert_eq!(first.json()["key"], DRAFT_KEY, "the handler gets the key");
+    assert_eq!(
+        first.json()["downstream"],
+        format!("36:{DRAFT_KEY}"),
+        "unscoped, the key alone is passed on"
+    );
     let retry = post(&c, DRAFT_KEY, "o-1", &[]).await;
     assert_eq!(retry.status, 201);
     assert_eq!(retry.header("idempotent-replayed"), Some("true"));
@@ -175,6 +180,15 @@ pub(crate) async fn concurrent_retries_run_once<F: HttpFixture>(fx: Arc<F>) {
             other => panic!("a retry got {other}: {}", r.text()),
         }
     }
+    if fx.mode().racing_retry_waits() {
+        // The first commits long before any lock timeout: every retry
+        // waited on the key's row and gets the replay, none a `409`.
+        assert!(
+            replies.iter().all(|r| r.status == 201),
+            "{:?}",
+            replies.iter().map(|r| r.status).collect::<Vec<_>>()
+        );
+    }
     let runs = app.runs("o-race");
     if fx.mode().racing_retry_runs_handler() {
         assert!((1..=8).contains(&runs), "{runs}");
@@ -216,6 +230,26 @@ pub(crate) async fn keys_are_scoped_by_the_caller<F: HttpFixture>(fx: Arc<F>) {
     );
     assert_eq!(alice.json()["caller"], "alice");
     assert_eq!(bob.json()["caller"], "bob");
+    // Both sent `k-1`; the key each handler passes on to a provider the
+    // server calls under one account is its caller's own.
+    assert_eq!(
+        (&alice.json()["key"], &bob.json()["key"]),
+        (&json!("k-1"), &json!("k-1"))
+    );
+    let downstream = |r: &Reply| {
+        r.json()["downstream"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert_eq!(downstream(&alice), "5:alice|3:k-1");
+    assert_eq!(downstream(&bob), "3:bob|3:k-1");
+    // A scope holding a space (or anything but visible ASCII): the stored
+    // key's digest, which fits any header.
+    let zoe = post(&c, "k-1", "o-scoped", &[("x-account", "zoe smith")]).await;
+    assert_eq!(zoe.status, 201, "{}", zoe.text());
+    let zoe = downstream(&zoe);
+    assert!(zoe.starts_with("#sha256:") && zoe.len() == 72, "{zoe}");
     let again = post(&c, "k-1", "o-scoped", &[("x-account", "bob")]).await;
     assert!(again.replayed());
     assert_eq!(
@@ -225,7 +259,7 @@ pub(crate) async fn keys_are_scoped_by_the_caller<F: HttpFixture>(fx: Arc<F>) {
     );
     let nobody = post(&c, "k-1", "o-scoped", &[]).await;
     assert_eq!(nobody.status, 401);
-    assert_eq!(fx.effects(&app, "o-scoped").await, 2);
+    assert_eq!(fx.effects(&app, "o-scoped").await, 3);
 }
 
 pub(crate) async fn statuses_are_recorded_or_released_by_class<F: HttpFixture>(fx: Arc<F>) {
