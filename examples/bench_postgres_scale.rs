@@ -217,11 +217,10 @@ async fn main() -> Result<(), BoxError> {
         .with_partitions(Partitions::daily());
     plain.migrate().await?;
     parted.migrate().await?;
-    let now_ms: i64 = sqlx::query_scalar(
-        "SELECT (extract(epoch from statement_timestamp()) * 1000)::bigint",
-    )
-    .fetch_one(&pool)
-    .await?;
+    let now_ms: i64 =
+        sqlx::query_scalar("SELECT (extract(epoch from statement_timestamp()) * 1000)::bigint")
+            .fetch_one(&pool)
+            .await?;
     let today = now_ms / DAY_MS;
     for day in today - 8..today {
         sqlx::raw_sql(AssertSqlSafe(format!(
@@ -260,7 +259,9 @@ async fn main() -> Result<(), BoxError> {
             format!("VACUUM ANALYZE {PLAIN}"),
             format!("VACUUM ANALYZE {PARTED}"),
         ] {
-            sqlx::raw_sql(AssertSqlSafe(statement)).execute(&pool).await?;
+            sqlx::raw_sql(AssertSqlSafe(statement))
+                .execute(&pool)
+                .await?;
         }
         filled = stage;
         let fill_s = started.elapsed().as_secs_f64();

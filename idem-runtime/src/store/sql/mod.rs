@@ -40,6 +40,7 @@
 //! template.rs    the template language: `:name` parameters, placeholders, literals
 //! rows.rs        the dedup row's SQL: columns, what a claim writes, when it may take a row
 //! table.rs       the table's name: the default, the check
+//! partitions.rs  PostgreSQL's partitioned table: the option, its SQL
 //! exec.rs        what the store needs of a sqlx driver: bind, run, decode
 //! dialect.rs     the Dialect trait: what differs between the databases
 //! statements.rs  the statements of one store, built once per table

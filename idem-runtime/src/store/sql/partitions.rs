@@ -203,14 +203,14 @@ pub struct PartitionedSql {
 }
 
 /// The partitioned table's SQL on PostgreSQL, for `table` (validated:
-/// letters, digits, `_`, at most one `.`) and `partitions`.
+/// letters, digits, `_`, at most one `.`) and `partitions`, where `now` is
+/// the database's clock in ms (the dialect's `NOW`).
 #[cfg(feature = "postgres")]
-pub(super) fn postgres(table: &str, partitions: Partitions) -> PartitionedSql {
+pub(super) fn postgres(table: &str, partitions: Partitions, now: &str) -> PartitionedSql {
     use super::table::{bare, derived_name};
 
     let width = partitions.width_ms();
     let ahead = partitions.ahead();
-    let now = <sqlx::Postgres as super::Dialect>::NOW;
     // Objects live in the table's schema: qualified as the table is.
     let qualify = |name: &str| match table.split_once('.') {
         Some((schema, _)) => format!("{schema}.{name}"),

@@ -251,8 +251,7 @@ impl Dialect for Postgres {
         format!("INSERT INTO {{t}} ({COLUMNS}) {select} ON CONFLICT DO NOTHING")
     }
 
-    const PARTITIONED: Option<fn(&str, Partitions) -> PartitionedSql> =
-        Some(super::partitions::postgres);
+    const PARTITIONED: Option<fn(&str, Partitions) -> PartitionedSql> = Some(partitioned);
 
     fn update_from_rows(assignments: &str, condition: &str) -> String {
         format!(
@@ -312,6 +311,11 @@ impl Dialect for Postgres {
     fn rows_affected(done: &PgQueryResult) -> u64 {
         done.rows_affected()
     }
+}
+
+/// The SQL of a table partitioned by time, on the server's clock.
+fn partitioned(table: &str, partitions: Partitions) -> PartitionedSql {
+    super::partitions::postgres(table, partitions, <Postgres as Dialect>::NOW)
 }
 
 /// Whether a server at `host` (or on a Unix socket) shares the consumer's
@@ -610,7 +614,7 @@ impl SqlStore<Postgres> {
                 self.table()
             )));
         };
-        let sql = super::partitions::postgres(self.table(), partitions);
+        let sql = partitioned(self.table(), partitions);
         let kind: Option<String> =
             sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)")
                 .bind(self.table())
