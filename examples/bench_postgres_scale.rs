@@ -15,12 +15,16 @@
 //! bulk with SQL (the partitioned table's insert trigger off meanwhile:
 //! the keys are fresh), then `VACUUM ANALYZE`d, as autovacuum would.
 //!
-//! At each size, `ROUNDS` interleaved rounds per table of `CALLS` fresh
-//! claims, by `TASKS` concurrent tasks, through a lease-mode handler with
-//! an empty body (a claim and a completion): the claim latency's median and
-//! 99th percentile (the `idem_claim_seconds` samples), medians over the
-//! rounds, with the machine's busy and stolen CPU during them; then the
-//! tables' sizes (heap and indexes, every partition's). At the largest
+//! Two more tables, one of each layout, stay at the first size (1 million
+//! rows) as references: at each size, `ROUNDS` rounds of `CALLS` fresh
+//! claims by `TASKS` concurrent tasks run on the four tables in turn,
+//! through a lease-mode handler with an empty body (a claim and a
+//! completion), so that a grown table and its reference are measured
+//! under the same load. Each table's claim latency (the
+//! `idem_claim_seconds` samples): the median and the 99th percentile,
+//! medians over the rounds, and the grown table's 99th percentile over its
+//! reference's, with the machine's busy and stolen CPU during the rounds;
+//! then the tables' sizes (heap and indexes, every partition's). At the largest
 //! size, the expiry: the sweeper's `sweep_expired(10_000)` until it is
 //! done, on each table, with a stream of claims running beside it: the
 //! seconds per million rows removed, the claims' 99th percentile meanwhile,
@@ -51,6 +55,8 @@ async fn ping(msg: &Ping) -> Result<(), std::io::Error> {
 const DAY_MS: i64 = 86_400_000;
 const PLAIN: &str = "scale_plain";
 const PARTED: &str = "scale_parted";
+const PLAIN_REF: &str = "scale_plain_ref";
+const PARTED_REF: &str = "scale_parted_ref";
 
 /// Collects the claim-latency histogram samples the runtime records.
 mod recorder {
@@ -126,7 +132,7 @@ async fn size_mb(pool: &PgPool, table: &str) -> Result<f64, BoxError> {
 /// Adds `rows` rows written at random over the 8 days before `now_ms`
 /// (each, in the partitioned table, in the partition of its day).
 async fn fill(pool: &PgPool, table: &str, rows: i64, now_ms: i64) -> Result<(), BoxError> {
-    let (part, day) = if table == PARTED {
+    let (part, day) = if table == PARTED || table == PARTED_REF {
         (", part", format!(", t / {DAY_MS}"))
     } else {
         ("", String::new())
@@ -150,6 +156,33 @@ async fn fill(pool: &PgPool, table: &str, rows: i64, now_ms: i64) -> Result<(), 
         .await?;
         done += n;
     }
+    Ok(())
+}
+
+/// [`fill`]s `table` with `rows` more rows, as fast as it goes (a
+/// partitioned table's insert trigger off: the keys are fresh), then
+/// `VACUUM ANALYZE`s it as autovacuum would.
+async fn fill_bulk(pool: &PgPool, table: &str, rows: i64, now_ms: i64) -> Result<(), BoxError> {
+    let parted = table == PARTED || table == PARTED_REF;
+    if parted {
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "ALTER TABLE {table} DISABLE TRIGGER idem_bring"
+        )))
+        .execute(pool)
+        .await?;
+    }
+    fill(pool, table, rows, now_ms).await?;
+    if parted {
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "ALTER TABLE {table} ENABLE TRIGGER idem_bring"
+        )))
+        .execute(pool)
+        .await?;
+    }
+    // A statement of its own: VACUUM runs outside a transaction.
+    sqlx::raw_sql(AssertSqlSafe(format!("VACUUM ANALYZE {table}")))
+        .execute(pool)
+        .await?;
     Ok(())
 }
 
@@ -203,96 +236,103 @@ async fn main() -> Result<(), BoxError> {
         .max_connections(tasks as u32 + 2)
         .connect(&url)
         .await?;
-    let cleanup = format!(
-        "DROP TABLE IF EXISTS {PLAIN}, {PARTED} CASCADE;
-         DROP FUNCTION IF EXISTS {PARTED}_idem_bring() CASCADE;
-         DROP FUNCTION IF EXISTS {PARTED}_idem_maintain(bigint, bigint)"
-    );
+    let mut cleanup = String::new();
+    for parted in [PARTED, PARTED_REF] {
+        cleanup.push_str(&format!(
+            "DROP TABLE IF EXISTS {parted} CASCADE;
+             DROP FUNCTION IF EXISTS {parted}_idem_bring() CASCADE;
+             DROP FUNCTION IF EXISTS {parted}_idem_maintain(bigint, bigint);"
+        ));
+    }
+    cleanup.push_str(&format!("DROP TABLE IF EXISTS {PLAIN}, {PLAIN_REF};"));
     sqlx::raw_sql(AssertSqlSafe(cleanup.clone()))
         .execute(&pool)
         .await?;
-    let plain = PgStore::from_pool(pool.clone()).with_table(PLAIN)?;
-    let parted = PgStore::from_pool(pool.clone())
-        .with_table(PARTED)?
-        .with_partitions(Partitions::daily());
-    plain.migrate().await?;
-    parted.migrate().await?;
-    let now_ms: i64 =
-        sqlx::query_scalar("SELECT (extract(epoch from statement_timestamp()) * 1000)::bigint")
-            .fetch_one(&pool)
-            .await?;
+    let now_ms: i64 = sqlx::query_scalar(
+        "SELECT (extract(epoch from statement_timestamp()) * 1000)::bigint",
+    )
+    .fetch_one(&pool)
+    .await?;
     let today = now_ms / DAY_MS;
-    for day in today - 8..today {
-        sqlx::raw_sql(AssertSqlSafe(format!(
-            "CREATE TABLE IF NOT EXISTS {PARTED}_p{day} PARTITION OF {PARTED}
-             FOR VALUES FROM ({day}) TO ({})",
-            day + 1
-        )))
-        .execute(&pool)
-        .await?;
+    // The grown tables first, then their references.
+    let mut stores = Vec::new();
+    for table in [PLAIN, PARTED, PLAIN_REF, PARTED_REF] {
+        let store = PgStore::from_pool(pool.clone()).with_table(table)?;
+        let store = if table == PARTED || table == PARTED_REF {
+            let store = store.with_partitions(Partitions::daily());
+            store.migrate().await?;
+            for day in today - 8..today {
+                sqlx::raw_sql(AssertSqlSafe(format!(
+                    "CREATE TABLE IF NOT EXISTS {table}_p{day} PARTITION OF {table}
+                     FOR VALUES FROM ({day}) TO ({})",
+                    day + 1
+                )))
+                .execute(&pool)
+                .await?;
+            }
+            store
+        } else {
+            store.migrate().await?;
+            store
+        };
+        stores.push((table, store));
     }
     println!(
-        "plain `{PLAIN}` against `{PARTED}`, partitioned by day ({} partitions); {rounds} rounds of {calls} claims by {tasks} tasks at each size; load average {}",
+        "plain `{PLAIN}` against `{PARTED}`, partitioned by day ({} partitions), each beside a reference of the first size; {rounds} rounds of {calls} claims by {tasks} tasks on each at each size; load average {}",
         9 + Partitions::daily().ahead(),
         load_average()
     );
     println!(
-        "{:>10} | {:>9} {:>9} {:>9} | {:>9} {:>9} {:>9} | {:>6} {:>6}",
-        "rows", "plain p50", "p99", "MB", "parts p50", "p99", "MB", "busy%", "steal%"
+        "{:>10} | {:>9} {:>9} {:>7} {:>7} | {:>9} {:>9} {:>7} {:>7} | {:>6} {:>6}",
+        "rows", "plain p50", "p99", "/ref", "MB", "parts p50", "p99", "/ref", "MB", "busy%", "steal%"
     );
+    let reference = stages.first().copied().unwrap_or(0);
+    for (table, _) in &stores[2..] {
+        fill_bulk(&pool, table, reference, now_ms).await?;
+    }
 
     let mut filled = 0;
-    let mut first: Option<(f64, f64)> = None;
     let mut last = (0.0, 0.0, 0.0, 0.0);
     for &stage in &stages {
         let started = Instant::now();
-        sqlx::raw_sql(AssertSqlSafe(format!(
-            "ALTER TABLE {PARTED} DISABLE TRIGGER idem_bring"
-        )))
-        .execute(&pool)
-        .await?;
-        fill(&pool, PLAIN, stage - filled, now_ms).await?;
-        fill(&pool, PARTED, stage - filled, now_ms).await?;
-        // One statement a message: VACUUM runs outside a transaction.
-        for statement in [
-            format!("ALTER TABLE {PARTED} ENABLE TRIGGER idem_bring"),
-            format!("VACUUM ANALYZE {PLAIN}"),
-            format!("VACUUM ANALYZE {PARTED}"),
-        ] {
-            sqlx::raw_sql(AssertSqlSafe(statement))
-                .execute(&pool)
-                .await?;
+        for (table, _) in &stores[..2] {
+            fill_bulk(&pool, table, stage - filled, now_ms).await?;
         }
         filled = stage;
         let fill_s = started.elapsed().as_secs_f64();
 
-        let mut p = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+        // p50 and p99 of each table, per round
+        let mut p: Vec<[Vec<f64>; 2]> = vec![[Vec::new(), Vec::new()]; 4];
         let cpu = Cpu::now()?;
         for r in 0..=rounds {
-            for (i, store) in [&plain, &parted].into_iter().enumerate() {
+            for (i, (_, store)) in stores.iter().enumerate() {
                 let mut s = round(store, &samples, calls, tasks).await?;
                 // Round 0 warms the caches and is not counted.
                 if r > 0 {
-                    p[2 * i].push(quantile_ms(&mut s, 0.5));
-                    p[2 * i + 1].push(quantile_ms(&mut s, 0.99));
+                    p[i][0].push(quantile_ms(&mut s, 0.5));
+                    p[i][1].push(quantile_ms(&mut s, 0.99));
                 }
             }
         }
         let (busy, steal) = Cpu::now()?.since(cpu);
-        let [p50, p99, q50, q99] = p.map(median);
+        let [p50, p99] = p[0].clone().map(median);
+        let [q50, q99] = p[1].clone().map(median);
+        let plain_ref = median(p[2][1].clone());
+        let parted_ref = median(p[3][1].clone());
         let plain_mb = size_mb(&pool, PLAIN).await?;
         let parted_mb = size_mb(&pool, PARTED).await?;
+        let (plain_x, parted_x) = (p99 / plain_ref, q99 / parted_ref);
         println!(
-            "{stage:>10} | {p50:>9.3} {p99:>9.3} {plain_mb:>9.0} | {q50:>9.3} {q99:>9.3} {parted_mb:>9.0} | {busy:>6.1} {steal:>6.1}   (filled in {fill_s:.0} s)"
+            "{stage:>10} | {p50:>9.3} {p99:>9.3} {plain_x:>7.3} {plain_mb:>7.0} | {q50:>9.3} {q99:>9.3} {parted_x:>7.3} {parted_mb:>7.0} | {busy:>6.1} {steal:>6.1}   (filled in {fill_s:.0} s)"
         );
-        first.get_or_insert((p99, q99));
-        last = (p99, q99, plain_mb, parted_mb);
+        last = (plain_x, parted_x, plain_mb, parted_mb);
     }
 
     // Expiry at the largest size: the oldest day's rows have expired.
     println!("expiry: sweep_expired(10000) until done, {tasks} tasks claiming beside it");
     let mut sweeps = Vec::new();
-    for (name, store) in [(PLAIN, &plain), (PARTED, &parted)] {
+    for (name, store) in &stores[..2] {
+        let name = *name;
         let going = Arc::new(std::sync::atomic::AtomicBool::new(true));
         if let Ok(mut s) = samples.lock() {
             s.clear();
@@ -339,16 +379,10 @@ async fn main() -> Result<(), BoxError> {
     sqlx::raw_sql(AssertSqlSafe(cleanup)).execute(&pool).await?;
     tokio::time::sleep(Duration::from_millis(10)).await;
 
-    let (first_plain, first_parted) = first.unwrap_or((f64::NAN, f64::NAN));
-    let (last_plain, last_parted, plain_mb, parted_mb) = last;
+    let (plain_x, parted_x, plain_mb, parted_mb) = last;
+    let largest = stages.last().copied().unwrap_or(0);
     println!(
-        "p99 at {} / at {}: plain {:.3}, partitioned {:.3}; partitioned/plain at {}: p99 {:.3}, size {:.3}; sweep per million partitioned/plain {:.4}, size after {:.3}",
-        stages.last().copied().unwrap_or(0),
-        stages.first().copied().unwrap_or(0),
-        last_plain / first_plain,
-        last_parted / first_parted,
-        stages.last().copied().unwrap_or(0),
-        last_parted / last_plain,
+        "p99 at {largest} / at {reference}: plain {plain_x:.3}, partitioned {parted_x:.3}; size at {largest} partitioned/plain {:.3}; sweep per million partitioned/plain {:.4}; size after the sweep partitioned/plain {:.3}",
         parted_mb / plain_mb,
         sweeps[1].0 / sweeps[0].0,
         sweeps[1].2 / sweeps[0].2,
