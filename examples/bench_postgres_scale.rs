@@ -7,11 +7,12 @@
 //! STAGES=1000000,5000000,10000000,20000000 CALLS=2000 ROUNDS=3 TASKS=4 cargo run --release ...
 //! ```
 //!
-//! Both tables hold what a consumer with a 7-day ttl leaves after 8 days:
-//! rows written at random times over the last 8 days, completed, expiring 7
-//! days after they were written, so that the oldest day's have expired. The
-//! partitioned table has a partition a day (made by the benchmark for the
-//! past days, by `migrate` for today and ahead). The rows are inserted in
+//! Both tables hold what a consumer with a 7-day ttl leaves: completed
+//! rows expiring 7 days after they were written, seven eighths of them
+//! written over the last 7 days (live) and, at each size, an eighth of the
+//! rows added written on a day of their own more than 7 days ago
+//! (expired). The partitioned table has a partition a day (made by the
+//! benchmark for the past days, by `migrate` for today and ahead). The rows are inserted in
 //! bulk with SQL (the partitioned table's insert trigger off meanwhile:
 //! the keys are fresh), then `VACUUM ANALYZE`d, as autovacuum would.
 //!
@@ -26,12 +27,13 @@
 //! reference's, with the machine's busy and stolen CPU during the rounds
 //! (each round's too: one whose steal passed 5 % is marked `!` and taken
 //! again, at most `ROUNDS` times a size); then the tables' sizes (heap and
-//! indexes, every partition's). At the largest
-//! size, the expiry: the sweeper's `sweep_expired(10_000)` until it is
+//! indexes, every partition's). Then, at each size, the expiry of that
+//! size's expired rows: the sweeper's `sweep_expired(10_000)` until it is
 //! done, on each table, with a stream of claims running beside it: the
-//! seconds per million rows removed, the claims' 99th percentile meanwhile,
-//! and the sizes after. The last line gives the ratios. The tables are
-//! dropped at the end; at 20 million rows they take about 9 GB on disk.
+//! seconds per million rows removed, the claims' 99th percentile
+//! meanwhile, and the size after. The last line gives the ratios at the
+//! largest size. The tables are dropped at the end; at 20 million rows
+//! they take about 9 GB on disk.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -135,9 +137,17 @@ async fn size_mb(pool: &PgPool, table: &str) -> Result<f64, BoxError> {
     Ok(bytes as f64 / 1e6)
 }
 
-/// Adds `rows` rows written at random over the 8 days before `now_ms`
-/// (each, in the partitioned table, in the partition of its day).
-async fn fill(pool: &PgPool, table: &str, rows: i64, now_ms: i64) -> Result<(), BoxError> {
+/// Adds `rows` rows as a 7-day ttl leaves them: seven eighths written at
+/// random over the 7 days before `now_ms`, live, and an eighth written on
+/// day `expired_day` (days since the epoch, more than 7 days ago), expired
+/// (each, in a partitioned table, in the partition of its day).
+async fn fill(
+    pool: &PgPool,
+    table: &str,
+    rows: i64,
+    now_ms: i64,
+    expired_day: i64,
+) -> Result<(), BoxError> {
     let (part, day) = if table == PARTED || table == PARTED_REF {
         (", part", format!(", t / {DAY_MS}"))
     } else {
@@ -153,11 +163,14 @@ async fn fill(pool: &PgPool, table: &str, rows: i64, now_ms: i64) -> Result<(), 
                                   created_at, updated_at, expires_at{part})
              SELECT 'scale_ping', '36:' || gen_random_uuid()::text, 'completed', NULL, 'null', 1,
                     t, t, t + 7 * {DAY_MS}{day}
-             FROM (SELECT $2 - (random() * 8 * {DAY_MS})::bigint AS t
-                   FROM generate_series(1, $1)) AS g"
+             FROM (SELECT CASE WHEN g % 8 = 0
+                               THEN $3 * {DAY_MS} + (random() * {DAY_MS})::bigint
+                               ELSE $2 - (random() * 7 * {DAY_MS})::bigint END AS t
+                   FROM generate_series(1, $1) AS g) AS g"
         )))
         .bind(n)
         .bind(now_ms)
+        .bind(expired_day)
         .execute(pool)
         .await?;
         done += n;
@@ -168,7 +181,13 @@ async fn fill(pool: &PgPool, table: &str, rows: i64, now_ms: i64) -> Result<(), 
 /// [`fill`]s `table` with `rows` more rows, as fast as it goes (a
 /// partitioned table's insert trigger off: the keys are fresh), then
 /// `VACUUM ANALYZE`s it as autovacuum would.
-async fn fill_bulk(pool: &PgPool, table: &str, rows: i64, now_ms: i64) -> Result<(), BoxError> {
+async fn fill_bulk(
+    pool: &PgPool,
+    table: &str,
+    rows: i64,
+    now_ms: i64,
+    expired_day: i64,
+) -> Result<(), BoxError> {
     let parted = table == PARTED || table == PARTED_REF;
     if parted {
         sqlx::raw_sql(AssertSqlSafe(format!(
@@ -177,7 +196,7 @@ async fn fill_bulk(pool: &PgPool, table: &str, rows: i64, now_ms: i64) -> Result
         .execute(pool)
         .await?;
     }
-    fill(pool, table, rows, now_ms).await?;
+    fill(pool, table, rows, now_ms, expired_day).await?;
     if parted {
         sqlx::raw_sql(AssertSqlSafe(format!(
             "ALTER TABLE {table} ENABLE TRIGGER idem_bring"
@@ -254,11 +273,10 @@ async fn main() -> Result<(), BoxError> {
     sqlx::raw_sql(AssertSqlSafe(cleanup.clone()))
         .execute(&pool)
         .await?;
-    let now_ms: i64 = sqlx::query_scalar(
-        "SELECT (extract(epoch from statement_timestamp()) * 1000)::bigint",
-    )
-    .fetch_one(&pool)
-    .await?;
+    let now_ms: i64 =
+        sqlx::query_scalar("SELECT (extract(epoch from statement_timestamp()) * 1000)::bigint")
+            .fetch_one(&pool)
+            .await?;
     let today = now_ms / DAY_MS;
     // The grown tables first, then their references.
     let mut stores = Vec::new();
@@ -267,7 +285,8 @@ async fn main() -> Result<(), BoxError> {
         let store = if table == PARTED || table == PARTED_REF {
             let store = store.with_partitions(Partitions::daily());
             store.migrate().await?;
-            for day in today - 8..today {
+            // a day of expired rows for each size, the last 7 days live
+            for day in today - 8 - stages.len() as i64..today {
                 sqlx::raw_sql(AssertSqlSafe(format!(
                     "CREATE TABLE IF NOT EXISTS {table}_p{day} PARTITION OF {table}
                      FOR VALUES FROM ({day}) TO ({})",
@@ -290,19 +309,32 @@ async fn main() -> Result<(), BoxError> {
     );
     println!(
         "{:>10} | {:>9} {:>9} {:>7} {:>7} | {:>9} {:>9} {:>7} {:>7} | {:>6} {:>6}",
-        "rows", "plain p50", "p99", "/ref", "MB", "parts p50", "p99", "/ref", "MB", "busy%", "steal%"
+        "rows",
+        "plain p50",
+        "p99",
+        "/ref",
+        "MB",
+        "parts p50",
+        "p99",
+        "/ref",
+        "MB",
+        "busy%",
+        "steal%"
     );
     let reference = stages.first().copied().unwrap_or(0);
     for (table, _) in &stores[2..] {
-        fill_bulk(&pool, table, reference, now_ms).await?;
+        fill_bulk(&pool, table, reference, now_ms, today - 9).await?;
     }
 
     let mut filled = 0;
     let mut last = (0.0, 0.0, 0.0, 0.0);
-    for &stage in &stages {
+    let mut sweeps = Vec::new();
+    for (k, &stage) in stages.iter().enumerate() {
         let started = Instant::now();
+        // This size's expired rows in a day of their own, the oldest first.
+        let expired_day = today - 8 - (stages.len() - k) as i64;
         for (table, _) in &stores[..2] {
-            fill_bulk(&pool, table, stage - filled, now_ms).await?;
+            fill_bulk(&pool, table, stage - filled, now_ms, expired_day).await?;
         }
         filled = stage;
         let fill_s = started.elapsed().as_secs_f64();
@@ -354,55 +386,54 @@ async fn main() -> Result<(), BoxError> {
             conditions.join(" ")
         );
         last = (plain_x, parted_x, plain_mb, parted_mb);
-    }
 
-    // Expiry at the largest size: the oldest day's rows have expired.
-    println!("expiry: sweep_expired(10000) until done, {tasks} tasks claiming beside it");
-    let mut sweeps = Vec::new();
-    for (name, store) in &stores[..2] {
-        let name = *name;
-        let going = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        if let Ok(mut s) = samples.lock() {
-            s.clear();
-        }
-        let mut joins = Vec::new();
-        for _ in 0..tasks {
-            let (store, going) = (store.clone(), going.clone());
-            joins.push(tokio::spawn(async move {
-                while going.load(std::sync::atomic::Ordering::Relaxed) {
-                    let msg = Ping {
-                        id: uuid::Uuid::new_v4().to_string(),
-                    };
-                    assert!(ping(&store, &msg).await?.is_executed());
-                }
-                Ok::<_, BoxError>(())
-            }));
-        }
-        let cpu = Cpu::now()?;
-        let started = Instant::now();
-        let mut removed = 0u64;
-        loop {
-            let n = store.sweep_expired(10_000).await?;
-            removed += n;
-            if n < 10_000 {
-                break;
+        // Expiry: this size's expired rows.
+        for (name, store) in &stores[..2] {
+            let name = *name;
+            let going = Arc::new(std::sync::atomic::AtomicBool::new(true));
+            if let Ok(mut s) = samples.lock() {
+                s.clear();
             }
+            let mut joins = Vec::new();
+            for _ in 0..tasks {
+                let (store, going) = (store.clone(), going.clone());
+                joins.push(tokio::spawn(async move {
+                    while going.load(std::sync::atomic::Ordering::Relaxed) {
+                        let msg = Ping {
+                            id: uuid::Uuid::new_v4().to_string(),
+                        };
+                        assert!(ping(&store, &msg).await?.is_executed());
+                    }
+                    Ok::<_, BoxError>(())
+                }));
+            }
+            let cpu = Cpu::now()?;
+            let started = Instant::now();
+            let mut removed = 0u64;
+            loop {
+                let n = store.sweep_expired(10_000).await?;
+                removed += n;
+                if n < 10_000 {
+                    break;
+                }
+            }
+            let took = started.elapsed().as_secs_f64();
+            going.store(false, std::sync::atomic::Ordering::Relaxed);
+            for j in joins {
+                j.await??;
+            }
+            let (busy, steal) = Cpu::now()?.since(cpu);
+            let mut s = samples.lock().map(|s| s.clone()).unwrap_or_default();
+            let p99 = quantile_ms(&mut s, 0.99);
+            let mb = size_mb(&pool, name).await?;
+            let per_million = took / (removed.max(1) as f64 / 1e6);
+            println!(
+                "{:>10}   sweep of {name}: {removed} expired rows in {took:.2} s ({per_million:.3} s per million), claims' p99 meanwhile {p99:.3} ms over {} claims, {mb:.0} MB after; busy {busy:.1} %, steal {steal:.1} %",
+                "",
+                s.len()
+            );
+            sweeps.push((per_million, p99, mb));
         }
-        let took = started.elapsed().as_secs_f64();
-        going.store(false, std::sync::atomic::Ordering::Relaxed);
-        for j in joins {
-            j.await??;
-        }
-        let (busy, steal) = Cpu::now()?.since(cpu);
-        let mut s = samples.lock().map(|s| s.clone()).unwrap_or_default();
-        let p99 = quantile_ms(&mut s, 0.99);
-        let mb = size_mb(&pool, name).await?;
-        let per_million = took / (removed.max(1) as f64 / 1e6);
-        println!(
-            "  {name}: {removed} rows in {took:.2} s ({per_million:.3} s per million), claims' p99 meanwhile {p99:.3} ms over {} claims, {mb:.0} MB after; busy {busy:.1} %, steal {steal:.1} %",
-            s.len()
-        );
-        sweeps.push((per_million, p99, mb));
     }
     sqlx::raw_sql(AssertSqlSafe(cleanup)).execute(&pool).await?;
     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -412,8 +443,8 @@ async fn main() -> Result<(), BoxError> {
     println!(
         "p99 at {largest} / at {reference}: plain {plain_x:.3}, partitioned {parted_x:.3}; size at {largest} partitioned/plain {:.3}; sweep per million partitioned/plain {:.4}; size after the sweep partitioned/plain {:.3}",
         parted_mb / plain_mb,
-        sweeps[1].0 / sweeps[0].0,
-        sweeps[1].2 / sweeps[0].2,
+        sweeps[sweeps.len() - 1].0 / sweeps[sweeps.len() - 2].0,
+        sweeps[sweeps.len() - 1].2 / sweeps[sweeps.len() - 2].2,
     );
     Ok(())
 }
