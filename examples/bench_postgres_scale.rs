@@ -285,8 +285,8 @@ async fn main() -> Result<(), BoxError> {
         let store = if table == PARTED || table == PARTED_REF {
             let store = store.with_partitions(Partitions::daily());
             store.migrate().await?;
-            // a day of expired rows for each size, the last 7 days live
-            for day in today - 8 - stages.len() as i64..today {
+            // the last 7 days, live, and the day of the reference's expired rows
+            for day in today - 9..today {
                 sqlx::raw_sql(AssertSqlSafe(format!(
                     "CREATE TABLE IF NOT EXISTS {table}_p{day} PARTITION OF {table}
                      FOR VALUES FROM ({day}) TO ({})",
@@ -331,8 +331,17 @@ async fn main() -> Result<(), BoxError> {
     let mut sweeps = Vec::new();
     for (k, &stage) in stages.iter().enumerate() {
         let started = Instant::now();
-        // This size's expired rows in a day of their own, the oldest first.
-        let expired_day = today - 8 - (stages.len() - k) as i64;
+        // This size's expired rows in a day of their own, the oldest first,
+        // whose partition is made now: a sweep drops an old partition
+        // once it is empty.
+        let expired_day = today - 9 - (stages.len() - k) as i64;
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE TABLE {PARTED}_p{expired_day} PARTITION OF {PARTED}
+             FOR VALUES FROM ({expired_day}) TO ({})",
+            expired_day + 1
+        )))
+        .execute(&pool)
+        .await?;
         for (table, _) in &stores[..2] {
             fill_bulk(&pool, table, stage - filled, now_ms, expired_day).await?;
         }

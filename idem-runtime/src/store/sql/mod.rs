@@ -129,6 +129,11 @@ const CLAIM_RETRIES: usize = 8;
 /// victim and rolled it back.
 const DEADLOCK_RETRIES: usize = 3;
 
+/// How many steps of a partitioned table's upkeep that removed no rows
+/// (partitions made, empty ones dropped) one sweep takes at most before it
+/// answers.
+const MAINTENANCE_STEPS: usize = 32;
+
 /// Marks where a claim's body begins in its transaction (a handler that
 /// counts failures). Sent as text, not prepared: MySQL 8.0 does not prepare
 /// savepoint statements.
@@ -467,10 +472,19 @@ impl<D: Dialect> SqlStore<D> {
             Sweeping::Delete(delete) => self.write(delete, &values, D::SWEEP_BEGIN).await,
             Sweeping::Maintain(call) => {
                 let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-                let removed = D::number(&mut conn, call, &values)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                Ok(u64::try_from(removed).unwrap_or(0))
+                // Each step is a statement, and so a transaction, of its
+                // own: a partition made or dropped releases the table's
+                // lock before the next step. A bound on the steps keeps a
+                // call short (a partition a step).
+                for _ in 0..MAINTENANCE_STEPS {
+                    let removed = D::number(&mut conn, call, &values)
+                        .await
+                        .map_err(|e| self.err(e))?;
+                    if removed >= 0 {
+                        return Ok(u64::try_from(removed).unwrap_or(0));
+                    }
+                }
+                Ok(0)
             }
         }
     }

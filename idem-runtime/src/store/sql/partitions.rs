@@ -41,7 +41,8 @@
 //!
 //! [`sweep_expired`](super::SqlStore::sweep_expired) calls a function the
 //! migration created, `<table>_idem_maintain(now, batch)`, which does one
-//! thing a call, in this order (and nothing while another sweep of the
+//! thing a call, each in a transaction of its own, until one removes rows
+//! or there is nothing left to do, in this order (and nothing while another sweep of the
 //! table runs it, so that consumers that each run a sweeper do not
 //! deadlock on the table's locks):
 //!
@@ -188,8 +189,10 @@ pub struct PartitionedSql {
     /// Creates the table, its partitions of now, its trigger and its
     /// maintenance function, if they do not exist (no parameters).
     pub create: String,
-    /// One sweep: a statement template returning the rows removed
-    /// (`{now}`, `:batch`).
+    /// One step of a sweep: a statement template returning the rows it
+    /// removed, or -1 after a step that removed none (partitions made, an
+    /// empty one dropped) when another step may follow (`{now}`,
+    /// `:batch`).
     pub sweep: String,
     /// Turns a plain table of the name into a partition of the
     /// partitioned one (see [`PgStore::partition_existing`](crate::PgStore::partition_existing)):
@@ -302,8 +305,10 @@ pub(super) fn postgres(table: &str, partitions: Partitions, now: &str) -> Partit
                 END IF;
                 period := period + 1;
             END LOOP;
+            -- -1: a step that removed nothing and is worth another call
+            -- (in a transaction of its own, so that this one's locks go)
             IF created THEN
-                RETURN 0;
+                RETURN -1;
             END IF;
             -- 2. the oldest partition whose period has ended and whose rows all expired
             FOR old IN
@@ -328,7 +333,7 @@ pub(super) fn postgres(table: &str, partitions: Partitions, now: &str) -> Partit
                         INTO live USING now_ms;
                     IF NOT live THEN
                         EXECUTE format('DROP TABLE %s', old.name);
-                        RETURN held;
+                        RETURN CASE WHEN held = 0 THEN -1 ELSE held END;
                     END IF;
                 EXCEPTION WHEN lock_not_available THEN
                     RETURN 0;
