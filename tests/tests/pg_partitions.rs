@@ -470,10 +470,11 @@ async fn an_expired_claim_in_an_older_partition_is_taken_over() {
     let Claim::Fresh { .. } = fx.store.claim(spec, &key, None).await.unwrap() else {
         panic!("a fresh claim")
     };
-    // The 1 s lease runs out in a later period.
+    // The 1 s lease runs out in a later period (no sweep: it would drop
+    // the stalled claim's partition, as a plain table's sweep deletes the
+    // row).
     next_period(width).await;
     tokio::time::sleep(Duration::from_millis(1_000)).await;
-    fx.store.sweep_expired(100).await.unwrap();
     let taken = fx.store.claim(spec, &key, None).await.unwrap();
     assert!(matches!(taken, Claim::Fresh { .. }), "{taken:?}");
     let record = fx
@@ -600,12 +601,6 @@ async fn a_plain_table_becomes_a_partition_of_the_partitioned_one() {
         assert_eq!(again, Outcome::Duplicate(format!("pong l{i}")));
     }
     assert!(
-        short_ping(&partitioned, &ping("s0"))
-            .await
-            .unwrap()
-            .is_duplicate()
-    );
-    assert!(
         lease_ping(&partitioned, &ping("new"), &effects)
             .await
             .unwrap()
@@ -614,15 +609,15 @@ async fn a_plain_table_becomes_a_partition_of_the_partitioned_one() {
     for i in 0..10 {
         assert_eq!(effects.of(&format!("l{i}")), 1);
     }
-    // The old partition holds the short records alone now (but s0, which
-    // its duplicate moved); past their ttl it goes.
+    // The old partition holds the short records alone now; past their ttl
+    // it goes.
     tokio::time::sleep(Duration::from_millis(2_200)).await;
     let mut removed = 0;
     for _ in 0..10 {
         removed += partitioned.sweep_expired(1_000).await.unwrap();
     }
-    assert_eq!(removed, 9, "the plain table's expired records went with it");
-    assert_eq!(partitioned.count().await.unwrap(), 12);
+    assert_eq!(removed, 10, "the plain table's expired records went with it");
+    assert_eq!(partitioned.count().await.unwrap(), 11);
     // A plain store is refused from now on.
     let err = plain.migrate().await.unwrap_err().to_string();
     assert!(err.contains("is partitioned"), "{err}");
