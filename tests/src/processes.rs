@@ -456,6 +456,20 @@ impl RedisCluster {
         let cluster = RedisCluster { nodes, _dir: dir };
         cluster.wait_settled(Duration::from_secs(20))?;
         if replicas > 0 {
+            // Every node knows every replica as one (gossip tells them).
+            poll(Duration::from_secs(20), "every replica known", || {
+                for port in cluster.live_ports() {
+                    let text: String = on_node(port, redis::cmd("CLUSTER").arg("NODES"))?;
+                    let known = parse_nodes(&text)?
+                        .iter()
+                        .filter(|n| n.replica_of.is_some())
+                        .count();
+                    if known != masters * replicas {
+                        return Err(format!("node {port} knows {known} replicas"));
+                    }
+                }
+                Ok(())
+            })?;
             for node in cluster.topology()?.iter().filter(|n| !n.master) {
                 poll(Duration::from_secs(20), "a replica in sync", || {
                     let info: String = on_node(node.port, redis::cmd("INFO").arg("replication"))?;
@@ -590,34 +604,34 @@ impl RedisCluster {
     ) -> Result<usize, String> {
         let mut moved = 0;
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut conn = node_conn(from.port)?;
+        let failed = |what: String| move |e: redis::RedisError| format!("{what}: {e}");
         loop {
-            let keys: Vec<Vec<u8>> = on_node(
-                from.port,
-                redis::cmd("CLUSTER").arg("GETKEYSINSLOT").arg(slot).arg(16),
-            )?;
+            let keys: Vec<Vec<u8>> = redis::cmd("CLUSTER")
+                .arg("GETKEYSINSLOT")
+                .arg(slot)
+                .arg(16)
+                .query(&mut conn)
+                .map_err(failed(format!("GETKEYSINSLOT on {}", from.port)))?;
             if keys.is_empty() {
                 return Ok(moved);
             }
             for key in keys {
-                let reply: String = on_node(
-                    from.port,
-                    redis::cmd("MIGRATE")
-                        .arg("127.0.0.1")
-                        .arg(to.port)
-                        .arg("")
-                        .arg(0)
-                        .arg(5000)
-                        .arg("KEYS")
-                        .arg(&key),
-                )
-                .map_err(|e| {
-                    format!(
-                        "MIGRATE {} from {} to {}: {e}",
+                let reply: String = redis::cmd("MIGRATE")
+                    .arg("127.0.0.1")
+                    .arg(to.port)
+                    .arg("")
+                    .arg(0)
+                    .arg(5000)
+                    .arg("KEYS")
+                    .arg(&key)
+                    .query(&mut conn)
+                    .map_err(failed(format!(
+                        "MIGRATE {} from {} to {}",
                         String::from_utf8_lossy(&key),
                         from.port,
                         to.port
-                    )
-                })?;
+                    )))?;
                 if reply == "OK" {
                     moved += 1;
                 }
@@ -642,9 +656,11 @@ impl RedisCluster {
     ) -> Result<(), String> {
         setslot(to.port, slot, "NODE", &to.id)?;
         setslot(from.port, slot, "NODE", &to.id)?;
+        // The others would learn it by gossip; telling them saves them the
+        // wait (a node that is no master by now refuses, and needs not know).
         for node in self.topology()?.iter().filter(|n| n.master && !n.failing) {
             if node.id != to.id && node.id != from.id {
-                setslot(node.port, slot, "NODE", &to.id)?;
+                let _ = setslot(node.port, slot, "NODE", &to.id);
             }
         }
         Ok(())
