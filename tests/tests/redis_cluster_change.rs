@@ -159,6 +159,14 @@ fn store_kind(e: &Error<AppError>) -> String {
     format!("other: {text}")
 }
 
+/// Writes `line` to the process's standard error past libtest's capture,
+/// so that a plain run shows it.
+fn say(line: String) {
+    let _ = std::io::stderr()
+        .lock()
+        .write_all(format!("{line}\n").as_bytes());
+}
+
 /// The answers of one phase's calls.
 #[derive(Default, Debug)]
 struct Counts {
@@ -512,7 +520,7 @@ impl Report {
             "cluster change: {}: {:.1?}: {} single calls, {} batch calls of {} messages; \
              executed {}, duplicate {}, in_progress {}, store errors {} {:?}, \
              lease_lost {}, not_recorded {}, other {}, unsettled {}; \
-             {} keys run ({} fresh, {} storm), doubled {}, lost {}; \
+             {} keys run ({} fresh messages, {} storm keys called), doubled {}, lost {}; \
              last calls: {} duplicates, {} other; error replies of the servers {:?}\n",
             self.name,
             self.took,
@@ -887,10 +895,10 @@ fn resharding_and_failover_under_storms() {
     let Some(cluster) = RedisCluster::start_with_replicas(3, 1) else {
         return;
     };
-    eprintln!(
-        "cluster of 3 masters and 3 replicas up in {:?}",
+    say(format!(
+        "cluster change: 3 masters and 3 replicas up in {:?}",
         started.elapsed()
-    );
+    ));
     let urls = cluster.urls();
     let cluster = Arc::new(Mutex::new(cluster));
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -939,7 +947,7 @@ fn resharding_and_failover_under_storms() {
                         moved += c.migrate_slot(slot, dest, Duration::from_millis(3))?;
                     }
                 }
-                eprintln!("cluster change: reshard: {moved} keys moved, 2 x {} slots", slots.len());
+                say(format!("cluster change: reshard: {moved} keys moved, 2 x {} slots", slots.len()));
                 Ok(())
             })
             .await,
@@ -953,7 +961,7 @@ fn resharding_and_failover_under_storms() {
                 let replica = c.replica_of(&a_now)?;
                 let t = Instant::now();
                 c.failover(&replica, Duration::from_secs(20))?;
-                eprintln!("cluster change: failover: {} took over from {} in {:?}", replica.port, a_now.port, t.elapsed());
+                say(format!("cluster change: failover: {} took over from {} in {:?}", replica.port, a_now.port, t.elapsed()));
                 Ok(())
             })
             .await,
@@ -970,7 +978,7 @@ fn resharding_and_failover_under_storms() {
                 c.kill(master.port);
                 let t = Instant::now();
                 c.wait_promoted(&replica, Duration::from_secs(30))?;
-                eprintln!("cluster change: kill after sync: {} killed, {} took over in {:?}", master.port, replica.port, t.elapsed());
+                say(format!("cluster change: kill after sync: {} killed, {} took over in {:?}", master.port, replica.port, t.elapsed()));
                 Ok(())
             })
             .await,
@@ -988,7 +996,7 @@ fn resharding_and_failover_under_storms() {
             *kill_mark.lock().unwrap() = Some(Instant::now());
             let t = Instant::now();
             c.wait_promoted(&replica, Duration::from_secs(30))?;
-            eprintln!("cluster change: kill: {} killed, {} took over in {:?}", b_now.port, replica.port, t.elapsed());
+            say(format!("cluster change: kill: {} killed, {} took over in {:?}", b_now.port, replica.port, t.elapsed()));
             Ok(())
         })
         .await;
