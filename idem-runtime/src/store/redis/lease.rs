@@ -1,8 +1,8 @@
 //! [`LeaseStore`] for [`RedisStore`]: the claim (`claim.rs`), and the
 //! completion, failure, release and extension of a claim, each one function
 //! of the store's library that checks the claim's fencing token; a batch is
-//! one pipelined round trip (on a cluster, one pipeline per slot, sent at
-//! once).
+//! one pipelined round trip (on a cluster, each command on its own, all
+//! sent at once).
 
 use redis::{Cmd, Value};
 
