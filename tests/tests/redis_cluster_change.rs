@@ -79,6 +79,15 @@ impl Ledger {
             .push(Instant::now());
     }
 
+    /// How many times the body of `handler` ran for `id`.
+    fn count(&self, handler: &str, id: &str) -> usize {
+        self.runs
+            .lock()
+            .unwrap()
+            .get(&format!("{handler}/{id}"))
+            .map_or(0, Vec::len)
+    }
+
     fn snapshot(&self) -> HashMap<String, Vec<Instant>> {
         self.runs.lock().unwrap().clone()
     }
@@ -89,7 +98,7 @@ impl Ledger {
 #[idempotent(
     key = "msg.id",
     ttl = "1h",
-    lease = "6s",
+    lease = "10s",
     store = "redis",
     name = "rcc_single"
 )]
@@ -103,7 +112,7 @@ async fn apply_one(msg: &Msg, ledger: &Ledger) -> Result<u32, AppError> {
 #[idempotent(
     key = "msgs.id",
     ttl = "1h",
-    lease = "6s",
+    lease = "10s",
     store = "redis",
     name = "rcc_batch"
 )]
@@ -113,6 +122,15 @@ async fn apply_batch(msgs: &[Msg], ledger: &Ledger) -> Result<Vec<u32>, AppError
     }
     tokio::time::sleep(Duration::from_millis(2)).await;
     Ok(vec![1; msgs.len()])
+}
+
+/// An error in a few words: its kind, and a store error's.
+fn shown(e: &Error<AppError>) -> String {
+    match e {
+        Error::Store { .. } => store_kind(e),
+        Error::InProgress { retry_after, .. } => format!("in_progress {retry_after:?}"),
+        e => e.kind().to_owned(),
+    }
 }
 
 /// Whether a consumer retries the error (the consumers' verdict: a retry
@@ -185,6 +203,9 @@ struct Counts {
     unsettled: Vec<String>,
     /// Per (handler, id): executed, lease lost, not recorded.
     by_key: HashMap<String, [usize; 3]>,
+    /// The message that took longest to settle: how long, which, and the
+    /// answers it had on the way.
+    slowest: (Duration, String, Vec<String>),
 }
 
 impl Counts {
@@ -209,6 +230,13 @@ impl Counts {
                 slot(self, 2);
             }
             Err(e) => self.other.push(format!("{handler}/{id}: {e}")),
+        }
+    }
+
+    /// Notes how long `key` took to settle, through `seen`.
+    fn settled(&mut self, key: String, took: Duration, seen: Vec<String>) {
+        if took > self.slowest.0 {
+            self.slowest = (took, key, seen);
         }
     }
 
@@ -293,7 +321,7 @@ impl Traffic {
             storms: [ids("storm", SINGLE), ids("storm", BATCH)],
             started: Instant::now(),
             stop: AtomicBool::new(false),
-            retry_for: Duration::from_secs(20),
+            retry_for: Duration::from_secs(30),
         }
     }
 
@@ -359,12 +387,18 @@ impl Traffic {
     /// A single call repeated while its answer is retryable, as a consumer
     /// redelivers, until `retry_for` is up.
     async fn settle_single(&self, worker: usize, id: &str) {
-        let deadline = Instant::now() + self.retry_for;
+        let t0 = Instant::now();
+        let deadline = t0 + self.retry_for;
         let mut wait = Duration::from_millis(20);
+        let mut seen = Vec::new();
         loop {
             match self.single(worker, id).await {
-                Err(e) if retryable(&e) => {}
-                _ => return,
+                Err(e) if retryable(&e) => seen.push(shown(&e)),
+                _ => {
+                    self.counts()
+                        .settled(format!("{SINGLE}/{id}"), t0.elapsed(), seen);
+                    return;
+                }
             }
             if Instant::now() > deadline {
                 self.counts().unsettled.push(format!("{SINGLE}/{id}"));
@@ -379,10 +413,16 @@ impl Traffic {
     /// them, when the whole call failed with a retryable error) are called
     /// again, as a batch, until `retry_for` is up.
     async fn settle_batch(&self, worker: usize, ids: Vec<String>) {
-        let deadline = Instant::now() + self.retry_for;
+        let t0 = Instant::now();
+        let deadline = t0 + self.retry_for;
+        let mut seen = Vec::new();
         let mut wait = Duration::from_millis(20);
         let mut pending: Vec<Msg> = ids.iter().map(|id| Msg::new(id)).collect();
         loop {
+            let before: Vec<usize> = pending
+                .iter()
+                .map(|m| self.ledger.count(BATCH, &m.id))
+                .collect();
             let r = apply_batch(self.store(worker), &pending, &self.ledger).await;
             let mut again = Vec::new();
             {
@@ -394,30 +434,50 @@ impl Traffic {
                         assert_eq!(answers.len(), pending.len(), "one answer per message");
                         for (msg, a) in pending.iter().zip(&answers) {
                             c.note(BATCH, &msg.id, a);
-                            if matches!(a, Err(e) if retryable(e)) {
+                            if let Err(e) = a
+                                && retryable(e)
+                            {
+                                seen.push(format!("{}: {}", msg.id, shown(e)));
                                 again.push(msg.clone());
                             }
                         }
                     }
                     Err(e) => {
-                        let is_retryable = retryable(&e);
-                        let shown = format!("{e}");
-                        for msg in &pending {
+                        seen.push(format!("batch: {}", shown(&e)));
+                        // The whole call failed. A store fault or a busy
+                        // key: every message again. A lost lease or an
+                        // outcome not recorded: the body ran for the
+                        // messages whose runs grew, and the consumer acks.
+                        for (msg, was) in pending.iter().zip(&before) {
+                            let ran = self.ledger.count(BATCH, &msg.id) > *was;
+                            let key = format!("{BATCH}/{}", msg.id);
                             match &e {
-                                Error::Store { .. } | Error::InProgress { .. } => {
-                                    let kind = store_kind(&e);
-                                    *c.store.entry(kind).or_default() += 1;
+                                Error::Store { .. } => {
+                                    *c.store.entry(store_kind(&e)).or_default() += 1;
+                                    again.push(msg.clone());
                                 }
-                                _ => c.other.push(format!("{BATCH}/{}: {shown}", msg.id)),
+                                Error::InProgress { .. } => {
+                                    c.in_progress += 1;
+                                    again.push(msg.clone());
+                                }
+                                Error::LeaseLost { .. } if ran => {
+                                    c.lease_lost += 1;
+                                    c.by_key.entry(key).or_default()[1] += 1;
+                                }
+                                Error::NotRecorded { .. } if ran => {
+                                    c.not_recorded += 1;
+                                    c.by_key.entry(key).or_default()[2] += 1;
+                                }
+                                Error::LeaseLost { .. } | Error::NotRecorded { .. } => {}
+                                other => c.other.push(format!("{key}: {other}")),
                             }
-                        }
-                        if is_retryable {
-                            again = pending.clone();
                         }
                     }
                 }
             }
             if again.is_empty() {
+                let key = format!("{BATCH}/{}", ids.join(","));
+                self.counts().settled(key, t0.elapsed(), seen);
                 return;
             }
             if Instant::now() > deadline {
@@ -521,7 +581,8 @@ impl Report {
              executed {}, duplicate {}, in_progress {}, store errors {} {:?}, \
              lease_lost {}, not_recorded {}, other {}, unsettled {}; \
              {} keys run ({} fresh messages, {} storm keys called), doubled {}, lost {}; \
-             last calls: {} duplicates, {} other; error replies of the servers {:?}\n",
+             last calls: {} duplicates, {} other; error replies of the servers {:?}; \
+             slowest to settle: {:.1?} ({}, {} retries, the first {:?}, the last {:?})\n",
             self.name,
             self.took,
             c.single_calls,
@@ -544,6 +605,11 @@ impl Report {
             self.check_duplicates,
             self.check_other.len(),
             self.error_replies,
+            c.slowest.0,
+            c.slowest.1,
+            c.slowest.2.len(),
+            c.slowest.2.iter().take(4).collect::<Vec<_>>(),
+            c.slowest.2.iter().rev().take(2).collect::<Vec<_>>(),
         );
         // Past libtest's capture, so that a plain run shows the counts.
         let _ = std::io::stderr().lock().write_all(line.as_bytes());
@@ -661,7 +727,9 @@ async fn phase(
             async move {
                 let (handler, id) = key.split_once('/').expect("handler/id");
                 let msg = Msg::new(id);
-                let deadline = Instant::now() + Duration::from_secs(10);
+                // Longer than a lease: a claim whose completion was lost
+                // with a killed master stands until its lease runs out.
+                let deadline = Instant::now() + Duration::from_secs(15);
                 loop {
                     let r = if handler == SINGLE {
                         apply_one(&traffic.stores[0], &msg, &traffic.ledger).await
