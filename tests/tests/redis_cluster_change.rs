@@ -25,7 +25,8 @@
 //! must show the same, except that an effect may run twice for a key whose
 //! first run came before the kill and whose second came after it (the lost
 //! write), and each such key is counted and printed. The counts of every
-//! phase are printed.
+//! phase are printed, with the message that took longest to settle and the
+//! answers it had on the way (a claim left to its lease shows there).
 //!
 //! Before the phases, one scenario shows the case that the store must send
 //! as separate commands: a batch with two keys in one slot that is half
