@@ -26,7 +26,10 @@ pub mod services;
 pub use databases::{DeleteKeys, DropMySqlTables, DropTables, unique_prefix, unique_table};
 pub use http::{HttpClient, Reply, Server};
 pub use links::LostReply;
-pub use processes::{ChildTest, LIBFAKETIME, RedisCluster, RedisServer, TansuServer, free_port};
+pub use processes::{
+    ChildTest, ClusterNode, LIBFAKETIME, RedisCluster, RedisServer, TansuServer, free_port,
+    key_slot,
+};
 pub use services::{
     mysql_pool, mysql_url, pg_pool, pg_url, redis_store, redis_url, services_required, unavailable,
 };

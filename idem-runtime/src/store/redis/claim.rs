@@ -50,15 +50,26 @@ impl RedisStore {
 
     /// The steps of a batch of claims, each round of them in one pipelined
     /// round trip, until every claim is taken or refused; `steps` holds
-    /// where each claim got to, also when a round fails.
+    /// where each claim got to, also when a round fails. A round whose
+    /// reply to one claim is an error still reads the replies to the
+    /// others, so that `steps` holds every claim the round took (the
+    /// caller gives them back): a claim left out would hold its key,
+    /// unreleased, until its lease ran out.
     pub(super) async fn claim_steps(
         &self,
         claimings: &[Claiming<'_>],
         steps: &mut Vec<Step>,
     ) -> Result<(), StoreError> {
         let sets: Vec<Cmd> = claimings.iter().map(Claiming::set).collect();
+        let mut failed = None;
         for (claiming, reply) in claimings.iter().zip(self.send_all(&sets).await?) {
-            steps.push(claiming.after_set(reply)?);
+            steps.push(claiming.after_set(reply).unwrap_or_else(|e| {
+                failed.get_or_insert(e);
+                Step::failed()
+            }));
+        }
+        if let Some(e) = failed {
+            return Err(e);
         }
         for _ in 0..MAX_SWAPS {
             let pending: Vec<usize> = (0..steps.len())
@@ -75,12 +86,20 @@ impl RedisStore {
                 })
                 .collect();
             let replies = self.send_all(&cmds).await?;
+            let mut failed = None;
             for (&i, reply) in pending.iter().zip(replies) {
                 let claiming = &claimings[i];
-                steps[i] = match std::mem::replace(&mut steps[i], Step::Hash) {
-                    Step::Swap(swap) => claiming.after_swap(swap, reply)?,
-                    _ => claiming.after_hash(reply)?,
+                let step = match std::mem::replace(&mut steps[i], Step::failed()) {
+                    Step::Swap(swap) => claiming.after_swap(swap, reply),
+                    _ => claiming.after_hash(reply),
                 };
+                steps[i] = step.unwrap_or_else(|e| {
+                    failed.get_or_insert(e);
+                    Step::failed()
+                });
+            }
+            if let Some(e) = failed {
+                return Err(e);
             }
         }
         Ok(())
@@ -124,6 +143,14 @@ pub(super) enum Step {
 }
 
 impl Step {
+    /// The place of a claim whose reply was an error, in a batch that
+    /// fails: it took nothing.
+    fn failed() -> Step {
+        Step::Done(Claim::Refused(Standing::InProgress {
+            retry_after: crate::retry_after::MIN_RETRY,
+        }))
+    }
+
     /// The claim, or, when other deliveries kept changing the record under
     /// this one, the answer that it is busy.
     pub(super) fn done_or_contended(self) -> Claim {

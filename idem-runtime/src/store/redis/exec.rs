@@ -2,12 +2,21 @@
 //! commands are sent on it, one at a time or many in as few round trips as
 //! the connection allows, and how their replies read.
 //!
-//! A batch on one server is one pipeline. On Redis Cluster, redis-rs
-//! routes a pipeline by its first key and refuses one whose keys are in
-//! different slots (`CROSSSLOT`), and a batch's records are in as many
-//! slots as it has keys (each record's hash tag is its own key): so a
-//! batch is split into one pipeline per slot, all sent at once over the
-//! cluster connection, which multiplexes them on its node connections.
+//! A batch on one server is one pipeline. On Redis Cluster, a batch's
+//! commands are sent each on its own, all at once over the cluster
+//! connection, which multiplexes them on its node connections (so they
+//! still travel together, one round trip for the lot). Not pipelines:
+//! redis-rs routes a pipeline by its first key and, when a node answers
+//! one of its commands with a redirection (`MOVED`, `ASK`), sends the
+//! whole pipeline again to where that one command was sent. While a slot
+//! moves, its old master runs the commands of the keys it still has and
+//! answers `ASK` for the others; a pipeline of two keys of that slot was
+//! then sent whole to the importing master, after one `ASKING`, which ran
+//! the first command there, for a key the old master still had (a claim
+//! written beside the record it should have read, which also made moving
+//! that key fail with `BUSYKEY`), and answered `MOVED` for the second, so
+//! the batch went back and forth until it failed. A command on its own
+//! follows its own redirection, as a single call's does.
 
 use std::time::Duration;
 
@@ -123,33 +132,6 @@ fn redirected(r: &Reply) -> bool {
     ))
 }
 
-/// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the
-/// text between the first `{` and the first `}` after it, when not
-/// empty), or of the whole key, modulo 16384.
-pub(super) fn slot(key: &[u8]) -> u16 {
-    let tagged = key.iter().position(|b| *b == b'{').and_then(|open| {
-        let rest = &key[open + 1..];
-        let close = rest.iter().position(|b| *b == b'}')?;
-        (close > 0).then(|| &rest[..close])
-    });
-    crc16(tagged.unwrap_or(key)) & 0x3fff
-}
-
-fn crc16(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for byte in data {
-        crc ^= u16::from(*byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 == 0 {
-                crc << 1
-            } else {
-                (crc << 1) ^ 0x1021
-            };
-        }
-    }
-    crc
-}
-
 impl RedisStore {
     /// Sends one command. A reply is `Ok` whatever it says, server errors
     /// included; `Err` when the connection failed or timed out.
@@ -188,17 +170,18 @@ impl RedisStore {
     }
 
     /// Sends `cmds`, each on one key, and answers each one's reply in
-    /// order, in one pipelined round trip (one per slot on a cluster, sent
-    /// at once). A function call the server could not run because it lacks
-    /// the library runs again once the library is loaded; on a cluster, a
-    /// command a node redirected runs again on its own.
+    /// order, in one pipelined round trip (on a cluster, each command on
+    /// its own, all sent at once). A function call the server could not run
+    /// because it lacks the library runs again once the library is loaded;
+    /// on a cluster, a command whose redirection the connection gave up
+    /// following runs again on its own.
     pub(super) async fn send_all(&self, cmds: &[Cmd]) -> Result<Vec<Reply>, StoreError> {
         if cmds.is_empty() {
             return Ok(Vec::new());
         }
         let mut replies = match &self.conn {
             Conn::Single(c) => pipeline(&mut c.clone(), cmds.iter()).await?,
-            Conn::Cluster(c) => per_slot(c, cmds).await?,
+            Conn::Cluster(c) => each_alone(c, cmds).await?,
         };
         if replies.iter().any(no_script) {
             self.load().await?;
@@ -236,64 +219,20 @@ async fn pipeline<'c, C: ConnectionLike>(
     Ok(values.into_iter().map(reply).collect())
 }
 
-/// `cmds` in one pipeline per slot, all sent at once on the cluster.
-async fn per_slot(
-    conn: &redis::cluster_async::ClusterConnection,
-    cmds: &[Cmd],
-) -> Result<Vec<Reply>, StoreError> {
-    let mut slots: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
-    for (i, cmd) in cmds.iter().enumerate() {
-        // Every command here names its key first (`SET key`, `FCALL name
-        // 1 key`): the key is the first argument after the command's name
-        // and, for a function, its name and key count.
-        let key = cmd
-            .args_iter()
-            .filter_map(|arg| match arg {
-                redis::Arg::Simple(bytes) => Some(bytes),
-                _ => None,
-            })
-            .nth(if is_script(cmd) { 3 } else { 1 })
-            .unwrap_or_default();
-        slots.entry(slot(key)).or_default().push(i);
-    }
-    let sent = slots.values().map(|members| {
+/// `cmds` each on its own, all sent at once on the cluster connection,
+/// each one's reply in order; `Err` when a connection failed or timed out.
+async fn each_alone(conn: &ClusterConnection, cmds: &[Cmd]) -> Result<Vec<Reply>, StoreError> {
+    let sent = cmds.iter().map(|cmd| {
         let mut conn = conn.clone();
-        async move { pipeline(&mut conn, members.iter().map(|&i| &cmds[i])).await }
+        async move { conn.req_packed_command(cmd).await }
     });
-    let answers = futures_util::future::join_all(sent).await;
-    let mut replies: Vec<Option<Reply>> = (0..cmds.len()).map(|_| None).collect();
-    for (members, answer) in slots.values().zip(answers) {
-        for (&i, r) in members.iter().zip(answer?) {
-            replies[i] = Some(r);
-        }
-    }
-    replies
+    futures_util::future::join_all(sent)
+        .await
         .into_iter()
-        .map(|r| r.ok_or_else(|| StoreError::Schema("a pipeline lost a reply".into())))
+        .map(|sent| match sent {
+            Ok(value) => Ok(reply(value)),
+            Err(e) if server_answered(&e) => Ok(Err(e)),
+            Err(e) => Err(backend(e)),
+        })
         .collect()
-}
-
-fn is_script(cmd: &Cmd) -> bool {
-    matches!(
-        cmd.args_iter().next(),
-        Some(redis::Arg::Simple(name)) if name.eq_ignore_ascii_case(b"FCALL")
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::slot;
-
-    #[test]
-    fn slots_are_those_redis_computes() {
-        // Values from `CLUSTER KEYSLOT` (Redis's own examples and records'
-        // keys, tags with braces inside included).
-        assert_eq!(slot(b"foo"), 12182);
-        assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
-        assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
-        assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
-        assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
-        assert_eq!(slot(b"foo{bar}{zap}"), slot(b"bar"));
-        assert_eq!(slot(b"123456789"), 0x31c3 & 0x3fff);
-    }
 }

@@ -1,8 +1,8 @@
 //! [`LeaseStore`] for [`RedisStore`]: the claim (`claim.rs`), and the
 //! completion, failure, release and extension of a claim, each one function
 //! of the store's library that checks the claim's fencing token; a batch is
-//! one pipelined round trip (on a cluster, one pipeline per slot, sent at
-//! once).
+//! one pipelined round trip (on a cluster, each command on its own, all
+//! sent at once).
 
 use redis::{Cmd, Value};
 
@@ -47,6 +47,38 @@ impl RedisStore {
                 "0"
             });
         cmd
+    }
+}
+
+/// How often a failed batch's claims are given back before they are left
+/// to their leases.
+const GIVE_BACK_TRIES: u32 = 4;
+
+impl RedisStore {
+    /// Gives back the claims `held` of a batch whose claim failed, trying
+    /// again a few times (20, 40, 80 ms apart): the failure may be the
+    /// cluster's (a slot being moved, a master failing over), and the
+    /// release meets it too. A claim that cannot be given back holds its
+    /// key until its lease runs out, and every delivery of that key until
+    /// then is `InProgress`. A release is only ever of this claim's own
+    /// token, so sending it again is harmless.
+    async fn give_back(&self, spec: &'static HandlerSpec, held: &[Held<'_>]) {
+        if held.is_empty() {
+            return;
+        }
+        let mut wait = std::time::Duration::from_millis(20);
+        for tried in 1..=GIVE_BACK_TRIES {
+            match self.release_batch(spec, held).await {
+                Ok(()) => return,
+                Err(e) if tried == GIVE_BACK_TRIES => {
+                    tracing::warn!(error = %e, "could not release a batch's claims; they free themselves when their leases run out");
+                }
+                Err(_) => {
+                    tokio::time::sleep(wait).await;
+                    wait *= 2;
+                }
+            }
+        }
     }
 }
 
@@ -149,9 +181,7 @@ impl LeaseStore for RedisStore {
                         _ => None,
                     })
                     .collect();
-                if let Err(e) = self.release_batch(spec, &held).await {
-                    tracing::warn!(error = %e, "could not release a batch's claims; they free themselves when their leases run out");
-                }
+                self.give_back(spec, &held).await;
                 Err(e)
             }
         }

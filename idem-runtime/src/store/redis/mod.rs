@@ -10,8 +10,8 @@
 //! * `library.rs`: the Lua library put together from them, and how one of
 //!   its functions is called;
 //! * `exec.rs`: the connection (one server or a cluster), how commands are
-//!   sent on it, one at a time or pipelined (one pipeline per slot on a
-//!   cluster), and how their replies read;
+//!   sent on it, one at a time or pipelined (on a cluster, each command
+//!   on its own, all sent at once), and how their replies read;
 //! * `keys.rs`: the Redis key of a record, and finding records by `SCAN`
 //!   (on every master of a cluster);
 //! * `read.rs`: reading a record with plain commands;
