@@ -187,9 +187,37 @@ impl RedisStore {
         }
     }
 
-    /// Sends `cmds`, each on one key, and answers each one's reply in
-    /// order, in one pipelined round trip (one per slot on a cluster, sent
-    /// at once). A function call the server could not run because it lacks
+    /// The indexes of `rkeys` in groups that one command may name
+    /// together, each of at most `most` keys: in order, on one server; by
+    /// slot, on a cluster.
+    pub(super) fn groups(&self, rkeys: &[String], most: usize) -> Vec<Vec<usize>> {
+        let most = most.max(1);
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        match &self.conn {
+            Conn::Single(_) => {
+                for i in 0..rkeys.len() {
+                    match groups.last_mut() {
+                        Some(group) if group.len() < most => group.push(i),
+                        _ => groups.push(vec![i]),
+                    }
+                }
+            }
+            Conn::Cluster(_) => {
+                let mut slots: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
+                for (i, rkey) in rkeys.iter().enumerate() {
+                    slots.entry(slot(rkey.as_bytes())).or_default().push(i);
+                }
+                for members in slots.into_values() {
+                    groups.extend(members.chunks(most).map(<[usize]>::to_vec));
+                }
+            }
+        }
+        groups
+    }
+
+    /// Sends `cmds`, each on one key (or on keys of one slot, the first
+    /// named first), and answers each one's reply in order, in one
+    /// pipelined round trip (one per slot on a cluster, sent at once). A function call the server could not run because it lacks
     /// the library runs again once the library is loaded; on a cluster, a
     /// command a node redirected runs again on its own.
     pub(super) async fn send_all(&self, cmds: &[Cmd]) -> Result<Vec<Reply>, StoreError> {
