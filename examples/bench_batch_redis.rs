@@ -8,7 +8,9 @@
 //! ```
 //!
 //! Every key is fresh. `TASKS` consumers share one multiplexed connection
-//! per variant; the variants take turns round after round:
+//! per variant; the variants take turns round after round, each run
+//! starting without the keys of the runs before (deleted between runs,
+//! outside the timing):
 //!
 //! * `raw pipeline`: the limit, `BATCH` `SET key 1 NX PX ttl` commands in
 //!   one pipeline (one round trip, no recorded outcome, no lease);
@@ -165,6 +167,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             costs[v].1 += process_seconds()? - client;
             costs[v].2 += server_seconds(&mut admin).await? - server;
             rates[v].push(rate);
+            // Every run starts on the same server: without the keys of the
+            // runs before (millions), which would make the later runs pay
+            // for a bigger keyspace (and its rehashing).
+            idem_examples::delete_redis_prefix(&url, &prefix).await?;
         }
         let cpu = marks.push(watch.stop()?);
         let line: Vec<String> = (0..n)
