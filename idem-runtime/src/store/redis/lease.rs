@@ -163,7 +163,7 @@ impl LeaseStore for RedisStore {
     }
 
     /// One round trip: a call of the completion function over many keys,
-    /// one a slot on a cluster (at most [`COMPLETE_AT_ONCE`] keys each).
+    /// one a slot on a cluster (at most 1,000 keys each).
     async fn complete_batch(
         &self,
         spec: &'static HandlerSpec,
