@@ -26,13 +26,20 @@
 //! * `idem one call at a time`: a transaction-mode handler called once per
 //!   message.
 //!
-//! It prints each variant's median keys per second and its ratio to the raw
-//! insert, and ends with `idem batch/raw insert: <ratio>`.
+//! Each round prints every variant's keys per second and what the machine
+//! did meanwhile (busy, idle and steal shares from `/proc/stat`, marked
+//! `STOLEN` above 5 % steal; see `examples/src/cpu.rs`). Then each
+//! variant's median keys per second and its ratio to the raw insert, over
+//! all rounds and over the unmarked ones, and the CPU a key cost: this
+//! process (the client, `/proc/self/stat`) and the PostgreSQL backends of
+//! its pool's connections (`/proc/<pid>/stat`, PostgreSQL on this host). It ends with `idem batch/raw insert: <ratio>`
+//! (over all rounds).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use idem_examples::{env, median, messages_per_second};
+use idem_examples::cpu::{Rounds, Watch, pids_seconds, process_seconds};
+use idem_examples::{env, messages_per_second};
 use idem_runtime::{PgStore, PgTx, idempotent};
 use serde::Deserialize;
 use sqlx::PgPool;
@@ -188,8 +195,27 @@ async fn run(
     .await
 }
 
+/// The process ids of the backends of the pool's `tasks` connections,
+/// held at once so that each is a different one.
+async fn backends(
+    pool: &PgPool,
+    tasks: usize,
+) -> Result<Vec<u32>, Box<dyn std::error::Error + Send + Sync>> {
+    let mut held = Vec::with_capacity(tasks);
+    let mut pids = Vec::with_capacity(tasks);
+    for _ in 0..tasks {
+        let mut conn = pool.acquire().await?;
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *conn)
+            .await?;
+        pids.push(u32::try_from(pid)?);
+        held.push(conn);
+    }
+    Ok(pids)
+}
+
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     let secs: f64 = env("SECS", 3.0);
@@ -213,34 +239,64 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let next = Arc::new(AtomicU64::new(1));
 
     println!(
-        "{tasks} consumers, batches of {batch}, {rounds} rounds of {secs} s per variant, interleaved"
+        "{tasks} consumers, batches of {batch}, {rounds} rounds of {secs} s per variant, interleaved; load average {}",
+        idem_examples::cpu::load_average()
     );
     for variant in VARIANTS {
         run(variant, &store, &pool, 0.5, tasks, batch, &next).await;
     }
-    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); VARIANTS.len()];
+    let backends = backends(&pool, tasks).await?;
+    let n = VARIANTS.len();
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); n];
+    // Per variant: keys, this process's CPU seconds, PostgreSQL's.
+    let mut costs = vec![(0.0, 0.0, 0.0); n];
+    let mut marks = Rounds::default();
     for round in 0..rounds {
-        for i in 0..VARIANTS.len() {
-            let v = (i + round) % VARIANTS.len();
-            rates[v].push(run(VARIANTS[v], &store, &pool, secs, tasks, batch, &next).await);
+        let watch = Watch::start()?;
+        for i in 0..n {
+            let v = (i + round) % n;
+            let (client, server) = (process_seconds()?, pids_seconds(&backends)?);
+            let rate = run(VARIANTS[v], &store, &pool, secs, tasks, batch, &next).await;
+            costs[v].0 += rate * secs;
+            costs[v].1 += process_seconds()? - client;
+            costs[v].2 += pids_seconds(&backends)? - server;
+            rates[v].push(rate);
         }
+        let cpu = marks.push(watch.stop()?);
+        let line: Vec<String> = (0..n)
+            .map(|v| format!("{} {:.0}", VARIANTS[v].name(), rates[v][round]))
+            .collect();
+        println!("round {}: {} keys/s ({cpu})", round + 1, line.join(", "));
     }
-    let medians: Vec<f64> = rates.iter().map(|r| median(r.clone())).collect();
+    println!("{}", marks.summary());
+    let medians: Vec<_> = rates.iter().map(|r| marks.medians(r)).collect();
+    println!(
+        "{:<26} {:>28} {:>24}   CPU a key: client + PostgreSQL",
+        "variant", "median keys/s", "/raw insert"
+    );
     for (i, variant) in VARIANTS.iter().enumerate() {
+        let (keys, client, server) = costs[i];
         println!(
-            "{:<26} median {:>9.0} keys/s  {:.3} of raw insert   rounds {:.0?}",
+            "{:<26} {:>28} {:>24}   {:.2} + {:.2} us",
             variant.name(),
-            medians[i],
-            medians[i] / medians[0],
-            rates[i]
+            medians[i].to_string(),
+            format!("{:.3}", medians[i].ratio(&medians[0])),
+            client * 1e6 / keys,
+            server * 1e6 / keys,
         );
     }
     println!(
         "idem batch (tx) / raw insert, idem's rows: {:.3}; / one call at a time: {:.1}x",
-        medians[2] / medians[1],
-        medians[2] / medians[4]
+        medians[2].all / medians[1].all,
+        medians[2].all / medians[4].all
     );
+    if let Some(quiet) = medians[2].ratio(&medians[0]).quiet {
+        println!("idem batch/raw insert over unmarked rounds: {quiet:.3}");
+    }
     drop_tables(&pool).await?;
-    println!("idem batch/raw insert: {:.3}", medians[2] / medians[0]);
+    println!(
+        "idem batch/raw insert: {:.3}",
+        medians[2].all / medians[0].all
+    );
     Ok(())
 }

@@ -8,7 +8,9 @@
 //! ```
 //!
 //! Every key is fresh. `TASKS` consumers share one multiplexed connection
-//! per variant; the variants take turns round after round:
+//! per variant; the variants take turns round after round, each run
+//! starting without the keys of the runs before (deleted between runs,
+//! outside the timing):
 //!
 //! * `raw pipeline`: the limit, `BATCH` `SET key 1 NX PX ttl` commands in
 //!   one pipeline (one round trip, no recorded outcome, no lease);
@@ -17,13 +19,20 @@
 //! * `idem one call at a time`: a lease-mode handler called once per
 //!   message (two round trips each).
 //!
-//! It prints each variant's median keys per second and its ratio to the raw
-//! pipeline, and ends with `idem batch/raw pipeline: <ratio>`.
+//! Each round prints every variant's keys per second and what the machine
+//! did meanwhile (busy, idle and steal shares from `/proc/stat`, marked
+//! `STOLEN` above 5 % steal; see `examples/src/cpu.rs`). Then each
+//! variant's median keys per second and its ratio to the raw pipeline,
+//! over all rounds and over the unmarked ones, and the CPU a key cost:
+//! this process (the client, `/proc/self/stat`) and Redis (`INFO cpu`;
+//! other clients of the same server add to it). It ends with `idem
+//! batch/raw pipeline: <ratio>` (over all rounds).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use idem_examples::{env, median, messages_per_second};
+use idem_examples::cpu::{Rounds, Watch, process_seconds};
+use idem_examples::{env, messages_per_second};
 use idem_runtime::{RedisStore, idempotent};
 use serde::Deserialize;
 
@@ -108,8 +117,21 @@ async fn run(
     .await
 }
 
+/// redis-server's user + system CPU so far, in seconds (`INFO cpu`).
+async fn server_seconds(
+    admin: &mut redis::aio::ConnectionManager,
+) -> Result<f64, redis::RedisError> {
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(admin).await?;
+    Ok(info
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(name, _)| matches!(*name, "used_cpu_sys" | "used_cpu_user"))
+        .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
+        .sum())
+}
+
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let secs: f64 = env("SECS", 3.0);
     let rounds: usize = env("ROUNDS", 5);
@@ -122,33 +144,67 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     let next = Arc::new(AtomicU64::new(1));
 
+    let mut admin = raw.clone();
     println!(
-        "{tasks} consumers, batches of {size}, {rounds} rounds of {secs} s per variant, interleaved"
+        "{tasks} consumers, batches of {size}, {rounds} rounds of {secs} s per variant, interleaved; load average {}",
+        idem_examples::cpu::load_average()
     );
     for v in 0..VARIANTS.len() {
         run(v, &store, &raw, &prefix, 0.5, tasks, size, &next).await;
     }
-    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); VARIANTS.len()];
+    let n = VARIANTS.len();
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); n];
+    // Per variant: keys, this process's CPU seconds, the server's.
+    let mut costs = vec![(0.0, 0.0, 0.0); n];
+    let mut marks = Rounds::default();
     for round in 0..rounds {
-        for i in 0..VARIANTS.len() {
-            let v = (i + round) % VARIANTS.len();
-            rates[v].push(run(v, &store, &raw, &prefix, secs, tasks, size, &next).await);
+        let watch = Watch::start()?;
+        for i in 0..n {
+            let v = (i + round) % n;
+            let (client, server) = (process_seconds()?, server_seconds(&mut admin).await?);
+            let rate = run(v, &store, &raw, &prefix, secs, tasks, size, &next).await;
+            costs[v].0 += rate * secs;
+            costs[v].1 += process_seconds()? - client;
+            costs[v].2 += server_seconds(&mut admin).await? - server;
+            rates[v].push(rate);
+            // Every run starts on the same server: without the keys of the
+            // runs before (millions), which would make the later runs pay
+            // for a bigger keyspace (and its rehashing).
+            idem_examples::delete_redis_prefix(&url, &prefix).await?;
         }
+        let cpu = marks.push(watch.stop()?);
+        let line: Vec<String> = (0..n)
+            .map(|v| format!("{} {:.0}", VARIANTS[v], rates[v][round]))
+            .collect();
+        println!("round {}: {} keys/s ({cpu})", round + 1, line.join(", "));
     }
-    let medians: Vec<f64> = rates.iter().map(|r| median(r.clone())).collect();
+    println!("{}", marks.summary());
+    let medians: Vec<_> = rates.iter().map(|r| marks.medians(r)).collect();
+    println!(
+        "{:<24} {:>28} {:>24}   CPU a key: client + Redis",
+        "variant", "median keys/s", "/raw pipeline"
+    );
     for (i, name) in VARIANTS.iter().enumerate() {
+        let (keys, client, server) = costs[i];
         println!(
-            "{name:<24} median {:>9.0} keys/s  {:.3} of the raw pipeline   rounds {:.0?}",
-            medians[i],
-            medians[i] / medians[0],
-            rates[i]
+            "{name:<24} {:>28} {:>24}   {:.2} + {:.2} us",
+            medians[i].to_string(),
+            format!("{:.3}", medians[i].ratio(&medians[0])),
+            client * 1e6 / keys,
+            server * 1e6 / keys,
         );
     }
     println!(
         "idem batch / one call at a time: {:.1}x",
-        medians[1] / medians[2]
+        medians[1].all / medians[2].all
     );
+    if let Some(quiet) = medians[1].ratio(&medians[0]).quiet {
+        println!("idem batch/raw pipeline over unmarked rounds: {quiet:.3}");
+    }
     idem_examples::delete_redis_prefix(&url, &prefix).await?;
-    println!("idem batch/raw pipeline: {:.3}", medians[1] / medians[0]);
+    println!(
+        "idem batch/raw pipeline: {:.3}",
+        medians[1].all / medians[0].all
+    );
     Ok(())
 }

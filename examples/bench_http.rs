@@ -33,13 +33,14 @@
 //! `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`), on a
 //! pool of `TASKS` connections shared by the handlers and the store; the
 //! run's tables are its own (named after its process id) and dropped at the
-//! end. Each round prints its rates and the CPU's busy and steal shares
-//! (from `/proc/stat`, all processes); then each variant's medians: its
+//! end. Each round prints its rates and the CPU's busy, idle and steal
+//! shares (from `/proc/stat`, all processes), marked `STOLEN` above 5 %
+//! steal (see `examples/src/cpu.rs`); then each variant's medians: its
 //! rate, and the CPU time a request cost this process (the server and the
 //! clients, from `/proc/self/stat`) and the rest of the machine (the
 //! database, and anything else running); the statements each request
-//! sent, the CPU over the run, and, on the last line, the
-//! ratios of the medians: `idempotent/bare` and `replay/fresh` (replay
+//! sent, the CPU over the run, the ratios over all rounds and over the
+//! unmarked ones, and, on the last line, the ratios of the medians: `idempotent/bare` and `replay/fresh` (replay
 //! over idempotent). Every answer is checked (status, the replay marker),
 //! and at the end the payments table must hold exactly one row per fresh
 //! request answered `201`: the replays inserted nothing.
@@ -55,7 +56,7 @@ use axum::http::{Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use idem_examples::cpu::{Cpu, load_average, process_seconds};
+use idem_examples::cpu::{Cpu, Rounds, Watch, load_average, process_seconds};
 use idem_examples::http::Client;
 use idem_examples::{env, median, statement_log};
 use idem_runtime::http::{Idempotency, RequestTx, TransactionOver};
@@ -507,9 +508,10 @@ async fn rounds_of(
         run(v, 1.0, &clients, &load).await?;
     }
     let mut samples: [Vec<Sample>; 3] = Default::default();
-    let start = Cpu::now()?;
+    let start = Watch::start()?;
+    let mut marks = Rounds::default();
     for round in 1..=rounds {
-        let before = Cpu::now()?;
+        let watch = Watch::start()?;
         let mut line = [0.0; 3];
         for i in 0..VARIANTS.len() {
             let v = (i + round) % VARIANTS.len();
@@ -517,14 +519,13 @@ async fn rounds_of(
             line[v] = sample.rate;
             samples[v].push(sample);
         }
-        let (busy, steal) = Cpu::now()?.since(before);
+        let cpu = marks.push(watch.stop()?);
         println!(
-            "round {round}: bare {:.0} req/s, idempotent {:.0} req/s, replay {:.0} req/s \
-             (cpu busy {busy:.0}%, steal {steal:.1}%)",
+            "round {round}: bare {:.0} req/s, idempotent {:.0} req/s, replay {:.0} req/s ({cpu})",
             line[0], line[1], line[2]
         );
     }
-    let (busy, steal) = Cpu::now()?.since(start);
+    let over_run = start.stop()?;
 
     let _guard = tracing::subscriber::set_default(statement_log::StatementLog);
     let mut counts = Vec::new();
@@ -550,6 +551,8 @@ async fn rounds_of(
     }
 
     let of = |v: usize, f: fn(&Sample) -> f64| median(samples[v].iter().map(f).collect());
+    let rates = |v: usize| -> Vec<f64> { samples[v].iter().map(|s| s.rate).collect() };
+    println!("{}", marks.summary());
     println!(
         "{:<12} {:>10} {:>7}   CPU per request: this process (server, clients) + the rest (PostgreSQL)",
         "variant", "median r/s", "/bare"
@@ -573,8 +576,14 @@ async fn rounds_of(
         "{rows} payments in the table, one per fresh request answered 201: the replays inserted none"
     );
     println!(
-        "cpu over the run: busy {busy:.0}%, steal {steal:.1}%; load average after {}",
+        "cpu over the run: {over_run}; load average after {}",
         load_average()
+    );
+    let quiet = |v: usize| marks.medians(&rates(v));
+    println!(
+        "over all rounds and unmarked ones: idempotent/bare {:.3}, replay/fresh {:.3}",
+        quiet(1).ratio(&quiet(0)),
+        quiet(2).ratio(&quiet(1))
     );
     println!(
         "idempotent/bare {:.3}, replay/fresh {:.3}",

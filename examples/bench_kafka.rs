@@ -23,18 +23,21 @@
 //! paused: on tansu, a partition resumed inside a record batch gets no more
 //! messages. Each
 //! round checks that every message was executed once and its row is there.
-//! The CPU's busy and steal shares (from `/proc/stat`, all processes) are
-//! printed for each round's timed part and for the whole run, with the load
-//! average: on a shared machine, a round with high steal, or busy time this
-//! run does not account for, measured the neighbours too.
+//! The CPU's busy, idle and steal shares (from `/proc/stat`, all
+//! processes) are printed for each variant's timed part, for each round
+//! (its set-up included), marked `STOLEN` above 5 % steal (see
+//! `examples/src/cpu.rs`), and for the whole run, with the load average: on
+//! a shared machine, a round with high steal, or busy time this run does
+//! not account for, measured the neighbours too. The medians are given over
+//! all rounds and over the unmarked ones.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem_examples::broker::kafka::{self, Admin};
-use idem_examples::cpu::{Cpu, load_average};
-use idem_examples::{env, median};
+use idem_examples::cpu::{Conditions, Cpu, Rounds, Watch, load_average};
+use idem_examples::env;
 use idem_runtime::consume::Policy;
 use idem_runtime::consume::kafka::Consumer;
 use idem_runtime::{Error, Key, Outcome, PgStore, PgTx, idempotent};
@@ -165,7 +168,7 @@ async fn round(
     admin: &Admin,
     db: &Db,
     made: &mut Made,
-) -> Result<(f64, (f64, f64)), BoxError> {
+) -> Result<(f64, Conditions), BoxError> {
     let topic = format!("{run_id}_r{round}_{}", variant.name().replace('-', "_"));
     let consumer = Consumer::new(kafka::brokers(), &topic, &topic);
     made.topics.push(topic.clone());
@@ -232,7 +235,7 @@ async fn round(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let cpu = Cpu::now()?.since(began.ok_or("the round ended within a tick")?);
+    let cpu = Cpu::now()?.conditions_since(began.ok_or("the round ended within a tick")?);
     stop.cancel();
     let report = running.await??;
 
@@ -318,24 +321,24 @@ async fn main() -> Result<(), BoxError> {
         topics: Vec::new(),
         groups: Vec::new(),
     };
-    let start = Cpu::now()?;
+    let run = Watch::start()?;
+    let mut marks = Rounds::default();
     let result: Result<(), BoxError> = async {
         for r in 0..rounds {
+            let watch = Watch::start()?;
             for (v, variant) in variants.iter().enumerate() {
                 let id = r * 3 + v as u64;
-                let (rate, (busy, steal)) =
+                let (rate, cpu) =
                     round(*variant, id, messages, &run_id, &admin, &db, &mut made).await?;
-                println!(
-                    "round {r} {}: {rate:.0} msg/s (cpu busy {busy:.0}%, steal {steal:.1}%)",
-                    variant.name()
-                );
+                println!("round {r} {}: {rate:.0} msg/s ({cpu})", variant.name());
                 rates[v].push(rate);
             }
+            println!("round {r}, set-up included: {}", marks.push(watch.stop()?));
         }
         Ok(())
     }
     .await;
-    let (busy, steal) = Cpu::now()?.since(start);
+    let over_run = run.stop()?;
 
     if let Err(e) = admin.delete_topics(&made.topics).await {
         eprintln!("{e}");
@@ -352,13 +355,19 @@ async fn main() -> Result<(), BoxError> {
     .await;
     result?;
 
-    let [idem, bare, in_tx] = rates.map(median);
+    let [idem, bare, in_tx] = rates.map(|r| marks.medians(&r));
+    println!("{}", marks.summary());
     println!(
-        "cpu over the run: busy {busy:.0}%, steal {steal:.1}%; load average after {}",
+        "cpu over the run: {over_run}; load average after {}",
         load_average()
     );
-    println!("median: idem {idem:.0} msg/s, bare {bare:.0} msg/s, offsets-in-tx {in_tx:.0} msg/s");
-    println!("offsets-in-tx/idem {:.3}", in_tx / idem);
-    println!("idem/bare {:.3}", idem / bare);
+    println!("median: idem {idem} msg/s, bare {bare} msg/s, offsets-in-tx {in_tx} msg/s");
+    println!(
+        "over all rounds and unmarked ones: offsets-in-tx/idem {:.3}, idem/bare {:.3}",
+        in_tx.ratio(&idem),
+        idem.ratio(&bare)
+    );
+    println!("offsets-in-tx/idem {:.3}", in_tx.all / idem.all);
+    println!("idem/bare {:.3}", idem.all / bare.all);
     Ok(())
 }

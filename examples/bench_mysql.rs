@@ -32,8 +32,11 @@
 //!   off for the call, and back on at its end; see `BEGIN` and `END` in
 //!   `idem-runtime/src/store/sql/mysql.rs`): what that alone costs.
 //!
-//! Every message is fresh (a new message id). It prints each variant's median
-//! throughput and its ratio to `bare`, counts the statements a fresh message
+//! Every message is fresh (a new message id). Each round prints every
+//! variant's rate and what the machine did meanwhile (busy, idle and steal
+//! shares from `/proc/stat`, marked `STOLEN` above 5 % steal; see
+//! `examples/src/cpu.rs`). It prints each variant's median throughput and
+//! its ratio to `bare` (and that ratio over the unmarked rounds), counts the statements a fresh message
 //! and a duplicate cost, and ends with the line `idem/bare: <ratio>`.
 
 use std::net::ToSocketAddrs;
@@ -42,8 +45,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use idem_examples::cpu::{Rounds, Watch};
 use idem_examples::delay_proxy::{DelayProxy, added_round_trip, own_latency};
-use idem_examples::{env, median, messages_per_second, statement_log};
+use idem_examples::{env, messages_per_second, statement_log};
 use idem_runtime::{MySqlStore, MySqlTx, RoundTrips, idempotent};
 use serde::Deserialize;
 use sqlx::MySqlPool;
@@ -250,27 +254,38 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         run(v, &pool, &stores, 1.0, tasks, &next_id).await;
     }
     let mut tps: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+    let mut marks = Rounds::default();
     for round in 1..=rounds {
+        let watch = Watch::start()?;
         // Rotate the order each round so drift does not favour one variant.
         for i in 0..variants.len() {
             let k = (i + round) % variants.len();
             let t = run(variants[k], &pool, &stores, secs, tasks, &next_id).await;
             tps[k].push(t);
         }
+        let cpu = marks.push(watch.stop()?);
+        let line: Vec<String> = variants
+            .iter()
+            .zip(&tps)
+            .map(|(v, t)| format!("{} {:.0}", v.label(), t[round - 1]))
+            .collect();
+        println!("round {round}: {} msg/s ({cpu})", line.join(", "));
     }
-    let bare = median(tps[0].clone());
+    println!("{}", marks.summary());
+    let bare = marks.medians(&tps[0]);
     println!(
-        "{:<20} {:>12} {:>8}   rounds",
-        "variant", "median msg/s", "/bare"
+        "{:<20} {:>12} {:>8} {:>10}   rounds",
+        "variant", "median msg/s", "/bare", "unmarked"
     );
     for (v, t) in variants.iter().zip(&tps) {
-        let m = median(t.clone());
+        let m = marks.medians(t);
         let rounds: Vec<String> = t.iter().map(|x| format!("{x:.0}")).collect();
         println!(
-            "{:<20} {:>12.0} {:>8.3}   {}",
+            "{:<20} {:>12.0} {:>8.3} {:>10.3}   {}",
             v.label(),
-            m,
-            m / bare,
+            m.all,
+            m.all / bare.all,
+            m.ratio(&bare).quiet.unwrap_or(f64::NAN),
             rounds.join(" ")
         );
     }
@@ -321,15 +336,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!(
         "one extra statement costs: {:.3} of bare",
-        median(tps[1].clone()) / bare
+        marks.median(&tps[1]) / bare.all
     );
-    println!("idem, merged/bare: {:.3}", median(tps[3].clone()) / bare);
+    println!("idem, merged/bare: {:.3}", marks.median(&tps[3]) / bare.all);
     println!(
         "bare in idem's session/bare: {:.3}",
-        median(tps[4].clone()) / bare
+        marks.median(&tps[4]) / bare.all
     );
-    let ratio = median(tps[2].clone()) / bare;
-    println!("idem/bare: {ratio:.3}");
+    let ratio = marks.medians(&tps[2]).ratio(&bare);
+    if let Some(quiet) = ratio.quiet {
+        println!("idem/bare over unmarked rounds: {quiet:.3}");
+    }
+    println!("idem/bare: {:.3}", ratio.all);
     sqlx::raw_sql(DROP_TABLES).execute(&pool).await?;
     Ok(())
 }

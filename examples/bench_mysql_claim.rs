@@ -21,13 +21,17 @@
 //! both candidates for `SECS` seconds with `TASKS` concurrent clients on a
 //! pool of as many connections, first on fresh keys, then on keys that have a
 //! live completed record (duplicates), candidates interleaved round by round;
-//! the table is emptied before each run. It prints the median claims per
-//! second of each and `ignore/upsert`.
+//! the table is emptied before each run. Each round ends with what the
+//! machine did meanwhile (busy, idle and steal shares from `/proc/stat`,
+//! marked `STOLEN` above 5 % steal; see `examples/src/cpu.rs`). It prints
+//! the median claims per second of each and `ignore/upsert`, over all
+//! rounds and over the unmarked ones.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use idem_examples::{env, median, messages_per_second};
+use idem_examples::cpu::{Rounds, Watch};
+use idem_examples::{env, messages_per_second};
 use idem_runtime::MySqlStore;
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Row};
@@ -261,7 +265,9 @@ async fn measure(
     let dups = 10_000u64; // the live records the duplicate runs claim
     let next = Arc::new(AtomicU64::new(0));
     let mut samples: [[Vec<f64>; 2]; 2] = Default::default();
+    let mut marks = Rounds::default();
     for round in 1..=rounds {
+        let watch = Watch::start()?;
         for (w, dup) in [None, Some(dups)].into_iter().enumerate() {
             for (c, how) in [Candidate::Ignore, Candidate::Upsert]
                 .into_iter()
@@ -291,13 +297,15 @@ async fn measure(
                 samples[w][c].push(rate);
             }
         }
+        println!("round {round}: {}", marks.push(watch.stop()?));
     }
+    println!("{}", marks.summary());
     for (w, what) in ["fresh keys", "duplicates"].into_iter().enumerate() {
-        let ignore = median(samples[w][0].clone());
-        let upsert = median(samples[w][1].clone());
+        let ignore = marks.medians(&samples[w][0]);
+        let upsert = marks.medians(&samples[w][1]);
         println!(
-            "{what}: ignore {ignore:.0}/s, upsert {upsert:.0}/s, ignore/upsert: {:.3}",
-            ignore / upsert
+            "{what}: ignore {ignore}/s, upsert {upsert}/s, ignore/upsert: {:.3}",
+            ignore.ratio(&upsert)
         );
     }
     Ok(())

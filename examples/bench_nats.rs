@@ -36,9 +36,12 @@
 //! publication to the handling that took effect (the largest, the 99th
 //! percentile, and how many took 2–5 s, 5–10 s, 10–30 s and 30 s or more),
 //! and the redeliveries (the durable's deliveries beyond one a message). Rounds are interleaved,
-//! the order alternating; the CPU's busy and steal shares (`/proc/stat`, all
-//! processes) are printed for each round and for the run; the last line is
-//! the ratio of the median drains, idem/glue.
+//! the order alternating; the CPU's busy, idle and steal shares
+//! (`/proc/stat`, all processes) are printed for each variant's run, for
+//! each round, marked `STOLEN` above 5 % steal (see `examples/src/cpu.rs`),
+//! and for the run; the ratio of the median drains over the unmarked rounds
+//! is printed too, and the last line is the ratio of the median drains,
+//! idem/glue.
 
 use std::future::Future;
 use std::io::{BufRead, BufReader};
@@ -50,7 +53,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream::{self, AckKind, consumer::AckPolicy, consumer::pull};
 use futures_util::StreamExt;
-use idem_examples::cpu::{Cpu, load_average};
+use idem_examples::cpu::{Conditions, Cpu, Rounds, Watch, load_average};
 use idem_examples::{env, median};
 use idem_runtime::consume::{Policy, nats};
 use idem_runtime::{Error, Outcome, PgStore, PgTx, StoreError, idempotent};
@@ -330,8 +333,7 @@ struct Figures {
     redeliveries: u64,
     kills: u32,
     terminated: i64,
-    busy: f64,
-    steal: f64,
+    cpu: Conditions,
 }
 
 async fn round(run: &Run, variant: &str, r: u64) -> Result<Figures, BoxError> {
@@ -513,7 +515,7 @@ where
     let (published, drained) = tokio::join!(publish, chaos);
     published?;
     drained?;
-    let (busy, steal) = Cpu::now()?.since(cpu);
+    let cpu = Cpu::now()?.conditions_since(cpu);
     // The durable's deliveries, read before the consumers go.
     let stream = run.js.get_stream(stream_name).await?;
     let mut consumer: jetstream::consumer::PullConsumer = stream.get_consumer(durable).await?;
@@ -563,8 +565,7 @@ where
         redeliveries: delivered.saturating_sub(u64::try_from(messages)?),
         kills,
         terminated,
-        busy,
-        steal,
+        cpu,
     })
 }
 
@@ -613,9 +614,11 @@ async fn main() -> Result<(), BoxError> {
         dedup: dedup.clone(),
     };
     let mut figures: Vec<Vec<Figures>> = vec![Vec::new(); s.variants.len()];
-    let started = Cpu::now()?;
+    let started = Watch::start()?;
+    let mut marks = Rounds::default();
     let result: Result<(), BoxError> = async {
         for r in 0..s.rounds {
+            let watch = Watch::start()?;
             let mut order: Vec<usize> = (0..s.variants.len()).collect();
             if r % 2 == 1 {
                 order.reverse();
@@ -625,7 +628,7 @@ async fn main() -> Result<(), BoxError> {
                 let id = r * s.variants.len() as u64 + v as u64;
                 let f = round(&run, variant, id).await?;
                 println!(
-                    "round {r} {variant}: drain {:.1} s (tail {:.1} s), latency max {:.1} s, p99 {:.2} s, late {:?} (2–5, 5–10, 10–30, 30+ s); {} redeliveries; {} kills, {} connections terminated (cpu busy {:.0}%, steal {:.1}%)",
+                    "round {r} {variant}: drain {:.1} s (tail {:.1} s), latency max {:.1} s, p99 {:.2} s, late {:?} (2–5, 5–10, 10–30, 30+ s); {} redeliveries; {} kills, {} connections terminated ({})",
                     f.drain,
                     f.tail,
                     f.max_latency,
@@ -634,16 +637,16 @@ async fn main() -> Result<(), BoxError> {
                     f.redeliveries,
                     f.kills,
                     f.terminated,
-                    f.busy,
-                    f.steal
+                    f.cpu
                 );
                 figures[v].push(f);
             }
+            println!("round {r}: {}", marks.push(watch.stop()?));
         }
         Ok(())
     }
     .await;
-    let (busy, steal) = Cpu::now()?.since(started);
+    let over_run = started.stop()?;
     let _ = sqlx::query(AssertSqlSafe(format!(
         "DROP TABLE IF EXISTS {orders}, {dedup}"
     )))
@@ -651,8 +654,9 @@ async fn main() -> Result<(), BoxError> {
     .await;
     result?;
 
+    println!("{}", marks.summary());
     println!(
-        "cpu over the run: busy {busy:.0}%, steal {steal:.1}%; load average after {}",
+        "cpu over the run: {over_run}; load average after {}",
         load_average()
     );
     let medians: Vec<(f64, f64)> = figures
@@ -674,6 +678,15 @@ async fn main() -> Result<(), BoxError> {
         println!(
             "median {variant}: drain {drain:.1} s, max latency {latency:.1} s, {redeliveries:.0} redeliveries"
         );
+    }
+    let drains: Vec<_> = figures
+        .iter()
+        .map(|f| marks.medians(&f.iter().map(|f| f.drain).collect::<Vec<_>>()))
+        .collect();
+    if let [idem, glue] = &drains[..]
+        && let Some(quiet) = idem.ratio(glue).quiet
+    {
+        println!("idem/glue drain over unmarked rounds {quiet:.3}");
     }
     if let [(idem, _), (glue, _)] = medians[..] {
         println!("idem/glue drain {:.3}", idem / glue);

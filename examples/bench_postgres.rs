@@ -47,9 +47,13 @@
 //! order rotated each round.
 //!
 //! Every message is fresh (a new message id). Before the rounds it prints
-//! what each proxy adds to a ping-pong (its precision on this machine). It
-//! prints a table per setting: each variant's median throughput, its ratio
-//! to `bare` under the same setting and to itself connected directly. Then
+//! what each proxy adds to a ping-pong (its precision on this machine). Each
+//! round prints the default variant's ratio to `bare` in every setting and
+//! what the machine did meanwhile (busy, idle and steal shares from
+//! `/proc/stat`, marked `STOLEN` above 5 % steal; see
+//! `examples/src/cpu.rs`). It prints a table per setting: each variant's median throughput, its ratio
+//! to `bare` under the same setting and to itself connected directly, and
+//! that ratio to `bare` over the unmarked rounds only. Then
 //! it counts the statements (round trips) a fresh message and a duplicate
 //! cost, and ends with the line `idem/bare at 250us: <ratio>` for the
 //! default variant (at the largest delay when 250 is not among `DELAYS_US`).
@@ -60,8 +64,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use idem_examples::cpu::{Medians, Rounds, Watch};
 use idem_examples::delay_proxy::{DelayProxy, added_round_trip, own_latency};
-use idem_examples::{env, median, messages_per_second, statement_log};
+use idem_examples::{env, messages_per_second, statement_log};
 use idem_runtime::{ClaimOrder, Outcome, PgStore, PgTx, RoundTrips, idempotent};
 use serde::Deserialize;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -407,16 +412,29 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         run(variants[v], &nets[n], 1.0, tasks, &next_id).await;
     }
     let mut tps: Vec<Vec<f64>> = vec![Vec::new(); pairs.len()];
+    let mut marks = Rounds::default();
     for round in 1..=rounds {
+        let watch = Watch::start()?;
         // Rotate the order each round so drift does not favour one pair.
         for i in 0..pairs.len() {
             let k = (i + round) % pairs.len();
             let (n, v) = pairs[k];
             tps[k].push(run(variants[v], &nets[n], secs, tasks, &next_id).await);
         }
+        let cpu = marks.push(watch.stop()?);
+        // The default variant against bare, in each setting.
+        let line: Vec<String> = (0..nets.len())
+            .map(|n| {
+                let at = |v: usize| tps[n * variants.len() + v][round - 1];
+                format!("{} idem/bare {:.3}", nets[n].label(), at(1) / at(0))
+            })
+            .collect();
+        println!("round {round}: {} ({cpu})", line.join(", "));
     }
-    let medians: Vec<f64> = tps.iter().map(|t| median(t.clone())).collect();
-    let at = |n: usize, v: usize| medians[n * variants.len() + v];
+    println!("{}", marks.summary());
+    let medians: Vec<Medians> = tps.iter().map(|t| marks.medians(t)).collect();
+    let at = |n: usize, v: usize| medians[n * variants.len() + v].all;
+    let quiet = |n: usize, v: usize| medians[n * variants.len() + v].quiet.unwrap_or(f64::NAN);
 
     for (n, net) in nets.iter().enumerate() {
         println!();
@@ -430,8 +448,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
         }
         println!(
-            "{:<20} {:>12} {:>8} {:>8}   rounds",
-            "variant", "median msg/s", "/bare", "/direct"
+            "{:<20} {:>12} {:>8} {:>8} {:>10}   rounds",
+            "variant", "median msg/s", "/bare", "/direct", "unmarked"
         );
         for (v, variant) in variants.iter().enumerate() {
             let m = at(n, v);
@@ -441,11 +459,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .map(|x| format!("{x:.0}"))
                 .collect();
             println!(
-                "{:<20} {:>12.0} {:>8.3} {:>8.3}   {}",
+                "{:<20} {:>12.0} {:>8.3} {:>8.3} {:>10.3}   {}",
                 variant.label(),
                 m,
                 m / at(n, 0),
                 vs_direct,
+                quiet(n, v) / quiet(n, 0),
                 rounds.join(" ")
             );
         }
@@ -492,10 +511,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|| (0..delays.len()).max_by_key(|&n| delays[n]).unwrap_or(0));
     for n in (0..nets.len()).filter(|&n| n != key).chain([key]) {
         let ratio = at(n, 1) / at(n, 0);
+        let unmarked = quiet(n, 1) / quiet(n, 0);
         if delays[n] == 0 {
-            println!("idem/bare direct: {ratio:.3}");
+            println!("idem/bare direct: {ratio:.3} (unmarked rounds {unmarked:.3})");
         } else {
-            println!("idem/bare at {}us: {ratio:.3}", delays[n]);
+            println!(
+                "idem/bare at {}us: {ratio:.3} (unmarked rounds {unmarked:.3})",
+                delays[n]
+            );
         }
     }
 

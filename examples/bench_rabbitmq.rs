@@ -9,13 +9,18 @@
 //! ```
 //!
 //! Each round publishes `MESSAGES` fresh messages first (not timed), then
-//! times the consumer from its first processed message to its last.
+//! times the consumer from its first processed message to its last. Each
+//! round (both variants) ends with what the machine did meanwhile (busy,
+//! idle and steal shares from `/proc/stat`, marked `STOLEN` above 5 %
+//! steal; see `examples/src/cpu.rs`), and the medians are given over all
+//! rounds and over the unmarked ones.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idem_examples::{env, median};
+use idem_examples::cpu::{Rounds, Watch};
+use idem_examples::env;
 use idem_runtime::consume::{Policy, rabbitmq};
 use idem_runtime::{Error, Outcome, PgStore, PgTx, idempotent};
 use serde::{Deserialize, Serialize};
@@ -204,8 +209,10 @@ async fn main() -> Result<(), BoxError> {
         .await?;
 
     let (mut bare, mut idem) = (Vec::new(), Vec::new());
+    let mut marks = Rounds::default();
     let result: Result<(), BoxError> = async {
         for r in 0..rounds {
+            let watch = Watch::start()?;
             for variant in [Variant::Bare, Variant::Idem] {
                 let round_id = r * 2 + u64::from(variant == Variant::Idem);
                 let rate = round(
@@ -223,6 +230,7 @@ async fn main() -> Result<(), BoxError> {
                     Variant::Idem => idem.push(rate),
                 }
             }
+            println!("round {r}: {}", marks.push(watch.stop()?));
         }
         Ok(())
     }
@@ -248,8 +256,12 @@ async fn main() -> Result<(), BoxError> {
     .await;
     result?;
 
-    let (bare, idem) = (median(bare), median(idem));
-    println!("median: bare {bare:.0} msg/s, idem {idem:.0} msg/s");
-    println!("idem/bare {:.3}", idem / bare);
+    println!("{}", marks.summary());
+    let (bare, idem) = (marks.medians(&bare), marks.medians(&idem));
+    println!("median: bare {bare} msg/s, idem {idem} msg/s");
+    if let Some(quiet) = idem.ratio(&bare).quiet {
+        println!("idem/bare over unmarked rounds {quiet:.3}");
+    }
+    println!("idem/bare {:.3}", idem.all / bare.all);
     Ok(())
 }

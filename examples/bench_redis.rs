@@ -14,6 +14,11 @@
 //! recorded outcome, no lease); `idem` is a lease-mode handler with an empty
 //! body (claim with a fencing token, then record the outcome).
 //!
+//! Each round (both variants) prints its rates and what the machine did
+//! meanwhile: busy, idle and steal shares from `/proc/stat`, marked
+//! `STOLEN` above 5 % steal (see `examples/src/cpu.rs`); the medians are
+//! given over all rounds and over the unmarked ones.
+//!
 //! Where the time goes, per message over the timed rounds of each variant:
 //! the server's CPU (`INFO cpu`, user + system of redis-server), the
 //! server's time per command (`INFO commandstats`: calls and µs per
@@ -28,7 +33,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use idem_examples::{env, median, messages_per_second};
+use idem_examples::cpu::{Rounds, Watch, load_average, process_seconds};
+use idem_examples::{env, messages_per_second};
 use idem_runtime::{RedisStore, idempotent};
 use serde::Deserialize;
 
@@ -102,7 +108,7 @@ impl Costs {
             .await
             .expect("INFO cpu commandstats");
         let mut costs = Costs {
-            client_cpu_us: client_cpu_us().unwrap_or(f64::NAN),
+            client_cpu_us: process_seconds().map_or(f64::NAN, |s| s * 1e6),
             ..Costs::default()
         };
         for line in info.lines() {
@@ -170,16 +176,6 @@ impl Costs {
     }
 }
 
-/// This process's user + system CPU time so far, in µs, from
-/// `/proc/self/stat` (Linux); `None` elsewhere.
-fn client_cpu_us() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the command's `(name)`: state is field 3, utime 14, stime 15.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-    Some(ticks * 1e6 / idem_examples::cpu::clock_ticks())
-}
-
 /// The commands the server ran for `call`, from `MONITOR`: those a client
 /// sent (round trips) and those a script ran, each as its name, for the
 /// keys under `prefix`.
@@ -235,7 +231,7 @@ async fn commands_of<F: std::future::Future>(
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let secs: f64 = env("SECS", 3.0);
     let rounds: usize = env("ROUNDS", 5);
@@ -247,13 +243,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut admin = client.get_connection_manager().await?;
     let next = Arc::new(AtomicU64::new(1));
 
-    println!("{tasks} consumers, {rounds} rounds of {secs} s per variant, interleaved");
+    println!(
+        "{tasks} consumers, {rounds} rounds of {secs} s per variant, interleaved; load average {}",
+        load_average()
+    );
     run(false, &store, &raw, &prefix, 1.0, tasks, &next).await;
     run(true, &store, &raw, &prefix, 1.0, tasks, &next).await;
     idem_examples::delete_redis_prefix(&url, &prefix).await?;
     let (mut raw_tps, mut idem_tps) = (Vec::new(), Vec::new());
     let (mut raw_costs, mut idem_costs) = (Costs::default(), Costs::default());
+    let mut marks = Rounds::default();
     for round in 0..rounds {
+        let watch = Watch::start()?;
         for idem in if round % 2 == 0 {
             [false, true]
         } else {
@@ -276,10 +277,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 raw_costs.add(&spent);
             }
         }
+        let cpu = marks.push(watch.stop()?);
+        println!(
+            "round {}: raw {:.0} msg/s, idem {:.0} msg/s ({cpu})",
+            round + 1,
+            raw_tps[round],
+            idem_tps[round]
+        );
     }
-    let (r, i) = (median(raw_tps.clone()), median(idem_tps.clone()));
-    println!("raw SET NX  median {r:>8.0} msg/s   rounds {raw_tps:.0?}");
-    println!("idem        median {i:>8.0} msg/s   rounds {idem_tps:.0?}");
+    println!("{}", marks.summary());
+    let (r, i) = (marks.medians(&raw_tps), marks.medians(&idem_tps));
+    println!("raw SET NX  median {r} msg/s");
+    println!("idem        median {i} msg/s");
+    println!(
+        "idem/raw over all rounds and unmarked ones: {:.3}",
+        i.ratio(&r)
+    );
 
     // Where the time goes, per message, over every timed round.
     let (raw_server, raw_client, raw_cmds) = raw_costs.per_message();
@@ -339,6 +352,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     idem_examples::delete_redis_prefix(&url, &prefix).await?;
-    println!("idem/raw: {:.3}", i / r);
+    println!("idem/raw: {:.3}", i.all / r.all);
     Ok(())
 }

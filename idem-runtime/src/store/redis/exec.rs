@@ -169,11 +169,40 @@ impl RedisStore {
         }
     }
 
-    /// Sends `cmds`, each on one key, and answers each one's reply in
-    /// order, in one pipelined round trip (on a cluster, each command on
-    /// its own, all sent at once). A function call the server could not run
-    /// because it lacks the library runs again once the library is loaded;
-    /// on a cluster, a command whose redirection the connection gave up
+    /// The indexes of `rkeys` in groups that one command may name
+    /// together, each of at most `most` keys: in order, on one server; by
+    /// slot, on a cluster.
+    pub(super) fn groups(&self, rkeys: &[String], most: usize) -> Vec<Vec<usize>> {
+        let most = most.max(1);
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        match &self.conn {
+            Conn::Single(_) => {
+                for i in 0..rkeys.len() {
+                    match groups.last_mut() {
+                        Some(group) if group.len() < most => group.push(i),
+                        _ => groups.push(vec![i]),
+                    }
+                }
+            }
+            Conn::Cluster(_) => {
+                let mut slots: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
+                for (i, rkey) in rkeys.iter().enumerate() {
+                    slots.entry(slot(rkey.as_bytes())).or_default().push(i);
+                }
+                for members in slots.into_values() {
+                    groups.extend(members.chunks(most).map(<[usize]>::to_vec));
+                }
+            }
+        }
+        groups
+    }
+
+    /// Sends `cmds`, each on one key (or on keys of one slot, the first
+    /// named first), and answers each one's reply in order, in one
+    /// pipelined round trip (on a cluster, each command on its own, all
+    /// sent at once). A function call the server could not run because it
+    /// lacks the library runs again once the library is loaded; on a
+    /// cluster, a command whose redirection the connection gave up
     /// following runs again on its own.
     pub(super) async fn send_all(&self, cmds: &[Cmd]) -> Result<Vec<Reply>, StoreError> {
         if cmds.is_empty() {
@@ -235,4 +264,49 @@ async fn each_alone(conn: &ClusterConnection, cmds: &[Cmd]) -> Result<Vec<Reply>
             Err(e) => Err(backend(e)),
         })
         .collect()
+}
+
+/// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the
+/// text between the first `{` and the first `}` after it, when not
+/// empty), or of the whole key, modulo 16384.
+pub(super) fn slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|b| *b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.iter().position(|b| *b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16(tagged.unwrap_or(key)) & 0x3fff
+}
+
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for byte in data {
+        crc ^= u16::from(*byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 == 0 {
+                crc << 1
+            } else {
+                (crc << 1) ^ 0x1021
+            };
+        }
+    }
+    crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slot;
+
+    #[test]
+    fn slots_are_those_redis_computes() {
+        // Values from `CLUSTER KEYSLOT` (Redis's own examples and records'
+        // keys, tags with braces inside included).
+        assert_eq!(slot(b"foo"), 12182);
+        assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
+        assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
+        assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
+        assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
+        assert_eq!(slot(b"foo{bar}{zap}"), slot(b"bar"));
+        assert_eq!(slot(b"123456789"), 0x31c3 & 0x3fff);
+    }
 }

@@ -50,6 +50,11 @@ impl RedisStore {
     }
 }
 
+/// The most keys one call of the completion function takes: a call runs
+/// alone on the server, so a batch of many thousands is cut into calls
+/// that let other clients in between.
+const COMPLETE_AT_ONCE: usize = 1000;
+
 /// How often a failed batch's claims are given back before they are left
 /// to their leases.
 const GIVE_BACK_TRIES: u32 = 4;
@@ -187,17 +192,54 @@ impl LeaseStore for RedisStore {
         }
     }
 
-    /// One pipelined round trip of completion functions.
+    /// One round trip: a call of the completion function over many keys,
+    /// one a slot on a cluster (at most 1,000 keys each).
     async fn complete_batch(
         &self,
         spec: &'static HandlerSpec,
         done: &[(Held<'_>, &str)],
     ) -> Result<Vec<bool>, StoreError> {
-        let cmds: Vec<Cmd> = done
+        let rkeys: Vec<String> = done
             .iter()
-            .map(|(held, outcome)| self.complete_cmd(spec, held.key, held.token, outcome))
+            .map(|(held, _)| self.redis_key(spec.name, held.key))
             .collect();
-        self.send_all(&cmds).await?.into_iter().map(one).collect()
+        let groups = self.groups(&rkeys, COMPLETE_AT_ONCE);
+        let ttl = millis(spec.ttl).max(1);
+        let now = self.clock.now_millis();
+        let cmds: Vec<Cmd> = groups
+            .iter()
+            .map(|group| {
+                let bytes = group
+                    .iter()
+                    .map(|&i| rkeys[i].len() + done[i].0.token.len() + done[i].1.len() + 16)
+                    .sum();
+                let keys = group.iter().map(|&i| rkeys[i].as_str());
+                let mut cmd = self
+                    .library
+                    .complete_many
+                    .on_keys(keys, 2 + 2 * group.len(), bytes);
+                cmd.arg(ttl).arg(now);
+                for &i in group {
+                    let (held, outcome) = &done[i];
+                    cmd.arg(held.token).arg(*outcome);
+                }
+                cmd
+            })
+            .collect();
+        let mut completed = vec![false; done.len()];
+        for (group, reply) in groups.iter().zip(self.send_all(&cmds).await?) {
+            let answers = match reply.map_err(backend)? {
+                Value::Array(answers) if answers.len() == group.len() => answers,
+                other => return Err(reply_err("a batch's completion", &other)),
+            };
+            for (&i, answer) in group.iter().zip(answers) {
+                completed[i] = match answer {
+                    Value::Int(n) => n == 1,
+                    other => return Err(reply_err("a batch's completion", &other)),
+                };
+            }
+        }
+        Ok(completed)
     }
 
     /// One pipelined round trip of release functions.

@@ -22,6 +22,24 @@ impl Lua {
     }
 }
 
+impl Lua {
+    /// `FCALL <name> <n> key...` on the `n` keys given, for the arguments
+    /// to follow (room made for `args` of them, of `bytes` in all).
+    pub(super) fn on_keys<'k>(
+        &self,
+        keys: impl ExactSizeIterator<Item = &'k str>,
+        args: usize,
+        bytes: usize,
+    ) -> Cmd {
+        let mut cmd = Cmd::with_capacity(3 + keys.len() + args, 32 + self.name.len() + bytes);
+        cmd.arg("FCALL").arg(&self.name).arg(keys.len());
+        for key in keys {
+            cmd.arg(key);
+        }
+        cmd
+    }
+}
+
 /// The store's Lua functions, in one library (`FUNCTION LOAD`) named by
 /// its content, `idem_<16 hex digits>`: a server holds the library of each
 /// release that used it, side by side, and loads it again if it lost it
@@ -33,6 +51,7 @@ pub(super) struct Library {
     pub(super) swap: Lua,
     pub(super) hash_claim: Lua,
     pub(super) complete: Lua,
+    pub(super) complete_many: Lua,
     pub(super) fail: Lua,
     pub(super) release: Lua,
     pub(super) extend: Lua,
@@ -43,17 +62,25 @@ impl Library {
     pub(super) fn new() -> Library {
         use std::fmt::Write as _;
         const VERSION: &str = "@version@";
-        let complete = format!("{}{}", scripts::COMPLETE_STRING, scripts::COMPLETE);
         let functions = [
             ("swap", scripts::SWAP),
             ("hash_claim", scripts::HASH_CLAIM),
-            ("complete", complete.as_str()),
+            ("complete", scripts::COMPLETE_ONE),
+            ("complete_many", scripts::COMPLETE_MANY),
             ("fail", scripts::FAIL),
             ("release", scripts::RELEASE),
             ("extend", scripts::EXTEND),
             ("forget", scripts::FORGET),
         ];
         let mut body = String::from(scripts::PRELUDE);
+        // Written to a String, which cannot fail.
+        let _ = write!(
+            body,
+            "{}local function complete(KEYS, ARGV)\n{}{}\nend\n",
+            scripts::COMPLETE_STRING,
+            scripts::COMPLETE_KEY,
+            scripts::COMPLETE
+        );
         for (name, code) in functions {
             // Writing to a String cannot fail.
             let _ = write!(
@@ -74,6 +101,7 @@ impl Library {
             swap: lua("swap"),
             hash_claim: lua("hash_claim"),
             complete: lua("complete"),
+            complete_many: lua("complete_many"),
             fail: lua("fail"),
             release: lua("release"),
             extend: lua("extend"),

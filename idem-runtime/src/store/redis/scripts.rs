@@ -124,7 +124,9 @@ return {1}
 /// The completed record keeps the token, so that a completion sent again
 /// with it (its first reply lost) answers 1 and writes nothing.
 ///
-/// The function is [`COMPLETE_STRING`], then this.
+/// The function is [`COMPLETE_KEY`] (a string record, [`COMPLETE_STRING`]),
+/// then this: [`COMPLETE_ONE`] for one key, [`COMPLETE_MANY`] for a
+/// batch's.
 pub(crate) const COMPLETE: &str = r"
 local r = load(KEYS[1], ARGV[4])
 if r then
@@ -139,31 +141,70 @@ redis.call('SET', KEYS[1], encode(r), 'PXAT', r.l)
 return 1
 ";
 
-/// The common case of [`COMPLETE`], a string record, read with one
-/// `string.match` of its head and one of its tail's lengths: a claim (in
-/// progress, or a stall counted as the last failure) has no outcome yet,
-/// so the completed record is a new head with the same token, the old tail
-/// up to the end of its last error (what follows is the handler's
-/// `max_attempts`, which a completed record does not keep), and the
-/// outcome. A record this token completed already answers 1 as it is. An
-/// absent key or a hash falls through.
+/// The common case of [`COMPLETE`], a string record `v` of key `k`, read
+/// with one `string.match` of its head and one of its tail's lengths: a
+/// claim (in progress, or a stall counted as the last failure) has no
+/// outcome yet, so the completed record is a new head with the same token,
+/// the old tail up to the end of its last error (what follows is the
+/// handler's `max_attempts`, which a completed record does not keep), and
+/// the outcome. A record this token completed already answers 1 as it is.
+/// The record's end is `e`, or, when `nil`, `ttl` ms from the server's
+/// now. The library's local function `complete_string(k, v, token,
+/// outcome, ttl, now, e)`; a completion calls it for a string record, and
+/// [`COMPLETE`] for an absent key or a hash.
 pub(crate) const COMPLETE_STRING: &str = r"
-local v = redis.pcall('GET', KEYS[1])
-if type(v) == 'string' then
+local function complete_string(k, v, token, outcome, ttl, now, e)
   local s, ts, tl, at = string.match(v, '^2|(%a)|[^|]*|[^|]*|()(%d+)|()')
-  if not tl then error('idem: the value of ' .. KEYS[1] .. ' is not a record') end
+  if not tl then error('idem: the value of ' .. k .. ' is not a record') end
   tl = tonumber(tl)
-  if tl == 0 or string.sub(v, at, at + tl - 1) ~= ARGV[1] then return 0 end
+  if tl == 0 or string.sub(v, at, at + tl - 1) ~= token then return 0 end
   if s == 'c' then return 1 end
   if s ~= 'p' and s ~= 'r' then return 0 end
   local pl, el, bt = string.match(v, '^[^|]*|[^|]*|[^|]*|(%d+)|(%d*)|()', at + tl)
-  if not pl then error('idem: the value of ' .. KEYS[1] .. ' is not a record') end
+  if not pl then error('idem: the value of ' .. k .. ' is not a record') end
   local ends = bt + tonumber(pl) + (tonumber(el) or 0) - 1
-  local e = expiring(ARGV[3])
-  redis.call('SET', KEYS[1], '2|c|' .. ARGV[4] .. '|' .. e .. '|' .. string.sub(v, ts, ends) .. ARGV[2],
+  e = e or expiring(ttl)
+  redis.call('SET', k, '2|c|' .. now .. '|' .. e .. '|' .. string.sub(v, ts, ends) .. outcome,
     'PXAT', e)
   return 1
 end
+";
+
+/// The completion of one key, as [`COMPLETE`] says: the library's local
+/// function `complete(KEYS, ARGV)`, [`COMPLETE_STRING`] for a string
+/// record, [`COMPLETE`] otherwise.
+pub(crate) const COMPLETE_KEY: &str = r"
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'string' then
+  return complete_string(KEYS[1], v, ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+end
+";
+
+/// A completion of one key: the library's `complete`.
+pub(crate) const COMPLETE_ONE: &str = r"
+return complete(KEYS, ARGV)
+";
+
+/// The completions of a batch, one call for its keys (`KEYS`, all of them
+/// in one slot on a cluster): `ARGV[1]` is how long each completed record
+/// is kept, in ms, `ARGV[2]` now, then the token and the outcome of each
+/// key in turn. Each key is completed as [`COMPLETE`] completes one, the
+/// records' end read from the server's clock once for all of them (the
+/// call runs at one moment); replies each one's answer, in order.
+pub(crate) const COMPLETE_MANY: &str = r"
+local ttl, now = ARGV[1], ARGV[2]
+local e = expiring(ttl)
+local done = {}
+for i = 1, #KEYS do
+  local k = KEYS[i]
+  local v = redis.pcall('GET', k)
+  if type(v) == 'string' then
+    done[i] = complete_string(k, v, ARGV[2 * i + 1], ARGV[2 * i + 2], ttl, now, e)
+  else
+    done[i] = complete({k}, {ARGV[2 * i + 1], ARGV[2 * i + 2], ttl, now})
+  end
+end
+return done
 ";
 
 /// Records a failure under the claim of token `ARGV[1]`: status letter

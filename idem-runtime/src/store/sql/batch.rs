@@ -1,10 +1,13 @@
 //! Batches on the SQL stores: a whole batch's keys in one statement.
 //!
-//! A batch travels as one parameter, `:rows`: a JSON array of `{"k", "f",
-//! "o", "t"}` objects (key, fingerprint, outcome, token), sorted by key,
-//! which each database reads as a table ([`Dialect::BATCH_ROWS`]: PostgreSQL's `json_to_recordset`,
-//! SQLite's `json_each`, MySQL's and MariaDB's `JSON_TABLE`). The statement
-//! text is fixed, whatever the batch holds.
+//! A batch's rows (key, fingerprint, outcome, token), sorted by key, are
+//! read by each database as a table ([`Dialect::BATCH_ROWS`]): PostgreSQL
+//! takes them as one text array a column (`:keys`, `:fingerprints`,
+//! `:outcomes`, `:tokens`, read with `unnest`), SQLite and MySQL as one
+//! parameter, `:rows`, a JSON array of `{"k", "f", "o", "t"}` objects (read
+//! with `json_each` and `JSON_TABLE`). A batch's inserts write one token,
+//! bound once (`:token`). The statement text is fixed, whatever the batch
+//! holds.
 //!
 //! * A lease-mode batch inserts every key as a claim in progress in one
 //!   statement, in key order, leaving standing rows alone. When it inserted
@@ -45,7 +48,7 @@ use crate::store::rules::may_take;
 /// One batch row: key, fingerprint, outcome, token.
 type Row<'a> = [Option<&'a str>; 4];
 
-/// A batch row as it is sent: absent members read as NULL.
+/// A batch row as it is sent as JSON: absent members read as NULL.
 #[derive(serde::Serialize)]
 struct Sent<'a> {
     k: &'a str,
@@ -57,14 +60,57 @@ struct Sent<'a> {
     t: Option<&'a str>,
 }
 
-/// The JSON a batch's rows are bound as, sorted by key.
-fn rows_json(rows: &[Row<'_>]) -> Result<String, StoreError> {
-    let mut sent: Vec<Sent<'_>> = rows
-        .iter()
-        .filter_map(|&[k, f, o, t]| Some(Sent { k: k?, f, o, t }))
-        .collect();
-    sent.sort_unstable_by(|a, b| a.k.cmp(b.k));
-    serde_json::to_string(&sent).map_err(StoreError::backend)
+/// A batch's rows as they are bound, sorted by key: as one JSON document
+/// (`:rows`), or, where the dialect binds arrays
+/// ([`Dialect::ROWS_AS_ARRAYS`]), as one array a column, a column no row
+/// has a value in left empty.
+#[derive(Debug, Default)]
+struct Bound<'a> {
+    json: String,
+    columns: [Vec<Option<&'a str>>; 4],
+}
+
+impl<'a> Bound<'a> {
+    /// `rows` (those with a key), sorted by key, as dialect `D` binds them.
+    fn new<D: Dialect>(rows: &[Row<'a>]) -> Result<Bound<'a>, StoreError> {
+        let mut sorted: Vec<&Row<'a>> = rows.iter().filter(|r| r[0].is_some()).collect();
+        sorted.sort_unstable_by(|a, b| a[0].cmp(&b[0]));
+        if !D::ROWS_AS_ARRAYS {
+            let sent: Vec<Sent<'_>> = sorted
+                .iter()
+                .filter_map(|&&[k, f, o, t]| Some(Sent { k: k?, f, o, t }))
+                .collect();
+            let json = serde_json::to_string(&sent).map_err(StoreError::backend)?;
+            return Ok(Bound {
+                json,
+                ..Bound::default()
+            });
+        }
+        let columns = [0, 1, 2, 3].map(|c| {
+            if sorted.iter().any(|r| r[c].is_some()) {
+                sorted.iter().map(|r| r[c]).collect()
+            } else {
+                Vec::new()
+            }
+        });
+        Ok(Bound {
+            json: String::new(),
+            columns,
+        })
+    }
+
+    /// `values` with these rows.
+    fn values<'v>(&'v self, values: Values<'v>) -> Values<'v> {
+        let [keys, fingerprints, outcomes, tokens] = &self.columns;
+        Values {
+            rows: &self.json,
+            keys,
+            fingerprints,
+            outcomes,
+            tokens,
+            ..values
+        }
+    }
 }
 
 impl<D: Dialect> SqlStore<D> {
@@ -73,18 +119,17 @@ impl<D: Dialect> SqlStore<D> {
     fn batch_values<'a>(
         &self,
         spec: &'a HandlerSpec,
-        rows: &'a str,
+        rows: &'a Bound<'a>,
         hold: Duration,
     ) -> Result<Values<'a>, StoreError> {
         self.check_handler(spec.name)?;
-        Ok(Values {
+        Ok(rows.values(Values {
             handler: spec.name,
             hold: millis(hold),
             max: spec.max_attempts.map(i64::from),
             ttl: millis(spec.ttl),
-            rows,
             ..self.values()
-        })
+        }))
     }
 
     /// The records of `items`' keys, by key, each with the database's now.
@@ -111,12 +156,11 @@ impl<D: Dialect> SqlStore<D> {
             .iter()
             .map(|i| [Some(i.key.as_str()), None, None, None])
             .collect();
-        let json = rows_json(&rows).map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
-        let values = Values {
+        let bound = Bound::new::<D>(&rows).map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
+        let values = bound.values(Values {
             handler: spec.name,
-            rows: &json,
             ..self.values()
-        };
+        });
         let records = D::records(conn, select, &values).await?;
         Ok(records
             .into_iter()
@@ -128,15 +172,14 @@ impl<D: Dialect> SqlStore<D> {
     async fn batch_held(
         &self,
         spec: &HandlerSpec,
-        json: &str,
+        rows: &Bound<'_>,
         status: &'static str,
     ) -> Result<HashSet<String>, StoreError> {
-        let values = Values {
+        let values = rows.values(Values {
             handler: spec.name,
-            rows: json,
             status,
             ..self.values()
-        };
+        });
         let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
         let cells = D::cells(&mut conn, &self.sql.batch.held, &values, 1)
             .await
@@ -161,13 +204,13 @@ impl<D: Dialect> SqlStore<D> {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        let json = rows_json(rows)?;
-        let values = self.batch_values(spec, &json, hold)?;
+        let bound = Bound::new::<D>(rows)?;
+        let values = self.batch_values(spec, &bound, hold)?;
         let wrote = self.write(statement, &values, D::BATCH_WRITE_BEGIN).await?;
         if wrote == rows.len() as u64 {
             return Ok(vec![true; rows.len()]);
         }
-        let held = self.batch_held(spec, &json, status).await?;
+        let held = self.batch_held(spec, &bound, status).await?;
         Ok(rows
             .iter()
             .map(|[key, ..]| key.is_some_and(|k| held.contains(k)))
@@ -193,10 +236,13 @@ impl<D: Dialect> SqlStore<D> {
         let token = uuid::Uuid::new_v4().simple().to_string();
         let rows: Vec<Row<'_>> = items
             .iter()
-            .map(|i| [Some(i.key.as_str()), i.fingerprint, None, Some(&token)])
+            .map(|i| [Some(i.key.as_str()), i.fingerprint, None, None])
             .collect();
-        let json = rows_json(&rows)?;
-        let values = self.batch_values(spec, &json, spec.lease)?;
+        let bound = Bound::new::<D>(&rows)?;
+        let values = Values {
+            token: Some(&token),
+            ..self.batch_values(spec, &bound, spec.lease)?
+        };
         let inserted = self
             .write(&self.sql.batch.insert_claims, &values, None)
             .await?;
@@ -308,8 +354,8 @@ impl<D: Dialect> SqlStore<D> {
             .iter()
             .map(|h| [Some(h.key.as_str()), None, None, Some(h.token)])
             .collect();
-        let json = rows_json(&rows)?;
-        let values = self.batch_values(spec, &json, Duration::ZERO)?;
+        let bound = Bound::new::<D>(&rows)?;
+        let values = self.batch_values(spec, &bound, Duration::ZERO)?;
         self.write(&self.sql.batch.release, &values, D::BATCH_WRITE_BEGIN)
             .await?;
         Ok(())
@@ -399,12 +445,17 @@ impl<D: Dialect> SqlStore<D> {
                     Some(item.key.as_str()),
                     item.fingerprint,
                     Some(*outcome),
-                    Some(&token),
+                    None,
                 ]
             })
             .collect();
-        let json = rows_json(&rows).map_err(protocol)?;
-        let values = self.batch_values(spec, &json, spec.ttl).map_err(protocol)?;
+        let bound = Bound::new::<D>(&rows).map_err(protocol)?;
+        let values = Values {
+            token: Some(&token),
+            ..self
+                .batch_values(spec, &bound, spec.ttl)
+                .map_err(protocol)?
+        };
         let done = D::run(tx, &self.sql.batch.insert_completed, &values).await?;
         if D::rows_affected(&done) == fresh.len() as u64 {
             return Ok(true);

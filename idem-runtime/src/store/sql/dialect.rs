@@ -81,11 +81,19 @@ pub trait Dialect: Exec {
     /// adds those a table lacks.
     const ADDED_COLUMNS: &'static [(u32, &'static str, &'static str)];
 
-    /// A batch's rows, bound to `:rows` as a JSON array of objects with
-    /// the text members `k` (key), `f` (fingerprint), `o` (outcome) and `t`
-    /// (token), as a table `r` with those columns (NULL where a member is
-    /// absent).
+    /// A batch's rows as a table `r` with the text columns `k` (key), `f`
+    /// (fingerprint), `o` (outcome) and `t` (token), NULL where a row has
+    /// none: bound to `:rows` as a JSON array of objects with those
+    /// members, or, where [`ROWS_AS_ARRAYS`](Self::ROWS_AS_ARRAYS), to
+    /// `:keys`, `:fingerprints`, `:outcomes` and `:tokens`, one array each
+    /// (an empty one where no row has a value).
     const BATCH_ROWS: &'static str;
+
+    /// Whether a batch's rows are bound column by column, as arrays, rather
+    /// than as one JSON document: what the database reads with less work
+    /// (PostgreSQL: `unnest` of text arrays, against `json_to_recordset`
+    /// parsing a document).
+    const ROWS_AS_ARRAYS: bool = false;
 
     /// Whether `column` holds one of the batch's keys: a condition the
     /// database answers from the primary key's index, one lookup per key,
@@ -102,6 +110,12 @@ pub trait Dialect: Exec {
             Self::BATCH_ROWS,
             Self::in_batch("cur.{key}")
         )
+    }
+
+    /// Reads `columns` of the table's rows, as `cur`, of `:handler` and the
+    /// batch's keys: what a batch's read of its records runs.
+    fn select_keys(columns: &str) -> String {
+        Self::select_from_rows(columns, "TRUE")
     }
 
     /// Inserts what `select` yields into the table (in the order of the

@@ -88,6 +88,17 @@ pub trait Exec: Database {
     ) -> impl Future<Output = Result<Vec<Cells>, sqlx::Error>> + Send + 'a;
 }
 
+/// How a database binds a batch's rows column by column (`:keys`,
+/// `:fingerprints`, `:outcomes`, `:tokens`): as arrays of text where it has
+/// them ([`Dialect::ROWS_AS_ARRAYS`](super::Dialect::ROWS_AS_ARRAYS)).
+pub trait BindColumn: Database {
+    /// `query` with `column` bound as its next parameter.
+    fn bind_column<'q>(
+        query: sqlx::query::Query<'q, Self, Self::Arguments>,
+        column: &[Option<&str>],
+    ) -> sqlx::query::Query<'q, Self, Self::Arguments>;
+}
+
 /// A record as a statement read it, with the database's now in that
 /// statement: what the store decides from the record, it decides at that
 /// time.
@@ -159,7 +170,7 @@ where
 
 impl<DB> Exec for DB
 where
-    DB: Database,
+    DB: Database + BindColumn,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     DB::Arguments: IntoArguments<DB>,
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
@@ -190,6 +201,10 @@ where
                 Param::Error => query.bind(values.error),
                 Param::Ttl => query.bind(values.ttl),
                 Param::Rows => query.bind(values.rows),
+                Param::Keys => DB::bind_column(query, values.keys),
+                Param::Fingerprints => DB::bind_column(query, values.fingerprints),
+                Param::Outcomes => DB::bind_column(query, values.outcomes),
+                Param::Tokens => DB::bind_column(query, values.tokens),
             };
         }
         query

@@ -345,6 +345,17 @@ impl Dialect for MySql {
     }
 }
 
+// A batch's rows travel as one JSON document (`:rows`): no statement names
+// a column parameter, which binds as NULL.
+impl super::exec::BindColumn for MySql {
+    fn bind_column<'q>(
+        query: sqlx::query::Query<'q, Self, Self::Arguments>,
+        _column: &[Option<&str>],
+    ) -> sqlx::query::Query<'q, Self, Self::Arguments> {
+        query.bind(None::<&str>)
+    }
+}
+
 impl SqlStore<MySql> {
     /// Connects with a URL such as `mysql://user@host:3306/db`, setting each
     /// session's `innodb_lock_wait_timeout` to 5 s. Call

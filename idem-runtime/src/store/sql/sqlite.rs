@@ -279,6 +279,17 @@ impl Dialect for Sqlite {
     }
 }
 
+// A batch's rows travel as one JSON document (`:rows`): no statement names
+// a column parameter, which binds as NULL.
+impl super::exec::BindColumn for Sqlite {
+    fn bind_column<'q>(
+        query: sqlx::query::Query<'q, Self, Self::Arguments>,
+        _column: &[Option<&str>],
+    ) -> sqlx::query::Query<'q, Self, Self::Arguments> {
+        query.bind(None::<&str>)
+    }
+}
+
 impl SqlStore<Sqlite> {
     /// Opens (creating if needed) the database file at `path`, in WAL mode
     /// with a 5 s busy timeout. Call [`migrate`](Self::migrate) before use.

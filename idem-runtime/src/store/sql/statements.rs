@@ -269,18 +269,17 @@ impl Statements {
     }
 }
 
-/// A claim in progress, one per batch row: its token and fingerprint are
-/// the row's.
+/// A claim in progress, one per batch row: its fingerprint is the row's,
+/// its token the batch's (`:token`).
 const BATCH_CLAIMED: NewRow = NewRow {
-    token: "r.t",
     fingerprint: "r.f",
     ..CLAIMED
 };
 
 /// A dedup row written with its outcome, one per batch row, marked with
-/// the batch's token.
+/// the batch's token (`:token`).
 const BATCH_COMPLETED: NewRow = NewRow {
-    token: "r.t",
+    token: ":token",
     outcome: "r.o",
     fingerprint: "r.f",
     ..COMPLETED
@@ -319,7 +318,7 @@ impl BatchStatements {
                 values_of(row, "r.k")
             )))
         };
-        let select = D::select_from_rows("cur.handler, cur.{key}, {record}", "TRUE");
+        let select = D::select_keys("cur.handler, cur.{key}, {record}");
         BatchStatements {
             select_latest: render(&format!("{select}{}", D::LATEST_READ)),
             select: render(&select),

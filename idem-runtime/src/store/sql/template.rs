@@ -60,10 +60,19 @@ pub(crate) enum Param {
     /// fingerprint, outcome, token), read as the table `r` of
     /// [`Dialect::BATCH_ROWS`](super::dialect::Dialect::BATCH_ROWS).
     Rows,
+    /// A batch's keys, as an array, where the dialect binds a batch's rows
+    /// column by column ([`Dialect::ROWS_AS_ARRAYS`](super::dialect::Dialect::ROWS_AS_ARRAYS)).
+    Keys,
+    /// A batch's fingerprints, as [`Param::Keys`] (empty: all NULL).
+    Fingerprints,
+    /// A batch's outcomes, as [`Param::Keys`] (empty: all NULL).
+    Outcomes,
+    /// A batch's tokens, as [`Param::Keys`] (empty: all NULL).
+    Tokens,
 }
 
 impl Param {
-    const ALL: [(&'static str, Param); 13] = [
+    const ALL: [(&'static str, Param); 17] = [
         ("handler", Param::Handler),
         ("key", Param::Key),
         ("token", Param::Token),
@@ -77,6 +86,10 @@ impl Param {
         ("error", Param::Error),
         ("ttl", Param::Ttl),
         ("rows", Param::Rows),
+        ("keys", Param::Keys),
+        ("fingerprints", Param::Fingerprints),
+        ("outcomes", Param::Outcomes),
+        ("tokens", Param::Tokens),
     ];
 }
 
@@ -110,6 +123,14 @@ pub struct Values<'a> {
     pub ttl: i64,
     /// [`Param::Rows`].
     pub rows: &'a str,
+    /// [`Param::Keys`].
+    pub keys: &'a [Option<&'a str>],
+    /// [`Param::Fingerprints`].
+    pub fingerprints: &'a [Option<&'a str>],
+    /// [`Param::Outcomes`].
+    pub outcomes: &'a [Option<&'a str>],
+    /// [`Param::Tokens`].
+    pub tokens: &'a [Option<&'a str>],
 }
 
 /// One statement, rendered for its database, with the parameters to bind in
@@ -262,6 +283,10 @@ impl Inline {
                 Param::Status => text(Some(values.status)),
                 Param::Error => text(values.error),
                 Param::Rows => text(Some(values.rows)),
+                // No message written with its values in carries a batch.
+                Param::Keys | Param::Fingerprints | Param::Outcomes | Param::Tokens => {
+                    lit.null_text.to_owned()
+                }
                 Param::Shift => (lit.integer)(values.shift),
                 Param::Hold => (lit.integer)(values.hold),
                 Param::Batch => (lit.integer)(values.batch),
