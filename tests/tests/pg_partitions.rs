@@ -616,7 +616,10 @@ async fn a_plain_table_becomes_a_partition_of_the_partitioned_one() {
     for _ in 0..10 {
         removed += partitioned.sweep_expired(1_000).await.unwrap();
     }
-    assert_eq!(removed, 10, "the plain table's expired records went with it");
+    assert_eq!(
+        removed, 10,
+        "the plain table's expired records went with it"
+    );
     assert_eq!(partitioned.count().await.unwrap(), 11);
     // A plain store is refused from now on.
     let err = plain.migrate().await.unwrap_err().to_string();
