@@ -38,7 +38,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idem_examples::cpu::{Cpu, load_average};
+use idem_examples::cpu::{Cpu, STEAL_MARK, load_average};
 use idem_examples::env;
 use idem_runtime::store::sql::Partitions;
 use idem_runtime::{PgStore, idempotent};
@@ -58,9 +58,6 @@ async fn ping(msg: &Ping) -> Result<(), std::io::Error> {
 
 const DAY_MS: i64 = 86_400_000;
 
-/// A round whose stolen CPU passed this share (%) is marked (`!`) and
-/// taken again, once per round counted at most.
-const STEAL_MARK: f64 = 5.0;
 const PLAIN: &str = "scale_plain";
 const PARTED: &str = "scale_parted";
 const PLAIN_REF: &str = "scale_plain_ref";
@@ -348,8 +345,9 @@ async fn main() -> Result<(), BoxError> {
         filled = stage;
         let fill_s = started.elapsed().as_secs_f64();
 
-        // p50 and p99 of each table, per round; a round over 5 % steal
-        // is marked, and repeated once
+        // p50 and p99 of each table, per round; a round over the steal
+        // mark (`cpu::STEAL_MARK`, 5 %) is marked `!` and taken again, at
+        // most `rounds` times a size
         let mut p: Vec<[Vec<f64>; 2]> = vec![[Vec::new(), Vec::new()]; 4];
         let cpu = Cpu::now()?;
         let mut conditions = Vec::new();
