@@ -121,6 +121,19 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
+/// Makes the partition of `day` (days since the epoch) of the partitioned
+/// `table`, named as its sweep names it, if it is missing.
+async fn day_partition(pool: &PgPool, table: &str, day: i64) -> Result<(), BoxError> {
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "CREATE TABLE IF NOT EXISTS {table}_p{day} PARTITION OF {table}
+         FOR VALUES FROM ({day}) TO ({})",
+        day + 1
+    )))
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
 /// Heap and indexes of `table`, every partition's included, in MB.
 async fn size_mb(pool: &PgPool, table: &str) -> Result<f64, BoxError> {
     let bytes: i64 = sqlx::query_scalar(
@@ -284,13 +297,7 @@ async fn main() -> Result<(), BoxError> {
             store.migrate().await?;
             // the last 7 days, live, and the day of the reference's expired rows
             for day in today - 9..today {
-                sqlx::raw_sql(AssertSqlSafe(format!(
-                    "CREATE TABLE IF NOT EXISTS {table}_p{day} PARTITION OF {table}
-                     FOR VALUES FROM ({day}) TO ({})",
-                    day + 1
-                )))
-                .execute(&pool)
-                .await?;
+                day_partition(&pool, table, day).await?;
             }
             store
         } else {
@@ -332,13 +339,7 @@ async fn main() -> Result<(), BoxError> {
         // whose partition is made now: a sweep drops an old partition
         // once it is empty.
         let expired_day = today - 9 - (stages.len() - k) as i64;
-        sqlx::raw_sql(AssertSqlSafe(format!(
-            "CREATE TABLE {PARTED}_p{expired_day} PARTITION OF {PARTED}
-             FOR VALUES FROM ({expired_day}) TO ({})",
-            expired_day + 1
-        )))
-        .execute(&pool)
-        .await?;
+        day_partition(&pool, PARTED, expired_day).await?;
         for (table, _) in &stores[..2] {
             fill_bulk(&pool, table, stage - filled, now_ms, expired_day).await?;
         }

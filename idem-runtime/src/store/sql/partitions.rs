@@ -207,9 +207,15 @@ pub struct PartitionedSql {
 
 /// The partitioned table's SQL on PostgreSQL, for `table` (validated:
 /// letters, digits, `_`, at most one `.`) and `partitions`, where `now` is
-/// the database's clock in ms (the dialect's `NOW`).
+/// the database's clock in ms (the dialect's `NOW`) and `columns` the
+/// table's columns with their types, as a plain table has them.
 #[cfg(feature = "postgres")]
-pub(super) fn postgres(table: &str, partitions: Partitions, now: &str) -> PartitionedSql {
+pub(super) fn postgres(
+    table: &str,
+    partitions: Partitions,
+    now: &str,
+    columns: &str,
+) -> PartitionedSql {
     use super::table::{bare, derived_name};
 
     let width = partitions.width_ms();
@@ -234,19 +240,7 @@ pub(super) fn postgres(table: &str, partitions: Partitions, now: &str) -> Partit
     };
     let create = format!(
         "CREATE TABLE IF NOT EXISTS {table} (
-            handler TEXT NOT NULL,
-            key TEXT NOT NULL,
-            status TEXT NOT NULL,
-            token TEXT,
-            outcome TEXT,
-            attempts BIGINT NOT NULL,
-            failures BIGINT NOT NULL DEFAULT 0,
-            last_error TEXT,
-            fingerprint TEXT,
-            created_at BIGINT NOT NULL,
-            updated_at BIGINT NOT NULL,
-            expires_at BIGINT NOT NULL,
-            max_attempts BIGINT,
+            {columns},
             part BIGINT NOT NULL DEFAULT ({now} / {width}),
             PRIMARY KEY (handler, key, part)
         ) PARTITION BY RANGE (part);

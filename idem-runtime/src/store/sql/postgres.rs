@@ -200,19 +200,7 @@ impl Dialect for Postgres {
         let index = expiry_index(bare);
         format!(
             "CREATE TABLE IF NOT EXISTS {t} (
-                handler TEXT NOT NULL,
-                key TEXT NOT NULL,
-                status TEXT NOT NULL,
-                token TEXT,
-                outcome TEXT,
-                attempts BIGINT NOT NULL,
-                failures BIGINT NOT NULL DEFAULT 0,
-                last_error TEXT,
-                fingerprint TEXT,
-                created_at BIGINT NOT NULL,
-                updated_at BIGINT NOT NULL,
-                expires_at BIGINT NOT NULL,
-                max_attempts BIGINT,
+                {COLUMN_TYPES},
                 PRIMARY KEY (handler, key)
             );
             CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at);"
@@ -333,9 +321,16 @@ impl super::exec::BindColumn for Postgres {
     }
 }
 
+/// The dedup table's columns with their types, as this release creates
+/// them, plain or partitioned.
+const COLUMN_TYPES: &str = "handler TEXT NOT NULL, key TEXT NOT NULL, status TEXT NOT NULL,
+    token TEXT, outcome TEXT, attempts BIGINT NOT NULL, failures BIGINT NOT NULL DEFAULT 0,
+    last_error TEXT, fingerprint TEXT, created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL,
+    expires_at BIGINT NOT NULL, max_attempts BIGINT";
+
 /// The SQL of a table partitioned by time, on the server's clock.
 fn partitioned(table: &str, partitions: Partitions) -> PartitionedSql {
-    super::partitions::postgres(table, partitions, <Postgres as Dialect>::NOW)
+    super::partitions::postgres(table, partitions, <Postgres as Dialect>::NOW, COLUMN_TYPES)
 }
 
 /// Whether a server at `host` (or on a Unix socket) shares the consumer's
@@ -526,11 +521,7 @@ impl SqlStore<Postgres> {
     /// ```
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let mut tx = self.pool().begin().await.map_err(|e| self.err(e))?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
-            .bind(format!("idem_migrate_{}", self.table()))
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| self.err(e))?;
+        self.lock_migration(&mut tx).await?;
         self.check_layout(&mut tx).await?;
         sqlx::raw_sql(AssertSqlSafe(self.create_sql().clone()))
             .execute(&mut *tx)
@@ -635,12 +626,8 @@ impl SqlStore<Postgres> {
             )));
         };
         let sql = partitioned(self.table(), partitions);
-        let kind: Option<String> =
-            sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)")
-                .bind(self.table())
-                .fetch_optional(self.pool())
-                .await
-                .map_err(|e| self.err(e))?;
+        let mut conn = self.pool().acquire().await.map_err(|e| self.err(e))?;
+        let kind = self.relkind(&mut conn).await?;
         match kind.as_deref() {
             None => return self.migrate().await,
             Some("p") => return Ok(()),
@@ -648,7 +635,6 @@ impl SqlStore<Postgres> {
         }
         // Columns of an earlier release first, so that the partition has
         // every column of the partitioned table.
-        let mut conn = self.pool().acquire().await.map_err(|e| self.err(e))?;
         self.upgrade(&mut conn).await?;
         for step in &sql.convert_online {
             sqlx::raw_sql(AssertSqlSafe(step.clone()))
@@ -658,17 +644,8 @@ impl SqlStore<Postgres> {
         }
         drop(conn);
         let mut tx = self.pool().begin().await.map_err(|e| self.err(e))?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
-            .bind(format!("idem_migrate_{}", self.table()))
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| self.err(e))?;
-        let kind: Option<String> =
-            sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)")
-                .bind(self.table())
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(|e| self.err(e))?;
+        self.lock_migration(&mut tx).await?;
+        let kind = self.relkind(&mut tx).await?;
         if kind.as_deref() == Some("r") {
             sqlx::raw_sql(AssertSqlSafe(sql.convert_swap))
                 .execute(&mut *tx)
@@ -679,15 +656,30 @@ impl SqlStore<Postgres> {
         self.migrate().await
     }
 
+    /// Takes the store's migration lock for the transaction on `conn`.
+    async fn lock_migration(&self, conn: &mut PgConnection) -> Result<(), StoreError> {
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+            .bind(format!("idem_migrate_{}", self.table()))
+            .execute(conn)
+            .await
+            .map(drop)
+            .map_err(|e| self.err(e))
+    }
+
+    /// What the table is (`relkind`: `r` plain, `p` partitioned), or
+    /// `None` when there is none.
+    async fn relkind(&self, conn: &mut PgConnection) -> Result<Option<String>, StoreError> {
+        sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)")
+            .bind(self.table())
+            .fetch_optional(conn)
+            .await
+            .map_err(|e| self.err(e))
+    }
+
     /// Refuses a table whose layout (plain or partitioned) is not the one
     /// this store was told, before `migrate` writes anything.
     async fn check_layout(&self, conn: &mut PgConnection) -> Result<(), StoreError> {
-        let kind: Option<String> =
-            sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)")
-                .bind(self.table())
-                .fetch_optional(&mut *conn)
-                .await
-                .map_err(|e| self.err(e))?;
+        let kind = self.relkind(conn).await?;
         let Some(kind) = kind else {
             return Ok(());
         };
