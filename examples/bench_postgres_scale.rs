@@ -121,6 +121,11 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
+/// Whether `table` is one of the partitioned tables.
+fn is_partitioned(table: &str) -> bool {
+    table == PARTED || table == PARTED_REF
+}
+
 /// Makes the partition of `day` (days since the epoch) of the partitioned
 /// `table`, named as its sweep names it, if it is missing.
 async fn day_partition(pool: &PgPool, table: &str, day: i64) -> Result<(), BoxError> {
@@ -158,7 +163,7 @@ async fn fill(
     now_ms: i64,
     expired_day: i64,
 ) -> Result<(), BoxError> {
-    let (part, day) = if table == PARTED || table == PARTED_REF {
+    let (part, day) = if is_partitioned(table) {
         (", part", format!(", t / {DAY_MS}"))
     } else {
         ("", String::new())
@@ -198,7 +203,7 @@ async fn fill_bulk(
     now_ms: i64,
     expired_day: i64,
 ) -> Result<(), BoxError> {
-    let parted = table == PARTED || table == PARTED_REF;
+    let parted = is_partitioned(table);
     if parted {
         sqlx::raw_sql(AssertSqlSafe(format!(
             "ALTER TABLE {table} DISABLE TRIGGER idem_bring"
@@ -292,7 +297,7 @@ async fn main() -> Result<(), BoxError> {
     let mut stores = Vec::new();
     for table in [PLAIN, PARTED, PLAIN_REF, PARTED_REF] {
         let store = PgStore::from_pool(pool.clone()).with_table(table)?;
-        let store = if table == PARTED || table == PARTED_REF {
+        let store = if is_partitioned(table) {
             let store = store.with_partitions(Partitions::daily());
             store.migrate().await?;
             // the last 7 days, live, and the day of the reference's expired rows

@@ -27,8 +27,8 @@ pub use databases::{DeleteKeys, DropMySqlTables, DropTables, unique_prefix, uniq
 pub use http::{HttpClient, Reply, Server};
 pub use links::LostReply;
 pub use processes::{
-    ChildTest, ClusterNode, LIBFAKETIME, RedisCluster, RedisServer, TansuServer, free_port,
-    key_slot,
+    ChildTest, ClusterNode, LIBFAKETIME, RedisCluster, RedisServer, TansuServer, crc16_after,
+    free_port, key_slot,
 };
 pub use services::{
     mysql_pool, mysql_url, pg_pool, pg_url, redis_store, redis_url, services_required, unavailable,

@@ -242,11 +242,17 @@ pub fn key_slot(key: &[u8]) -> u16 {
         let close = rest.iter().position(|b| *b == b'}')?;
         (close > 0).then(|| &rest[..close])
     });
-    let mut crc: u16 = 0;
-    for byte in tagged.unwrap_or(key) {
+    crc16_after(0, tagged.unwrap_or(key)) & 0x3fff
+}
+
+/// CRC16 (XMODEM) of `bytes` continued from `crc` (0 to start), as Redis
+/// computes slots: a test that tries many keys sharing a prefix computes
+/// the prefix's once.
+pub fn crc16_after(mut crc: u16, bytes: &[u8]) -> u16 {
+    for byte in bytes {
         crc = (crc << 8) ^ CRC16[usize::from((crc >> 8) as u8 ^ byte)];
     }
-    crc & 0x3fff
+    crc
 }
 
 /// CRC16 (XMODEM, polynomial 0x1021) of each byte, for [`key_slot`].

@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 use common::{AppError, RedisFx};
 use futures_util::StreamExt as _;
 use idem_runtime::{Error, Key, Outcome, RedisStore, idempotent};
-use idem_tests::{ClusterNode, RedisCluster, key_slot};
+use idem_tests::{ClusterNode, RedisCluster, crc16_after, key_slot};
 
 /// The registered name of [`apply_one`].
 const SINGLE: &str = "rcc_single";
@@ -257,21 +257,6 @@ struct Ids {
     crc_before: u16,
     tried: u32,
     issued: Vec<String>,
-}
-
-/// CRC16 (XMODEM) of `bytes` after `crc`, as Redis computes slots.
-fn crc16_after(mut crc: u16, bytes: &[u8]) -> u16 {
-    for byte in bytes {
-        crc ^= u16::from(*byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 == 0 {
-                crc << 1
-            } else {
-                (crc << 1) ^ 0x1021
-            };
-        }
-    }
-    crc
 }
 
 /// What the consumers share in a phase.
