@@ -206,10 +206,16 @@ impl<D: Dialect> SqlStore<D> {
         }
         let bound = Bound::new::<D>(rows)?;
         let values = self.batch_values(spec, &bound, hold)?;
-        let wrote = self.write(statement, &values, D::BATCH_WRITE_BEGIN).await?;
+        let wrote = self.write(statement, &values, None).await?;
         if wrote == rows.len() as u64 {
             return Ok(vec![true; rows.len()]);
         }
+        // A row another statement changed while this one waited for it
+        // (the lease keeper extending the same claim) can be passed over
+        // where the statement reaches rows by their place (PostgreSQL, see
+        // `found_rows`): the row moved. Once more reaches it where it is
+        // now; a row whose token changed stays untouched.
+        self.write(statement, &values, None).await?;
         let held = self.batch_held(spec, &bound, status).await?;
         Ok(rows
             .iter()
@@ -356,8 +362,7 @@ impl<D: Dialect> SqlStore<D> {
             .collect();
         let bound = Bound::new::<D>(&rows)?;
         let values = self.batch_values(spec, &bound, Duration::ZERO)?;
-        self.write(&self.sql.batch.release, &values, D::BATCH_WRITE_BEGIN)
-            .await?;
+        self.write(&self.sql.batch.release, &values, None).await?;
         Ok(())
     }
 

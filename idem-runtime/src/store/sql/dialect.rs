@@ -57,12 +57,6 @@ pub trait Dialect: Exec {
     /// one; `None` runs it on its own.
     const SWEEP_BEGIN: Option<&'static str>;
 
-    /// The statement that opens the transaction of a batch's completion,
-    /// extension or release (an update or delete joined to the batch's
-    /// rows), when one is needed to steer its plan; `None` runs it on its
-    /// own.
-    const BATCH_WRITE_BEGIN: Option<&'static str> = None;
-
     /// What a read of the record after a lost claim appends so that it sees
     /// the latest committed row, not the transaction's snapshot: empty where
     /// every statement reads the latest (PostgreSQL's `READ COMMITTED`,

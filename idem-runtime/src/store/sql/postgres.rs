@@ -151,10 +151,6 @@ impl Dialect for Postgres {
     const MAX_HANDLER_LEN: usize = usize::MAX;
     const BEGIN: Option<&'static str> = None;
     const SWEEP_BEGIN: Option<&'static str> = None;
-    // The planner takes a batch's rows for a hundred and a fast-growing
-    // table's matches for a handful, and loops over the rows once per match
-    // (quadratic in the batch); a hash join is linear.
-    const BATCH_WRITE_BEGIN: Option<&'static str> = Some("BEGIN; SET LOCAL enable_nestloop = off");
     const LATEST_READ: &'static str = "";
     // Text arrays, which the server reads without parsing a document: a
     // shorter array (an empty one) reads as NULLs.
@@ -208,29 +204,19 @@ impl Dialect for Postgres {
     }
 
     fn in_batch(column: &str) -> String {
-        // An array the planner sees as one value: an index condition.
+        // Not in this dialect's batch statements, which look each key up
+        // alone (`LOOK_UP`): as an index condition next to the handler's,
+        // the planner may scan the handler's rows instead.
         format!("{column} = ANY (:keys::text[])")
     }
 
     fn select_keys(columns: &str) -> String {
-        // One scan of the primary key's index for all the keys, whatever
-        // the statistics say: no join for the planner to choose.
-        format!(
-            "SELECT {columns} FROM {{t}} AS cur
-             WHERE cur.handler = :handler AND {}",
-            Self::in_batch("cur.{key}")
-        )
+        format!("SELECT {columns} FROM unnest(:keys::text[]) AS r(k) {LOOK_UP}")
     }
 
     fn select_from_rows(columns: &str, condition: &str) -> String {
-        // One primary-key lookup per row, whatever the statistics say: on a
-        // table that grew fast since its last ANALYZE, the planner of a join
-        // scans every row of the handler. `LIMIT 1` (the key is unique)
-        // keeps the subquery from being pulled up into such a join.
         format!(
-            "SELECT {columns} FROM {} CROSS JOIN LATERAL
-               (SELECT * FROM {{t}} WHERE handler = :handler AND {{key}} = r.k LIMIT 1) AS cur
-             WHERE {condition}",
+            "SELECT {columns} FROM {} {LOOK_UP} WHERE {condition}",
             Self::BATCH_ROWS
         )
     }
@@ -238,9 +224,8 @@ impl Dialect for Postgres {
     fn delete_from_rows(condition: &str) -> String {
         format!(
             "DELETE FROM {{t}} AS cur USING {}
-             WHERE cur.handler = :handler AND {} AND cur.{{key}} = r.k AND {condition}",
-            Self::BATCH_ROWS,
-            Self::in_batch("cur.{key}")
+             WHERE {FOUND} AND {condition}",
+            found_rows()
         )
     }
 
@@ -255,9 +240,8 @@ impl Dialect for Postgres {
     fn update_from_rows(assignments: &str, condition: &str) -> String {
         format!(
             "UPDATE {{t}} AS cur SET {assignments} FROM {}
-             WHERE cur.handler = :handler AND {} AND cur.{{key}} = r.k AND {condition}",
-            Self::BATCH_ROWS,
-            Self::in_batch("cur.{key}")
+             WHERE {FOUND} AND {condition}",
+            found_rows()
         )
     }
 
@@ -327,6 +311,36 @@ const COLUMN_TYPES: &str = "handler TEXT NOT NULL, key TEXT NOT NULL, status TEX
     token TEXT, outcome TEXT, attempts BIGINT NOT NULL, failures BIGINT NOT NULL DEFAULT 0,
     last_error TEXT, fingerprint TEXT, created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL,
     expires_at BIGINT NOT NULL, max_attempts BIGINT";
+
+/// The lookup of a batch row `r`'s record, as `cur`: one search of the
+/// primary key's index for `:handler` and the key, whatever the statistics
+/// say. Given `handler = :handler AND key = ANY (:keys)` instead, a planner
+/// that takes the handler for a rare value (a handler new since the last
+/// `ANALYZE`, or a table that grew fast) reads every row of the handler and
+/// filters them on the keys: a batch's cost grows with the table. A
+/// subquery that refers to `r` is run once per row, and `LIMIT 1` (the key
+/// is unique) keeps it from being pulled up into a join the planner would
+/// choose.
+const LOOK_UP: &str = "CROSS JOIN LATERAL
+    (SELECT * FROM {t} WHERE handler = :handler AND {key} = r.k LIMIT 1) AS cur";
+
+/// The batch's rows `r` with where their records stand, for an update or
+/// a delete to reach each record by its place (`FOUND`) rather than by a
+/// condition on the handler, which would let the planner scan the
+/// handler's rows (see [`LOOK_UP`]). A partition's row places are its own:
+/// the partition (`tableoid`) is part of the place.
+fn found_rows() -> String {
+    format!(
+        "(SELECT r.*, x.p, x.c FROM {} CROSS JOIN LATERAL
+            (SELECT tableoid AS p, ctid AS c FROM {{t}}
+             WHERE handler = :handler AND {{key}} = r.k LIMIT 1) AS x) AS r",
+        <Postgres as Dialect>::BATCH_ROWS
+    )
+}
+
+/// The table's row, as `cur`, at the place [`found_rows`] found, still of
+/// the same key.
+const FOUND: &str = "cur.tableoid = r.p AND cur.ctid = r.c AND cur.{key} = r.k";
 
 /// The SQL of a table partitioned by time, on the server's clock.
 fn partitioned(table: &str, partitions: Partitions) -> PartitionedSql {

@@ -1,0 +1,314 @@
+//! A batch on PostgreSQL reads and writes its keys' records one primary-key
+//! lookup per key, whatever the planner's statistics say of the handler.
+//!
+//! The case: a handler new since the table's last `ANALYZE` (or a table
+//! that grew fast since). The statistics take its name for a rare value,
+//! and a statement written as `handler = $1 AND key = ANY ($2)` is then
+//! planned as a read of every row of the handler, filtered on the keys: a
+//! batch costs as much as the handler has rows. Each test here gives a
+//! handler 30,000 rows the statistics do not know of (autovacuum off for
+//! the table, so that no `ANALYZE` comes in between), runs one kind of
+//! batch statement over 40 keys, and counts the rows the server read from
+//! the table and its indexes (`pg_stat_user_tables`,
+//! `pg_stat_user_indexes`): at most a few per key.
+//!
+//! The last test is the race that reaching rows by their place must
+//! survive: another statement (the lease keeper extending the same claim)
+//! changes a batch's row while the batch's completion waits for it.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use idem_runtime::{Key, PgStore, PgTx, idempotent};
+use idem_tests::{DropTables, or_skip, pg_pool, pg_url, unique_table};
+use serde::Deserialize;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{AssertSqlSafe, PgPool};
+
+#[derive(Debug, Clone, Deserialize)]
+struct Msg {
+    id: u64,
+}
+
+/// Rows each handler holds that the statistics do not know of.
+const UNSEEN: i64 = 30_000;
+
+/// Keys a batch holds.
+const BATCH: u64 = 40;
+
+/// The most rows a batch of [`BATCH`] keys may read: a few per key.
+const MOST_READ: i64 = 5 * BATCH as i64;
+
+/// The key of the old row every handler has: `id` 7, recorded with 7.
+const OLD: u64 = 7;
+
+#[idempotent(key = "id", ttl = "1h", store = "postgres", name = "pg_plans_tx")]
+async fn tx_batch(tx: &mut PgTx<'_>, msgs: &[Msg]) -> Result<Vec<u64>, sqlx::Error> {
+    let _ = tx;
+    Ok(msgs.iter().map(|m| m.id).collect())
+}
+
+#[idempotent(key = "id", ttl = "1h", store = "postgres", name = "pg_plans_lease")]
+async fn lease_batch(msgs: &[Msg]) -> Result<Vec<u64>, sqlx::Error> {
+    Ok(msgs.iter().map(|m| m.id).collect())
+}
+
+#[idempotent(key = "id", ttl = "1h", store = "postgres", name = "pg_plans_failing")]
+async fn failing_batch(msgs: &[Msg]) -> Result<Vec<u64>, std::io::Error> {
+    let _ = msgs;
+    Err(std::io::Error::other("the body fails"))
+}
+
+#[idempotent(
+    key = "id",
+    ttl = "1h",
+    lease = "3s",
+    store = "postgres",
+    name = "pg_plans_slow"
+)]
+async fn slow_batch(msgs: &[Msg]) -> Result<Vec<u64>, sqlx::Error> {
+    // Past a third of the lease: the keeper extends the batch's claims.
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    Ok(msgs.iter().map(|m| m.id).collect())
+}
+
+/// The dedup table of [`raced_batch`], and the key its body has another
+/// connection change under it.
+static RACED: OnceLock<(String, String)> = OnceLock::new();
+
+#[idempotent(key = "id", ttl = "1h", store = "postgres", name = "pg_plans_raced")]
+async fn raced_batch(msgs: &[Msg]) -> Result<Vec<u64>, sqlx::Error> {
+    let (table, key) = RACED.get().expect("the test sets the table").clone();
+    let (locked, wait) = tokio::sync::oneshot::channel();
+    // As the keeper's extension of the same claim would: an update of the
+    // claim's row (its `updated_at`), committed only after the batch's
+    // completion has begun waiting for the row.
+    tokio::spawn(async move {
+        let pool = pg_pool(1).await.expect("the racer connects");
+        let mut tx = pool.begin().await.expect("begin");
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {table} SET updated_at = updated_at + 1
+             WHERE handler = 'pg_plans_raced' AND key = $1"
+        )))
+        .bind(&key)
+        .execute(&mut *tx)
+        .await
+        .expect("the racer updates the claim");
+        let _ = locked.send(());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        tx.commit().await.expect("the racer commits");
+    });
+    wait.await.expect("the racer took the row");
+    Ok(msgs.iter().map(|m| m.id).collect())
+}
+
+/// A store over a fresh dedup table on a pool of one connection (whose
+/// statistics [`flushed`] sends to the server), the admin pool, and the
+/// table. Handler `handler` has [`UNSEEN`] rows the table's statistics do
+/// not know of, among them [`OLD`].
+struct Fixture {
+    store: PgStore,
+    pool: PgPool,
+    admin: PgPool,
+    table: String,
+    _drop: DropTables,
+}
+
+impl Fixture {
+    async fn new(handler: &str) -> Option<Fixture> {
+        let admin = pg_pool(2).await?;
+        let table = unique_table("pg_plans");
+        let drop = DropTables::new(&[&table]);
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&pg_url())
+            .await
+            .expect("store pool");
+        let store = PgStore::from_pool(pool.clone())
+            .with_table(&table)
+            .expect("valid table");
+        store.migrate().await.expect("migrate");
+        let run = |sql: String| {
+            let admin = admin.clone();
+            async move {
+                sqlx::query(AssertSqlSafe(sql))
+                    .execute(&admin)
+                    .await
+                    .expect("setup statement");
+            }
+        };
+        run(format!(
+            "ALTER TABLE {table} SET (autovacuum_enabled = false)"
+        ))
+        .await;
+        // What the statistics know: another handler's rows.
+        run(rows(&table, "pg_plans_other", 2_000)).await;
+        run(format!("ANALYZE {table}")).await;
+        // What they do not: this handler's.
+        run(rows(&table, handler, UNSEEN)).await;
+        Some(Fixture {
+            store,
+            pool,
+            admin,
+            table,
+            _drop: drop,
+        })
+    }
+
+    /// The rows the server has read from the table and its indexes so
+    /// far, once the store's connection has sent its statistics.
+    async fn rows_read(&self) -> i64 {
+        // A backend sends its counts at most once a second unless told
+        // to: this tells the store's one connection, whose next statement
+        // then sends them when it ends.
+        sqlx::query("SELECT pg_stat_force_next_flush()")
+            .execute(&self.pool)
+            .await
+            .expect("flush");
+        sqlx::query("SELECT 1")
+            .execute(&self.pool)
+            .await
+            .expect("flushed");
+        sqlx::query_scalar(
+            "SELECT (t.seq_tup_read + coalesce(sum(i.idx_tup_read), 0))::bigint
+             FROM pg_stat_user_tables t
+             JOIN pg_stat_user_indexes i ON i.relid = t.relid
+             WHERE t.relid = $1::regclass
+             GROUP BY t.seq_tup_read",
+        )
+        .bind(&self.table)
+        .fetch_one(&self.admin)
+        .await
+        .expect("the table's counts")
+    }
+
+    /// The status and outcome of `handler`'s record of `key`.
+    async fn record(&self, handler: &str, key: u64) -> Option<(String, Option<String>)> {
+        sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT status, outcome FROM {} WHERE handler = $1 AND key = $2",
+            self.table
+        )))
+        .bind(handler)
+        .bind(stored(key))
+        .fetch_optional(&self.admin)
+        .await
+        .expect("read a record")
+    }
+}
+
+/// The stored form of message `id`'s key.
+fn stored(id: u64) -> String {
+    Key::from_parts(&[&id]).expect("a key").as_str().to_owned()
+}
+
+/// An insert of `count` completed rows of `handler`, keys [`OLD`]'s and
+/// `old-2`..., each recorded with outcome `7`, for an hour.
+fn rows(table: &str, handler: &str, count: i64) -> String {
+    // The stored form of a number (`1:7`) holds no quote.
+    let old = stored(OLD);
+    format!(
+        "INSERT INTO {table} (handler, key, status, outcome, attempts, failures,
+                              created_at, updated_at, expires_at)
+         SELECT '{handler}', CASE WHEN g = 1 THEN '{old}' ELSE 'old-' || g END,
+                'completed', '7', 1, 0, n, n, n + 3600000
+         FROM generate_series(1, {count}) AS g,
+              (SELECT (extract(epoch from now()) * 1000)::bigint AS n) AS now"
+    )
+}
+
+/// [`BATCH`] fresh messages, and with `old` the old key's among them.
+fn batch(old: bool) -> Vec<Msg> {
+    let mut msgs: Vec<Msg> = (1_000..1_000 + BATCH).map(|id| Msg { id }).collect();
+    if old {
+        msgs.push(Msg { id: OLD });
+    }
+    msgs
+}
+
+fn assert_few(read: i64, what: &str) {
+    assert!(
+        read <= MOST_READ,
+        "{what} read {read} rows for {BATCH} keys (at most {MOST_READ}): \
+         the handler's {UNSEEN} rows were scanned"
+    );
+}
+
+#[tokio::test]
+async fn a_transaction_batch_reads_its_records_key_by_key() {
+    let f = or_skip!(Fixture::new("pg_plans_tx").await);
+    let before = f.rows_read().await;
+    let results = tx_batch(&f.store, &batch(true)).await.expect("batch");
+    assert_few(f.rows_read().await - before, "the transaction batch");
+    let (old, fresh) = results.split_last().expect("results");
+    assert!(fresh.iter().all(|r| matches!(r, Ok(o) if o.is_executed())));
+    let old = old.as_ref().expect("the old key's result");
+    assert!(old.is_duplicate() && *old.value() == 7, "{old:?}");
+}
+
+#[tokio::test]
+async fn a_lease_batch_sorts_out_and_completes_its_claims_key_by_key() {
+    let f = or_skip!(Fixture::new("pg_plans_lease").await);
+    let before = f.rows_read().await;
+    // The old key makes the claims' insert short of one row: the batch
+    // reads its records to sort them out, then completes its claims.
+    let results = lease_batch(&f.store, &batch(true)).await.expect("batch");
+    assert_few(f.rows_read().await - before, "the lease batch");
+    let (old, fresh) = results.split_last().expect("results");
+    assert!(fresh.iter().all(|r| matches!(r, Ok(o) if o.is_executed())));
+    assert!(matches!(old, Ok(o) if o.is_duplicate() && *o.value() == 7));
+    for id in 1_000..1_000 + BATCH {
+        let (status, outcome) = f.record("pg_plans_lease", id).await.expect("recorded");
+        assert_eq!(
+            (status.as_str(), outcome),
+            ("completed", Some(id.to_string()))
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_failed_lease_batch_releases_its_claims_key_by_key() {
+    let f = or_skip!(Fixture::new("pg_plans_failing").await);
+    let before = f.rows_read().await;
+    let failed = failing_batch(&f.store, &batch(false)).await;
+    assert!(failed.is_err(), "{failed:?}");
+    assert_few(f.rows_read().await - before, "the release");
+    for id in 1_000..1_000 + BATCH {
+        assert_eq!(f.record("pg_plans_failing", id).await, None, "key {id}");
+    }
+}
+
+#[tokio::test]
+async fn a_lease_batch_extends_its_claims_key_by_key() {
+    let f = or_skip!(Fixture::new("pg_plans_slow").await);
+    let before = f.rows_read().await;
+    let results = slow_batch(&f.store, &batch(false)).await.expect("batch");
+    assert_few(f.rows_read().await - before, "the extended batch");
+    assert!(
+        results
+            .iter()
+            .all(|r| matches!(r, Ok(o) if o.is_executed()))
+    );
+}
+
+#[tokio::test]
+async fn a_completion_that_waits_for_a_row_changed_meanwhile_completes_it() {
+    let f = or_skip!(Fixture::new("pg_plans_raced").await);
+    RACED
+        .set((f.table.clone(), stored(1_005)))
+        .expect("one test sets it");
+    let results = raced_batch(&f.store, &batch(false)).await.expect("batch");
+    assert!(
+        results
+            .iter()
+            .all(|r| matches!(r, Ok(o) if o.is_executed())),
+        "{results:?}"
+    );
+    for id in 1_000..1_000 + BATCH {
+        let (status, outcome) = f.record("pg_plans_raced", id).await.expect("recorded");
+        assert_eq!(
+            (status.as_str(), outcome),
+            ("completed", Some(id.to_string())),
+            "key {id}"
+        );
+    }
+}
