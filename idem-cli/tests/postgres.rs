@@ -2,4 +2,61 @@
 
 mod common;
 
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use idem_runtime::PgStore;
+use idem_runtime::store::sql::Partitions;
+use idem_tests::{DropTables, pg_pool, pg_url, unique_table};
+use serde_json::json;
+
+use common::{SHORT_SPEC, SMS, SMS_SPEC, complete, idem, key};
+
 common::suite::cli_suite!(common::fixtures::PgFx);
+
+/// Sleeps into the next period of `width`, 50 ms past its start.
+async fn next_period(width: Duration) {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    let w = width.as_millis();
+    let left = w - now.as_millis() % w + 50;
+    tokio::time::sleep(Duration::from_millis(left as u64)).await;
+}
+
+/// `idem sweep` opens its store without partitions; on a table partitioned
+/// by time it drops every partition whose records all expired, however
+/// few rows each held, and keeps the one with a live record.
+#[tokio::test]
+async fn sweep_drops_every_expired_partition_of_a_partitioned_table() {
+    let Some(pool) = pg_pool(4).await else {
+        return;
+    };
+    let table = unique_table("idem_cli_part");
+    let _drop = DropTables::new(&[&table]);
+    let width = Duration::from_secs(1);
+    let store = PgStore::from_pool(pool)
+        .with_table(&table)
+        .expect("a valid table name")
+        .with_partitions(Partitions::every(width).expect("a valid width"));
+    store.migrate().await.expect("migrate");
+    // Three periods of 5 records that expire as they are completed, then
+    // one of a record kept an hour.
+    for period in 0..3 {
+        next_period(width).await;
+        for i in 0..5 {
+            let order = format!("P{period}-{i}");
+            complete(&store, &SHORT_SPEC, &key(&order, "apple"), "null").await;
+        }
+    }
+    next_period(width).await;
+    complete(&store, &SMS_SPEC, &key("L-1", "apple"), "null").await;
+    next_period(width).await;
+
+    let url = pg_url();
+    let args = ["--store", &url, "--table", &table, "--json", "sweep"];
+    assert_eq!(
+        idem(&args).json(),
+        json!({"deleted": 15, "native_expiry": false})
+    );
+    assert_eq!(store.count().await.expect("count"), 1);
+    let left = idem(&["--store", &url, "--table", &table, "--json", "list", SMS]).json();
+    assert_eq!(left["records"].as_array().map(Vec::len), Some(1), "{left}");
+}

@@ -458,6 +458,101 @@ async fn a_sweep_drops_a_partition_whose_records_all_expired_and_keeps_one_with_
     );
 }
 
+/// A store opened without partitions (an operator's `idem sweep`, a
+/// consumer not yet redeployed) sweeps a table partitioned since by the
+/// table's own function; and where there is none (a table partitioned by
+/// hand), with a delete that takes expired rows only. A row's place
+/// (`ctid`) is its partition's own: the expired rows of one partition sit
+/// at the places of live rows in the others.
+#[tokio::test]
+async fn a_store_opened_without_partitions_sweeps_a_partitioned_table_and_keeps_its_live_records() {
+    let width = Duration::from_secs(1);
+    let Some(fx) = Fx::open(width).await else {
+        return;
+    };
+    let plain = PgStore::from_pool(fx.pool.clone())
+        .with_table(fx.store.table())
+        .unwrap();
+    let effects = Effects::default();
+    // Each period: 30 records that expire in 2 s, then in the next period
+    // a live one, first in its partition, at the place of the first of
+    // the 30 in theirs.
+    let fill = async |round: &str| {
+        next_period(width).await;
+        for i in 0..30 {
+            let id = format!("{round}{i}");
+            assert!(
+                short_ping(&fx.store, &ping(&id))
+                    .await
+                    .unwrap()
+                    .is_executed()
+            );
+        }
+        next_period(width).await;
+        let live = format!("{round}-live");
+        assert!(
+            lease_ping(&fx.store, &ping(&live), &effects)
+                .await
+                .unwrap()
+                .is_executed()
+        );
+        // Past the 30's ttl.
+        tokio::time::sleep(Duration::from_millis(2_200)).await;
+        (
+            fx.homes("part_short", &format!("{round}0")).await,
+            fx.homes("part_lease", &live).await,
+        )
+    };
+    let live_count = async || -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT count(*) FROM {} WHERE handler = 'part_lease'",
+            fx.store.table()
+        )))
+        .fetch_one(&fx.pool)
+        .await
+        .unwrap()
+    };
+
+    // By the table's function: the expired partition goes whole.
+    let (expired, live) = fill("a").await;
+    assert_ne!(expired, live, "the live record has a partition of its own");
+    let mut removed = 0;
+    for _ in 0..10 {
+        removed += plain.sweep_expired(1_000).await.unwrap();
+    }
+    assert_eq!(removed, 30);
+    assert!(!fx.partitions().await.iter().any(|(n, _)| n == &expired[0]));
+    assert_eq!(live_count().await, 1);
+
+    // Without the function: a delete of the expired rows, however their
+    // places meet the live rows'.
+    let (expired, _) = fill("b").await;
+    let maintain = format!("{}_idem_maintain", fx.store.table());
+    sqlx::query(AssertSqlSafe(format!(
+        "DROP FUNCTION {maintain}(bigint, bigint)"
+    )))
+    .execute(&fx.pool)
+    .await
+    .unwrap();
+    let places: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM {t} AS l JOIN {t} AS e ON e.ctid = l.ctid
+         WHERE l.handler = 'part_lease' AND e.handler = 'part_short'",
+        t = fx.store.table()
+    )))
+    .fetch_one(&fx.pool)
+    .await
+    .unwrap();
+    assert!(places >= 1, "an expired row sits at a live row's place");
+    let mut removed = 0;
+    for _ in 0..10 {
+        removed += plain.sweep_expired(1_000).await.unwrap();
+    }
+    assert_eq!(removed, 30);
+    assert_eq!(fx.homes("part_short", "b0").await, Vec::<String>::new());
+    assert_eq!(live_count().await, 2, "every live record stays");
+    assert!(fx.partitions().await.iter().any(|(n, _)| n == &expired[0]));
+}
+
 #[tokio::test]
 async fn an_expired_claim_in_an_older_partition_is_taken_over() {
     let width = Duration::from_secs(1);

@@ -827,19 +827,35 @@ impl<S: Inspect> Inspect for std::sync::Arc<S> {
     }
 }
 
+/// The most calls [`sweep_all`] makes of a partitioned table's sweep: each
+/// that removes anything drops a partition or deletes a batch of the
+/// default partition's rows, so this bounds a run on a table whose default
+/// partition fills as fast as it is swept.
 #[cfg(feature = "_sql")]
-/// Runs `sweep` (one batch of at most `batch` records, returning how many
-/// it deleted) until a batch comes back short.
-pub(crate) async fn sweep_all<F, Fut>(mut sweep: F) -> Result<Swept, StoreError>
+const PARTITIONED_SWEEPS: usize = 10_000;
+
+#[cfg(feature = "_sql")]
+/// Runs `sweep` (one call of at most `batch` records, returning how many
+/// it removed) until a call comes back short of a batch; on a
+/// `partitioned` table, whose sweep drops a whole partition a call however
+/// many rows it held, until a call removes nothing.
+pub(crate) async fn sweep_all<F, Fut>(partitioned: bool, mut sweep: F) -> Result<Swept, StoreError>
 where
     F: FnMut(u32) -> Fut,
     Fut: Future<Output = Result<u64, StoreError>>,
 {
     let mut deleted = 0;
+    let mut calls = 0;
     loop {
         let n = sweep(SWEEP_BATCH).await?;
         deleted += n;
-        if n < u64::from(SWEEP_BATCH) {
+        calls += 1;
+        let done = if partitioned {
+            n == 0 || calls == PARTITIONED_SWEEPS
+        } else {
+            n < u64::from(SWEEP_BATCH)
+        };
+        if done {
             return Ok(Swept::deleted(deleted));
         }
     }

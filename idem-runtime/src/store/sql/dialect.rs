@@ -8,7 +8,7 @@
 //! [`super::SqlStore`].
 
 use super::exec::Exec;
-use super::partitions::{PartitionedSql, Partitions};
+use super::partitions::{PartitionedSql, Partitions, Upkeep};
 use super::rows::NewRow;
 use super::template::{Literals, Placeholders};
 use crate::error::Contention;
@@ -134,6 +134,11 @@ pub trait Dialect: Exec {
     /// insert, then take over a claimable row with an `UPDATE`, as the
     /// claims of a dialect whose [`take`](Self::take) has two statements.
     const PARTITIONED: Option<fn(&str, Partitions) -> PartitionedSql> = None;
+
+    /// Where the database has partitions, how a store opened without them
+    /// sweeps a table that may have been partitioned since ([`Upkeep`]):
+    /// by the table's own function when it is, with a `DELETE` otherwise.
+    const UPKEEP: Option<fn(&str) -> Upkeep> = None;
 
     /// Lists the names of `table`'s columns, one per row (no parameters;
     /// `table` is a validated identifier, safe to write as a literal).

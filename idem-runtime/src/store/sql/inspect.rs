@@ -174,7 +174,8 @@ impl<D: Dialect> Inspect for SqlStore<D> {
     }
 
     async fn sweep(&self) -> Result<Swept, StoreError> {
-        sweep_all(|batch| self.sweep_expired(batch)).await
+        let partitioned = self.swept_by_partitions().await?;
+        sweep_all(partitioned, |batch| self.sweep_expired(batch)).await
     }
 
     async fn handlers(&self) -> Result<Vec<String>, StoreError> {

@@ -470,23 +470,53 @@ impl<D: Dialect> SqlStore<D> {
         };
         match &self.sql.sweep {
             Sweeping::Delete(delete) => self.write(delete, &values, D::SWEEP_BEGIN).await,
-            Sweeping::Maintain(call) => {
-                let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-                // Each step is a statement, and so a transaction, of its
-                // own: a partition made or dropped releases the table's
-                // lock before the next step. A bound on the steps keeps a
-                // call short (a partition a step).
-                for _ in 0..MAINTENANCE_STEPS {
-                    let removed = D::number(&mut conn, call, &values)
-                        .await
-                        .map_err(|e| self.err(e))?;
-                    if removed >= 0 {
-                        return Ok(u64::try_from(removed).unwrap_or(0));
-                    }
+            Sweeping::Maintain(call) => self.maintain(call, &values).await,
+            Sweeping::Either {
+                maintain, delete, ..
+            } => {
+                if self.swept_by_partitions().await? {
+                    self.maintain(maintain, &values).await
+                } else {
+                    self.write(delete, &values, D::SWEEP_BEGIN).await
                 }
-                Ok(0)
             }
         }
+    }
+
+    /// Whether the table is swept by partitions: a store opened with them,
+    /// or one opened without them on a table partitioned since (asked of
+    /// the database, where it has partitions).
+    pub(crate) async fn swept_by_partitions(&self) -> Result<bool, StoreError> {
+        match &self.sql.sweep {
+            Sweeping::Delete(_) => Ok(false),
+            Sweeping::Maintain(_) => Ok(true),
+            Sweeping::Either { partitioned, .. } => {
+                let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+                let answer = D::number(&mut conn, partitioned, &self.values())
+                    .await
+                    .map_err(|e| self.err(e))?;
+                Ok(answer > 0)
+            }
+        }
+    }
+
+    /// Sweeps a partitioned table by its maintenance function's steps
+    /// (`call`): as many rows as it removed.
+    async fn maintain(&self, call: &Statement, values: &Values<'_>) -> Result<u64, StoreError> {
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        // Each step is a statement, and so a transaction, of its own: a
+        // partition made or dropped releases the table's lock before the
+        // next step. A bound on the steps keeps a call short (a partition
+        // a step).
+        for _ in 0..MAINTENANCE_STEPS {
+            let removed = D::number(&mut conn, call, values)
+                .await
+                .map_err(|e| self.err(e))?;
+            if removed >= 0 {
+                return Ok(u64::try_from(removed).unwrap_or(0));
+            }
+        }
+        Ok(0)
     }
 
     /// The record of `key` under handler `handler`, if any.

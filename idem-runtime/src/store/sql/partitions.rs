@@ -205,6 +205,53 @@ pub struct PartitionedSql {
     pub convert_swap: String,
 }
 
+/// What a store opened without partitions needs to sweep a table that was
+/// partitioned since (by [`PgStore::partition_existing`](crate::PgStore::partition_existing)
+/// elsewhere, or by a store opened with them): the table may be of either
+/// layout, and a partitioned one is kept by its own function.
+#[derive(Debug, Clone)]
+pub struct Upkeep {
+    /// Answers 1 when the table is partitioned and has its maintenance
+    /// function, 0 otherwise (no parameters).
+    pub partitioned: String,
+    /// One step of a partitioned table's sweep, as [`PartitionedSql::sweep`]:
+    /// the function holds the periods' width, so the call does not.
+    pub sweep: String,
+}
+
+/// [`Upkeep`] on PostgreSQL, for `table` (validated, as for [`postgres`]).
+#[cfg(feature = "postgres")]
+pub(super) fn postgres_upkeep(table: &str) -> Upkeep {
+    let maintain = postgres_maintain(table);
+    Upkeep {
+        // Both names are validated identifiers: safe in a literal.
+        partitioned: format!(
+            "SELECT count(*) FROM pg_class
+             WHERE oid = to_regclass('{table}') AND relkind = 'p'
+               AND to_regprocedure('{maintain}(bigint, bigint)') IS NOT NULL"
+        ),
+        sweep: postgres_sweep(&maintain),
+    }
+}
+
+/// The maintenance function of `table`, qualified as the table is.
+#[cfg(feature = "postgres")]
+fn postgres_maintain(table: &str) -> String {
+    use super::table::{bare, derived_name};
+
+    let name = derived_name(bare(table), "_idem_maintain");
+    match table.split_once('.') {
+        Some((schema, _)) => format!("{schema}.{name}"),
+        None => name,
+    }
+}
+
+/// One step of a sweep by the maintenance function `maintain`.
+#[cfg(feature = "postgres")]
+fn postgres_sweep(maintain: &str) -> String {
+    format!("SELECT {maintain}({{now}}, :batch)")
+}
+
 /// The partitioned table's SQL on PostgreSQL, for `table` (validated:
 /// letters, digits, `_`, at most one `.`) and `partitions`, where `now` is
 /// the database's clock in ms (the dialect's `NOW`) and `columns` the
@@ -233,7 +280,7 @@ pub(super) fn postgres(
     let prefix = prefix[..prefix.len() - 19].to_owned();
     let default = qualify(&format!("{prefix}default"));
     let bring = qualify(&derived_name(bare, "_idem_bring"));
-    let maintain = qualify(&derived_name(bare, "_idem_maintain"));
+    let maintain = postgres_maintain(table);
     let schema_of_table = match table.split_once('.') {
         Some((schema, _)) => format!("'{schema}'"),
         None => "current_schema()".to_owned(),
@@ -386,7 +433,7 @@ pub(super) fn postgres(
     );
     PartitionedSql {
         create,
-        sweep: format!("SELECT {maintain}({{now}}, :batch)"),
+        sweep: postgres_sweep(&maintain),
         convert_online,
         convert_swap,
     }

@@ -23,7 +23,7 @@ use sqlx::postgres::{
 use sqlx::{AssertSqlSafe, Postgres, Transaction};
 
 use super::dialect::{Fault, WithCommit};
-use super::partitions::{PartitionedSql, Partitions};
+use super::partitions::{PartitionedSql, Partitions, Upkeep};
 use super::rows::{COLUMNS, NewRow, insert_or_take_over};
 use super::table::derived_name;
 use super::template::{Literals, Placeholders, unicode_escapes};
@@ -236,6 +236,7 @@ impl Dialect for Postgres {
     }
 
     const PARTITIONED: Option<fn(&str, Partitions) -> PartitionedSql> = Some(partitioned);
+    const UPKEEP: Option<fn(&str) -> Upkeep> = Some(super::partitions::postgres_upkeep);
 
     fn update_from_rows(assignments: &str, condition: &str) -> String {
         format!(
@@ -250,10 +251,14 @@ impl Dialect for Postgres {
     }
 
     fn sweep() -> String {
-        // Rows another transaction holds are skipped, not waited for.
+        // Rows another transaction holds are skipped, not waited for. A
+        // place (`ctid`) is a partition's own: on a table partitioned
+        // since the store was opened, one place names a row in each
+        // partition, and only the expired ones may go.
         "DELETE FROM {t} WHERE ctid = ANY (ARRAY(
             SELECT ctid FROM {t} WHERE expires_at <= {now}
-            ORDER BY expires_at LIMIT :batch FOR UPDATE SKIP LOCKED))"
+            ORDER BY expires_at LIMIT :batch FOR UPDATE SKIP LOCKED))
+          AND expires_at <= {now}"
             .to_owned()
     }
 

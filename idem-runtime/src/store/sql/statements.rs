@@ -64,6 +64,14 @@ pub(crate) enum Sweeping {
     /// A call of a partitioned table's maintenance function, which answers
     /// how many rows it removed.
     Maintain(Statement),
+    /// A store opened without partitions, on a database that has them:
+    /// `Maintain` when `partitioned` answers 1 (the table was partitioned
+    /// since), `Delete` otherwise.
+    Either {
+        partitioned: Statement,
+        maintain: Statement,
+        delete: Statement,
+    },
 }
 
 /// The SQL of one store, built once from a validated table name.
@@ -251,9 +259,17 @@ impl Statements {
             extend: render(&format!(
                 "UPDATE {{t}} SET updated_at = {{now}}, expires_at = {{until}} WHERE {token_holds}"
             )),
-            sweep: match &partitioned {
-                Some(sql) => Sweeping::Maintain(render(&sql.sweep)),
-                None => Sweeping::Delete(render(&D::sweep())),
+            sweep: match (&partitioned, D::UPKEEP) {
+                (Some(sql), _) => Sweeping::Maintain(render(&sql.sweep)),
+                (None, Some(upkeep)) => {
+                    let upkeep = upkeep(table);
+                    Sweeping::Either {
+                        partitioned: render(&upkeep.partitioned),
+                        maintain: render(&upkeep.sweep),
+                        delete: render(&D::sweep()),
+                    }
+                }
+                (None, None) => Sweeping::Delete(render(&D::sweep())),
             },
             count: render("SELECT COUNT(*) FROM {t}"),
             columns: render(&D::columns(table)),
