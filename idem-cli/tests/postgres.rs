@@ -2,24 +2,16 @@
 
 mod common;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use idem_runtime::PgStore;
 use idem_runtime::store::sql::Partitions;
-use idem_tests::{DropTables, pg_pool, pg_url, unique_table};
+use idem_tests::{DropTables, next_period, pg_pool, pg_url, unique_table};
 use serde_json::json;
 
 use common::{SHORT_SPEC, SMS, SMS_SPEC, complete, idem, key};
 
 common::suite::cli_suite!(common::fixtures::PgFx);
-
-/// Sleeps into the next period of `width`, 50 ms past its start.
-async fn next_period(width: Duration) {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
-    let w = width.as_millis();
-    let left = w - now.as_millis() % w + 50;
-    tokio::time::sleep(Duration::from_millis(left as u64)).await;
-}
 
 /// `idem sweep` opens its store without partitions; on a table partitioned
 /// by time it drops every partition whose records all expired, however

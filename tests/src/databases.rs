@@ -3,6 +3,7 @@
 //! created when it ends, also when it fails.
 
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::services::{mysql_url, pg_url, redis_sync_conn};
 
@@ -12,6 +13,20 @@ pub fn unique_table(prefix: &str) -> String {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let salt = uuid::Uuid::new_v4().simple().to_string();
     format!("{prefix}_{}_{n}_{}", std::process::id(), &salt[..8])
+}
+
+/// Sleeps into the next period of `width` on the wall clock, 50 ms past its
+/// start: for a test of a dedup table partitioned by time (periods of the
+/// database's clock, which is this machine's) that wants rows in a
+/// partition of their own.
+pub async fn next_period(width: Duration) {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis();
+    let w = width.as_millis();
+    let left = w - now % w + 50;
+    tokio::time::sleep(Duration::from_millis(left as u64)).await;
 }
 
 /// Drops the named tables when dropped, so tests leave nothing behind even

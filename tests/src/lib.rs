@@ -23,7 +23,9 @@ pub mod links;
 pub mod processes;
 pub mod services;
 
-pub use databases::{DeleteKeys, DropMySqlTables, DropTables, unique_prefix, unique_table};
+pub use databases::{
+    DeleteKeys, DropMySqlTables, DropTables, next_period, unique_prefix, unique_table,
+};
 pub use http::{HttpClient, Reply, Server};
 pub use links::LostReply;
 pub use processes::{

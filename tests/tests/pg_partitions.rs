@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use idem_runtime::store::sql::Partitions;
 use idem_runtime::{Error, Outcome, PgStore, PgTx, idempotent};
-use idem_tests::{DropTables, pg_pool, unique_table};
+use idem_tests::{DropTables, next_period, pg_pool, unique_table};
 use sqlx::{AssertSqlSafe, PgPool};
 
 #[derive(Debug)]
@@ -169,17 +169,6 @@ impl Fx {
         .await
         .expect("ledger")
     }
-}
-
-/// Sleeps into the next period of `width` (and 50 ms past its start).
-async fn next_period(width: Duration) {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis();
-    let w = width.as_millis();
-    let left = w - now % w + 50;
-    tokio::time::sleep(Duration::from_millis(left as u64)).await;
 }
 
 /// What a consumer redelivers later: another holds the key, or the store
