@@ -136,7 +136,7 @@ pub trait Dialect: Exec {
     const PARTITIONED: Option<fn(&str, Partitions) -> PartitionedSql> = None;
 
     /// Where the database has partitions, how a store opened without them
-    /// sweeps a table that may have been partitioned since ([`Upkeep`]):
+    /// sweeps a table that may have been partitioned since (the `Upkeep` of `partitions.rs`):
     /// by the table's own function when it is, with a `DELETE` otherwise.
     const UPKEEP: Option<fn(&str) -> Upkeep> = None;
 
