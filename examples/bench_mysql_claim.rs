@@ -52,10 +52,14 @@ struct Sql {
     read: String,
 }
 
+/// The columns the claims and the prepared records write; the table's
+/// others keep their defaults.
+const COLUMNS: &str =
+    "handler, `key`, status, token, outcome, attempts, created_at, updated_at, expires_at";
+
 impl Sql {
     fn new(t: &str) -> Sql {
-        let columns =
-            "handler, `key`, status, token, outcome, attempts, created_at, updated_at, expires_at";
+        let columns = COLUMNS;
         let take = "expires_at <= VALUES(created_at)";
         Sql {
             ignore: format!(
@@ -188,7 +192,7 @@ async fn affected(pool: &MySqlPool, t: &str, sql: &str) -> [u64; 3] {
         let key = format!("probe-{key}");
         if let Some(expires_at) = expires_at {
             sqlx::query(AssertSqlSafe(format!(
-                "INSERT INTO {t} VALUES ('bench', ?, 'completed', NULL, '1', 1, 1, 1, ?)"
+                "INSERT INTO {t} ({COLUMNS}) VALUES ('bench', ?, 'completed', NULL, '1', 1, 1, 1, ?)"
             )))
             .bind(&key)
             .bind(expires_at)
@@ -283,7 +287,7 @@ async fn measure(
                         UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7
                         UNION ALL SELECT 8 UNION ALL SELECT 9)";
                     sqlx::raw_sql(AssertSqlSafe(format!(
-                        "INSERT INTO {t}
+                        "INSERT INTO {t} ({COLUMNS})
                          SELECT 'bench', CONCAT('dup-', a.i + 10 * b.i + 100 * c.i + 1000 * d.i),
                                 'completed', NULL, '1', 1, 1, 1, {LIVE_UNTIL}
                          FROM {digit} a, {digit} b, {digit} c, {digit} d"

@@ -688,6 +688,7 @@ impl<D: Dialect> SqlStore<D> {
     }
 
     /// How the table is partitioned, if it is.
+    #[cfg(feature = "postgres")]
     pub(crate) fn partitioning(&self) -> Option<Partitions> {
         self.partitions
     }

@@ -178,6 +178,7 @@ impl Partitions {
     }
 
     /// The width in milliseconds.
+    #[cfg(feature = "postgres")]
     pub(crate) fn width_ms(&self) -> i64 {
         self.width_ms
     }
