@@ -12,11 +12,13 @@
 //! the table and its indexes (`pg_stat_user_tables`,
 //! `pg_stat_user_indexes`): at most a few per key.
 //!
-//! The last test is the race that reaching rows by their place must
+//! The last two tests are the race that reaching rows by their place must
 //! survive: another statement (the lease keeper extending the same claim)
-//! changes a batch's row while the batch's completion waits for it.
+//! changes a batch's row while the batch's completion, or its release,
+//! waits for it.
 
-use std::sync::OnceLock;
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use idem_runtime::{Key, PgStore, PgTx, idempotent};
@@ -72,25 +74,30 @@ async fn slow_batch(msgs: &[Msg]) -> Result<Vec<u64>, sqlx::Error> {
     Ok(msgs.iter().map(|m| m.id).collect())
 }
 
-/// The dedup table of [`raced_batch`], and the key its body has another
-/// connection change under it.
-static RACED: OnceLock<(String, String)> = OnceLock::new();
+/// The dedup tables of [`raced_batch`] and [`raced_failing_batch`], by
+/// handler: each test sets its own.
+static RACED: Mutex<BTreeMap<&str, String>> = Mutex::new(BTreeMap::new());
 
-#[idempotent(key = "id", ttl = "1h", store = "postgres", name = "pg_plans_raced")]
-async fn raced_batch(msgs: &[Msg]) -> Result<Vec<u64>, sqlx::Error> {
-    let (table, key) = RACED.get().expect("the test sets the table").clone();
+/// The key of message 1005, whose record the racer changes.
+fn raced_key() -> String {
+    stored(1_005)
+}
+
+/// As the keeper's extension of the same claim would: an update of
+/// `handler`'s claim of [`raced_key`] (its `updated_at`), committed 500 ms
+/// after it took the row, so that the batch's statement after the body
+/// waits for the row. Returns once the racer holds the row.
+async fn race(handler: &'static str) {
+    let table = RACED.lock().unwrap()[handler].clone();
     let (locked, wait) = tokio::sync::oneshot::channel();
-    // As the keeper's extension of the same claim would: an update of the
-    // claim's row (its `updated_at`), committed only after the batch's
-    // completion has begun waiting for the row.
     tokio::spawn(async move {
         let pool = pg_pool(1).await.expect("the racer connects");
         let mut tx = pool.begin().await.expect("begin");
         sqlx::query(AssertSqlSafe(format!(
-            "UPDATE {table} SET updated_at = updated_at + 1
-             WHERE handler = 'pg_plans_raced' AND key = $1"
+            "UPDATE {table} SET updated_at = updated_at + 1 WHERE handler = $1 AND key = $2"
         )))
-        .bind(&key)
+        .bind(handler)
+        .bind(raced_key())
         .execute(&mut *tx)
         .await
         .expect("the racer updates the claim");
@@ -99,7 +106,24 @@ async fn raced_batch(msgs: &[Msg]) -> Result<Vec<u64>, sqlx::Error> {
         tx.commit().await.expect("the racer commits");
     });
     wait.await.expect("the racer took the row");
+}
+
+#[idempotent(key = "id", ttl = "1h", store = "postgres", name = "pg_plans_raced")]
+async fn raced_batch(msgs: &[Msg]) -> Result<Vec<u64>, sqlx::Error> {
+    race("pg_plans_raced").await;
     Ok(msgs.iter().map(|m| m.id).collect())
+}
+
+#[idempotent(
+    key = "id",
+    ttl = "1h",
+    store = "postgres",
+    name = "pg_plans_raced_failing"
+)]
+async fn raced_failing_batch(msgs: &[Msg]) -> Result<Vec<u64>, std::io::Error> {
+    let _ = msgs;
+    race("pg_plans_raced_failing").await;
+    Err(std::io::Error::other("the body fails"))
 }
 
 /// A store over a fresh dedup table on a pool of one connection (whose
@@ -294,8 +318,9 @@ async fn a_lease_batch_extends_its_claims_key_by_key() {
 async fn a_completion_that_waits_for_a_row_changed_meanwhile_completes_it() {
     let f = or_skip!(Fixture::new("pg_plans_raced").await);
     RACED
-        .set((f.table.clone(), stored(1_005)))
-        .expect("one test sets it");
+        .lock()
+        .unwrap()
+        .insert("pg_plans_raced", f.table.clone());
     let results = raced_batch(&f.store, &batch(false)).await.expect("batch");
     assert!(
         results
@@ -308,6 +333,25 @@ async fn a_completion_that_waits_for_a_row_changed_meanwhile_completes_it() {
         assert_eq!(
             (status.as_str(), outcome),
             ("completed", Some(id.to_string())),
+            "key {id}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_release_that_waits_for_a_row_changed_meanwhile_releases_it() {
+    let f = or_skip!(Fixture::new("pg_plans_raced_failing").await);
+    RACED
+        .lock()
+        .unwrap()
+        .insert("pg_plans_raced_failing", f.table.clone());
+    let failed = raced_failing_batch(&f.store, &batch(false)).await;
+    assert!(failed.is_err(), "{failed:?}");
+    // Every claim released, the raced one too: the keys are fresh again.
+    for id in 1_000..1_000 + BATCH {
+        assert_eq!(
+            f.record("pg_plans_raced_failing", id).await,
+            None,
             "key {id}"
         );
     }

@@ -362,7 +362,12 @@ impl<D: Dialect> SqlStore<D> {
             .collect();
         let bound = Bound::new::<D>(&rows)?;
         let values = self.batch_values(spec, &bound, Duration::ZERO)?;
-        self.write(&self.sql.batch.release, &values, None).await?;
+        let released = self.write(&self.sql.batch.release, &values, None).await?;
+        if released < rows.len() as u64 {
+            // As in `fenced`: a row changed while the delete waited for it
+            // is passed over where rows are reached by their place.
+            self.write(&self.sql.batch.release, &values, None).await?;
+        }
         Ok(())
     }
 
