@@ -74,9 +74,9 @@ async fn slow_batch(msgs: &[Msg]) -> Result<Vec<u64>, sqlx::Error> {
     Ok(msgs.iter().map(|m| m.id).collect())
 }
 
-/// The dedup tables of [`raced_batch`] and [`raced_failing_batch`], by
-/// handler: each test sets its own.
-static RACED: Mutex<BTreeMap<&str, String>> = Mutex::new(BTreeMap::new());
+/// What each raced test set up and saw, by handler: its dedup table, and
+/// whether the batch's statement waited for the racer's row.
+static RACED: Mutex<BTreeMap<&str, (String, bool)>> = Mutex::new(BTreeMap::new());
 
 /// The key of message 1005, whose record the racer changes.
 fn raced_key() -> String {
@@ -84,15 +84,20 @@ fn raced_key() -> String {
 }
 
 /// As the keeper's extension of the same claim would: an update of
-/// `handler`'s claim of [`raced_key`] (its `updated_at`), committed 500 ms
-/// after it took the row, so that the batch's statement after the body
-/// waits for the row. Returns once the racer holds the row.
+/// `handler`'s claim of [`raced_key`] (its `updated_at`), committed only
+/// once a statement of the batch waits for the row (seen by
+/// `pg_blocking_pids`, at most 10 s), which [`RACED`] then records.
+/// Returns once the racer holds the row.
 async fn race(handler: &'static str) {
-    let table = RACED.lock().unwrap()[handler].clone();
+    let table = RACED.lock().unwrap()[handler].0.clone();
     let (locked, wait) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
-        let pool = pg_pool(1).await.expect("the racer connects");
+        let pool = pg_pool(2).await.expect("the racer connects");
         let mut tx = pool.begin().await.expect("begin");
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *tx)
+            .await
+            .expect("the racer's pid");
         sqlx::query(AssertSqlSafe(format!(
             "UPDATE {table} SET updated_at = updated_at + 1 WHERE handler = $1 AND key = $2"
         )))
@@ -102,10 +107,36 @@ async fn race(handler: &'static str) {
         .await
         .expect("the racer updates the claim");
         let _ = locked.send(());
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        for _ in 0..500 {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))",
+            )
+            .bind(pid)
+            .fetch_one(&pool)
+            .await
+            .expect("who waits");
+            if waiting > 0 {
+                RACED.lock().unwrap().get_mut(handler).expect("set").1 = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         tx.commit().await.expect("the racer commits");
     });
     wait.await.expect("the racer took the row");
+}
+
+/// Sets up [`race`] for `handler` on `table`.
+fn raced(handler: &'static str, table: &str) {
+    RACED
+        .lock()
+        .unwrap()
+        .insert(handler, (table.to_owned(), false));
+}
+
+/// Whether a statement of `handler`'s batch waited for the racer's row.
+fn waited(handler: &str) -> bool {
+    RACED.lock().unwrap()[handler].1
 }
 
 #[idempotent(key = "id", ttl = "1h", store = "postgres", name = "pg_plans_raced")]
@@ -127,8 +158,8 @@ async fn raced_failing_batch(msgs: &[Msg]) -> Result<Vec<u64>, std::io::Error> {
 }
 
 /// A store over a fresh dedup table on a pool of one connection (whose
-/// statistics [`flushed`] sends to the server), the admin pool, and the
-/// table. Handler `handler` has [`UNSEEN`] rows the table's statistics do
+/// statistics [`counts`](Fixture::counts) has it send to the server), the
+/// admin pool, and the table. Handler `handler` has [`UNSEEN`] rows the table's statistics do
 /// not know of, among them [`OLD`].
 struct Fixture {
     store: PgStore,
@@ -141,6 +172,17 @@ struct Fixture {
 impl Fixture {
     async fn new(handler: &str) -> Option<Fixture> {
         let admin = pg_pool(2).await?;
+        let version: i32 = sqlx::query_scalar("SELECT current_setting('server_version_num')::int")
+            .fetch_one(&admin)
+            .await
+            .expect("the server's version");
+        if version < 150_000 {
+            // `pg_stat_force_next_flush` came with PostgreSQL 15.
+            eprintln!(
+                "skipped: PostgreSQL {version} has no pg_stat_force_next_flush (15 or later)"
+            );
+            return None;
+        }
         let table = unique_table("pg_plans");
         let drop = DropTables::new(&[&table]);
         let pool = PgPoolOptions::new()
@@ -180,8 +222,9 @@ impl Fixture {
     }
 
     /// The rows the server has read from the table and its indexes so
-    /// far, once the store's connection has sent its statistics.
-    async fn rows_read(&self) -> i64 {
+    /// far, and the rows it updated, once the store's connection has sent
+    /// its statistics.
+    async fn counts(&self) -> Counts {
         // A backend sends its counts at most once a second unless told
         // to: this tells the store's one connection, whose next statement
         // then sends them when it ends.
@@ -193,17 +236,18 @@ impl Fixture {
             .execute(&self.pool)
             .await
             .expect("flushed");
-        sqlx::query_scalar(
-            "SELECT (t.seq_tup_read + coalesce(sum(i.idx_tup_read), 0))::bigint
+        let (read, updated) = sqlx::query_as(
+            "SELECT (t.seq_tup_read + coalesce(sum(i.idx_tup_read), 0))::bigint, t.n_tup_upd
              FROM pg_stat_user_tables t
              JOIN pg_stat_user_indexes i ON i.relid = t.relid
              WHERE t.relid = $1::regclass
-             GROUP BY t.seq_tup_read",
+             GROUP BY t.seq_tup_read, t.n_tup_upd",
         )
         .bind(&self.table)
         .fetch_one(&self.admin)
         .await
-        .expect("the table's counts")
+        .expect("the table's counts");
+        Counts { read, updated }
     }
 
     /// The status and outcome of `handler`'s record of `key`.
@@ -223,6 +267,13 @@ impl Fixture {
 /// The stored form of message `id`'s key.
 fn stored(id: u64) -> String {
     Key::from_parts(&[&id]).expect("a key").as_str().to_owned()
+}
+
+/// What [`Fixture::counts`] reads.
+#[derive(Debug, Clone, Copy)]
+struct Counts {
+    read: i64,
+    updated: i64,
 }
 
 /// An insert of `count` completed rows of `handler`, keys [`OLD`]'s and
@@ -260,9 +311,9 @@ fn assert_few(read: i64, what: &str) {
 #[tokio::test]
 async fn a_transaction_batch_reads_its_records_key_by_key() {
     let f = or_skip!(Fixture::new("pg_plans_tx").await);
-    let before = f.rows_read().await;
+    let before = f.counts().await;
     let results = tx_batch(&f.store, &batch(true)).await.expect("batch");
-    assert_few(f.rows_read().await - before, "the transaction batch");
+    assert_few(f.counts().await.read - before.read, "the transaction batch");
     let (old, fresh) = results.split_last().expect("results");
     assert!(fresh.iter().all(|r| matches!(r, Ok(o) if o.is_executed())));
     let old = old.as_ref().expect("the old key's result");
@@ -272,11 +323,11 @@ async fn a_transaction_batch_reads_its_records_key_by_key() {
 #[tokio::test]
 async fn a_lease_batch_sorts_out_and_completes_its_claims_key_by_key() {
     let f = or_skip!(Fixture::new("pg_plans_lease").await);
-    let before = f.rows_read().await;
+    let before = f.counts().await;
     // The old key makes the claims' insert short of one row: the batch
     // reads its records to sort them out, then completes its claims.
     let results = lease_batch(&f.store, &batch(true)).await.expect("batch");
-    assert_few(f.rows_read().await - before, "the lease batch");
+    assert_few(f.counts().await.read - before.read, "the lease batch");
     let (old, fresh) = results.split_last().expect("results");
     assert!(fresh.iter().all(|r| matches!(r, Ok(o) if o.is_executed())));
     assert!(matches!(old, Ok(o) if o.is_duplicate() && *o.value() == 7));
@@ -292,10 +343,10 @@ async fn a_lease_batch_sorts_out_and_completes_its_claims_key_by_key() {
 #[tokio::test]
 async fn a_failed_lease_batch_releases_its_claims_key_by_key() {
     let f = or_skip!(Fixture::new("pg_plans_failing").await);
-    let before = f.rows_read().await;
+    let before = f.counts().await;
     let failed = failing_batch(&f.store, &batch(false)).await;
     assert!(failed.is_err(), "{failed:?}");
-    assert_few(f.rows_read().await - before, "the release");
+    assert_few(f.counts().await.read - before.read, "the release");
     for id in 1_000..1_000 + BATCH {
         assert_eq!(f.record("pg_plans_failing", id).await, None, "key {id}");
     }
@@ -304,9 +355,16 @@ async fn a_failed_lease_batch_releases_its_claims_key_by_key() {
 #[tokio::test]
 async fn a_lease_batch_extends_its_claims_key_by_key() {
     let f = or_skip!(Fixture::new("pg_plans_slow").await);
-    let before = f.rows_read().await;
+    let before = f.counts().await;
     let results = slow_batch(&f.store, &batch(false)).await.expect("batch");
-    assert_few(f.rows_read().await - before, "the extended batch");
+    let after = f.counts().await;
+    assert_few(after.read - before.read, "the extended batch");
+    // The keeper's extension, then the completion, of every claim.
+    assert!(
+        after.updated - before.updated >= 2 * BATCH as i64,
+        "{} rows updated: the keeper did not extend the claims",
+        after.updated - before.updated
+    );
     assert!(
         results
             .iter()
@@ -317,11 +375,12 @@ async fn a_lease_batch_extends_its_claims_key_by_key() {
 #[tokio::test]
 async fn a_completion_that_waits_for_a_row_changed_meanwhile_completes_it() {
     let f = or_skip!(Fixture::new("pg_plans_raced").await);
-    RACED
-        .lock()
-        .unwrap()
-        .insert("pg_plans_raced", f.table.clone());
+    raced("pg_plans_raced", &f.table);
     let results = raced_batch(&f.store, &batch(false)).await.expect("batch");
+    assert!(
+        waited("pg_plans_raced"),
+        "the completion never waited for the racer's row"
+    );
     assert!(
         results
             .iter()
@@ -341,12 +400,13 @@ async fn a_completion_that_waits_for_a_row_changed_meanwhile_completes_it() {
 #[tokio::test]
 async fn a_release_that_waits_for_a_row_changed_meanwhile_releases_it() {
     let f = or_skip!(Fixture::new("pg_plans_raced_failing").await);
-    RACED
-        .lock()
-        .unwrap()
-        .insert("pg_plans_raced_failing", f.table.clone());
+    raced("pg_plans_raced_failing", &f.table);
     let failed = raced_failing_batch(&f.store, &batch(false)).await;
     assert!(failed.is_err(), "{failed:?}");
+    assert!(
+        waited("pg_plans_raced_failing"),
+        "the release never waited for the racer's row"
+    );
     // Every claim released, the raced one too: the keys are fresh again.
     for id in 1_000..1_000 + BATCH {
         assert_eq!(

@@ -18,7 +18,7 @@ use idem_runtime::{Error, Outcome, PgStore, PgTx, idempotent};
 use idem_tests::{DropTables, next_period, pg_pool, unique_table};
 use sqlx::{AssertSqlSafe, PgPool};
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Ping {
     id: String,
 }
@@ -76,6 +76,32 @@ async fn slow_tx(tx: &mut PgTx<'_>, msg: &Ping, ledger: &str) -> Result<(), sqlx
     .await?;
     tokio::time::sleep(Duration::from_millis(30)).await;
     Ok(())
+}
+
+#[idempotent(
+    key = "id",
+    ttl = "1h",
+    store = "postgres",
+    name = "part_batch",
+    lease = "3s"
+)]
+async fn batch_ping(msgs: &[Ping]) -> Result<Vec<usize>, std::io::Error> {
+    // Past a third of the lease: the keeper extends the batch's claims.
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    Ok(msgs.iter().map(|m| m.id.len()).collect())
+}
+
+#[idempotent(
+    key = "id",
+    ttl = "1h",
+    store = "postgres",
+    name = "part_batch_failing"
+)]
+async fn failing_batch_ping(msgs: &[Ping]) -> Result<Vec<usize>, std::io::Error> {
+    let _ = msgs;
+    // Into the next period: the claims are released from the one before.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    Err(std::io::Error::other("the body fails"))
 }
 
 /// A partitioned dedup table of the test's own and a ledger, both dropped
@@ -540,6 +566,72 @@ async fn a_store_opened_without_partitions_sweeps_a_partitioned_table_and_keeps_
     assert_eq!(fx.homes("part_short", "b0").await, Vec::<String>::new());
     assert_eq!(live_count().await, 2, "every live record stays");
     assert!(fx.partitions().await.iter().any(|(n, _)| n == &expired[0]));
+}
+
+/// Lease-mode batches reach each record where it is (its partition is
+/// part of its place): a batch whose keys stand in an older partition gets
+/// their duplicates, completes its fresh claims after the keeper extended
+/// them, and a failing batch releases its claims; each body ends in a
+/// period after the one its claims were made in.
+#[tokio::test]
+async fn lease_batches_complete_extend_and_release_claims_across_partitions() {
+    let width = Duration::from_secs(1);
+    let Some(fx) = Fx::open(width).await else {
+        return;
+    };
+    let pings = |ids: &[&str]| ids.iter().map(|id| ping(id)).collect::<Vec<_>>();
+    next_period(width).await;
+    let first = batch_ping(&fx.store, &pings(&["a0", "a1", "a2"]))
+        .await
+        .unwrap();
+    assert!(first.iter().all(|r| r.as_ref().unwrap().is_executed()));
+    let old = fx.homes("part_batch", "a0").await;
+
+    next_period(width).await;
+    let second = batch_ping(&fx.store, &pings(&["a0", "b0", "a1", "b1", "b2"]))
+        .await
+        .unwrap();
+    let executed: Vec<bool> = second
+        .iter()
+        .map(|r| r.as_ref().unwrap().is_executed())
+        .collect();
+    assert_eq!(executed, [false, true, false, true, true]);
+    assert_eq!(
+        *second[0].as_ref().unwrap().value(),
+        2,
+        "a0's first outcome"
+    );
+    for id in ["a0", "a1", "a2", "b0", "b1", "b2"] {
+        let home = fx.homes("part_batch", id).await;
+        assert_eq!(home.len(), 1, "{id}: {home:?}");
+    }
+    assert_ne!(
+        fx.homes("part_batch", "b0").await,
+        old,
+        "the fresh claims are in another partition than the old records"
+    );
+    let record = |id: &str| {
+        let key = idem_runtime::Key::from_parts(&[&id]).unwrap();
+        let store = fx.store.clone();
+        async move { store.record("part_batch", &key).await.unwrap() }
+    };
+    for id in ["b0", "b1", "b2"] {
+        let r = record(id).await.expect("a record");
+        assert_eq!(r.status, idem_runtime::Status::Completed, "{id}");
+    }
+
+    assert_eq!(fx.doubled("part_batch").await, 0);
+
+    // A failing batch: its claims are released.
+    next_period(width).await;
+    let failed = failing_batch_ping(&fx.store, &pings(&["c0", "c1", "c2"])).await;
+    assert!(failed.is_err(), "{failed:?}");
+    for id in ["c0", "c1", "c2"] {
+        assert_eq!(
+            fx.homes("part_batch_failing", id).await,
+            Vec::<String>::new()
+        );
+    }
 }
 
 #[tokio::test]

@@ -45,6 +45,11 @@ use crate::registry::HandlerSpec;
 use crate::store::contract::{BatchItem, Claim, Held, LeaseStore, TxBatch, TxBatchCommit};
 use crate::store::rules::may_take;
 
+/// How many times a batch write that reached fewer rows than it was given
+/// runs again at most, where rows are reached by their place (see
+/// `SqlStore::write_again`).
+const PLACE_RERUNS: usize = 3;
+
 /// One batch row: key, fingerprint, outcome, token.
 type Row<'a> = [Option<&'a str>; 4];
 
@@ -190,6 +195,36 @@ impl<D: Dialect> SqlStore<D> {
             .collect())
     }
 
+    /// Runs again a batch write that changed fewer rows (`wrote`) than it
+    /// was given, where the dialect reaches rows by their place
+    /// ([`Dialect::REACHES_BY_PLACE`]): a row another statement (the lease
+    /// keeper extending the same claim) changed while the write waited for
+    /// it has moved, and a server that rechecks the place against the new
+    /// version passes it over. A run finds it where it is now; a row whose
+    /// token changed stays untouched. Runs go on while they change rows
+    /// and change another number of them than the run before (an
+    /// extension changes its held rows again each run), at most
+    /// [`PLACE_RERUNS`].
+    async fn write_again(
+        &self,
+        statement: &Statement,
+        values: &Values<'_>,
+        wrote: u64,
+    ) -> Result<(), StoreError> {
+        if !D::REACHES_BY_PLACE {
+            return Ok(());
+        }
+        let mut last = wrote;
+        for _ in 0..PLACE_RERUNS {
+            let now = self.write(statement, values, None).await?;
+            if now == 0 || now == last {
+                break;
+            }
+            last = now;
+        }
+        Ok(())
+    }
+
     /// Runs a fenced batch update and answers per row whether it took:
     /// all of them when it wrote as many rows as it was given, otherwise
     /// the rows their tokens still hold with `status`.
@@ -210,12 +245,7 @@ impl<D: Dialect> SqlStore<D> {
         if wrote == rows.len() as u64 {
             return Ok(vec![true; rows.len()]);
         }
-        // A row another statement changed while this one waited for it
-        // (the lease keeper extending the same claim) can be passed over
-        // where the statement reaches rows by their place (PostgreSQL, see
-        // `found_rows`): the row moved. Once more reaches it where it is
-        // now; a row whose token changed stays untouched.
-        self.write(statement, &values, None).await?;
+        self.write_again(statement, &values, wrote).await?;
         let held = self.batch_held(spec, &bound, status).await?;
         Ok(rows
             .iter()
@@ -364,9 +394,8 @@ impl<D: Dialect> SqlStore<D> {
         let values = self.batch_values(spec, &bound, Duration::ZERO)?;
         let released = self.write(&self.sql.batch.release, &values, None).await?;
         if released < rows.len() as u64 {
-            // As in `fenced`: a row changed while the delete waited for it
-            // is passed over where rows are reached by their place.
-            self.write(&self.sql.batch.release, &values, None).await?;
+            self.write_again(&self.sql.batch.release, &values, released)
+                .await?;
         }
         Ok(())
     }

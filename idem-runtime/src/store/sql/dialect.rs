@@ -89,6 +89,13 @@ pub trait Dialect: Exec {
     /// parsing a document).
     const ROWS_AS_ARRAYS: bool = false;
 
+    /// Whether a batch's updates and deletes reach each row by its place
+    /// (PostgreSQL's `ctid`), found by a lookup of its key before the
+    /// write; a row another transaction changed while the write waited for
+    /// it has then moved and may be passed over, and a write that changed
+    /// fewer rows than it was given runs again (see `batch.rs`).
+    const REACHES_BY_PLACE: bool = false;
+
     /// Whether `column` holds one of the batch's keys: a condition the
     /// database answers from the primary key's index, one lookup per key,
     /// whatever the size of the table.

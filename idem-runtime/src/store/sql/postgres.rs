@@ -203,6 +203,8 @@ impl Dialect for Postgres {
         )
     }
 
+    const REACHES_BY_PLACE: bool = true;
+
     fn in_batch(column: &str) -> String {
         // Not in this dialect's batch statements, which look each key up
         // alone (`LOOK_UP`): as an index condition next to the handler's,
