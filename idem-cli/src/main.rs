@@ -140,7 +140,9 @@ pub(crate) enum Command {
     /// Delete a record so that its message runs again (refused while a live
     /// claim holds the key, unless --force)
     Forget(ForgetArgs),
-    /// Delete every expired record now (Redis expires records by itself)
+    /// Delete every expired record now (Redis expires records by itself; a
+    /// PostgreSQL table partitioned by time drops each partition whose
+    /// records have all expired)
     Sweep,
     /// The dedup table's schema version
     Schema,
