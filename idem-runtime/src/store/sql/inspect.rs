@@ -174,8 +174,10 @@ impl<D: Dialect> Inspect for SqlStore<D> {
     }
 
     async fn sweep(&self) -> Result<Swept, StoreError> {
+        // Asked once for the whole sweep: should the table be partitioned
+        // meanwhile, the delete still takes expired rows only.
         let partitioned = self.swept_by_partitions().await?;
-        sweep_all(partitioned, |batch| self.sweep_expired(batch)).await
+        sweep_all(partitioned, |batch| self.sweep_step(batch, partitioned)).await
     }
 
     async fn handlers(&self) -> Result<Vec<String>, StoreError> {

@@ -464,21 +464,27 @@ impl<D: Dialect> SqlStore<D> {
     /// # Ok(()) }
     /// ```
     pub async fn sweep_expired(&self, batch: u32) -> Result<u64, StoreError> {
+        let by_partitions = self.swept_by_partitions().await?;
+        self.sweep_step(batch, by_partitions).await
+    }
+
+    /// One sweep of at most `batch` rows, by partitions or by a delete as
+    /// [`swept_by_partitions`](Self::swept_by_partitions) answered.
+    pub(crate) async fn sweep_step(
+        &self,
+        batch: u32,
+        by_partitions: bool,
+    ) -> Result<u64, StoreError> {
         let values = Values {
             batch: i64::from(batch),
             ..self.values()
         };
-        match &self.sql.sweep {
-            Sweeping::Delete(delete) => self.write(delete, &values, D::SWEEP_BEGIN).await,
-            Sweeping::Maintain(call) => self.maintain(call, &values).await,
-            Sweeping::Either {
-                maintain, delete, ..
-            } => {
-                if self.swept_by_partitions().await? {
-                    self.maintain(maintain, &values).await
-                } else {
-                    self.write(delete, &values, D::SWEEP_BEGIN).await
-                }
+        match (&self.sql.sweep, by_partitions) {
+            (Sweeping::Delete(delete), _) | (Sweeping::Either { delete, .. }, false) => {
+                self.write(delete, &values, D::SWEEP_BEGIN).await
+            }
+            (Sweeping::Maintain(call), _) | (Sweeping::Either { maintain: call, .. }, true) => {
+                self.maintain(call, &values).await
             }
         }
     }
