@@ -240,10 +240,16 @@ pub(super) fn postgres_upkeep(table: &str) -> Upkeep {
 fn postgres_maintain(table: &str) -> String {
     use super::table::{bare, derived_name};
 
-    let name = derived_name(bare(table), "_idem_maintain");
+    qualify_as(table, &derived_name(bare(table), "_idem_maintain"))
+}
+
+/// `name` in `table`'s schema, qualified as the table is: the objects that
+/// go with a table (its partitions, functions) live in its schema.
+#[cfg(feature = "postgres")]
+fn qualify_as(table: &str, name: &str) -> String {
     match table.split_once('.') {
         Some((schema, _)) => format!("{schema}.{name}"),
-        None => name,
+        None => name.to_owned(),
     }
 }
 
@@ -268,11 +274,7 @@ pub(super) fn postgres(
 
     let width = partitions.width_ms();
     let ahead = partitions.ahead();
-    // Objects live in the table's schema: qualified as the table is.
-    let qualify = |name: &str| match table.split_once('.') {
-        Some((schema, _)) => format!("{schema}.{name}"),
-        None => name.to_owned(),
-    };
+    let qualify = |name: &str| qualify_as(table, name);
     let bare = bare(table);
     // An index is named without its schema: it goes to its table's.
     let index = derived_name(bare, "_expires_at");

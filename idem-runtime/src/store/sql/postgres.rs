@@ -207,19 +207,23 @@ impl Dialect for Postgres {
 
     fn in_batch(column: &str) -> String {
         // Not in this dialect's batch statements, which look each key up
-        // alone (`LOOK_UP`): as an index condition next to the handler's,
+        // alone (`look_up`): as an index condition next to the handler's,
         // the planner may scan the handler's rows instead.
         format!("{column} = ANY (:keys::text[])")
     }
 
     fn select_keys(columns: &str) -> String {
-        format!("SELECT {columns} FROM unnest(:keys::text[]) AS r(k) {LOOK_UP}")
+        format!(
+            "SELECT {columns} FROM unnest(:keys::text[]) AS r(k) {}",
+            look_up("*", "cur")
+        )
     }
 
     fn select_from_rows(columns: &str, condition: &str) -> String {
         format!(
-            "SELECT {columns} FROM {} {LOOK_UP} WHERE {condition}",
-            Self::BATCH_ROWS
+            "SELECT {columns} FROM {} {} WHERE {condition}",
+            Self::BATCH_ROWS,
+            look_up("*", "cur")
         )
     }
 
@@ -319,29 +323,33 @@ const COLUMN_TYPES: &str = "handler TEXT NOT NULL, key TEXT NOT NULL, status TEX
     last_error TEXT, fingerprint TEXT, created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL,
     expires_at BIGINT NOT NULL, max_attempts BIGINT";
 
-/// The lookup of a batch row `r`'s record, as `cur`: one search of the
-/// primary key's index for `:handler` and the key, whatever the statistics
-/// say. Given `handler = :handler AND key = ANY (:keys)` instead, a planner
-/// that takes the handler for a rare value (a handler new since the last
-/// `ANALYZE`, or a table that grew fast) reads every row of the handler and
-/// filters them on the keys: a batch's cost grows with the table. A
-/// subquery that refers to `r` is run once per row, and `LIMIT 1` (the key
-/// is unique) keeps it from being pulled up into a join the planner would
-/// choose.
-const LOOK_UP: &str = "CROSS JOIN LATERAL
-    (SELECT * FROM {t} WHERE handler = :handler AND {key} = r.k LIMIT 1) AS cur";
+/// The lookup of a batch row `r`'s record: `columns` of it, as `alias`,
+/// from one search of the primary key's index for `:handler` and the key,
+/// whatever the statistics say. Given `handler = :handler AND key = ANY
+/// (:keys)` instead, a planner that takes the handler for a rare value (a
+/// handler new since the last `ANALYZE`, or a table that grew fast) reads
+/// every row of the handler and filters them on the keys: a batch's cost
+/// grows with the table. A subquery that refers to `r` is run once per
+/// row, and `LIMIT 1` (the key is unique) keeps it from being pulled up
+/// into a join the planner would choose.
+fn look_up(columns: &str, alias: &str) -> String {
+    format!(
+        "CROSS JOIN LATERAL
+            (SELECT {columns} FROM {{t}} WHERE handler = :handler AND {{key}} = r.k LIMIT 1)
+            AS {alias}"
+    )
+}
 
 /// The batch's rows `r` with where their records stand, for an update or
 /// a delete to reach each record by its place (`FOUND`) rather than by a
 /// condition on the handler, which would let the planner scan the
-/// handler's rows (see [`LOOK_UP`]). A partition's row places are its own:
+/// handler's rows (see [`look_up`]). A partition's row places are its own:
 /// the partition (`tableoid`) is part of the place.
 fn found_rows() -> String {
     format!(
-        "(SELECT r.*, x.p, x.c FROM {} CROSS JOIN LATERAL
-            (SELECT tableoid AS p, ctid AS c FROM {{t}}
-             WHERE handler = :handler AND {{key}} = r.k LIMIT 1) AS x) AS r",
-        <Postgres as Dialect>::BATCH_ROWS
+        "(SELECT r.*, x.p, x.c FROM {} {}) AS r",
+        <Postgres as Dialect>::BATCH_ROWS,
+        look_up("tableoid AS p, ctid AS c", "x")
     )
 }
 
