@@ -181,10 +181,12 @@ async fn round(
     // The whole backlog may wait in the consumer: a paused partition is
     // resumed from inside a record batch, which the test broker (tansu 0.6)
     // answers with nothing, for good.
-    let consumer = consumer.buffer(usize::try_from(messages)?).policy(Policy {
-        concurrency: 8,
-        ..Policy::default()
-    });
+    let consumer = consumer
+        .prefetch(usize::try_from(messages)?)
+        .policy(Policy {
+            concurrency: 8,
+            ..Policy::default()
+        });
     let consumer = match variant {
         Variant::OffsetsInTx => consumer.offsets_in(&db.store),
         Variant::Idem | Variant::Bare => consumer,

@@ -279,19 +279,19 @@ mod brokers {
                 match self {
                     #[cfg(feature = "rabbitmq")]
                     Target::RabbitMq { url, name } => {
-                        idem_runtime::consume::dead::rabbitmq::DeadLetters::connect(url, name)
+                        idem_runtime::consume::rabbitmq::dead::DeadLetters::connect(url, name)
                             .await
                             .map(|d| Opened::RabbitMq(Box::new(d)))
                     }
                     #[cfg(feature = "nats")]
                     Target::Nats { url, name } => {
-                        idem_runtime::consume::dead::nats::DeadLetters::connect(url, name)
+                        idem_runtime::consume::nats::dead::DeadLetters::connect(url, name)
                             .await
                             .map(|d| Opened::Nats(Box::new(d)))
                     }
                     #[cfg(feature = "kafka")]
                     Target::Kafka { brokers, name } => {
-                        idem_runtime::consume::dead::kafka::DeadLetters::connect(brokers, name)
+                        idem_runtime::consume::kafka::dead::DeadLetters::connect(brokers, name)
                             .await
                             .map(|d| Opened::Kafka(Box::new(d)))
                     }
@@ -327,11 +327,11 @@ mod brokers {
     /// The dead letters, opened on their broker.
     enum Opened {
         #[cfg(feature = "rabbitmq")]
-        RabbitMq(Box<idem_runtime::consume::dead::rabbitmq::DeadLetters>),
+        RabbitMq(Box<idem_runtime::consume::rabbitmq::dead::DeadLetters>),
         #[cfg(feature = "nats")]
-        Nats(Box<idem_runtime::consume::dead::nats::DeadLetters>),
+        Nats(Box<idem_runtime::consume::nats::dead::DeadLetters>),
         #[cfg(feature = "kafka")]
-        Kafka(Box<idem_runtime::consume::dead::kafka::DeadLetters>),
+        Kafka(Box<idem_runtime::consume::kafka::dead::DeadLetters>),
     }
 
     /// Calls the same method on whichever broker's dead letters `opened` is.

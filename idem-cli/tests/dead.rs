@@ -342,7 +342,7 @@ async fn rabbitmq_dead_letters_through_the_cli() {
     let described = format!("queue `{queue}.idem.dead` (RabbitMQ)");
     scenario(at, &described, true, "x-idem-replays", |handler| {
         let token = CancellationToken::new();
-        let task = tokio::spawn(consumer.clone().run_with_delivery(handler, token.clone()));
+        let task = tokio::spawn(consumer.clone().run(handler, token.clone()));
         (token, task)
     })
     .await;
@@ -376,7 +376,7 @@ async fn nats_dead_letters_through_the_cli() {
     let described = format!("stream `{stream}_DEAD` (NATS)");
     scenario(at, &described, true, "Idem-Replays", |handler| {
         let token = CancellationToken::new();
-        let task = tokio::spawn(consumer.clone().run_with_delivery(handler, token.clone()));
+        let task = tokio::spawn(consumer.clone().run(handler, token.clone()));
         (token, task)
     })
     .await;
@@ -392,8 +392,8 @@ fn async_nats_config(stream: &str, subject: &str) -> async_nats::jetstream::stre
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_dead_letters_through_the_cli() {
-    use idem_runtime::consume::dead::kafka::DeadLetters;
     use idem_runtime::consume::kafka::Consumer;
+    use idem_runtime::consume::kafka::dead::DeadLetters;
     let kafka = or_skip!(kafka().await);
     let topic = unique_table("cli_dead_kafka");
     let consumer = Consumer::new(kafka_brokers(), format!("{topic}-group"), topic.clone())
@@ -426,7 +426,7 @@ async fn kafka_dead_letters_through_the_cli() {
     let described = format!("topic `{topic}-dlt` (Kafka)");
     scenario(at, &described, false, "x-idem-replays", |handler| {
         let token = CancellationToken::new();
-        let task = tokio::spawn(consumer.clone().run_with_delivery(handler, token.clone()));
+        let task = tokio::spawn(consumer.clone().run(handler, token.clone()));
         (token, task)
     })
     .await;

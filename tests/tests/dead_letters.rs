@@ -111,9 +111,9 @@ macro_rules! dead_api {
     };
 }
 
-dead_api!(idem_runtime::consume::dead::rabbitmq::DeadLetters);
-dead_api!(idem_runtime::consume::dead::nats::DeadLetters);
-dead_api!(idem_runtime::consume::dead::kafka::DeadLetters);
+dead_api!(idem_runtime::consume::rabbitmq::dead::DeadLetters);
+dead_api!(idem_runtime::consume::nats::dead::DeadLetters);
+dead_api!(idem_runtime::consume::kafka::dead::DeadLetters);
 
 /// A broker, a work queue (stream, topic) of the test's own, and its
 /// consumer.
@@ -406,7 +406,7 @@ struct Rabbit {
 }
 
 impl Fixture for Rabbit {
-    type Dead = idem_runtime::consume::dead::rabbitmq::DeadLetters;
+    type Dead = idem_runtime::consume::rabbitmq::dead::DeadLetters;
     const REPLAYS: &'static str = "x-idem-replays";
     const FAILURES: Option<&'static str> = Some("x-idem-failures");
     const PURGES_ONE: bool = true;
@@ -461,14 +461,11 @@ impl Fixture for Rabbit {
     fn start(&self, handler: impl Fn(Points, Delivery) -> Call + Send + Sync + 'static) -> Running {
         let (stop, signal) = shutdown();
         let consumer = self.consumer.clone();
-        Running::new(
-            stop,
-            tokio::spawn(consumer.run_with_delivery(handler, signal)),
-        )
+        Running::new(stop, tokio::spawn(consumer.run(handler, signal)))
     }
 
     async fn dead(&self) -> Self::Dead {
-        use idem_runtime::consume::dead::rabbitmq::DeadLetters;
+        use idem_runtime::consume::rabbitmq::dead::DeadLetters;
         let name = DeadLetters::default_name(&self.queue);
         assert_eq!(name, self.consumer.dead_letter_queue());
         let at = amqp_url();
@@ -512,7 +509,7 @@ async fn rabbitmq_dead_letters_are_listed_shown_replayed_and_purged() {
 /// returns the copy, and the dead letter is not acknowledged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_a_replay_the_broker_cannot_route_leaves_the_dead_letter() {
-    use idem_runtime::consume::dead::rabbitmq::DeadLetters;
+    use idem_runtime::consume::rabbitmq::dead::DeadLetters;
     use lapin::options::QueueDeclareOptions;
     use lapin::types::{AMQPValue, FieldTable};
     let b = or_skip!(Rabbit::open("dead_rmq_unroutable").await);
@@ -568,7 +565,7 @@ async fn rabbitmq_a_replay_the_broker_cannot_route_leaves_the_dead_letter() {
 /// id, the same on every read, and it can be shown and purged by it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_a_dead_letter_without_an_id_is_named_by_its_digest() {
-    use idem_runtime::consume::dead::rabbitmq::DeadLetters;
+    use idem_runtime::consume::rabbitmq::dead::DeadLetters;
     use lapin::options::QueueDeclareOptions;
     let b = or_skip!(Rabbit::open("dead_rmq_digest").await);
     let dead_queue = b.consumer.dead_letter_queue();
@@ -628,7 +625,7 @@ struct Nats {
 }
 
 impl Fixture for Nats {
-    type Dead = idem_runtime::consume::dead::nats::DeadLetters;
+    type Dead = idem_runtime::consume::nats::dead::DeadLetters;
     const REPLAYS: &'static str = "Idem-Replays";
     const FAILURES: Option<&'static str> = None;
     const PURGES_ONE: bool = true;
@@ -667,14 +664,11 @@ impl Fixture for Nats {
     fn start(&self, handler: impl Fn(Points, Delivery) -> Call + Send + Sync + 'static) -> Running {
         let (stop, signal) = shutdown();
         let consumer = self.consumer.clone();
-        Running::new(
-            stop,
-            tokio::spawn(consumer.run_with_delivery(handler, signal)),
-        )
+        Running::new(stop, tokio::spawn(consumer.run(handler, signal)))
     }
 
     async fn dead(&self) -> Self::Dead {
-        use idem_runtime::consume::dead::nats::DeadLetters;
+        use idem_runtime::consume::nats::dead::DeadLetters;
         let name = DeadLetters::default_name(
             self.consumer
                 .dead_letter_stream()
@@ -704,7 +698,7 @@ async fn nats_dead_letters_are_listed_shown_replayed_and_purged() {
 /// A dead letter whose subject no stream captures any more stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_a_replay_no_stream_takes_leaves_the_dead_letter() {
-    use idem_runtime::consume::dead::nats::DeadLetters;
+    use idem_runtime::consume::nats::dead::DeadLetters;
     let b = or_skip!(Nats::open("dead_nats_unroutable").await);
     let dead_stream = b.consumer.dead_letter_stream();
     let dead_subject = b.consumer.dead_letter_subject();
@@ -749,14 +743,14 @@ struct Kafka {
 }
 
 impl Fixture for Kafka {
-    type Dead = idem_runtime::consume::dead::kafka::DeadLetters;
+    type Dead = idem_runtime::consume::kafka::dead::DeadLetters;
     const REPLAYS: &'static str = "x-idem-replays";
     const FAILURES: Option<&'static str> = Some("x-idem-failures");
     const PURGES_ONE: bool = false;
 
     async fn open(name: &str) -> Option<Self> {
-        use idem_runtime::consume::dead::kafka::DeadLetters;
         use idem_runtime::consume::kafka::Consumer;
+        use idem_runtime::consume::kafka::dead::DeadLetters;
         let kafka = kafka().await?;
         let topic = unique_table(name);
         let consumer = Consumer::new(kafka_brokers(), format!("{topic}-group"), topic.clone())
@@ -796,14 +790,11 @@ impl Fixture for Kafka {
     fn start(&self, handler: impl Fn(Points, Delivery) -> Call + Send + Sync + 'static) -> Running {
         let (stop, signal) = shutdown();
         let consumer = self.consumer.clone();
-        Running::new(
-            stop,
-            tokio::spawn(consumer.run_with_delivery(handler, signal)),
-        )
+        Running::new(stop, tokio::spawn(consumer.run(handler, signal)))
     }
 
     async fn dead(&self) -> Self::Dead {
-        use idem_runtime::consume::dead::kafka::DeadLetters;
+        use idem_runtime::consume::kafka::dead::DeadLetters;
         let name = DeadLetters::default_name(&self.topic);
         assert_eq!(name, self.consumer.dead_letter_topic());
         let at = kafka_brokers();

@@ -87,10 +87,7 @@ impl Broker for Topic {
     {
         let (stop, signal) = broker::shutdown();
         let consumer = self.consumer.clone().policy(policy);
-        Running::new(
-            stop,
-            tokio::spawn(consumer.run_with_delivery(handler, signal)),
-        )
+        Running::new(stop, tokio::spawn(consumer.run(handler, signal)))
     }
 
     async fn dead_letters(&self) -> Vec<DeadLetter> {

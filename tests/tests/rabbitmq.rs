@@ -86,10 +86,7 @@ impl Broker for Rabbit {
     {
         let (stop, signal) = broker::shutdown();
         let consumer = self.consumer.clone().policy(policy);
-        Running::new(
-            stop,
-            tokio::spawn(consumer.run_with_delivery(handler, signal)),
-        )
+        Running::new(stop, tokio::spawn(consumer.run(handler, signal)))
     }
 
     async fn dead_letters(&self) -> Vec<DeadLetter> {

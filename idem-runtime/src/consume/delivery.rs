@@ -1,5 +1,5 @@
 //! What the broker said about a delivery, for handlers that want it
-//! (`run_with_delivery`): redelivered or not, how many times, its headers,
+//! (`run`): redelivered or not, how many times, its headers,
 //! id, where it came from and when it was published.
 
 use std::time::SystemTime;
@@ -49,7 +49,7 @@ impl std::fmt::Display for Broker {
 }
 
 /// One delivery as the broker described it, handed to a handler started
-/// with `run_with_delivery`.
+/// with `run`.
 ///
 /// | field | RabbitMQ | NATS JetStream | Kafka |
 /// | --- | --- | --- | --- |
@@ -67,7 +67,7 @@ impl std::fmt::Display for Broker {
 /// ```
 /// use idem_runtime::consume::Delivery;
 ///
-/// // what a test hands a handler written for `run_with_delivery`
+/// // what a test hands a handler written for `run`
 /// let d = Delivery::default().with_header("tenant", "acme");
 /// assert_eq!(d.header("tenant"), Some("acme"));
 /// assert_eq!(d.header("Tenant"), Some("acme")); // names ignore case

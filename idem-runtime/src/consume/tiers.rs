@@ -2,6 +2,7 @@
 //! their own (RabbitMQ's retry queues, Kafka's retry topics), their names,
 //! and the due time a retry carries, so that its wait is the one asked for
 //! rather than its tier's.
+#![cfg_attr(not(any(feature = "rabbitmq", feature = "kafka")), allow(dead_code))]
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -1,7 +1,9 @@
 //! The dead letters of the consumers, for operators: list them, show one,
 //! replay them into the queue, subject or topic they came from, purge them.
-//! One API on each broker (`rabbitmq`, `nats`, `kafka`, each behind its
-//! feature), and the `idem dead` commands of the CLI on top of it.
+//! One API on each broker, beside its consumer (`rabbitmq::dead`,
+//! `nats::dead`, `kafka::dead`, each behind its feature), and the `idem
+//! dead` commands of the CLI on top of it. This module holds what they
+//! share: the dead letter, the filter, what a replay or a purge did.
 //!
 //! | broker | dead letters | id | where a replay goes |
 //! | --- | --- | --- | --- |
@@ -56,16 +58,6 @@ use std::time::Duration;
 
 use super::Broker;
 use crate::BoxError;
-
-#[cfg(feature = "kafka")]
-#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
-pub mod kafka;
-#[cfg(feature = "nats")]
-#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
-pub mod nats;
-#[cfg(feature = "rabbitmq")]
-#[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
-pub mod rabbitmq;
 
 /// One dead letter, as the broker keeps it.
 ///

@@ -6,7 +6,6 @@
 //! can wait there for the bodies in flight (which run on the runtime) and
 //! commit before the partitions go, whatever the runtime's flavour.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -14,125 +13,18 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Message as _, OwnedMessage};
-use rdkafka::producer::FutureProducer;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 
-use super::lane::{Call, lane};
+use super::lane::lane;
+use super::lock_std;
 use super::offsets::Offsets;
 use super::progress::Progress;
-use super::topics::Names;
-use super::{Retries, lock_std};
-use crate::consume::{CancellationToken, Meter, Report, lock};
-
-/// A partition the consumer owns, from its assignment to its revocation.
-pub(crate) struct Part {
-    pub(crate) topic: String,
-    pub(crate) partition: i32,
-    /// One sender per lane; a message goes to the lane of its key.
-    lanes: Vec<mpsc::UnboundedSender<OwnedMessage>>,
-    pub(crate) progress: Mutex<Progress>,
-    /// Set when the partition is revoked or the consumer stops: lanes take
-    /// nothing more and give up their waits.
-    pub(crate) revoked: watch::Sender<bool>,
-    /// Bodies running now.
-    pub(crate) in_flight: AtomicUsize,
-    /// Messages taken and not yet settled or given up, for the pause.
-    pub(crate) queued: AtomicUsize,
-    paused: AtomicBool,
-}
-
-impl Part {
-    pub(crate) fn is_revoked(&self) -> bool {
-        *self.revoked.borrow()
-    }
-}
-
-/// What the poll thread, the lanes and the rebalance callbacks share.
-pub(crate) struct Group {
-    /// The retry and dead-letter topics, and the retry delays.
-    pub(crate) names: Names,
-    pub(crate) group: String,
-    pub(crate) call: Call,
-    pub(crate) producer: FutureProducer,
-    pub(crate) retries: Retries,
-    pub(crate) lanes: usize,
-    /// Bodies at once, over all partitions (the policy's concurrency).
-    pub(crate) permits: Arc<Semaphore>,
-    pub(crate) report: Arc<Mutex<Report>>,
-    pub(crate) meter: Meter,
-    pub(crate) shutdown: CancellationToken,
-    /// Why the consumer must stop (`Error::Config`), once a call said so.
-    pub(crate) halt: Mutex<Option<String>>,
-    pub(crate) halted: AtomicBool,
-    pub(crate) grace: Duration,
-    /// Messages queued per partition before it is paused.
-    pub(crate) buffer: usize,
-    pub(crate) offsets: Option<Offsets>,
-    pub(crate) rt: tokio::runtime::Handle,
-    parts: Mutex<HashMap<(String, i32), Arc<Part>>>,
-}
+use super::state::{Group, Part};
+use crate::consume::lock;
 
 impl Group {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        names: Names,
-        group: String,
-        call: Call,
-        producer: FutureProducer,
-        retries: Retries,
-        lanes: usize,
-        concurrency: usize,
-        report: Arc<Mutex<Report>>,
-        meter: Meter,
-        shutdown: CancellationToken,
-        grace: Duration,
-        buffer: usize,
-        offsets: Option<Offsets>,
-        rt: tokio::runtime::Handle,
-    ) -> Self {
-        Group {
-            names,
-            group,
-            call,
-            producer,
-            retries,
-            lanes: lanes.max(1),
-            permits: Arc::new(Semaphore::new(concurrency.max(1))),
-            report,
-            meter,
-            shutdown,
-            halt: Mutex::new(None),
-            halted: AtomicBool::new(false),
-            grace,
-            buffer: buffer.max(1),
-            offsets,
-            rt,
-            parts: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// A call reported the binary misconfigured: the consumer stops.
-    pub(crate) fn stop(&self, reason: String) {
-        lock_std(&self.halt).get_or_insert(reason);
-        self.halted.store(true, Ordering::SeqCst);
-    }
-
-    /// The consumer's `run` is gone (its future dropped): the poll thread
-    /// stops as on shutdown.
-    pub(crate) fn abandon(&self) {
-        self.halted.store(true, Ordering::SeqCst);
-    }
-
-    fn stopping(&self) -> bool {
-        self.halted.load(Ordering::SeqCst) || self.shutdown.is_cancelled()
-    }
-
-    fn parts(&self) -> Vec<Arc<Part>> {
-        lock_std(&self.parts).values().cloned().collect()
-    }
-
     /// Takes ownership of newly assigned partitions: a part and its lanes each.
     fn assigned(self: &Arc<Self>, tpl: &TopicPartitionList) {
         let mut parts = lock_std(&self.parts);
@@ -292,7 +184,7 @@ impl Group {
         if part.lanes[lane].send(msg).is_err() {
             return;
         }
-        if queued >= self.buffer && !part.paused.swap(true, Ordering::SeqCst) {
+        if queued >= self.prefetch && !part.paused.swap(true, Ordering::SeqCst) {
             let _ = consumer.pause(&one(&part));
         }
     }
@@ -301,7 +193,7 @@ impl Group {
     fn resume_caught_up(&self, consumer: &BaseConsumer<Ctx>) {
         for part in self.parts() {
             if part.paused.load(Ordering::SeqCst)
-                && part.queued.load(Ordering::SeqCst) <= self.buffer / 2
+                && part.queued.load(Ordering::SeqCst) <= self.prefetch / 2
             {
                 part.paused.store(false, Ordering::SeqCst);
                 let _ = consumer.resume(&one(&part));

@@ -6,22 +6,16 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
 use rdkafka::message::{Message as _, OwnedMessage};
 use rdkafka::producer::FutureRecord;
 use tokio::sync::{mpsc, watch};
 
-use super::group::{Group, Part};
 use super::lock_std;
+use super::state::{Group, Part};
 use super::topics::{self, HeaderList, now_ms};
 use super::{Retries, offsets};
 use crate::consume::tiers::{self, DUE_SLACK};
 use crate::consume::{Attempts, Broker, Delivery, Handled, Settled, Verdict, lock};
-
-/// The handler, with the message's payload, what the broker said of it and
-/// its attempts so far, to what became of it.
-pub(crate) type Call =
-    Arc<dyn Fn(Vec<u8>, Delivery, Attempts) -> BoxFuture<'static, Handled> + Send + Sync>;
 
 /// Handles the messages `rx` hands it until the partition is revoked or the
 /// consumer stops.
@@ -156,18 +150,7 @@ async fn hold(
 }
 
 fn tally(group: &Group, settled: Settled) {
-    let mut r = lock(&group.report);
-    match settled {
-        Settled::Acked { duplicate, alert } => {
-            r.acked += 1;
-            r.duplicates += u64::from(duplicate);
-            r.alerts += u64::from(alert);
-        }
-        Settled::Retried => r.retried += 1,
-        Settled::DeadLettered => r.dead_lettered += 1,
-        Settled::Forwarded => r.forwarded += 1,
-        Settled::Stop(_) | Settled::Unsettled => {}
-    }
+    lock(&group.report).count(&settled);
 }
 
 /// Runs one message through the handler until its delivery is settled;
@@ -235,7 +218,7 @@ async fn settle_calls(
     revoked: &mut watch::Receiver<bool>,
     last: &mut Option<Handled>,
 ) -> Option<Settled> {
-    let payload = msg.payload().unwrap_or_default().to_vec();
+    let payload = msg.payload().unwrap_or_default();
     let mut failures =
         u32::try_from(headers.number(topics::FAILURES).unwrap_or(0)).unwrap_or(u32::MAX);
     let retries = headers.number(topics::RETRIES).unwrap_or(0);
@@ -260,7 +243,7 @@ async fn settle_calls(
         // An in-place wait is a retry the broker does not see.
         delivery.retries = attempts.retries;
         delivery.deliveries = attempts.retries.saturating_add(1);
-        let call = (group.call)(payload.clone(), delivery, attempts);
+        let call = (group.call)(payload, delivery, attempts);
         let (handled, rode) = match &group.offsets {
             Some(store) => {
                 let at = offsets::Position {

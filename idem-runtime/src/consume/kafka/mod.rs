@@ -137,8 +137,6 @@
 //! # Ok(()) }
 //! ```
 
-use std::fmt::Display;
-use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -148,20 +146,18 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::producer::FutureProducer;
-use serde::de::DeserializeOwned;
 
-use super::{
-    Attempts, Broker, CancellationToken, ConsumeError, Delivery, Meter, Policy, Report, handle,
-    until_ok,
-};
+use super::front::Handler;
+use super::front::handler::erase;
+use super::{Broker, CancellationToken, ConsumeError, Meter, Policy, Report, until_ok};
 use crate::BoxError;
-use crate::error::Error;
-use crate::outcome::Outcome;
 
+pub mod dead;
 mod group;
 mod lane;
 mod offsets;
 mod progress;
+mod state;
 pub(crate) mod topics;
 
 pub use offsets::Offsets;
@@ -219,7 +215,7 @@ pub struct Consumer {
     lanes: usize,
     retries: Retries,
     grace: Duration,
-    buffer: usize,
+    prefetch: usize,
     config: Vec<(String, String)>,
     offsets: Option<Offsets>,
     names: topics::Names,
@@ -255,7 +251,7 @@ impl Consumer {
             lanes: 1,
             retries: Retries::Topics,
             grace: Duration::from_secs(10),
-            buffer: 1_000,
+            prefetch: 1_000,
             config: Vec::new(),
             offsets: None,
         }
@@ -327,16 +323,17 @@ impl Consumer {
     }
 
     /// How many messages of one partition may wait in the consumer before
-    /// it pauses fetching that partition (resumed at half). Default 1,000.
+    /// it pauses fetching that partition (resumed at half): the prefetch,
+    /// as RabbitMQ's and NATS's consumers call theirs. Default 1,000.
     ///
     /// # Examples
     ///
     /// ```
-    /// let c = idem_runtime::consume::kafka::Consumer::new("127.0.0.1:9092", "stock", "orders").buffer(200);
+    /// let c = idem_runtime::consume::kafka::Consumer::new("127.0.0.1:9092", "stock", "orders").prefetch(200);
     /// # let _ = c;
     /// ```
-    pub fn buffer(mut self, messages: usize) -> Self {
-        self.buffer = messages.max(1);
+    pub fn prefetch(mut self, messages: usize) -> Self {
+        self.prefetch = messages.max(1);
         self
     }
 
@@ -528,30 +525,12 @@ impl Consumer {
     /// Waits for the brokers (a growing pause, 100 ms to 5 s) until they
     /// answer. Returns [`ConsumeError::Setup`] when the topic does not exist
     /// or the broker refuses the retry topics, and [`ConsumeError::Stopped`]
-    /// when a call reported the binary misconfigured ([`Error::Config`]).
+    /// when a call reported the binary misconfigured ([`Error::Config`](crate::Error::Config)).
     ///
-    /// # Examples
-    ///
-    /// See the [module docs](self).
-    pub async fn run<M, T, E, F, Fut>(
-        self,
-        handler: F,
-        shutdown: CancellationToken,
-    ) -> Result<Report, ConsumeError>
-    where
-        M: DeserializeOwned + Send + 'static,
-        T: Send + 'static,
-        E: Display + Send + 'static,
-        F: Fn(M) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Outcome<T>, Error<E>>> + Send + 'static,
-    {
-        self.run_with_delivery(move |msg, _: Delivery| handler(msg), shutdown)
-            .await
-    }
-
-    /// As [`run`](Self::run), with the handler given what the broker said
-    /// about each message as well ([`Delivery`]: the topic, partition and
-    /// offset it was first consumed at, its headers, timestamp and retries).
+    /// The handler takes the decoded message, or the message and what the
+    /// broker said about it ([`Delivery`](super::Delivery): the topic,
+    /// partition and offset it was first consumed at, its headers,
+    /// timestamp and retries); see [`Handler`].
     ///
     /// # Examples
     ///
@@ -564,7 +543,7 @@ impl Consumer {
     /// struct Ping { id: String }
     ///
     /// Consumer::new("127.0.0.1:9092", "pings", "pingers")
-    ///     .run_with_delivery(
+    ///     .run(
     ///         |ping: Ping, delivery: Delivery| async move {
     ///             tracing::info!(id = %ping.id, partition = ?delivery.partition, offset = ?delivery.offset, "ping");
     ///             Ok::<_, Error<String>>(Outcome::Executed(()))
@@ -574,22 +553,14 @@ impl Consumer {
     ///     .await?;
     /// # Ok(()) }
     /// ```
-    pub async fn run_with_delivery<M, T, E, F, Fut>(
+    pub async fn run<A>(
         self,
-        handler: F,
+        handler: impl Handler<A>,
         shutdown: CancellationToken,
-    ) -> Result<Report, ConsumeError>
-    where
-        M: DeserializeOwned + Send + 'static,
-        T: Send + 'static,
-        E: Display + Send + 'static,
-        F: Fn(M, Delivery) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Outcome<T>, Error<E>>> + Send + 'static,
-    {
+    ) -> Result<Report, ConsumeError> {
         self.names
             .check()
             .map_err(|e| ConsumeError::Setup(e.into()))?;
-        let report = Arc::new(Mutex::new(Report::default()));
         if self.offsets.is_some() && self.lanes > 1 {
             return Err(ConsumeError::Setup(
                 "offsets in the database need the partitions in order: lanes(1)".into(),
@@ -614,37 +585,19 @@ impl Consumer {
             })
             .create()
             .map_err(|e| ConsumeError::Setup(Box::new(e)))?;
-        let policy = self.policy.clone();
-        let handler = Arc::new(handler);
         let meter = Meter::new(Broker::Kafka, &self.topic);
-        let call: lane::Call = {
-            let meter = meter.clone();
-            Arc::new(
-                move |payload: Vec<u8>, delivery: Delivery, attempts: Attempts| {
-                    let (handler, policy, meter) =
-                        (Arc::clone(&handler), policy.clone(), meter.clone());
-                    Box::pin(async move {
-                        handle(&*handler, &payload, delivery, attempts, &policy, &meter).await
-                    })
-                },
-            )
+        let call = erase(handler, self.policy.clone(), meter.clone());
+        let settings = state::Settings {
+            names: self.names.clone(),
+            group: self.group.clone(),
+            retries: self.retries,
+            lanes: self.lanes,
+            concurrency: self.policy.concurrency,
+            grace: self.grace,
+            prefetch: self.prefetch,
+            offsets: self.offsets.clone(),
         };
-        let group = Arc::new(group::Group::new(
-            self.names.clone(),
-            self.group.clone(),
-            call,
-            producer,
-            self.retries,
-            self.lanes,
-            self.policy.concurrency,
-            Arc::clone(&report),
-            meter,
-            shutdown,
-            self.grace,
-            self.buffer,
-            self.offsets.clone(),
-            tokio::runtime::Handle::current(),
-        ));
+        let group = Arc::new(state::Group::new(settings, call, producer, meter, shutdown));
         let consumer: BaseConsumer<group::Ctx> = self
             .with_settings({
                 let mut c = self.client_config();
@@ -684,7 +637,7 @@ impl Consumer {
         if let Some(reason) = lock_std(&group.halt).take() {
             return Err(ConsumeError::Stopped { reason });
         }
-        Ok(super::lock(&report).clone())
+        Ok(super::lock(&group.report).clone())
     }
 
     /// Checks that the topic exists and creates its retry and dead-letter
@@ -750,7 +703,7 @@ impl Consumer {
 }
 
 /// Stops the poll thread when `run`'s future goes.
-struct StopOnDrop(Arc<group::Group>);
+struct StopOnDrop(Arc<state::Group>);
 
 impl Drop for StopOnDrop {
     fn drop(&mut self) {

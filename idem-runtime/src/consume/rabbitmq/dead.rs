@@ -27,7 +27,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use idem_runtime::consume::dead::{Filter, rabbitmq::DeadLetters};
+//! use idem_runtime::consume::{dead::Filter, rabbitmq::dead::DeadLetters};
 //! use std::time::Duration;
 //!
 //! let name = DeadLetters::default_name("orders"); // orders.idem.dead
@@ -52,17 +52,17 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Channel, Connection, ConnectionProperties};
 use sha2::{Digest as _, Sha256};
 
-use super::{
+use crate::consume::Broker;
+use crate::consume::dead::{
     DeadLetter, DeadLetterError, Filter, Purged, Replay, Replayed, Skipped, now_ms, redacted,
 };
-use crate::consume::Broker;
 
 /// The header the consumer writes a dead letter's id in.
 ///
 /// # Examples
 ///
 /// ```
-/// use idem_runtime::consume::dead::rabbitmq::{DEAD_AT, DEAD_ID};
+/// use idem_runtime::consume::rabbitmq::dead::{DEAD_AT, DEAD_ID};
 /// assert_eq!((DEAD_ID, DEAD_AT), ("x-idem-dead-id", "x-idem-dead-at"));
 /// ```
 pub const DEAD_ID: &str = "x-idem-dead-id";
@@ -78,7 +78,7 @@ pub const DEAD_AT: &str = "x-idem-dead-at";
 /// # Examples
 ///
 /// ```
-/// assert_eq!(idem_runtime::consume::dead::rabbitmq::REPLAYS, "x-idem-replays");
+/// assert_eq!(idem_runtime::consume::rabbitmq::dead::REPLAYS, "x-idem-replays");
 /// ```
 pub const REPLAYS: &str = "x-idem-replays";
 
@@ -110,7 +110,7 @@ const BROKER: Broker = Broker::RabbitMq;
 /// # Examples
 ///
 /// ```
-/// use idem_runtime::consume::dead::rabbitmq::DeadLetters;
+/// use idem_runtime::consume::rabbitmq::dead::DeadLetters;
 /// assert_eq!(DeadLetters::default_name("orders"), "orders.idem.dead");
 /// ```
 #[derive(Debug)]
@@ -158,7 +158,7 @@ impl DeadLetters {
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::consume::dead::rabbitmq::DeadLetters;
+    /// use idem_runtime::consume::rabbitmq::dead::DeadLetters;
     /// let dead = DeadLetters::connect("amqp://127.0.0.1:5672/%2f", "orders.idem.dead").await?;
     /// assert_eq!(dead.name(), "orders.idem.dead");
     /// # Ok(()) }
@@ -173,7 +173,7 @@ impl DeadLetters {
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::consume::dead::rabbitmq::DeadLetters;
+    /// use idem_runtime::consume::rabbitmq::dead::DeadLetters;
     /// let dead = DeadLetters::connect("amqp://127.0.0.1:5672/%2f", "orders.idem.dead").await?;
     /// println!("{} dead letters", dead.count().await?);
     /// # Ok(()) }
@@ -229,7 +229,7 @@ impl DeadLetters {
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::consume::dead::rabbitmq::DeadLetters;
+    /// use idem_runtime::consume::rabbitmq::dead::DeadLetters;
     /// let dead = DeadLetters::connect("amqp://127.0.0.1:5672/%2f", "orders.idem.dead").await?;
     /// let one = dead.show("5b0e1c9e-4d1f-4a51-9a37-0e3c8b5d2f10").await?;
     /// println!("{:?}: {}", one.reason, String::from_utf8_lossy(&one.payload));
@@ -303,7 +303,7 @@ impl DeadLetters {
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::consume::dead::{Filter, rabbitmq::DeadLetters};
+    /// use idem_runtime::consume::{dead::Filter, rabbitmq::dead::DeadLetters};
     /// let dead = DeadLetters::connect("amqp://127.0.0.1:5672/%2f", "orders.idem.dead").await?;
     /// let gone = dead.purge(&Filter::new().reason("does not decode")).await?;
     /// println!("{} purged", gone.purged);
@@ -526,7 +526,7 @@ async fn publish_copy(
     headers.insert(REPLAYS.into(), AMQPValue::LongLongInt(i64::from(replays)));
     // The message's identity is kept; `expiration` is not (it would drop the
     // copy again).
-    let properties = crate::consume::rabbitmq::copy_properties(original, headers);
+    let properties = super::headers::copy_properties(original, headers);
     let mandatory = BasicPublishOptions {
         mandatory: true,
         ..BasicPublishOptions::default()

@@ -39,7 +39,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use idem_runtime::consume::dead::{Filter, kafka::DeadLetters};
+//! use idem_runtime::consume::{dead::Filter, kafka::dead::DeadLetters};
 //!
 //! let name = DeadLetters::default_name("orders"); // orders-dlt
 //! let dead = DeadLetters::connect("127.0.0.1:9092", &name).await?;
@@ -62,9 +62,11 @@ use rdkafka::message::{Header, Headers as _, Message as _, OwnedHeaders, OwnedMe
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-use super::{DeadLetter, DeadLetterError, Filter, Purged, Replay, Replayed, Skipped, now_ms};
 use crate::BoxError;
 use crate::consume::Broker;
+use crate::consume::dead::{
+    DeadLetter, DeadLetterError, Filter, Purged, Replay, Replayed, Skipped, now_ms,
+};
 use crate::consume::kafka::topics;
 
 /// The header of a replayed copy that counts its replays.
@@ -72,7 +74,7 @@ use crate::consume::kafka::topics;
 /// # Examples
 ///
 /// ```
-/// use idem_runtime::consume::dead::kafka::{REPLAYED_FROM, REPLAYS};
+/// use idem_runtime::consume::kafka::dead::{REPLAYED_FROM, REPLAYS};
 /// assert_eq!((REPLAYS, REPLAYED_FROM), ("x-idem-replays", "x-idem-replayed-from"));
 /// ```
 pub const REPLAYS: &str = "x-idem-replays";
@@ -119,7 +121,7 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 /// # Examples
 ///
 /// ```
-/// use idem_runtime::consume::dead::kafka::DeadLetters;
+/// use idem_runtime::consume::kafka::dead::DeadLetters;
 /// assert_eq!(DeadLetters::default_name("orders"), "orders-dlt");
 /// assert_eq!(DeadLetters::ledger_name("orders-dlt"), "orders-dlt-replayed");
 /// ```
@@ -168,7 +170,7 @@ impl DeadLetters {
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::consume::dead::kafka::DeadLetters;
+    /// use idem_runtime::consume::kafka::dead::DeadLetters;
     /// let dead = DeadLetters::connect_with(
     ///     "broker-1:9093",
     ///     "orders-dlt",
@@ -211,7 +213,7 @@ impl DeadLetters {
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::consume::dead::kafka::DeadLetters;
+    /// use idem_runtime::consume::kafka::dead::DeadLetters;
     /// let dead = DeadLetters::connect("127.0.0.1:9092", "orders-dlt").await?;
     /// assert_eq!(dead.name(), "orders-dlt");
     /// # Ok(()) }
@@ -226,7 +228,7 @@ impl DeadLetters {
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::consume::dead::kafka::DeadLetters;
+    /// use idem_runtime::consume::kafka::dead::DeadLetters;
     /// let dead = DeadLetters::connect("127.0.0.1:9092", "orders-dlt").await?;
     /// println!("{} dead letters", dead.count().await?);
     /// # Ok(()) }
@@ -283,7 +285,7 @@ impl DeadLetters {
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::consume::dead::kafka::DeadLetters;
+    /// use idem_runtime::consume::kafka::dead::DeadLetters;
     /// let dead = DeadLetters::connect("127.0.0.1:9092", "orders-dlt").await?;
     /// let one = dead.show("0:4").await?;
     /// println!("{:?}: {}", one.reason, String::from_utf8_lossy(&one.payload));
@@ -398,7 +400,7 @@ impl DeadLetters {
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::consume::dead::{DeadLetterError, Filter, kafka::DeadLetters};
+    /// use idem_runtime::consume::{dead::{DeadLetterError, Filter}, kafka::dead::DeadLetters};
     /// let dead = DeadLetters::connect("127.0.0.1:9092", "orders-dlt").await?;
     /// match dead.purge(&Filter::all()).await {
     ///     Ok(gone) => println!("{} purged", gone.purged),

@@ -21,7 +21,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use idem_runtime::consume::dead::{Filter, nats::DeadLetters};
+//! use idem_runtime::consume::{dead::Filter, nats::dead::DeadLetters};
 //!
 //! let name = DeadLetters::default_name("ORDERS"); // ORDERS_DEAD
 //! let dead = DeadLetters::connect("nats://127.0.0.1:4222", &name).await?;
@@ -39,17 +39,17 @@ use async_nats::jetstream::message::StreamMessage;
 use async_nats::jetstream::stream::{RawMessageErrorKind, Stream};
 use async_nats::jetstream::{self, ErrorCode};
 
-use super::{
+use crate::consume::Broker;
+use crate::consume::dead::{
     DeadLetter, DeadLetterError, Filter, Purged, Replay, Replayed, Skipped, now_ms, redacted,
 };
-use crate::consume::Broker;
 
 /// The header of a replayed copy that counts its replays.
 ///
 /// # Examples
 ///
 /// ```
-/// assert_eq!(idem_runtime::consume::dead::nats::REPLAYS, "Idem-Replays");
+/// assert_eq!(idem_runtime::consume::nats::dead::REPLAYS, "Idem-Replays");
 /// ```
 pub const REPLAYS: &str = "Idem-Replays";
 
@@ -70,7 +70,7 @@ const BROKER: Broker = Broker::Nats;
 /// # Examples
 ///
 /// ```
-/// use idem_runtime::consume::dead::nats::DeadLetters;
+/// use idem_runtime::consume::nats::dead::DeadLetters;
 /// assert_eq!(DeadLetters::default_name("ORDERS"), "ORDERS_DEAD");
 /// ```
 #[derive(Debug)]
@@ -131,7 +131,7 @@ impl DeadLetters {
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::consume::dead::nats::DeadLetters;
+    /// use idem_runtime::consume::nats::dead::DeadLetters;
     /// let dead = DeadLetters::connect("nats://127.0.0.1:4222", "ORDERS_DEAD").await?;
     /// assert_eq!(dead.name(), "ORDERS_DEAD");
     /// # Ok(()) }
@@ -146,7 +146,7 @@ impl DeadLetters {
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::consume::dead::nats::DeadLetters;
+    /// use idem_runtime::consume::nats::dead::DeadLetters;
     /// let dead = DeadLetters::connect("nats://127.0.0.1:4222", "ORDERS_DEAD").await?;
     /// println!("{} dead letters", dead.count().await?);
     /// # Ok(()) }
@@ -181,7 +181,7 @@ impl DeadLetters {
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::consume::dead::nats::DeadLetters;
+    /// use idem_runtime::consume::nats::dead::DeadLetters;
     /// let dead = DeadLetters::connect("nats://127.0.0.1:4222", "ORDERS_DEAD").await?;
     /// let one = dead.show("12").await?;
     /// println!("{:?}: {}", one.reason, String::from_utf8_lossy(&one.payload));
@@ -275,7 +275,7 @@ impl DeadLetters {
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::consume::dead::{Filter, nats::DeadLetters};
+    /// use idem_runtime::consume::{dead::Filter, nats::dead::DeadLetters};
     /// let dead = DeadLetters::connect("nats://127.0.0.1:4222", "ORDERS_DEAD").await?;
     /// let gone = dead.purge(&Filter::all()).await?;
     /// println!("{} purged", gone.purged);

@@ -76,24 +76,17 @@
 //! println!("{report:?}");
 //! # Ok(()) }
 //! ```
-
-use std::fmt::Display;
-use std::future::Future;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::HeaderMap;
-use async_nats::jetstream::consumer::{AckPolicy, pull};
-use async_nats::jetstream::{self, AckKind, Message};
-use serde::de::DeserializeOwned;
+use async_nats::jetstream;
 
-use super::{
-    Attempts, Broker, CancellationToken, ConsumeError, Delivery, Ended, Meter, Policy, Report,
-    Settled, Verdict, drive, handle, sessions,
-};
-use crate::BoxError;
-use crate::error::Error;
-use crate::outcome::Outcome;
+use super::front::Handler;
+use super::front::driver;
+use super::front::transport::Opening;
+use super::{CancellationToken, ConsumeError, Policy, Report};
+
+pub mod dead;
+mod transport;
 
 /// A consumer of one JetStream subject; see the [module docs](self).
 ///
@@ -312,7 +305,7 @@ impl Consumer {
 
     /// Why the topology cannot be declared, if it cannot: names JetStream
     /// refuses.
-    fn check(&self) -> Result<(), ConsumeError> {
+    fn check_topology(&self) -> Result<(), ConsumeError> {
         let refuse = |reason: String| ConsumeError::Setup(reason.into());
         check_name("stream", &self.stream).map_err(refuse)?;
         check_name("durable consumer", &self.durable).map_err(refuse)?;
@@ -350,7 +343,7 @@ impl Consumer {
     /// # Ok(()) }
     /// ```
     pub async fn declare(&self) -> Result<(), ConsumeError> {
-        self.check()?;
+        self.check_topology()?;
         let client = async_nats::connect(self.url.clone())
             .await
             .map_err(|e| ConsumeError::Setup(Box::new(e)))?;
@@ -358,79 +351,8 @@ impl Consumer {
         let _ = client.flush().await;
         match declared {
             Ok(_) => Ok(()),
-            Err(Refused::ForGood(e) | Refused::ForNow(e)) => Err(ConsumeError::Setup(e)),
+            Err(Opening::Refused(e) | Opening::Lost(e)) => Err(ConsumeError::Setup(e)),
         }
-    }
-
-    /// Creates the streams and the durable where missing, and checks a
-    /// durable that exists (for [`declare`](Self::declare) and every session
-    /// of `run`).
-    async fn declare_on(
-        &self,
-        js: &jetstream::Context,
-    ) -> Result<jetstream::consumer::Consumer<pull::Config>, Refused> {
-        // A refusal (an invalid name, a conflicting stream or consumer) is
-        // final; a timeout or a JetStream still starting is worth another go.
-        macro_rules! step {
-            ($e:expr, $refused:ident) => {
-                match $e {
-                    Ok(v) => v,
-                    Err(e) if $refused(&e) => return Err(Refused::ForGood(Box::new(e))),
-                    Err(e) => return Err(Refused::ForNow(Box::new(e))),
-                }
-            };
-        }
-        let stream = step!(
-            js.get_or_create_stream(jetstream::stream::Config {
-                name: self.stream.clone(),
-                subjects: vec![self.subject.clone()],
-                ..Default::default()
-            })
-            .await,
-            stream_refused
-        );
-        step!(
-            js.get_or_create_stream(jetstream::stream::Config {
-                name: self.dead_letter_stream(),
-                subjects: vec![self.dead_letter_subject()],
-                ..Default::default()
-            })
-            .await,
-            stream_refused
-        );
-        let consumer: jetstream::consumer::Consumer<pull::Config> = step!(
-            stream
-                .get_or_create_consumer(
-                    &self.durable,
-                    pull::Config {
-                        durable_name: Some(self.durable.clone()),
-                        ack_policy: AckPolicy::Explicit,
-                        ack_wait: self.ack_wait,
-                        max_deliver: -1,
-                        filter_subject: self.subject.clone(),
-                        ..Default::default()
-                    },
-                )
-                .await,
-            consumer_refused
-        );
-        // A durable that already exists is returned as it is: it must be the
-        // one this consumer would make, or messages go astray (another
-        // subject) or are redelivered while their bodies run (another ack
-        // wait).
-        let found = &consumer.cached_info().config;
-        if found.filter_subject != self.subject
-            || found.ack_policy != AckPolicy::Explicit
-            || found.ack_wait != self.ack_wait
-            || found.max_deliver != -1
-        {
-            return Err(Refused::ForGood(format!(
-                "the durable consumer {} exists with other settings (filter {:?}, ack wait {:?}, max deliver {}); delete it, or name another with `.durable(...)`",
-                self.durable, found.filter_subject, found.ack_wait, found.max_deliver
-            )
-            .into()));
-        }
-        Ok(consumer)
     }
 
     /// Consumes until `shutdown` is cancelled, then stops pulling, lets the
@@ -440,31 +362,13 @@ impl Consumer {
     /// answers, at start-up and after the message stream fails; messages in
     /// flight then are redelivered after their ack wait. Returns
     /// [`ConsumeError::Stopped`] when a call reported the binary
-    /// misconfigured ([`Error::Config`]), and [`ConsumeError::Setup`] when the
+    /// misconfigured ([`Error::Config`](crate::Error::Config)), and [`ConsumeError::Setup`] when the
     /// server refused the streams or the consumer.
     ///
-    /// # Examples
-    ///
-    /// See the [module docs](self).
-    pub async fn run<M, T, E, F, Fut>(
-        self,
-        handler: F,
-        shutdown: CancellationToken,
-    ) -> Result<Report, ConsumeError>
-    where
-        M: DeserializeOwned + Send + 'static,
-        T: Send + 'static,
-        E: Display + Send + 'static,
-        F: Fn(M) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Outcome<T>, Error<E>>> + Send + 'static,
-    {
-        self.run_with_delivery(move |msg, _: Delivery| handler(msg), shutdown)
-            .await
-    }
-
-    /// As [`run`](Self::run), with the handler given what the server said
-    /// about each message as well ([`Delivery`]: its delivery count,
-    /// headers, `Nats-Msg-Id`, subject, stream sequence and timestamp).
+    /// The handler takes the decoded message, or the message and what the
+    /// server said about it ([`Delivery`](super::Delivery): its delivery
+    /// count, headers, `Nats-Msg-Id`, subject, stream sequence and
+    /// timestamp); see [`Handler`].
     ///
     /// # Examples
     ///
@@ -477,7 +381,7 @@ impl Consumer {
     /// struct Ping { id: String }
     ///
     /// Consumer::new("nats://127.0.0.1:4222", "PINGS", "pings.>")
-    ///     .run_with_delivery(
+    ///     .run(
     ///         |ping: Ping, delivery: Delivery| async move {
     ///             tracing::info!(id = %ping.id, subject = %delivery.source, n = delivery.deliveries, "ping");
     ///             Ok::<_, Error<String>>(Outcome::Executed(()))
@@ -487,227 +391,13 @@ impl Consumer {
     ///     .await?;
     /// # Ok(()) }
     /// ```
-    pub async fn run_with_delivery<M, T, E, F, Fut>(
+    pub async fn run<A>(
         self,
-        handler: F,
+        handler: impl Handler<A>,
         shutdown: CancellationToken,
-    ) -> Result<Report, ConsumeError>
-    where
-        M: DeserializeOwned + Send + 'static,
-        T: Send + 'static,
-        E: Display + Send + 'static,
-        F: Fn(M, Delivery) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Outcome<T>, Error<E>>> + Send + 'static,
-    {
-        self.check()?;
-        let handler = Arc::new(handler);
-        let report = Arc::new(Mutex::new(Report::default()));
-        let meter = Meter::new(Broker::Nats, &self.durable);
-        let url = self.url.clone();
-        let connect = || async_nats::connect(url.clone());
-        let session = |client: async_nats::Client, shutdown: CancellationToken| {
-            let (this, handler, report, meter) = (&self, &handler, &report, &meter);
-            async move { this.session(client, handler, report, meter, shutdown).await }
-        };
-        sessions("NATS", shutdown, &report, &meter, connect, session).await
+    ) -> Result<Report, ConsumeError> {
+        driver::run(self, handler, shutdown).await
     }
-
-    async fn session<M, T, E, F, Fut>(
-        &self,
-        client: async_nats::Client,
-        handler: &Arc<F>,
-        report: &Arc<Mutex<Report>>,
-        meter: &Meter,
-        shutdown: CancellationToken,
-    ) -> Result<Ended, BoxError>
-    where
-        M: DeserializeOwned + Send + 'static,
-        T: Send + 'static,
-        E: Display + Send + 'static,
-        F: Fn(M, Delivery) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Outcome<T>, Error<E>>> + Send + 'static,
-    {
-        let js = jetstream::new(client.clone());
-        // A refusal is final; a timeout or a JetStream still starting is a
-        // lost session.
-        let consumer = match self.declare_on(&js).await {
-            Ok(consumer) => consumer,
-            Err(Refused::ForGood(e)) => return Err(e),
-            Err(Refused::ForNow(e)) => return Ok(Ended::Lost(e)),
-        };
-        let messages = match consumer
-            .stream()
-            .max_messages_per_batch(self.effective_prefetch())
-            .messages()
-            .await
-        {
-            Ok(m) => m,
-            Err(e) => return Ok(Ended::Lost(Box::new(e))),
-        };
-        let settle = {
-            let (consumer, handler, meter) = (self.clone(), Arc::clone(handler), meter.clone());
-            move |message: Message| {
-                let (consumer, handler, js, meter) = (
-                    consumer.clone(),
-                    Arc::clone(&handler),
-                    js.clone(),
-                    meter.clone(),
-                );
-                async move { consumer.settle(&js, message, &*handler, &meter).await }
-            }
-        };
-        let ended = drive(
-            messages,
-            self.policy.concurrency,
-            report,
-            shutdown,
-            settle,
-            async {},
-        )
-        .await;
-        // Acks are sent without waiting for the server: see them out before
-        // the connection goes.
-        let _ = client.flush().await;
-        Ok(ended)
-    }
-
-    /// Runs one message through the handler and settles it with the server.
-    async fn settle<M, T, E, F, Fut>(
-        &self,
-        js: &jetstream::Context,
-        message: Message,
-        handler: &F,
-        meter: &Meter,
-    ) -> Settled
-    where
-        M: DeserializeOwned,
-        E: Display,
-        F: Fn(M, Delivery) -> Fut,
-        Fut: Future<Output = Result<Outcome<T>, Error<E>>>,
-    {
-        let info = message.info().ok();
-        let delivered = info.as_ref().map_or(1, |i| i.delivered);
-        let failures = u32::try_from(delivered.saturating_sub(1)).unwrap_or(u32::MAX);
-        let described = describe(&message, info.as_ref());
-        if let Some(info) = &info {
-            meter.lag(info.pending);
-        }
-        let published_at = described.published_at;
-        meter.delivered(&described);
-        let _in_flight = meter.in_flight();
-        // A `Nak` cannot carry a count: every redelivery is a retry, and a
-        // failed attempt (see the module docs).
-        let attempts = Attempts {
-            failures,
-            retries: failures,
-            ..Attempts::default()
-        };
-        // Tell the server the body is still running, every third of the ack
-        // wait, so a long body does not get its message redelivered.
-        let handled = {
-            let beat = self.ack_wait / 3;
-            let work = handle(
-                handler,
-                &message.payload,
-                described,
-                attempts,
-                &self.policy,
-                meter,
-            );
-            let mut work = std::pin::pin!(work);
-            let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + beat, beat);
-            loop {
-                tokio::select! {
-                    done = &mut work => break done,
-                    _ = ticks.tick() => {
-                        let _ = message.ack_with(AckKind::Progress).await;
-                    }
-                }
-            }
-        };
-        let duplicate = handled.duplicate;
-        let settled: Result<Settled, BoxError> = async {
-            Ok(match handled.verdict.clone() {
-                Verdict::Ack { alert } => {
-                    if let Some(alert) = &alert {
-                        tracing::error!(stream = %self.stream, "acked, but look: {alert}");
-                    }
-                    message.double_ack().await?;
-                    Settled::Acked {
-                        duplicate,
-                        alert: alert.is_some(),
-                    }
-                }
-                Verdict::Retry { after, reason, .. } => {
-                    tracing::debug!(stream = %self.stream, ?after, %reason, "retrying later");
-                    message.ack_with(AckKind::Nak(Some(after))).await?;
-                    Settled::Retried
-                }
-                Verdict::DeadLetter { reason, .. } => {
-                    tracing::warn!(stream = %self.stream, %reason, "dead-lettered");
-                    // The producer's `Nats-*` headers (expected sequence,
-                    // message id, rollup, TTL) would make the dead-letter
-                    // stream refuse or drop the copy: only the others pass.
-                    let mut headers = HeaderMap::new();
-                    if let Some(original) = &message.headers {
-                        for (name, values) in original.iter() {
-                            let name = name.to_string();
-                            if name.starts_with("Nats-") {
-                                if name == "Nats-Msg-Id" {
-                                    for v in values {
-                                        headers.insert("Idem-Original-Msg-Id", v.as_str());
-                                    }
-                                }
-                                continue;
-                            }
-                            for v in values {
-                                headers.append(name.as_str(), v.as_str());
-                            }
-                        }
-                    }
-                    let reason: String = reason.chars().take(4_000).collect();
-                    headers.insert("Idem-Reason", reason.as_str());
-                    headers.insert("Idem-Deliveries", delivered.to_string().as_str());
-                    headers.insert("Idem-Stream", self.stream.as_str());
-                    headers.insert("Idem-Subject", message.subject.as_str());
-                    js.publish_with_headers(
-                        self.dead_letter_subject(),
-                        headers,
-                        message.payload.clone(),
-                    )
-                    .await?
-                    .await?;
-                    message.double_ack_with(AckKind::Term).await?;
-                    Settled::DeadLettered
-                }
-                Verdict::Stop { reason } => {
-                    let _ = message.ack_with(AckKind::Nak(None)).await;
-                    Settled::Stop(reason)
-                }
-            })
-        }
-        .await;
-        let settled = match settled {
-            Ok(settled) => settled,
-            Err(e) => {
-                meter.settle_failed(&e);
-                let _ = message
-                    .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-                    .await;
-                Settled::Unsettled
-            }
-        };
-        meter.settled(&handled, &settled, published_at);
-        settled
-    }
-}
-
-/// Why the topology could not be declared.
-enum Refused {
-    /// The server refused it: a new session would meet the same answer.
-    ForGood(BoxError),
-    /// A timeout, a JetStream still starting: worth another session.
-    ForNow(BoxError),
 }
 
 /// Why JetStream would refuse `name` as a stream's or a durable's, if it
@@ -749,56 +439,4 @@ fn check_subject(what: &str, subject: &str, wildcards: bool) -> Result<(), Strin
         ));
     }
     Ok(())
-}
-
-/// What the server said about `message`, for the handler.
-fn describe(message: &Message, info: Option<&jetstream::message::Info<'_>>) -> Delivery {
-    let mut described = Delivery {
-        broker: Some(Broker::Nats),
-        source: message.subject.to_string(),
-        ..Delivery::default()
-    };
-    if let Some(info) = info {
-        let delivered = u32::try_from(info.delivered.max(1)).unwrap_or(u32::MAX);
-        described.deliveries = delivered;
-        described.retries = delivered - 1;
-        described.redelivered = delivered > 1;
-        described.offset = i64::try_from(info.stream_sequence).ok();
-        let nanos = info.published.unix_timestamp_nanos();
-        described.published_at = u64::try_from(nanos)
-            .ok()
-            .and_then(|n| std::time::UNIX_EPOCH.checked_add(Duration::from_nanos(n)));
-    }
-    if let Some(headers) = &message.headers {
-        for (name, values) in headers.iter() {
-            for value in values {
-                described
-                    .headers
-                    .push((name.to_string(), value.as_str().as_bytes().to_vec()));
-            }
-        }
-        described.id = headers.get("Nats-Msg-Id").map(|v| v.as_str().to_owned());
-    }
-    described
-}
-
-/// Whether JetStream refused a stream for good: an invalid name or
-/// configuration, a conflict with another stream (API errors below 500).
-fn stream_refused(e: &jetstream::context::CreateStreamError) -> bool {
-    use jetstream::context::CreateStreamErrorKind as K;
-    match e.kind() {
-        K::EmptyStreamName | K::InvalidStreamName | K::DomainAndExternalSet => true,
-        K::JetStream(api) => api.code() < 500,
-        _ => false,
-    }
-}
-
-/// Whether JetStream refused a consumer for good (see [`stream_refused`]).
-fn consumer_refused(e: &jetstream::stream::ConsumerError) -> bool {
-    use jetstream::stream::ConsumerErrorKind as K;
-    match e.kind() {
-        K::InvalidConsumerType | K::InvalidName => true,
-        K::JetStream(api) => api.code() < 500,
-        _ => false,
-    }
 }
