@@ -20,7 +20,7 @@
 //!
 //! | chapter | what it answers |
 //! | --- | --- |
-//! | [`tutorial`] | a first handler, what a duplicate gets, a lease-mode handler, a consumer |
+//! | [`tutorial`] | a first handler, what a duplicate gets, a lease-mode handler, a consumer; the cargo features and the runnable examples |
 //! | [`attribute`] | every argument of `#[idempotent]`, the handler shapes it takes, what it refuses at compile time |
 //! | [`modes`] | transaction mode and lease mode: what each guarantees, and when to use which |
 //! | [`keys`] | how a key is encoded, stored and shown |
