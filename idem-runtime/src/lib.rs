@@ -60,8 +60,9 @@
 //!
 //! The [`guide`] is the rest of the documentation: a tutorial, a chapter for
 //! each subject (the attribute, the modes, keys, failures, batches, each
-//! store, the consumers, HTTP routes, operations), the benchmarks and the design
-//! decisions. Every sample in it runs in the test suite.
+//! store, the consumers, HTTP routes, operations), the benchmarks, the design
+//! decisions and a glossary. Every sample in it is a doctest of the test
+//! suite (one whose server is unreachable skips, as the guide's opening says).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, unreachable_pub, clippy::unwrap_used)]
 

@@ -23,6 +23,12 @@ pub mod links;
 pub mod processes;
 pub mod services;
 
+/// The README's Rust samples, compiled (and run, unless `no_run`) as this
+/// crate's doctests, whose dependency on `idem-runtime` has every feature.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 pub use databases::{
     DeleteKeys, DropMySqlTables, DropTables, next_period, unique_prefix, unique_table,
 };

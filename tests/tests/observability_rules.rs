@@ -2,7 +2,8 @@
 //! names: the alerting rules are valid and pass their unit tests, each rule
 //! has a test where it fires and one where it does not, the Grafana
 //! dashboard imports anywhere (its datasource is a variable) and reads only
-//! series the runtime records, and README's metrics table lists them all.
+//! series the runtime records, and the operations chapter's metrics table
+//! lists them all.
 //! The live check (a real Prometheus scraping the example) is
 //! `observability_prometheus`, among the slow tests.
 
@@ -251,25 +252,16 @@ fn the_alerts_read_only_idem_series() {
 }
 
 #[test]
-fn the_readme_lists_every_metric() {
-    let readme = read(&root().join("README.md"));
+fn the_operations_chapter_lists_every_metric() {
     let guide = read(&root().join("idem-runtime/src/guide/operations.md"));
     for name in metric_names() {
         let row = format!("| `{name}");
-        assert!(
-            readme.contains(&row),
-            "README.md's metrics table has no row for {name}"
-        );
         assert!(
             guide.contains(&row),
             "operations.md's metrics table has no row for {name}"
         );
     }
     for alert in alert_names() {
-        assert!(
-            readme.contains(&alert),
-            "README.md does not name the alert {alert}"
-        );
         assert!(
             guide.contains(&alert),
             "operations.md does not explain the alert {alert}"

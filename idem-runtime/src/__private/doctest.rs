@@ -2,17 +2,20 @@
 //! runs against, and the few broker calls a sample makes around its visible
 //! part. Not public API.
 //!
-//! A sample whose server is unreachable returns early (it skips) and says
-//! so on stderr, unless `IDEM_REQUIRE_SERVICES=1`, as in the test suite:
-//! then it fails.
+//! A sample whose server is unreachable returns early (it skips): it writes
+//! a `SKIPPED` line to stderr, but rustdoc does not show a passing
+//! doctest's output, so under `cargo test` the skip is silent and the
+//! sample counts as `ok`. With `IDEM_REQUIRE_SERVICES=1`, as in the test
+//! suite, it panics with the reason instead: then it fails.
 
 use std::io::Write as _;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 /// The URL in the environment variable `var`, or `default`, when a TCP
-/// connection to its host and port succeeds; `None` (after a line on
-/// stderr) when it does not.
+/// connection to its host and port succeeds; `None` (after a `SKIPPED`
+/// line on stderr, which rustdoc hides for a passing doctest) when it does
+/// not.
 ///
 /// # Panics
 ///

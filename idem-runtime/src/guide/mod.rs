@@ -1,11 +1,16 @@
 //! # The idem guide
 //!
-//! The README shows a handler of each mode and one consumer; this guide is the rest,
-//! one chapter a subject. Every Rust sample in it is a doctest: `cargo test
-//! --workspace` compiles and runs each one (the listings of the generated
-//! code are checked by the macro's snapshot test instead) (the samples that need a server
-//! connect to the one on loopback named in [`contributing`], and skip,
-//! saying so, when it is not there, unless `IDEM_REQUIRE_SERVICES=1`).
+//! The README shows a transaction-mode handler and one consumer; this guide
+//! is the rest, one chapter a subject. Every Rust sample in it is a doctest:
+//! `cargo test --workspace` compiles and runs each one (the listings of the
+//! generated code are checked by the macro's snapshot test instead).
+//!
+//! The samples that need a server connect to the one on loopback named in
+//! [`contributing`]. When that server is unreachable, such a sample returns
+//! early and rustdoc reports it as `ok`: the skip is silent, because rustdoc
+//! does not show a passing doctest's output. With `IDEM_REQUIRE_SERVICES=1`
+//! the sample fails instead, and its panic says which server was
+//! unreachable and why.
 //!
 //! A chapter whose samples need a store or a broker that is a cargo feature
 //! is tested when that feature is on (`cargo test --workspace` turns them
@@ -15,7 +20,7 @@
 //!
 //! | chapter | what it answers |
 //! | --- | --- |
-//! | [`tutorial`] | a first handler, what a duplicate gets, a lease-mode handler, a consumer |
+//! | [`tutorial`] | a first handler, what a duplicate gets, a lease-mode handler, a consumer; the cargo features and the runnable examples |
 //! | [`attribute`] | every argument of `#[idempotent]`, the handler shapes it takes, what it refuses at compile time |
 //! | [`modes`] | transaction mode and lease mode: what each guarantees, and when to use which |
 //! | [`keys`] | how a key is encoded, stored and shown |
@@ -30,6 +35,7 @@
 //! | [`expansion`] | the code the attribute generates, verbatim |
 //! | [`benchmarks`] | what idem costs, measured, with the commands to measure it again |
 //! | [`design`] | the design decisions, and why they went the way they did |
+//! | [`glossary`] | the types that say what became of a delivery, who sees each, and when |
 //! | [`contributing`] | the layout of the workspace, the tests and the servers they use |
 
 #[cfg(any(doc, feature = "rabbitmq"))]
@@ -100,6 +106,9 @@ pub mod benchmarks {}
 
 #[doc = include_str!("design.md")]
 pub mod design {}
+
+#[doc = include_str!("glossary.md")]
+pub mod glossary {}
 
 #[doc = include_str!("contributing.md")]
 pub mod contributing {}

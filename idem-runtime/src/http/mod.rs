@@ -59,19 +59,13 @@
 //! streams.
 //!
 //! **The claim order decides whether a retry runs its handler.** A
-//! transaction-mode route follows its store's claim order. Claiming last
-//! (PostgreSQL's and MySQL's default, `ClaimOrder::Last`), every retry runs
-//! the handler, a retry of an already recorded key included: its writes
-//! roll back when the dedup insert at its commit finds the key, and it gets
-//! the recorded response; the effect happens once, but the handler's work
-//! (and anything it does outside the transaction) is done again.
-//! `ClaimOrder::Checked` reads the key first, so a retry of a recorded key
-//! runs nothing (only one that races the first request runs and rolls
-//! back); `ClaimOrder::First` claims it first, so a racing retry runs
-//! nothing and waits on the key's row: it gets the replay once the first
-//! request commits, or `409` if its wait passes the lock timeout first.
-//! SQLite always claims first.
-//! For HTTP routes, whose clients retry, Checked is the usual choice.
+//! transaction-mode route follows its store's claim order: claiming last
+//! (PostgreSQL's and MySQL's default, `ClaimOrder::Last`), a retry of a
+//! recorded key runs the handler and rolls its writes back before it gets
+//! the recorded response; `ClaimOrder::Checked` answers it before the
+//! handler, and is the usual choice for HTTP routes; SQLite always claims
+//! first. The guide's [HTTP chapter](crate::guide::http) says what each
+//! order does to a retry that races the first request.
 //!
 //! # Examples
 //!

@@ -2,110 +2,30 @@
 //! rdkafka, the Rust binding of librdkafka).
 //!
 //! Kafka has no per-message acknowledgement: progress is an offset per
-//! partition, and order holds within a partition. So the consumer
+//! partition. The consumer's contract:
 //!
-//! * handles a partition's messages **in order**, one at a time, by
-//!   default; [`Consumer::lanes`] allows messages of different record keys
-//!   of one partition to run at once (a key's messages stay in order);
-//! * **commits a partition only up to its first message not settled**:
-//!   executed, a duplicate, handed to a retry topic or dead-lettered. A
-//!   message running, waiting for its retry or queued holds the commit
-//!   where it is; a crash then costs a redelivery, which the store's claim
-//!   turns into a duplicate;
-//! * **retries without blocking the partition** by default: a message that
-//!   must wait (`InProgress`, a store error, a failed attempt) is published
-//!   to a retry topic and so settled, and the messages behind it go on; it
-//!   comes back to the handler from there once its delay has passed.
-//!   [`Retries::InPlace`] waits in the partition instead, for strict order;
-//! * dead-letters what no retry can change (a final error, attempts used
-//!   up, a payload that does not decode, a key missing, one key with two
-//!   payloads) to a dead-letter topic, with headers saying why and where
-//!   the message came from.
+//! * a partition's messages are handled **in order**, one at a time by
+//!   default; [`Consumer::lanes`] runs messages of different record keys
+//!   side by side, each key's still in order;
+//! * a partition is **committed only up to its first message not settled**
+//!   (executed, a duplicate, handed to a retry topic, or dead-lettered), so
+//!   a crash costs a redelivery, which the store's claim turns into a
+//!   duplicate;
+//! * a message that must wait goes to a retry topic and the partition goes
+//!   on ([`Retries::Topics`], the default), or waits in its partition
+//!   ([`Retries::InPlace`], strict order); what no retry can cure goes to
+//!   the dead-letter topic, with headers saying why and where it came from.
+//!   A retry or dead letter is acknowledged by the brokers before its
+//!   message counts as settled;
+//! * a partition taken away by a rebalance commits what is settled after
+//!   its running bodies finish, for up to [`Consumer::revoke_grace`];
+//! * with [`Consumer::offsets_in`], a transaction-mode handler's offset
+//!   commits in its own transaction, with its effects.
 //!
-//! What a handler call's result means is the same as on the other brokers
-//! ([`Verdict::of`](crate::consume::Verdict::of)); what differs is how a
-//! retry waits.
-//!
-//! # Topology
-//!
-//! For a topic `T`, the consumer uses, and creates if missing, with `T`'s
-//! partition count, when it starts and on its own with
-//! [`Consumer::declare`] (Spring Kafka's names by default, so a Kafka team
-//! reads them at once):
-//!
-//! | topic | default name | setting | holds |
-//! | --- | --- | --- | --- |
-//! | the topic | `T` | [`Consumer::new`] | the messages; it must exist |
-//! | retry topics | `T-retry-100`, `T-retry-1000`, `T-retry-5000`, `T-retry-30000`, `T-retry-300000` ([`RETRY_DELAYS`]) | [`Consumer::retry_topics_named`], [`Consumer::retry_delays`] | retries, by the delay in milliseconds of their tier (with [`Retries::Topics`], the default) |
-//! | the dead letters | `T-dlt` | [`Consumer::dead_letters`] | what no retry can cure |
-//!
-//! The group consumes `T` and its retry topics. A retry goes to the retry
-//! topic of the longest delay not longer than its wait (the shortest when
-//! the wait is below them all), with its due time (`x-idem-due`). A retry
-//! topic's lanes hold each message at the head of its partition until its
-//! due time, or until the topic's own delay has passed since it was
-//! published there, whichever comes first: every message of the topic was
-//! published with at least that delay ahead, so those behind it are not
-//! kept past their own. A message whose due time is still ahead by more
-//! than 20 ms then hops on to the retry topic for what is left, without a
-//! handler call, a retry or a failure counted ([`Report::forwarded`]): a
-//! wait of 1.2 s is 1 s + 100 ms + 100 ms, and a wait longer than the
-//! longest delay is waited whole. `T` itself must exist (the consumer does
-//! not choose its partition count): a missing one is a
-//! [`ConsumeError::Setup`]. Names Kafka refuses (characters other than
-//! ASCII letters, digits, `.`, `_` and `-`; more than 249) are refused
-//! before the broker is asked.
-//!
-//! A retry or dead letter is published, and acknowledged by the broker
-//! (`acks=all`), before its message counts as settled; a crash in between
-//! leaves two copies, which is what idem's keys are for.
-//!
-//! # Headers
-//!
-//! | header | on | value |
-//! | --- | --- | --- |
-//! | `x-idem-failures` | retries, dead letters | failed body runs so far |
-//! | `x-idem-retries` | retries, dead letters | times sent to a retry topic |
-//! | `x-idem-last-error` | retries | why it was retried |
-//! | `x-idem-due` | retries | when it is due, ms since the Unix epoch |
-//! | `x-idem-topic`, `x-idem-partition`, `x-idem-offset` | retries, dead letters | where it was first consumed |
-//! | `x-idem-reason` | dead letters | why it was dead-lettered |
-//! | `kafka_dlt-original-topic`, `-partition`, `-offset`, `kafka_dlt-original-consumer-group`, `kafka_dlt-exception-message` | retries, dead letters | Spring Kafka's dead-letter headers, in Spring's encodings (the partition a big-endian `i32`, the offset a big-endian `i64`) |
-//!
-//! idem's own headers are decimal text, readable by any Kafka tool; the
-//! Spring ones are there so a team's existing dead-letter tooling reads the
-//! origin. The record key and payload are copied as they are; so are the
-//! message's other headers.
-//!
-//! # Rebalances
-//!
-//! When the group takes partitions away, the consumer stops taking their
-//! messages, gives up their waits (retry due times, in-place backoffs),
-//! lets the bodies running finish for up to [`Consumer::revoke_grace`]
-//! (10 s), commits what is settled, and only then lets them go. A body
-//! that outlives the grace goes on, but its partition's commit stays before
-//! it: the next owner gets the message again, and the store's claim keeps
-//! the two runs from both taking effect (see the guide's `kafka` chapter
-//! for what each mode does then). Partitions lost with the session (the
-//! member was presumed dead) are dropped without a commit: they are another
-//! member's already.
-//!
-//! # Offsets in the database
-//!
-//! With [`Consumer::offsets_in`], a transaction-mode handler on a SQL store
-//! writes its message's offset in its own transaction, with the body's
-//! writes and the dedup record, and the consumer reads those offsets back
-//! when it is assigned a partition, in place of the broker's: the effect
-//! and the position commit together, so even a consumer that dies between
-//! its database commit and its broker commit does not see the message
-//! again.
-//!
-//! # Connecting
-//!
-//! librdkafka reconnects by itself: while the brokers are away, messages
-//! stop and commits fail (they are tried again); the consumer goes on.
-//! [`Consumer::set`] passes any librdkafka setting (security, timeouts) to
-//! both the consumer and the producer of retries and dead letters.
+//! What a call's result means is the same as on the other brokers
+//! ([`Verdict::of`](crate::consume::Verdict::of)). The topics and their
+//! names, the headers, rebalances, offsets in the database and the settings
+//! are in the guide's [kafka](crate::guide::kafka) chapter.
 //!
 //! # Examples
 //!

@@ -203,7 +203,8 @@ pub enum ClaimOrder {
 /// for a server across a network and `Separate` for one on the consumer's
 /// host (a loopback address, `localhost`, a Unix socket), where the two
 /// share the CPU; on MySQL/MariaDB `Separate`, whose server spends more on
-/// the unprepared statement than a round trip of 0.5 ms saves.
+/// the unprepared statement than the round trip saves. The figures are in
+/// [benchmarks](crate::guide::benchmarks).
 ///
 /// # Examples
 ///
