@@ -94,6 +94,22 @@ impl Policy {
             .saturating_mul(1u32 << doublings)
             .min(self.max_delay)
     }
+
+    /// The prefetch of a consumer that sets none: twice the concurrency,
+    /// so each slot has a message ready when it frees and the consumer
+    /// hoards no more than that.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::consume::Policy;
+    ///
+    /// assert_eq!(Policy::default().prefetch(), 16);
+    /// assert_eq!(Policy { concurrency: 3, ..Policy::default() }.prefetch(), 6);
+    /// ```
+    pub fn prefetch(&self) -> usize {
+        self.concurrency.max(1).saturating_mul(2)
+    }
 }
 
 /// What a consumer knows when it decides on a delivery: how many times the

@@ -79,6 +79,25 @@ pub(crate) enum Settled {
     Unsettled,
 }
 
+impl Settled {
+    /// Acked, after logging an error with `alert` if there is one (the
+    /// call took effect, or nothing a redelivery could improve, but an
+    /// operator should look): `at` says where the message was.
+    pub(crate) fn acked(
+        duplicate: bool,
+        alert: Option<&String>,
+        at: &dyn std::fmt::Display,
+    ) -> Settled {
+        if let Some(alert) = alert {
+            tracing::error!(%at, "acked, but look: {alert}");
+        }
+        Settled::Acked {
+            duplicate,
+            alert: alert.is_some(),
+        }
+    }
+}
+
 impl Report {
     /// Counts one delivery's end.
     pub(crate) fn count(&mut self, settled: &Settled) {

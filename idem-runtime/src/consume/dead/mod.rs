@@ -194,6 +194,18 @@ impl DeadLetter {
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_str())
     }
+
+    /// The header `name` as an owned text, for the fields read from it.
+    #[cfg_attr(not(any(feature = "nats", feature = "kafka")), allow(dead_code))]
+    pub(crate) fn text(&self, name: &str) -> Option<String> {
+        self.header(name).map(str::to_owned)
+    }
+
+    /// The header `name` as a count.
+    #[cfg_attr(not(any(feature = "nats", feature = "kafka")), allow(dead_code))]
+    pub(crate) fn count(&self, name: &str) -> Option<u32> {
+        self.header(name).and_then(|v| v.trim().parse().ok())
+    }
 }
 
 /// Which dead letters an operation takes: ids, a reason's text, an age,
@@ -409,6 +421,32 @@ impl Filter {
     )]
     pub(crate) fn full(&self, taken: usize) -> bool {
         self.limit.is_some_and(|n| taken >= n)
+    }
+
+    /// Where `dead` goes back to, when this filter selects it at `now_ms`
+    /// for a replay; one that is selected but names nowhere to go back to
+    /// (its `header` is missing) is noted in `done` as skipped.
+    #[cfg_attr(
+        not(any(feature = "rabbitmq", feature = "nats", feature = "kafka")),
+        allow(dead_code)
+    )]
+    pub(crate) fn replay_to(
+        &self,
+        dead: &DeadLetter,
+        now_ms: i64,
+        header: &str,
+        done: &mut Replayed,
+    ) -> Option<String> {
+        if !self.matches(dead, now_ms) {
+            return None;
+        }
+        if dead.origin.is_none() {
+            done.skipped.push(Skipped::new(
+                dead.id.clone(),
+                format!("it names nowhere to go back to ({header})"),
+            ));
+        }
+        dead.origin.clone()
     }
 }
 

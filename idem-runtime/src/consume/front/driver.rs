@@ -279,14 +279,8 @@ async fn tell<T: Transport>(
     let queue = transport.queue();
     Ok(match verdict {
         Verdict::Ack { alert } => {
-            if let Some(alert) = alert {
-                tracing::error!(queue, "acked, but look: {alert}");
-            }
             transport.ack(link, msg).await?;
-            Settled::Acked {
-                duplicate,
-                alert: alert.is_some(),
-            }
+            Settled::acked(duplicate, alert.as_ref(), &queue)
         }
         Verdict::Retry {
             after,

@@ -339,19 +339,14 @@ impl DeadLetters {
             if filter.full(done.count()) {
                 break;
             }
-            if !filter.matches(&d, now) {
-                continue;
-            }
             if let Some(to) = &d.replayed_to {
-                done.skipped
-                    .push(Skipped::new(d.id, format!("replayed already, to {to}")));
+                if filter.matches(&d, now) {
+                    done.skipped
+                        .push(Skipped::new(d.id, format!("replayed already, to {to}")));
+                }
                 continue;
             }
-            let Some(to) = d.origin.clone() else {
-                done.skipped.push(Skipped::new(
-                    d.id,
-                    "it names no topic to go back to (x-idem-topic)",
-                ));
+            let Some(to) = filter.replay_to(&d, now, "x-idem-topic", &mut done) else {
                 continue;
             };
             let producer = match &producer {
@@ -733,25 +728,17 @@ fn read(m: &OwnedMessage, ledger: &HashMap<String, String>) -> DeadLetter {
         })
         .unwrap_or_default();
     let id = format!("{}:{}", m.partition(), m.offset());
-    let text = |name: &str| {
-        headers
-            .iter()
-            .rev()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.clone())
-    };
-    let number = |name: &str| text(name).and_then(|v| v.trim().parse::<u32>().ok());
     let mut dead = DeadLetter::new(BROKER, id, m.payload().unwrap_or_default().to_vec());
-    dead.reason = text(topics::REASON);
-    dead.attempts = number(topics::FAILURES);
-    dead.retries = number(topics::RETRIES);
-    dead.replays = number(REPLAYS).unwrap_or(0);
-    dead.last_error = text(topics::LAST_ERROR);
+    dead.headers = headers;
+    dead.reason = dead.text(topics::REASON);
+    dead.attempts = dead.count(topics::FAILURES);
+    dead.retries = dead.count(topics::RETRIES);
+    dead.replays = dead.count(REPLAYS).unwrap_or(0);
+    dead.last_error = dead.text(topics::LAST_ERROR);
     dead.dead_at_ms = m.timestamp().to_millis();
-    dead.origin = text(topics::TOPIC);
+    dead.origin = dead.text(topics::TOPIC);
     dead.message_id = m.key().map(|k| String::from_utf8_lossy(k).into_owned());
     dead.replayed_to = ledger.get(&dead.id).cloned();
-    dead.headers = headers;
     dead
 }
 

@@ -269,13 +269,8 @@ async fn settle_calls(
         *last = Some(handled);
         match verdict {
             Verdict::Ack { alert } => {
-                if let Some(alert) = &alert {
-                    tracing::error!(topic = %part.topic, partition = part.partition, offset = msg.offset(), "settled, but look: {alert}");
-                }
-                return Some(Settled::Acked {
-                    duplicate,
-                    alert: alert.is_some(),
-                });
+                let at = format!("{}/{}@{}", part.topic, part.partition, msg.offset());
+                return Some(Settled::acked(duplicate, alert.as_ref(), &at));
             }
             Verdict::Retry {
                 after,

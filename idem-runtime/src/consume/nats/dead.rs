@@ -217,14 +217,7 @@ impl DeadLetters {
             let Some(dead) = pass.next(self).await? else {
                 break;
             };
-            if !filter.matches(&dead, now) {
-                continue;
-            }
-            let Some(to) = dead.origin.clone() else {
-                done.skipped.push(Skipped::new(
-                    dead.id,
-                    "it names no subject to go back to (Idem-Subject)",
-                ));
+            let Some(to) = filter.replay_to(&dead, now, "Idem-Subject", &mut done) else {
                 continue;
             };
             let replays = dead.replays.saturating_add(1);
@@ -392,26 +385,18 @@ fn read(message: &StreamMessage) -> DeadLetter {
             headers.push((name.to_string(), value.as_str().to_owned()));
         }
     }
-    let text = |name: &str| {
-        headers
-            .iter()
-            .rev()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.clone())
-    };
-    let number = |name: &str| text(name).and_then(|v| v.trim().parse::<u32>().ok());
     let mut dead = DeadLetter::new(
         BROKER,
         message.sequence.to_string(),
         message.payload.to_vec(),
     );
-    dead.reason = text("Idem-Reason");
-    dead.attempts = number("Idem-Deliveries");
-    dead.replays = number(REPLAYS).unwrap_or(0);
-    dead.origin = text("Idem-Subject");
-    dead.message_id = text("Idem-Original-Msg-Id");
-    dead.dead_at_ms = i64::try_from(message.time.unix_timestamp_nanos() / 1_000_000).ok();
     dead.headers = headers;
+    dead.reason = dead.text("Idem-Reason");
+    dead.attempts = dead.count("Idem-Deliveries");
+    dead.replays = dead.count(REPLAYS).unwrap_or(0);
+    dead.origin = dead.text("Idem-Subject");
+    dead.message_id = dead.text("Idem-Original-Msg-Id");
+    dead.dead_at_ms = i64::try_from(message.time.unix_timestamp_nanos() / 1_000_000).ok();
     dead
 }
 

@@ -201,8 +201,7 @@ impl Consumer {
     ///
     /// See [`prefetch`](Self::prefetch).
     pub fn effective_prefetch(&self) -> usize {
-        self.prefetch
-            .unwrap_or_else(|| self.policy.concurrency.max(1).saturating_mul(2))
+        self.prefetch.unwrap_or_else(|| self.policy.prefetch())
     }
 
     /// Names the dead-letter stream and the subject dead letters are

@@ -45,13 +45,13 @@
 
 use lapin::message::Delivery;
 use lapin::options::{
-    BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
-    QueueDeclareOptions, QueuePurgeOptions,
+    BasicAckOptions, BasicGetOptions, ConfirmSelectOptions, QueueDeclareOptions, QueuePurgeOptions,
 };
-use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties};
 use sha2::{Digest as _, Sha256};
 
+use super::amqp::Published;
 use crate::consume::Broker;
 use crate::consume::dead::{
     DeadLetter, DeadLetterError, Filter, Purged, Replay, Replayed, Skipped, now_ms, redacted,
@@ -264,14 +264,7 @@ impl DeadLetters {
                     break;
                 };
                 let dead = read(&delivery);
-                if !filter.matches(&dead, now) {
-                    continue;
-                }
-                let Some(to) = dead.origin.clone() else {
-                    done.skipped.push(Skipped::new(
-                        dead.id,
-                        "it names no queue to go back to (x-idem-queue)",
-                    ));
+                let Some(to) = filter.replay_to(&dead, now, "x-idem-queue", &mut done) else {
                     continue;
                 };
                 let replays = dead.replays.saturating_add(1);
@@ -513,12 +506,10 @@ async fn publish_copy(
     to: &str,
     replays: u32,
 ) -> Result<bool, DeadLetterError> {
-    let original = &delivery.properties;
     let mut headers = FieldTable::default();
-    if let Some(fields) = original.headers() {
+    if let Some(fields) = delivery.properties.headers() {
         for (name, value) in fields.inner() {
-            let name_str = name.as_str();
-            if !NOT_REPLAYED.contains(&name_str) && name_str != "CC" && name_str != "BCC" {
+            if !NOT_REPLAYED.contains(&name.as_str()) {
                 headers.insert(name.clone(), value.clone());
             }
         }
@@ -526,30 +517,17 @@ async fn publish_copy(
     headers.insert(REPLAYS.into(), AMQPValue::LongLongInt(i64::from(replays)));
     // The message's identity is kept; `expiration` is not (it would drop the
     // copy again).
-    let properties = super::headers::copy_properties(original, headers);
-    let mandatory = BasicPublishOptions {
-        mandatory: true,
-        ..BasicPublishOptions::default()
-    };
-    let confirm = channel
-        .basic_publish(
-            ShortString::from(""),
-            to.into(),
-            mandatory,
-            &delivery.data,
-            properties,
-        )
+    match super::amqp::publish_copy(channel, delivery, to, headers)
         .await
         .map_err(|e| DeadLetterError::broker(BROKER, e))?
-        .await
-        .map_err(|e| DeadLetterError::broker(BROKER, e))?;
-    if !confirm.is_ack() {
-        return Err(DeadLetterError::broker(
+    {
+        Published::Taken => Ok(true),
+        Published::Unrouted => Ok(false),
+        Published::Refused => Err(DeadLetterError::broker(
             BROKER,
             format!("the broker refused the copy for queue `{to}` (nack)"),
-        ));
+        )),
     }
-    Ok(confirm.take_message().is_none())
 }
 
 /// Whether the broker said the queue does not exist.

@@ -85,7 +85,7 @@ use super::front::driver;
 use super::tiers;
 use super::{CancellationToken, ConsumeError, Policy, Report};
 
-mod headers;
+mod amqp;
 mod transport;
 
 pub mod dead;
@@ -191,10 +191,8 @@ impl Consumer {
     ///
     /// See [`prefetch`](Self::prefetch).
     pub fn effective_prefetch(&self) -> u16 {
-        self.prefetch.unwrap_or_else(|| {
-            let twice = self.policy.concurrency.max(1).saturating_mul(2);
-            u16::try_from(twice).unwrap_or(u16::MAX)
-        })
+        self.prefetch
+            .unwrap_or_else(|| u16::try_from(self.policy.prefetch()).unwrap_or(u16::MAX))
     }
 
     /// Names the dead-letter queue (default `<queue>.idem.dead`). It must

@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use futures_util::{FutureExt as _, StreamExt as _};
 use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
-    BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, QueueDeclareOptions,
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions,
 };
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{Channel, Connection, ConnectionProperties};
 
-use super::headers::{amqp_text, copy_properties, header_u32, header_u64, set, set_text};
+use super::amqp::{Published, amqp_text, header_u32, header_u64, publish_copy, set, set_text};
 use super::{Consumer, DUE};
 use crate::BoxError;
 use crate::consume::front::transport::{Dead, Opening, Read, Retry, Session, Transport};
@@ -287,32 +287,9 @@ impl Consumer {
         channel: &Channel,
         delivery: &lapin::message::Delivery,
         to: &str,
-        mut headers: FieldTable,
+        headers: FieldTable,
     ) -> Result<(), BoxError> {
-        let original = &delivery.properties;
-        let mut kept = FieldTable::default();
-        for (name, value) in headers.inner() {
-            if name.as_str() != "CC" && name.as_str() != "BCC" {
-                kept.insert(name.clone(), value.clone());
-            }
-        }
-        headers = kept;
-        let properties = copy_properties(original, headers);
-        let mandatory = BasicPublishOptions {
-            mandatory: true,
-            ..BasicPublishOptions::default()
-        };
-        let confirm = channel
-            .basic_publish(
-                ShortString::from(""),
-                to.into(),
-                mandatory,
-                &delivery.data,
-                properties,
-            )
-            .await?
-            .await?;
-        if !confirm.is_ack() || confirm.take_message().is_some() {
+        if publish_copy(channel, delivery, to, headers).await? != Published::Taken {
             return Err(format!("the broker did not take the message for {to}").into());
         }
         delivery.ack(BasicAckOptions::default()).await?;

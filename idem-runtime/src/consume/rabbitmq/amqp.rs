@@ -1,8 +1,62 @@
-//! RabbitMQ's message headers and properties as the consumer and its dead
-//! letters read and write them.
+//! What the consumer and its dead letters both do with RabbitMQ: read and
+//! write headers, copy a message's properties, and publish a copy with the
+//! broker's confirm.
 
-use lapin::BasicProperties;
+use lapin::options::BasicPublishOptions;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel};
+
+/// How a confirmed publish ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Published {
+    /// The broker took the copy.
+    Taken,
+    /// The broker returned it: no queue of that name.
+    Unrouted,
+    /// The broker refused it (a nack).
+    Refused,
+}
+
+/// Publishes a copy of `delivery` (its payload and identity, see
+/// [`copy_properties`]; with `headers`, less `CC` and `BCC`, which would
+/// route it elsewhere too) to queue `to` through the default exchange,
+/// persistent and `mandatory`, so a missing queue returns it instead of
+/// dropping it, and waits for the broker's confirm.
+pub(super) async fn publish_copy(
+    channel: &Channel,
+    delivery: &lapin::message::Delivery,
+    to: &str,
+    headers: FieldTable,
+) -> Result<Published, lapin::Error> {
+    let mut kept = FieldTable::default();
+    for (name, value) in headers.inner() {
+        if name.as_str() != "CC" && name.as_str() != "BCC" {
+            kept.insert(name.clone(), value.clone());
+        }
+    }
+    let properties = copy_properties(&delivery.properties, kept);
+    let mandatory = BasicPublishOptions {
+        mandatory: true,
+        ..BasicPublishOptions::default()
+    };
+    let confirm = channel
+        .basic_publish(
+            ShortString::from(""),
+            to.into(),
+            mandatory,
+            &delivery.data,
+            properties,
+        )
+        .await?
+        .await?;
+    Ok(if !confirm.is_ack() {
+        Published::Refused
+    } else if confirm.take_message().is_some() {
+        Published::Unrouted
+    } else {
+        Published::Taken
+    })
+}
 
 /// The properties of a copy of a message (a retry, a dead letter, a
 /// replayed dead letter): persistent, with `headers`, keeping the
