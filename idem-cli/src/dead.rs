@@ -174,8 +174,37 @@ enum Target<'a> {
     Kafka { brokers: &'a str, name: String },
 }
 
+impl Target<'_> {
+    /// The cargo feature this broker needs, and whether this build has it.
+    fn feature(&self) -> (&'static str, bool) {
+        match self {
+            Target::RabbitMq { .. } => ("rabbitmq", cfg!(feature = "rabbitmq")),
+            Target::Nats { .. } => ("nats", cfg!(feature = "nats")),
+            Target::Kafka { .. } => ("kafka", cfg!(feature = "kafka")),
+        }
+    }
+
+    /// Refuses a broker this build has no feature for, saying which feature
+    /// to build with.
+    fn built(self) -> Result<Self, Failure> {
+        let (feature, built) = self.feature();
+        if built {
+            return Ok(self);
+        }
+        Err(Failure::Usage(format!(
+            "this idem was built without the cargo feature `{feature}`, which `idem dead --{feature}` needs: \
+             install it with `cargo install idem-cli --features {feature}` \
+             (or --features rabbitmq,nats,kafka for every broker)"
+        )))
+    }
+}
+
 impl Where {
     fn target(&self) -> Result<Target<'_>, Failure> {
+        self.named_target()?.built()
+    }
+
+    fn named_target(&self) -> Result<Target<'_>, Failure> {
         let named = |work: &Option<String>, flag: &str, derive: fn(&str) -> String| match (
             &self.dead_letters,
             work,
@@ -207,7 +236,8 @@ impl Where {
 #[cfg(any(feature = "rabbitmq", feature = "nats", feature = "kafka"))]
 pub(crate) use brokers::run;
 
-/// A build without any broker says so.
+/// A build without any broker: `target` refuses every broker, naming the
+/// feature to build with.
 #[cfg(not(any(feature = "rabbitmq", feature = "nats", feature = "kafka")))]
 pub(crate) async fn run(
     args: &DeadArgs,
@@ -218,10 +248,7 @@ pub(crate) async fn run(
     | Action::Show { at, .. }
     | Action::Replay { at, .. }
     | Action::Purge { at, .. }) = &args.action;
-    at.target()?;
-    Err(Failure::Usage(
-        "this idem was built without RabbitMQ, NATS and Kafka (the cargo features rabbitmq, nats, kafka)".into(),
-    ))
+    at.target().map(|_| String::new())
 }
 
 /// The commands, on the brokers this build has.
@@ -309,18 +336,22 @@ mod brokers {
         }
     }
 
-    /// The error of a build without the broker's feature.
+    /// The error of a build without the broker's feature (which
+    /// `Where::target` refuses first).
     #[allow(dead_code)]
     fn without(target: &Target<'_>) -> DeadLetterError {
-        let (broker, feature) = match target {
-            Target::RabbitMq { .. } => (idem_runtime::consume::Broker::RabbitMq, "rabbitmq"),
-            Target::Nats { .. } => (idem_runtime::consume::Broker::Nats, "nats"),
-            Target::Kafka { .. } => (idem_runtime::consume::Broker::Kafka, "kafka"),
+        let broker = match target {
+            Target::RabbitMq { .. } => idem_runtime::consume::Broker::RabbitMq,
+            Target::Nats { .. } => idem_runtime::consume::Broker::Nats,
+            Target::Kafka { .. } => idem_runtime::consume::Broker::Kafka,
         };
+        let (feature, _) = target.feature();
         DeadLetterError::Unsupported {
             broker,
             what: "be reached from this idem".into(),
-            why: format!("it was built without the cargo feature `{feature}`"),
+            why: format!(
+                "it was built without the cargo feature `{feature}` (cargo install idem-cli --features {feature})"
+            ),
         }
     }
 
