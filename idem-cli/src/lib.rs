@@ -54,7 +54,7 @@
 //! | --- | --- |
 //! | 0 | done |
 //! | 1 | the store (or, for `dead`, the broker) failed: unreachable, timed out, no table, an error |
-//! | 2 | usage: bad arguments, a bad URL, a malformed key, an invalid table name or prefix |
+//! | 2 | usage: bad arguments, a bad URL, a malformed key, a key of another number of parts than the handler's records, an invalid table name or prefix |
 //! | 3 | not found: no record of the key (`show`, `forget`), a handler with no records (`show`, `list`, `forget`), no table (`schema`); no such dead letters or id (`dead`) |
 //! | 4 | refused: `forget` of a key a live claim holds, without `--force`; what the broker cannot do (`dead purge` on Kafka) |
 //!

@@ -30,6 +30,7 @@ macro_rules! cli_suite {
             schema_reports_the_table_s_version,
             errors_are_one_line_with_their_exit_code,
             handler_names_are_matched_exactly,
+            a_key_of_the_wrong_number_of_parts_says_how_many,
             an_exhausted_key_reads_as_exhausted,
             an_unrecordable_result_reads_as_such_until_it_is_forgotten,
         );
@@ -701,6 +702,29 @@ pub(crate) async fn handler_names_are_matched_exactly<F: StoreFx>(fx: &F) {
         line.ends_with("handlers with records: `a*b`, `a?c`, `abc`, `axb`"),
         "{line}"
     );
+}
+
+pub(crate) async fn a_key_of_the_wrong_number_of_parts_says_how_many<F: StoreFx>(fx: &F) {
+    complete(fx.store(), &ORDERS_SPEC, &key("D-1", "apple"), "7").await;
+    for args in [
+        &["show", ORDERS, "D-1"][..],
+        &["show", ORDERS, "D-1", "apple", "2"],
+        &["forget", ORDERS, "D-1"],
+    ] {
+        let line = on(fx, args).fails(2);
+        assert_eq!(
+            line,
+            format!(
+                "idem: handler `cli_orders` has keys of 2 parts (as its record of key D-1 + apple), not {}: \
+                 give its parts after the handler, in the order of its key expression",
+                args.len() - 2
+            ),
+            "{args:?}"
+        );
+    }
+    // The right number of parts, but no such key: not found, as before.
+    let line = on(fx, &["show", ORDERS, "D-2", "apple"]).fails(3);
+    assert!(line.contains("no record of key D-2 + apple"), "{line}");
 }
 
 /// Delivers `msg` to `cli_reserve` on `store` until it is turned away as
