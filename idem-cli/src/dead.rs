@@ -21,8 +21,12 @@ Examples:
   idem dead replay --kafka 127.0.0.1:9092 --topic orders --reason 'out of stock' --older-than 10m
   idem dead purge --rabbitmq amqp://127.0.0.1:5672/%2f --queue orders --all
 
+Each broker is a cargo feature of idem-cli, off by default:
+  cargo install idem-cli --features rabbitmq,nats,kafka   (or one of them)
+
 Exit codes: 0 done, 1 broker error, 2 usage (a replay or purge without a filter
-or --all), 3 no such dead letters or id, 4 refused (Kafka cannot delete one record).")]
+or --all, a broker this build has no feature for), 3 no such dead letters or id,
+4 refused (Kafka cannot delete one record).")]
 pub(crate) struct DeadArgs {
     #[command(subcommand)]
     pub(crate) action: Action,
