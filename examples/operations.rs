@@ -8,6 +8,10 @@
 //! cargo run -p idem-cli -- --store sqlite:ops.db list reserve --status exhausted
 //! ```
 //!
+//! Each run starts afresh, on a kept file too: it forgets `reserve`'s
+//! records and puts the stock back together, so that a second run tells
+//! the same story as the first (stock and records agree).
+//!
 //! One handler, `reserve`, keyed by `order_id`, with
 //! `fingerprint = "sku + qty"` (a redelivery must carry the same line) and
 //! `max_attempts = 3` (a warehouse that keeps failing is given three tries
@@ -17,6 +21,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use idem_examples::TempDb;
+use idem_runtime::store::{Inspect as _, Query};
 use idem_runtime::{Error, FinalError, SqliteStore, SqliteTx, idempotent};
 use serde::{Deserialize, Serialize};
 
@@ -96,6 +101,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .execute(store.pool())
     .await?;
+    // The records of an earlier run on a kept file go with its stock: a
+    // stock put back beside kept records would be deducted by no delivery
+    // (each a duplicate) and contradict them.
+    for record in store.list("reserve", Query::new().limit(100)).await? {
+        store.forget("reserve", &record.key, true).await?;
+    }
     sqlx::query("INSERT OR REPLACE INTO inventory VALUES ('apple', 100)")
         .execute(store.pool())
         .await?;

@@ -353,15 +353,44 @@ async fn schema<S: Inspect>(store: &S, ctx: &Context) -> Result<String, Failure>
 }
 
 /// Why `key` of `handler` has no record: the handler has none at all (say
-/// which handlers do), or not this key.
+/// which handlers do), the key has another number of parts than the
+/// handler's records (a usage error), or the handler has no such key.
 async fn absent<S: Inspect>(store: &S, ctx: &Context, handler: &str, key: &str) -> Failure {
     if let Err(unknown) = known_handler(store, ctx, handler).await {
         return unknown;
     }
+    let given = StoredKey::parse(key)
+        .ok()
+        .and_then(|k| k.parts().map(<[_]>::len));
+    let hint = match (given, key_size(store, handler).await) {
+        (Some(given), Some((parts, example))) if given != parts => {
+            return Failure::Usage(format!(
+                "handler `{handler}` has keys of {parts} part{} (as its record of key {example}), \
+                 not {given}: give its parts after the handler, in the order of its key expression",
+                if parts == 1 { "" } else { "s" },
+            ));
+        }
+        (_, Some(_)) => String::new(),
+        // No record tells the handler's parts (keys stored as digests).
+        (_, None) => "; a key is its parts in the order of the handler's key expression, \
+             each as its text (`key = \"order_id + sku\"`: `idem show deduct_stock A-17 apple`)"
+            .to_owned(),
+    };
     Failure::NotFound(format!(
-        "no record of key {} (stored {key}) for handler `{handler}`: never seen, forgotten, or expired and swept",
+        "no record of key {} (stored {key}) for handler `{handler}`: never seen, forgotten, or expired and swept{hint}",
         shown_key(key)
     ))
+}
+
+/// How many parts `handler`'s keys have, and one key as an example, as its
+/// first records in the store tell (none if they are digests, or disagree).
+async fn key_size<S: Inspect>(store: &S, handler: &str) -> Option<(usize, String)> {
+    let records = store.list(handler, Query::new().limit(20)).await.ok()?;
+    let mut keys = records.iter().filter_map(|r| StoredKey::parse(&r.key).ok());
+    let first = keys.find(|k| k.parts().is_some())?;
+    let parts = first.parts()?.len();
+    keys.all(|k| k.parts().is_none_or(|p| p.len() == parts))
+        .then(|| (parts, first.shown()))
 }
 
 /// Fails unless `handler` has records in the store, saying which handlers

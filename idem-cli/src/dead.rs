@@ -21,8 +21,12 @@ Examples:
   idem dead replay --kafka 127.0.0.1:9092 --topic orders --reason 'out of stock' --older-than 10m
   idem dead purge --rabbitmq amqp://127.0.0.1:5672/%2f --queue orders --all
 
+Each broker is a cargo feature of idem-cli, off by default:
+  cargo install idem-cli --features rabbitmq,nats,kafka   (or one of them)
+
 Exit codes: 0 done, 1 broker error, 2 usage (a replay or purge without a filter
-or --all), 3 no such dead letters or id, 4 refused (Kafka cannot delete one record).")]
+or --all, a broker this build has no feature for), 3 no such dead letters or id,
+4 refused (Kafka cannot delete one record).")]
 pub(crate) struct DeadArgs {
     #[command(subcommand)]
     pub(crate) action: Action,
@@ -174,8 +178,37 @@ enum Target<'a> {
     Kafka { brokers: &'a str, name: String },
 }
 
+impl Target<'_> {
+    /// The cargo feature this broker needs, and whether this build has it.
+    fn feature(&self) -> (&'static str, bool) {
+        match self {
+            Target::RabbitMq { .. } => ("rabbitmq", cfg!(feature = "rabbitmq")),
+            Target::Nats { .. } => ("nats", cfg!(feature = "nats")),
+            Target::Kafka { .. } => ("kafka", cfg!(feature = "kafka")),
+        }
+    }
+
+    /// Refuses a broker this build has no feature for, saying which feature
+    /// to build with.
+    fn built(self) -> Result<Self, Failure> {
+        let (feature, built) = self.feature();
+        if built {
+            return Ok(self);
+        }
+        Err(Failure::Usage(format!(
+            "this idem was built without the cargo feature `{feature}`, which `idem dead --{feature}` needs: \
+             install it with `cargo install idem-cli --features {feature}` \
+             (or --features rabbitmq,nats,kafka for every broker)"
+        )))
+    }
+}
+
 impl Where {
     fn target(&self) -> Result<Target<'_>, Failure> {
+        self.named_target()?.built()
+    }
+
+    fn named_target(&self) -> Result<Target<'_>, Failure> {
         let named = |work: &Option<String>, flag: &str, derive: fn(&str) -> String| match (
             &self.dead_letters,
             work,
@@ -207,7 +240,8 @@ impl Where {
 #[cfg(any(feature = "rabbitmq", feature = "nats", feature = "kafka"))]
 pub(crate) use brokers::run;
 
-/// A build without any broker says so.
+/// A build without any broker: `target` refuses every broker, naming the
+/// feature to build with.
 #[cfg(not(any(feature = "rabbitmq", feature = "nats", feature = "kafka")))]
 pub(crate) async fn run(
     args: &DeadArgs,
@@ -218,10 +252,7 @@ pub(crate) async fn run(
     | Action::Show { at, .. }
     | Action::Replay { at, .. }
     | Action::Purge { at, .. }) = &args.action;
-    at.target()?;
-    Err(Failure::Usage(
-        "this idem was built without RabbitMQ, NATS and Kafka (the cargo features rabbitmq, nats, kafka)".into(),
-    ))
+    at.target().map(|_| String::new())
 }
 
 /// The commands, on the brokers this build has.
@@ -309,18 +340,22 @@ mod brokers {
         }
     }
 
-    /// The error of a build without the broker's feature.
+    /// The error of a build without the broker's feature (which
+    /// `Where::target` refuses first).
     #[allow(dead_code)]
     fn without(target: &Target<'_>) -> DeadLetterError {
-        let (broker, feature) = match target {
-            Target::RabbitMq { .. } => (idem_runtime::consume::Broker::RabbitMq, "rabbitmq"),
-            Target::Nats { .. } => (idem_runtime::consume::Broker::Nats, "nats"),
-            Target::Kafka { .. } => (idem_runtime::consume::Broker::Kafka, "kafka"),
+        let broker = match target {
+            Target::RabbitMq { .. } => idem_runtime::consume::Broker::RabbitMq,
+            Target::Nats { .. } => idem_runtime::consume::Broker::Nats,
+            Target::Kafka { .. } => idem_runtime::consume::Broker::Kafka,
         };
+        let (feature, _) = target.feature();
         DeadLetterError::Unsupported {
             broker,
             what: "be reached from this idem".into(),
-            why: format!("it was built without the cargo feature `{feature}`"),
+            why: format!(
+                "it was built without the cargo feature `{feature}` (cargo install idem-cli --features {feature})"
+            ),
         }
     }
 

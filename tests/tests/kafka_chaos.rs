@@ -16,27 +16,29 @@
 
 mod chaos;
 
-use chaos::{Applied, apply};
+#[path = "kafka_chaos/member.rs"]
+mod member;
+#[path = "kafka_chaos/scenario.rs"]
+mod scenario;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use chaos::Applied;
 use futures_util::future::join_all;
 use idem_runtime::PgStore;
-use idem_runtime::consume::{CancellationToken, Policy, kafka};
+use idem_runtime::consume::kafka;
 use idem_tests::brokers::{DeleteTopics, Kafka, TANSU_ONE_RECORD_A_BATCH, kafka_brokers};
-use idem_tests::{DropTables, or_skip, pg_pool, pg_url, unique_table};
+use idem_tests::{DropTables, pg_pool, unique_table};
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::message::Message as _;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 use sqlx::AssertSqlSafe;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tracing::level_filters::LevelFilter;
 
 /// Logical messages, and how many of them are published twice.
 const MESSAGES: i64 = 3_000;
@@ -54,101 +56,6 @@ const SESSION_TIMEOUT: Duration = Duration::from_secs(6);
 
 /// One at a time: the two runs share the machine's two cores.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// A member of the group: runs until it is killed, or until its stdin
-/// closes, which shuts it down gracefully; then prints its report.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "run by the chaos tests as a child process"]
-async fn kafka_chaos_member() {
-    let Ok(topic) = std::env::var("IDEM_KCHAOS_TOPIC") else {
-        return;
-    };
-    let _ = tracing::subscriber::set_global_default(Log::from_env());
-    let group = std::env::var("IDEM_KCHAOS_GROUP").expect("the group");
-    let dedup = std::env::var("IDEM_KCHAOS_DEDUP").expect("the dedup table");
-    // The dedup table's name is the run's own: its connections, and no
-    // one else's, are the ones the run terminates.
-    let options = PgConnectOptions::from_str(&pg_url())
-        .expect("DATABASE_URL")
-        .application_name(&dedup);
-    let connect = || {
-        PgPoolOptions::new()
-            .max_connections(8)
-            .connect_with(options.clone())
-    };
-    let pool = idem_runtime::consume::until_ok("postgres", connect, &CancellationToken::new())
-        .await
-        .expect("a pool");
-    let store = PgStore::from_pool(pool.clone())
-        .with_table(&dedup)
-        .expect("table");
-    let mut consumer = kafka::Consumer::new(kafka_brokers(), group, topic)
-        .policy(Policy {
-            first_delay: Duration::from_millis(100),
-            max_delay: Duration::from_secs(1),
-            max_attempts: 1_000,
-            concurrency: 8,
-            max_store_delay: Duration::from_secs(1),
-        })
-        .set(
-            "session.timeout.ms",
-            SESSION_TIMEOUT.as_millis().to_string(),
-        )
-        .set("heartbeat.interval.ms", "1000")
-        // Retries one record a batch, as the producer publishes (see
-        // `Run::produce`).
-        .set(TANSU_ONE_RECORD_A_BATCH.0, TANSU_ONE_RECORD_A_BATCH.1);
-    if std::env::var("IDEM_KCHAOS_OFFSETS_IN_DB").is_ok() {
-        consumer = consumer.offsets_in(&store);
-    }
-    let handler = move |msg: Applied| {
-        let (store, pool) = (store.clone(), pool.clone());
-        async move {
-            let result = apply(&store, &msg).await;
-            // What this call came to, for the run's counts (lost when the
-            // process dies first: the counts are a floor).
-            let kind = match &result {
-                Ok(o) if o.is_duplicate() => "duplicate",
-                Ok(_) => "executed",
-                Err(e) => e.kind(),
-            };
-            let sql = format!("INSERT INTO {}_seen (kind) VALUES ($1)", msg.table);
-            for _ in 0..3 {
-                let done = sqlx::query(AssertSqlSafe(sql.clone()))
-                    .bind(kind)
-                    .execute(&pool)
-                    .await;
-                if done.is_ok() {
-                    break;
-                }
-            }
-            result
-        }
-    };
-    let stop = CancellationToken::new();
-    let stopped = stop.clone();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        while std::io::stdin().read_line(&mut line).is_ok_and(|n| n > 0) {
-            line.clear();
-        }
-        stop.cancel();
-    });
-    println!("READY");
-    let report = consumer
-        .run(handler, stopped)
-        .await
-        .expect("the consumer ran");
-    println!(
-        "REPORT {} {} {} {} {} {}",
-        report.acked,
-        report.duplicates,
-        report.retried,
-        report.dead_lettered,
-        report.rebalances,
-        report.alerts
-    );
-}
 
 /// What a member printed at its graceful end.
 #[derive(Debug, Default, Clone, Copy)]
@@ -217,7 +124,7 @@ impl Member {
         let mut command = Command::new(exe);
         command
             .args([
-                "kafka_chaos_member",
+                "member::kafka_chaos_member",
                 "--exact",
                 "--ignored",
                 "--nocapture",
@@ -663,322 +570,4 @@ async fn stop_all(members: Vec<Member>) -> Vec<MemberReport> {
         reports.push(s.await.expect("stop"));
     }
     reports
-}
-
-async fn chaos(offsets_in_db: bool) {
-    let _serial = SERIAL.lock().await;
-    let run = or_skip!(Run::open(offsets_in_db).await);
-    let started = Instant::now();
-    let mut rng = Rng::seeded();
-    let seed = rng.0;
-    let heard = Arc::new(Heard::default());
-    let env = run.env();
-    let mut members: Vec<Member> = (0..MEMBERS).map(|_| Member::start(&env, &heard)).collect();
-    let mut kills = 0u32;
-    // Kills of a member that held partitions.
-    let mut kills_holding = 0u32;
-    let mut terminated = 0i64;
-    let mut produced = false;
-
-    let produce = async {
-        run.produce().await;
-        produced = true;
-    };
-    let chaos = async {
-        // Kill a member at random intervals and start another at once, and
-        // now and then terminate the members' Postgres connections. Each
-        // kill waits for the group to have handed out partitions since the
-        // last one (tansu takes up to a session timeout), and takes a
-        // member that holds some where one does: a kill lands on work.
-        let mut assigned = heard.assignments.load(Ordering::SeqCst);
-        while kills < KILLS {
-            let wait = Instant::now() + SESSION_TIMEOUT + Duration::from_secs(2);
-            while heard.assignments.load(Ordering::SeqCst) == assigned && Instant::now() < wait {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            tokio::time::sleep(Duration::from_millis(300 + rng.below(1_700))).await;
-            assert!(
-                started.elapsed() < DEADLINE,
-                "the run passed {DEADLINE:?} while killing members (seed {seed}, {kills} kills)"
-            );
-            let holding: Vec<usize> = (0..members.len())
-                .filter(|i| members[*i].holds.load(Ordering::SeqCst) > 0)
-                .collect();
-            let among = if holding.is_empty() {
-                (0..members.len()).collect()
-            } else {
-                holding
-            };
-            let pick = usize::try_from(rng.below(among.len() as u64)).unwrap_or(0);
-            let victim = members.remove(among[pick]);
-            if victim.holds.load(Ordering::SeqCst) > 0 {
-                kills_holding += 1;
-            }
-            assigned = heard.assignments.load(Ordering::SeqCst);
-            tokio::task::spawn_blocking(move || victim.kill())
-                .await
-                .expect("kill");
-            kills += 1;
-            let (env, heard) = (env.clone(), Arc::clone(&heard));
-            let fresh = tokio::task::spawn_blocking(move || Member::start(&env, &heard))
-                .await
-                .expect("restart");
-            members.push(fresh);
-            // Until a connection was dropped, at every kill; then at half
-            // of them, as the seed says.
-            if terminated == 0 || rng.below(2) == 0 {
-                terminated += run.terminate_backends().await;
-            }
-        }
-    };
-    tokio::join!(produce, chaos);
-    assert!(produced);
-    // Stop the members at once; each settles, commits and leaves.
-    let mut reports = stop_all(members).await;
-    let applied_in_chaos = run.applied().await;
-    let chaos_took = started.elapsed();
-    let assigned_in_chaos = heard.assignments.load(Ordering::SeqCst);
-    // tansu 0.6 does not rebalance the group when a member's session
-    // expires (only the member whose heartbeat finds it out rejoins, and an
-    // expired member can come back), so a killed member's last partitions
-    // can stay its own and the live members never hear of it. A fresh set
-    // of members, once every killed member's session is over, takes them
-    // all, and drains what is left.
-    tokio::time::sleep(SESSION_TIMEOUT + Duration::from_secs(1)).await;
-    let fresh: Vec<Member> = (0..MEMBERS).map(|_| Member::start(&env, &heard)).collect();
-    while !run.done().await && started.elapsed() < DEADLINE {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    let drained = started.elapsed();
-    reports.extend(stop_all(fresh).await);
-
-    let rows: Vec<(i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
-        "SELECT message_id, applied FROM {}",
-        run.table
-    )))
-    .fetch_all(&run.admin)
-    .await
-    .expect("read the business table");
-    let doubled = rows.iter().filter(|(_, n)| *n > 1).count();
-    let ids: std::collections::BTreeSet<i64> = rows.iter().map(|(id, _)| *id).collect();
-    let missing: Vec<i64> = (0..MESSAGES).filter(|id| !ids.contains(id)).collect();
-    let lost = missing.len();
-    let seen = Seen::read(&run.admin, &run.table).await;
-    let ends = Ends::scan(run.all_topics()).await;
-    let retries = ends.count(&run.retry_topics);
-    let dead_lettered = ends.count(std::slice::from_ref(&run.dead_letter_topic));
-    let produced: Vec<(i32, i64)> = run.produced.lock().unwrap().clone().into_iter().collect();
-    let scanned: Vec<(i32, i64)> = (0..PARTITIONS)
-        .map(|p| (p, ends.of(&run.topic, p)))
-        .collect();
-    let published = MESSAGES + PUBLISHED_TWICE;
-    let delivered: u64 = reports
-        .iter()
-        .map(|r| r.acked + r.retried + r.dead_lettered)
-        .sum();
-    let alerts: u64 = reports.iter().map(|r| r.alerts).sum();
-    let reported_duplicates: u64 = reports.iter().map(|r| r.duplicates).sum();
-    let reported_rebalances: u64 = reports.iter().map(|r| r.rebalances).sum();
-    // Calls beyond one per published copy and one per retry copy: messages
-    // run again after a kill or a rebalance. The calls counted are a floor
-    // (a member killed between a call and its count loses the count), so
-    // this can come out a little below zero where nothing was run again.
-    let redelivered = seen.calls - published - retries;
-    let watermarks = run.kafka.ends(&run.topic).await;
-    let behind_broker = run.behind(&ends, false).await;
-    let behind_db = if offsets_in_db {
-        run.behind(&ends, true).await
-    } else {
-        Vec::new()
-    };
-    let elapsed = started.elapsed();
-    println!(
-        "kafka chaos, offsets in the {} (seed {seed}), chaos for {chaos_took:.1?}, drained in {drained:.1?}, ended in {elapsed:.1?}: \
-         published {published}, delivered {delivered} (graceful members' reports), calls {} (counted), \
-         redelivered {redelivered}, duplicates {}, retries {retries}, dead-lettered {dead_lettered}, \
-         rebalances {} (assignments taken), kills {kills} ({kills_holding} holding partitions), backends terminated {terminated}, \
-         doubled {doubled}, lost {lost}",
-        if offsets_in_db { "database" } else { "broker" },
-        seen.calls,
-        seen.duplicates,
-        heard.assignments.load(Ordering::SeqCst),
-    );
-    println!(
-        "kafka chaos: applied by the members under chaos {applied_in_chaos}, by the fresh ones {}; \
-         assignments under chaos {assigned_in_chaos}; graceful members' duplicates {reported_duplicates}, assignments {reported_rebalances}, \
-         alerts {alerts}; calls answered with a retry {}; \
-         the topic's ends {scanned:?} (its high watermarks {watermarks:?}); \
-         broker commits behind {behind_broker:?}; database offsets behind {behind_db:?}; members logged {:?}",
-        ids.len() as i64 - applied_in_chaos,
-        seen.retried,
-        heard.warnings.lock().unwrap(),
-    );
-    if lost > 0 {
-        // Where the first lost messages are, and what was committed there.
-        for id in missing.iter().take(10) {
-            println!(
-                "kafka chaos: message {id} lost; its copies: {:?}",
-                ends.copies.get(id)
-            );
-        }
-        for t in run.consumed_topics() {
-            println!(
-                "kafka chaos: {t} committed {:?}",
-                run.kafka.committed(&run.group, &t).await
-            );
-        }
-    }
-    assert!(
-        drained < DEADLINE,
-        "the run did not drain within {DEADLINE:?} (seed {seed}): applied {} of {MESSAGES}, behind (partition committed end): {:?}",
-        ids.len(),
-        if offsets_in_db {
-            &behind_db
-        } else {
-            &behind_broker
-        },
-    );
-    assert_eq!(
-        scanned, produced,
-        "the topic read back is not what was published"
-    );
-    assert_eq!(doubled, 0, "messages applied twice");
-    assert_eq!(lost, 0, "messages never applied");
-    assert_eq!(dead_lettered, 0, "nothing here deserves a dead letter");
-    if offsets_in_db {
-        // The offsets that count are the database's; the broker's are a
-        // copy, committed after them, and stay behind where a member died
-        // between the two and no member took a message of that partition
-        // since (printed above).
-        assert!(
-            behind_db.is_empty(),
-            "the offsets in the database are not at the partitions' ends: {behind_db:?}"
-        );
-    } else {
-        assert!(
-            behind_broker.is_empty(),
-            "the group's committed offsets are not at the partitions' ends: {behind_broker:?}"
-        );
-    }
-    assert!(
-        elapsed < DEADLINE,
-        "the run took {elapsed:?}, over {DEADLINE:?}"
-    );
-    assert!(terminated > 0, "no Postgres connection was terminated");
-    assert!(
-        kills_holding * 2 >= KILLS,
-        "fewer than half the kills took a member holding partitions: the group did not rebalance under the kills"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exactly_once_on_kafka_with_members_killed_and_connections_dropped() {
-    chaos(false).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exactly_once_on_kafka_with_offsets_in_the_handlers_transaction() {
-    chaos(true).await;
-}
-
-/// The members' log: assignments and warnings go to stdout for the run's
-/// counts; what `RUST_LOG` enables goes to stderr.
-struct Log {
-    /// `RUST_LOG`'s directives: a target prefix (none for every target)
-    /// and its level.
-    directives: Vec<(Option<String>, LevelFilter)>,
-}
-
-impl Log {
-    fn from_env() -> Log {
-        let spec = std::env::var("RUST_LOG").unwrap_or_default();
-        let directives = spec
-            .split(',')
-            .filter(|d| !d.trim().is_empty())
-            .filter_map(|d| match d.split_once('=') {
-                Some((target, level)) => Some((
-                    Some(target.trim().to_owned()),
-                    LevelFilter::from_str(level.trim()).ok()?,
-                )),
-                None => Some((None, LevelFilter::from_str(d.trim()).ok()?)),
-            })
-            .collect();
-        Log { directives }
-    }
-
-    /// Whether `RUST_LOG` asks for `meta`: the longest target prefix that
-    /// matches decides.
-    fn wanted(&self, meta: &tracing::Metadata<'_>) -> bool {
-        self.directives
-            .iter()
-            .filter(|(t, _)| t.as_deref().is_none_or(|t| meta.target().starts_with(t)))
-            .max_by_key(|(t, _)| t.as_deref().map_or(0, str::len))
-            .is_some_and(|(_, level)| meta.level() <= level)
-    }
-
-    fn ours(meta: &tracing::Metadata<'_>) -> bool {
-        meta.target().starts_with("idem_runtime")
-    }
-}
-
-/// An event's message and its other fields.
-#[derive(Default)]
-struct Fields {
-    message: String,
-    rest: String,
-}
-
-impl tracing::field::Visit for Fields {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" {
-            self.message = format!("{value:?}");
-        } else {
-            self.rest.push_str(&format!(" {}={value:?}", field.name()));
-        }
-    }
-}
-
-impl tracing::Subscriber for Log {
-    fn enabled(&self, meta: &tracing::Metadata<'_>) -> bool {
-        Self::ours(meta) || self.wanted(meta)
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        let meta = event.metadata();
-        let mut fields = Fields::default();
-        event.record(&mut fields);
-        if Self::ours(meta) {
-            if fields.message == "partitions assigned" {
-                // `partitions=t/0,t/1`: how many.
-                let list = fields.rest.split_once('=').map_or("", |(_, l)| l.trim());
-                println!(
-                    "ASSIGNED {}",
-                    list.split(',').filter(|p| !p.is_empty()).count()
-                );
-            } else if fields.message == "partitions revoked" {
-                println!("REVOKED");
-            } else if *meta.level() <= tracing::Level::WARN {
-                println!("EVENT {} {}", meta.level(), fields.message);
-            }
-        }
-        if self.wanted(meta) {
-            let ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() % 100_000_000);
-            eprintln!(
-                "{ms} [member {}] {} {}: {}{}",
-                std::process::id(),
-                meta.level(),
-                meta.target(),
-                fields.message,
-                fields.rest
-            );
-        }
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
 }

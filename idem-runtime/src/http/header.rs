@@ -14,7 +14,7 @@ pub const IDEMPOTENT_REPLAYED: http::HeaderName =
 
 /// The longest key taken, in characters: the draft leaves it to the
 /// server, and Stripe takes 255.
-pub const MAX_KEY_LEN: usize = 255;
+pub const MAX_HEADER_KEY_LEN: usize = 255;
 
 /// What the request's header says.
 #[derive(Debug, PartialEq, Eq)]
@@ -83,7 +83,7 @@ fn parse(text: &str) -> Result<String, &'static str> {
     if key.is_empty() {
         return Err("the Idempotency-Key is empty");
     }
-    if key.len() > MAX_KEY_LEN {
+    if key.len() > MAX_HEADER_KEY_LEN {
         return Err("the Idempotency-Key is longer than 255 characters");
     }
     Ok(key)

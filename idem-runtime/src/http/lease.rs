@@ -16,7 +16,8 @@ use tower_service::Service;
 
 use super::config::Idempotency;
 use super::service::{
-    IdempotencyLayer, Mode, Prepared, Ran, Route, codecs, refused, run, sent, verdict, wait_for,
+    IdempotencyLayer, Prepared, Ran, Route, RouteMode, codecs, refused, run, sent, verdict,
+    wait_for,
 };
 use crate::call::lease::single::run_lease;
 use crate::error::{BoxError, Error};
@@ -70,7 +71,7 @@ impl Idempotency {
     }
 }
 
-impl<S: LeaseStore> Mode for Lease<S> {
+impl<S: LeaseStore> RouteMode for Lease<S> {
     async fn serve<Svc, ReqB, ResB>(
         &self,
         route: &Route,

@@ -100,7 +100,9 @@ mod tx;
 pub use config::{Fingerprint, Idempotency, InFlight, recorded_by_default};
 #[cfg(feature = "axum")]
 pub use extract::NotBehindTheLayer;
-pub use header::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, MAX_KEY_LEN};
+pub use header::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, MAX_HEADER_KEY_LEN};
 pub use lease::Lease;
-pub use service::{IdempotencyKey, IdempotencyLayer, IdempotencyService, IdempotentBody, Mode};
+pub use service::{
+    IdempotencyKey, IdempotencyLayer, IdempotencyService, IdempotentBody, RouteMode,
+};
 pub use tx::{RequestTx, Transaction, TransactionOver, TxGuard};

@@ -175,7 +175,7 @@ impl<M: Clone> Clone for IdempotencyLayer<M> {
 }
 
 /// A route's configuration and the handler description it records under.
-// `pub` for `Mode::serve`, whose implementations are the crate's alone: it
+// `pub` for `RouteMode::serve`, whose implementations are the crate's alone: it
 // cannot be named outside.
 #[allow(unreachable_pub)]
 #[derive(Debug)]
@@ -227,7 +227,7 @@ impl<Svc: Clone, M: Clone> Clone for IdempotencyService<Svc, M> {
 }
 
 /// A request the layer read, ready for its mode to claim its key.
-// `pub` for `Mode::serve`, as `Route`.
+// `pub` for `RouteMode::serve`, as `Route`.
 #[allow(unreachable_pub)]
 pub struct Prepared {
     pub(crate) parts: http::request::Parts,
@@ -269,12 +269,12 @@ pub(crate) fn codecs() -> (Codec<Stored>, ErrorCodec<Unrecorded>) {
 ///
 /// ```
 /// use idem_runtime::MemoryStore;
-/// use idem_runtime::http::{Lease, Mode};
+/// use idem_runtime::http::{Lease, RouteMode};
 ///
-/// fn is_a_mode<M: Mode>() {}
-/// is_a_mode::<Lease<MemoryStore>>();
+/// fn is_a_route_mode<M: RouteMode>() {}
+/// is_a_route_mode::<Lease<MemoryStore>>();
 /// ```
-pub trait Mode: Clone + Send + Sync + 'static {
+pub trait RouteMode: Clone + Send + Sync + 'static {
     #[doc(hidden)]
     fn serve<Svc, ReqB, ResB>(
         &self,
@@ -296,7 +296,7 @@ where
     Svc: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
     Svc::Future: Send,
     Svc::Error: Send,
-    M: Mode,
+    M: RouteMode,
     ReqB: Body + From<Bytes> + Send + 'static,
     ReqB::Data: Send,
     ReqB::Error: Into<BoxError>,

@@ -20,7 +20,7 @@ use tower_service::Service;
 use super::config::Idempotency;
 use super::problem::Problem;
 use super::service::{
-    IdempotencyLayer, Mode, NoResponse, Prepared, Route, codecs, refused, run, sent, verdict,
+    IdempotencyLayer, NoResponse, Prepared, Route, RouteMode, codecs, refused, run, sent, verdict,
     wait_for,
 };
 use crate::call::tx::single::{TxBegin, TxCall, tx_begin, tx_finish};
@@ -215,7 +215,7 @@ impl<S: TxStore> DerefMut for TxGuard<S> {
     }
 }
 
-impl<S: TxStore + 'static> Mode for Transaction<S> {
+impl<S: TxStore + 'static> RouteMode for Transaction<S> {
     async fn serve<Svc, ReqB, ResB>(
         &self,
         route: &Route,
