@@ -563,7 +563,7 @@ async fn main() -> Result<(), BoxError> {
         }
     };
     let policy = Policy {
-        max_attempts: 3,
+        max_failures: 3,
         first_delay: Duration::from_millis(200),
         ..Policy::default()
     };

@@ -260,7 +260,7 @@ pub(crate) async fn run(
 mod brokers {
     use std::time::Duration;
 
-    use idem_runtime::consume::dead::{DeadLetter, DeadLetterError, Filter, Purged, Replayed};
+    use idem_runtime::consume::dead::{DeadLetter, DeadLetterError, Purged, Replayed, Selection};
     use serde::Serialize;
 
     use super::{Action, DeadArgs, FilterArgs, Target};
@@ -268,8 +268,12 @@ mod brokers {
     use crate::render::{cut, relative, table, when};
 
     impl FilterArgs {
-        fn filter(&self, all: bool, limit: Option<usize>) -> Filter {
-            let mut f = if all { Filter::all() } else { Filter::new() };
+        fn filter(&self, all: bool, limit: Option<usize>) -> Selection {
+            let mut f = if all {
+                Selection::all()
+            } else {
+                Selection::new()
+            };
             for id in &self.id {
                 f = f.id(id);
             }
@@ -384,7 +388,7 @@ mod brokers {
     }
 
     impl Opened {
-        async fn list(&self, filter: &Filter) -> Result<Vec<DeadLetter>, DeadLetterError> {
+        async fn list(&self, filter: &Selection) -> Result<Vec<DeadLetter>, DeadLetterError> {
             on!(self, d => d.list(filter).await)
         }
         async fn count(&self) -> Result<u64, DeadLetterError> {
@@ -393,10 +397,10 @@ mod brokers {
         async fn show(&self, id: &str) -> Result<DeadLetter, DeadLetterError> {
             on!(self, d => d.show(id).await)
         }
-        async fn replay(&self, filter: &Filter) -> Result<Replayed, DeadLetterError> {
+        async fn replay(&self, filter: &Selection) -> Result<Replayed, DeadLetterError> {
             on!(self, d => d.replay(filter).await)
         }
-        async fn purge(&self, filter: &Filter) -> Result<Purged, DeadLetterError> {
+        async fn purge(&self, filter: &Selection) -> Result<Purged, DeadLetterError> {
             on!(self, d => d.purge(filter).await)
         }
         async fn close(self) {
@@ -493,7 +497,7 @@ mod brokers {
     async fn list(
         opened: &Opened,
         target: &Target<'_>,
-        filter: &Filter,
+        filter: &Selection,
         limit: usize,
         json: bool,
         now: i64,

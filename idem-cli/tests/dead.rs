@@ -61,7 +61,7 @@ fn handler(
 /// One attempt: the first failure is dead-lettered.
 fn policy() -> Policy {
     Policy {
-        max_attempts: 1,
+        max_failures: 1,
         ..Policy::default()
     }
 }

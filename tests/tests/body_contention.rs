@@ -99,7 +99,7 @@ struct Queue {
 /// both 2 failed attempts; retries come quickly.
 fn policy() -> Policy {
     Policy {
-        max_attempts: 2,
+        max_failures: 2,
         first_delay: Duration::from_millis(100),
         max_store_delay: Duration::from_millis(500),
         concurrency: 4,

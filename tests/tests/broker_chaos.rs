@@ -117,7 +117,7 @@ async fn chaos_consumer() {
     let policy = Policy {
         first_delay: Duration::from_millis(100),
         max_delay: Duration::from_secs(1),
-        max_attempts: 1_000,
+        max_failures: 1_000,
         concurrency: 8,
         max_store_delay: Duration::from_secs(1),
     };

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use common::broker::{Points, Running, shutdown};
 use common::eventually;
-use idem_runtime::consume::dead::{DeadLetter, DeadLetterError, Filter, Purged, Replayed};
+use idem_runtime::consume::dead::{DeadLetter, DeadLetterError, Purged, Replayed, Selection};
 use idem_runtime::consume::{Delivery, Policy};
 use idem_runtime::store::Inspect as _;
 use idem_runtime::{Error, FinalError, Key, MemoryStore, Outcome, idempotent};
@@ -82,26 +82,26 @@ fn handler(
 
 /// One broker's dead letters, as the test uses them.
 trait Dead {
-    async fn list(&self, filter: &Filter) -> Result<Vec<DeadLetter>, DeadLetterError>;
+    async fn list(&self, filter: &Selection) -> Result<Vec<DeadLetter>, DeadLetterError>;
     async fn show(&self, id: &str) -> Result<DeadLetter, DeadLetterError>;
-    async fn replay(&self, filter: &Filter) -> Result<Replayed, DeadLetterError>;
-    async fn purge(&self, filter: &Filter) -> Result<Purged, DeadLetterError>;
+    async fn replay(&self, filter: &Selection) -> Result<Replayed, DeadLetterError>;
+    async fn purge(&self, filter: &Selection) -> Result<Purged, DeadLetterError>;
     async fn count(&self) -> Result<u64, DeadLetterError>;
 }
 
 macro_rules! dead_api {
     ($t:ty) => {
         impl Dead for $t {
-            async fn list(&self, filter: &Filter) -> Result<Vec<DeadLetter>, DeadLetterError> {
+            async fn list(&self, filter: &Selection) -> Result<Vec<DeadLetter>, DeadLetterError> {
                 <$t>::list(self, filter).await
             }
             async fn show(&self, id: &str) -> Result<DeadLetter, DeadLetterError> {
                 <$t>::show(self, id).await
             }
-            async fn replay(&self, filter: &Filter) -> Result<Replayed, DeadLetterError> {
+            async fn replay(&self, filter: &Selection) -> Result<Replayed, DeadLetterError> {
                 <$t>::replay(self, filter).await
             }
-            async fn purge(&self, filter: &Filter) -> Result<Purged, DeadLetterError> {
+            async fn purge(&self, filter: &Selection) -> Result<Purged, DeadLetterError> {
                 <$t>::purge(self, filter).await
             }
             async fn count(&self) -> Result<u64, DeadLetterError> {
@@ -143,7 +143,7 @@ trait Fixture: Sized {
 /// A policy that dead-letters quickly.
 fn policy() -> Policy {
     Policy {
-        max_attempts: 2,
+        max_failures: 2,
         first_delay: Duration::from_millis(100),
         ..Policy::default()
     }
@@ -182,7 +182,7 @@ async fn scenario<B: Fixture>(b: &B) {
     assert_eq!(report.dead_lettered, 4, "{report:?}");
 
     // Listed with their reasons, origin, attempts and times.
-    let all = dead.list(&Filter::new()).await.unwrap();
+    let all = dead.list(&Selection::new()).await.unwrap();
     assert_eq!(all.len(), 4, "{all:#?}");
     let mut unique = ids(&all);
     unique.sort();
@@ -222,9 +222,9 @@ async fn scenario<B: Fixture>(b: &B) {
         .expect("f-1 is a dead letter");
 
     // A listing takes nothing away and reorders nothing.
-    let first_two = dead.list(&Filter::new().limit(2)).await.unwrap();
+    let first_two = dead.list(&Selection::new().limit(2)).await.unwrap();
     assert_eq!(ids(&first_two), ids(&all)[..2]);
-    let again = dead.list(&Filter::new()).await.unwrap();
+    let again = dead.list(&Selection::new()).await.unwrap();
     assert_eq!(
         ids(&again),
         ids(&all),
@@ -233,17 +233,17 @@ async fn scenario<B: Fixture>(b: &B) {
     assert_eq!(dead.count().await.unwrap(), 4);
     // Filters.
     let by_reason = dead
-        .list(&Filter::new().reason("DOES NOT DECODE"))
+        .list(&Selection::new().reason("DOES NOT DECODE"))
         .await
         .unwrap();
     assert_eq!(ids(&by_reason), [undecodable[0].id.as_str()]);
     let old = dead
-        .list(&Filter::new().older_than(Duration::from_secs(3_600)))
+        .list(&Selection::new().older_than(Duration::from_secs(3_600)))
         .await
         .unwrap();
     assert!(old.is_empty(), "{old:#?}");
     let by_ids = dead
-        .list(&Filter::new().id(&f1.id).id(b.absent_id()))
+        .list(&Selection::new().id(&f1.id).id(b.absent_id()))
         .await
         .unwrap();
     assert_eq!(ids(&by_ids), [f1.id.as_str()]);
@@ -263,16 +263,16 @@ async fn scenario<B: Fixture>(b: &B) {
 
     // A replay or purge that names nothing is refused, and does nothing.
     assert!(matches!(
-        dead.replay(&Filter::new()).await,
+        dead.replay(&Selection::new()).await,
         Err(DeadLetterError::Unfiltered { .. })
     ));
     assert!(matches!(
-        dead.purge(&Filter::new().limit(3)).await,
+        dead.purge(&Selection::new().limit(3)).await,
         Err(DeadLetterError::Unfiltered { .. })
     ));
     // One that matches nothing replays nothing.
     let none = dead
-        .replay(&Filter::new().older_than(Duration::from_secs(3_600)))
+        .replay(&Selection::new().older_than(Duration::from_secs(3_600)))
         .await
         .unwrap();
     assert_eq!((none.count(), none.skipped.len()), (0, 0));
@@ -286,13 +286,13 @@ async fn scenario<B: Fixture>(b: &B) {
         .forget("dead_reserve", key.as_str(), false)
         .await
         .unwrap();
-    let replayed = dead.replay(&Filter::new().id(&f1.id)).await.unwrap();
+    let replayed = dead.replay(&Selection::new().id(&f1.id)).await.unwrap();
     assert_eq!(replayed.count(), 1, "{replayed:?}");
     assert_eq!(replayed.replayed[0].id, f1.id);
     assert_eq!(replayed.replayed[0].to, b.origin());
     assert_eq!(replayed.replayed[0].replays, 1);
     assert!(replayed.skipped.is_empty(), "{replayed:?}");
-    let left = dead.list(&Filter::new()).await.unwrap();
+    let left = dead.list(&Selection::new()).await.unwrap();
     assert_eq!(left.len(), 3, "{left:#?}");
     assert!(!ids(&left).contains(&f1.id));
     seen.lock().unwrap().clear();
@@ -323,7 +323,7 @@ async fn scenario<B: Fixture>(b: &B) {
     // A replay by a filter: the undecodable one goes back, is dead-lettered
     // again, and says it was replayed once.
     let replayed = dead
-        .replay(&Filter::new().reason("does not decode"))
+        .replay(&Selection::new().reason("does not decode"))
         .await
         .unwrap();
     assert_eq!(replayed.count(), 1, "{replayed:?}");
@@ -334,7 +334,7 @@ async fn scenario<B: Fixture>(b: &B) {
         "the undecodable one dead-lettered again",
         || async {
             !dead
-                .list(&Filter::new().reason("does not decode"))
+                .list(&Selection::new().reason("does not decode"))
                 .await
                 .unwrap()
                 .is_empty()
@@ -343,7 +343,7 @@ async fn scenario<B: Fixture>(b: &B) {
     .await;
     let report = running.stop().await;
     let again = dead
-        .list(&Filter::new().reason("does not decode"))
+        .list(&Selection::new().reason("does not decode"))
         .await
         .unwrap();
     assert_eq!(report.dead_lettered, 1, "{report:?}");
@@ -358,17 +358,17 @@ async fn scenario<B: Fixture>(b: &B) {
         .iter()
         .find(|d| d.payload == Points::payload("f-2", 1))
         .expect("f-2 is a dead letter");
-    let left_now = dead.list(&Filter::new()).await.unwrap();
+    let left_now = dead.list(&Selection::new()).await.unwrap();
     if B::PURGES_ONE {
-        let one = dead.purge(&Filter::new().id(&f2.id)).await.unwrap();
+        let one = dead.purge(&Selection::new().id(&f2.id)).await.unwrap();
         assert_eq!((one.purged, one.ids.clone()), (1, vec![f2.id.clone()]));
-        let rest = dead.list(&Filter::new()).await.unwrap();
+        let rest = dead.list(&Selection::new()).await.unwrap();
         assert_eq!(rest.len(), 2, "{rest:#?}");
         assert!(!ids(&rest).contains(&f2.id));
-        let all = dead.purge(&Filter::all()).await.unwrap();
+        let all = dead.purge(&Selection::all()).await.unwrap();
         assert_eq!(all.purged, 2, "{all:?}");
     } else {
-        match dead.purge(&Filter::new().id(&f2.id)).await {
+        match dead.purge(&Selection::new().id(&f2.id)).await {
             Err(DeadLetterError::Unsupported { why, .. }) => {
                 assert!(why.contains("cannot delete one record"), "{why}");
             }
@@ -377,12 +377,12 @@ async fn scenario<B: Fixture>(b: &B) {
         // Everything at once where the broker deletes records
         // (DeleteRecords); where it does not (tansu 0.6), a typed refusal
         // that leaves every dead letter in place.
-        match dead.purge(&Filter::all()).await {
+        match dead.purge(&Selection::all()).await {
             Ok(all) => assert_eq!(all.purged, 3, "{all:?}"),
             Err(DeadLetterError::Unsupported { why, .. }) => {
                 assert!(why.contains("delete records"), "{why}");
                 assert_eq!(
-                    ids(&dead.list(&Filter::new()).await.unwrap()),
+                    ids(&dead.list(&Selection::new()).await.unwrap()),
                     ids(&left_now)
                 );
                 return;
@@ -391,7 +391,7 @@ async fn scenario<B: Fixture>(b: &B) {
         }
     }
     assert_eq!(dead.count().await.unwrap(), 0);
-    assert!(dead.list(&Filter::new()).await.unwrap().is_empty());
+    assert!(dead.list(&Selection::new()).await.unwrap().is_empty());
 }
 
 // ---------------------------------------------------------------------------
@@ -551,11 +551,11 @@ async fn rabbitmq_a_replay_the_broker_cannot_route_leaves_the_dead_letter() {
     let dead = DeadLetters::connect(&amqp_url(), &dead_queue)
         .await
         .unwrap();
-    let done = dead.replay(&Filter::all()).await.unwrap();
+    let done = dead.replay(&Selection::all()).await.unwrap();
     assert_eq!(done.count(), 0, "{done:?}");
     assert_eq!(done.skipped.len(), 1, "{done:?}");
     assert!(done.skipped[0].why.contains(&gone), "{done:?}");
-    let still = dead.list(&Filter::new()).await.unwrap();
+    let still = dead.list(&Selection::new()).await.unwrap();
     assert_eq!(ids(&still), ["a-dead-letter"]);
     assert_eq!(still[0].replays, 0);
     dead.close().await;
@@ -594,8 +594,8 @@ async fn rabbitmq_a_dead_letter_without_an_id_is_named_by_its_digest() {
     let dead = DeadLetters::connect(&amqp_url(), &dead_queue)
         .await
         .unwrap();
-    let first = dead.list(&Filter::new()).await.unwrap();
-    let second = dead.list(&Filter::new()).await.unwrap();
+    let first = dead.list(&Selection::new()).await.unwrap();
+    let second = dead.list(&Selection::new()).await.unwrap();
     assert_eq!(ids(&first), ids(&second));
     assert_eq!(first.len(), 2);
     assert!(
@@ -605,10 +605,13 @@ async fn rabbitmq_a_dead_letter_without_an_id_is_named_by_its_digest() {
     assert_ne!(first[0].id, first[1].id);
     assert_eq!(first[0].dead_at_ms, None);
     assert_eq!(dead.show(&first[1].id).await.unwrap().payload, b"{\"a\":2}");
-    let gone = dead.purge(&Filter::new().id(&first[0].id)).await.unwrap();
+    let gone = dead
+        .purge(&Selection::new().id(&first[0].id))
+        .await
+        .unwrap();
     assert_eq!(gone.purged, 1);
     assert_eq!(
-        ids(&dead.list(&Filter::new()).await.unwrap()),
+        ids(&dead.list(&Selection::new()).await.unwrap()),
         [first[1].id.as_str()]
     );
     dead.close().await;
@@ -721,11 +724,11 @@ async fn nats_a_replay_no_stream_takes_leaves_the_dead_letter() {
     let dead = DeadLetters::connect(&nats_url(), &dead_stream)
         .await
         .unwrap();
-    let done = dead.replay(&Filter::all()).await.unwrap();
+    let done = dead.replay(&Selection::all()).await.unwrap();
     assert_eq!(done.count(), 0, "{done:?}");
     assert_eq!(done.skipped.len(), 1, "{done:?}");
     assert!(done.skipped[0].why.contains(&gone), "{done:?}");
-    assert_eq!(dead.list(&Filter::new()).await.unwrap().len(), 1);
+    assert_eq!(dead.list(&Selection::new()).await.unwrap().len(), 1);
     assert!(matches!(
         dead.show("0:3").await,
         Err(DeadLetterError::BadId { .. })
@@ -831,13 +834,13 @@ async fn kafka_a_replayed_dead_letter_is_not_replayed_twice() {
     })
     .await;
     running.stop().await;
-    let id = dead.list(&Filter::new()).await.unwrap()[0].id.clone();
-    let first = dead.replay(&Filter::new().id(&id)).await.unwrap();
+    let id = dead.list(&Selection::new()).await.unwrap()[0].id.clone();
+    let first = dead.replay(&Selection::new().id(&id)).await.unwrap();
     assert_eq!(first.count(), 1, "{first:?}");
     let shown = dead.show(&id).await.unwrap();
     let to = shown.replayed_to.expect("where the copy went");
     assert!(to.starts_with(&format!("{}/", b.topic)), "{to}");
-    let twice = dead.replay(&Filter::all()).await.unwrap();
+    let twice = dead.replay(&Selection::all()).await.unwrap();
     assert_eq!(twice.count(), 0, "{twice:?}");
     assert_eq!(twice.skipped.len(), 1, "{twice:?}");
     assert!(
@@ -845,7 +848,7 @@ async fn kafka_a_replayed_dead_letter_is_not_replayed_twice() {
         "{twice:?}"
     );
     assert_eq!(dead.count().await.unwrap(), 0);
-    assert!(dead.list(&Filter::new()).await.unwrap().is_empty());
+    assert!(dead.list(&Selection::new()).await.unwrap().is_empty());
     // The copy is in the work topic, with the replay's headers.
     let copies = idem_tests::brokers::kafka()
         .await

@@ -40,7 +40,7 @@ pub const RETRY_DELAYS: [Duration; 5] = [
 /// use idem_runtime::consume::Policy;
 /// use std::time::Duration;
 ///
-/// let policy = Policy { max_attempts: 3, ..Policy::default() };
+/// let policy = Policy { max_failures: 3, ..Policy::default() };
 /// assert_eq!(policy.backoff(1), Duration::from_secs(1));
 /// assert_eq!(policy.backoff(2), Duration::from_secs(2));
 /// assert!(policy.backoff(30) <= policy.max_delay);
@@ -49,7 +49,7 @@ pub const RETRY_DELAYS: [Duration; 5] = [
 pub struct Policy {
     /// How many times the body may fail (`Error::Handler`) before the message
     /// is dead-lettered. Default 5.
-    pub max_attempts: u32,
+    pub max_failures: u32,
     /// The delay before the first retry; it doubles with each retry of the
     /// same message. Default 1 s.
     pub first_delay: Duration,
@@ -67,7 +67,7 @@ pub struct Policy {
 impl Default for Policy {
     fn default() -> Self {
         Policy {
-            max_attempts: 5,
+            max_failures: 5,
             first_delay: Duration::from_secs(1),
             max_delay: Duration::from_secs(300),
             concurrency: 8,
@@ -131,7 +131,7 @@ impl Policy {
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Attempts {
-    /// Failed runs of the body so far (counted against `max_attempts`).
+    /// Failed runs of the body so far (counted against the policy's `max_failures`).
     pub failures: u32,
     /// Times the message was handed back to the broker so far.
     pub retries: u32,

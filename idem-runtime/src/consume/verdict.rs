@@ -34,7 +34,7 @@ pub enum Verdict {
     Retry {
         /// The delay before the redelivery.
         after: Duration,
-        /// Whether the body failed (counted against `max_attempts`).
+        /// Whether the body failed (counted against the policy's `max_failures`).
         failed: bool,
         /// What happened, for the message's headers and the log.
         reason: String,
@@ -78,7 +78,7 @@ impl Verdict {
     /// its attempts are spent.
     pub(crate) fn body_failed(error: &str, failures: u32, policy: &Policy) -> Verdict {
         let failures = failures.saturating_add(1);
-        if failures >= policy.max_attempts {
+        if failures >= policy.max_failures {
             Verdict::DeadLetter {
                 reason: format!("the body failed {failures} times; the last error: {error}"),
                 failed: true,
@@ -108,7 +108,7 @@ impl Verdict {
     /// use idem_runtime::{Error, Key, Outcome, StoreError};
     /// use std::time::Duration;
     ///
-    /// let policy = Policy { max_attempts: 2, ..Policy::default() };
+    /// let policy = Policy { max_failures: 2, ..Policy::default() };
     /// let key = Key::from_parts(&[&"o-1"]).unwrap();
     /// let failed: Result<Outcome<()>, Error<&str>> =
     ///     Err(Error::Handler { handler: "h", key: key.clone(), error: "out of stock" });

@@ -243,7 +243,7 @@ pub(crate) async fn a_failing_body_is_retried_then_dead_lettered<B: Broker>(b: &
     b.publish(&Points::payload("bad", 1)).await;
     let (store, tries) = (MemoryStore::new(), Arc::new(AtomicUsize::new(0)));
     let policy = Policy {
-        max_attempts: 3,
+        max_failures: 3,
         first_delay: Duration::from_millis(100),
         ..Policy::default()
     };
@@ -289,7 +289,7 @@ pub(crate) async fn a_panicking_handler_is_retried_then_dead_lettered<B: Broker>
     let (store, tries) = (MemoryStore::new(), Arc::new(AtomicUsize::new(0)));
     let (good_store, effects) = (MemoryStore::new(), Arc::new(Effects::default()));
     let policy = Policy {
-        max_attempts: 2,
+        max_failures: 2,
         first_delay: Duration::from_millis(100),
         concurrency: 1,
         ..Policy::default()
@@ -467,7 +467,7 @@ pub(crate) async fn store_faults_back_off_and_are_never_dead_lettered<B: Broker>
     let calls = Arc::new(Calls::default());
     let faults = 5;
     let policy = Policy {
-        max_attempts: 2,
+        max_failures: 2,
         first_delay: Duration::from_millis(100),
         ..Policy::default()
     };
@@ -595,7 +595,7 @@ pub(crate) async fn the_consumer_counts_what_it_did<B: Broker>(b: &B) {
         Arc::new(AtomicUsize::new(0)),
     );
     let policy = Policy {
-        max_attempts: 2,
+        max_failures: 2,
         first_delay: Duration::from_millis(100),
         concurrency: 1,
         ..Policy::default()

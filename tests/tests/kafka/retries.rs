@@ -354,7 +354,7 @@ async fn a_message_waiting_in_place_holds_no_slot() {
     send_to(0, "stuck").await;
     let policy = Policy {
         concurrency: 1,
-        max_attempts: 4,
+        max_failures: 4,
         first_delay: Duration::from_millis(500),
         ..Policy::default()
     };

@@ -46,7 +46,7 @@ async fn kafka_chaos_member() {
         .policy(Policy {
             first_delay: Duration::from_millis(100),
             max_delay: Duration::from_secs(1),
-            max_attempts: 1_000,
+            max_failures: 1_000,
             concurrency: 8,
             max_store_delay: Duration::from_secs(1),
         })

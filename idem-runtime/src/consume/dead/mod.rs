@@ -36,9 +36,9 @@
 //!
 //! # Filters
 //!
-//! [`Filter`] selects by ids, by a reason's text, by age, at most so many.
+//! [`Selection`] selects by ids, by a reason's text, by age, at most so many.
 //! A replay or a purge must be given a filter that names something, or
-//! [`Filter::all`]: an empty filter is [`DeadLetterError::Unfiltered`], so a
+//! [`Selection::all`]: an empty filter is [`DeadLetterError::Unfiltered`], so a
 //! slip never replays or deletes everything.
 //!
 //! # Kafka
@@ -88,7 +88,7 @@ use crate::BoxError;
 pub struct DeadLetter {
     /// The broker it is on.
     pub broker: Broker,
-    /// Its id, stable while it is a dead letter: what [`Filter::id`] and
+    /// Its id, stable while it is a dead letter: what [`Selection::id`] and
     /// `show` take.
     pub id: String,
     /// Why it was dead-lettered.
@@ -214,12 +214,12 @@ impl DeadLetter {
 ///
 /// A filter that names nothing selects everything when listing, and is
 /// refused by a replay or a purge ([`DeadLetterError::Unfiltered`]) unless
-/// it is [`Filter::all`].
+/// it is [`Selection::all`].
 ///
 /// # Examples
 ///
 /// ```
-/// use idem_runtime::consume::{Broker, dead::{DeadLetter, Filter}};
+/// use idem_runtime::consume::{Broker, dead::{DeadLetter, Selection}};
 /// use std::time::Duration;
 ///
 /// let mut d = DeadLetter::new(Broker::Nats, "4", Vec::new());
@@ -227,15 +227,15 @@ impl DeadLetter {
 /// d.dead_at_ms = Some(0);
 /// let now = 3_600_000;
 ///
-/// assert!(Filter::new().reason("DOES NOT DECODE").matches(&d, now));
-/// assert!(Filter::new().older_than(Duration::from_secs(600)).matches(&d, now));
-/// assert!(!Filter::new().older_than(Duration::from_secs(7_200)).matches(&d, now));
-/// assert!(Filter::new().id("4").id("5").matches(&d, now));
-/// assert!(!Filter::new().id("5").reason("decode").matches(&d, now));
-/// assert!(!Filter::new().is_selective() && Filter::all().is_selective());
+/// assert!(Selection::new().reason("DOES NOT DECODE").matches(&d, now));
+/// assert!(Selection::new().older_than(Duration::from_secs(600)).matches(&d, now));
+/// assert!(!Selection::new().older_than(Duration::from_secs(7_200)).matches(&d, now));
+/// assert!(Selection::new().id("4").id("5").matches(&d, now));
+/// assert!(!Selection::new().id("5").reason("decode").matches(&d, now));
+/// assert!(!Selection::new().is_selective() && Selection::all().is_selective());
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Filter {
+pub struct Selection {
     all: bool,
     ids: Vec<String>,
     reason: Option<String>,
@@ -243,17 +243,17 @@ pub struct Filter {
     limit: Option<usize>,
 }
 
-impl Filter {
+impl Selection {
     /// A filter that names nothing: everything, for a listing.
     ///
     /// # Examples
     ///
     /// ```
-    /// let f = idem_runtime::consume::dead::Filter::new();
+    /// let f = idem_runtime::consume::dead::Selection::new();
     /// assert!(!f.is_selective());
     /// ```
     pub fn new() -> Self {
-        Filter::default()
+        Selection::default()
     }
 
     /// Every dead letter, for a replay or a purge of all of them.
@@ -261,13 +261,13 @@ impl Filter {
     /// # Examples
     ///
     /// ```
-    /// let f = idem_runtime::consume::dead::Filter::all();
+    /// let f = idem_runtime::consume::dead::Selection::all();
     /// assert!(f.is_selective() && f.is_all());
     /// ```
     pub fn all() -> Self {
-        Filter {
+        Selection {
             all: true,
-            ..Filter::default()
+            ..Selection::default()
         }
     }
 
@@ -276,7 +276,7 @@ impl Filter {
     /// # Examples
     ///
     /// ```
-    /// let f = idem_runtime::consume::dead::Filter::new().id("0:3").id("1:7");
+    /// let f = idem_runtime::consume::dead::Selection::new().id("0:3").id("1:7");
     /// assert_eq!(f.ids(), ["0:3", "1:7"]);
     /// ```
     pub fn id(mut self, id: impl Into<String>) -> Self {
@@ -289,7 +289,7 @@ impl Filter {
     /// # Examples
     ///
     /// ```
-    /// let f = idem_runtime::consume::dead::Filter::new().reason("out of stock");
+    /// let f = idem_runtime::consume::dead::Selection::new().reason("out of stock");
     /// assert!(f.is_selective());
     /// ```
     pub fn reason(mut self, text: impl Into<String>) -> Self {
@@ -304,7 +304,7 @@ impl Filter {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let f = idem_runtime::consume::dead::Filter::new().older_than(Duration::from_secs(600));
+    /// let f = idem_runtime::consume::dead::Selection::new().older_than(Duration::from_secs(600));
     /// assert!(f.is_selective());
     /// ```
     pub fn older_than(mut self, age: Duration) -> Self {
@@ -317,7 +317,7 @@ impl Filter {
     /// # Examples
     ///
     /// ```
-    /// let f = idem_runtime::consume::dead::Filter::all().limit(10);
+    /// let f = idem_runtime::consume::dead::Selection::all().limit(10);
     /// assert_eq!(f.max(), Some(10));
     /// ```
     pub fn limit(mut self, n: usize) -> Self {
@@ -329,7 +329,7 @@ impl Filter {
     ///
     /// # Examples
     ///
-    /// See [`Filter::id`].
+    /// See [`Selection::id`].
     pub fn ids(&self) -> &[String] {
         &self.ids
     }
@@ -338,21 +338,21 @@ impl Filter {
     ///
     /// # Examples
     ///
-    /// See [`Filter::limit`].
+    /// See [`Selection::limit`].
     pub fn max(&self) -> Option<usize> {
         self.limit
     }
 
-    /// Whether this is [`Filter::all`] with nothing else (no id, reason,
+    /// Whether this is [`Selection::all`] with nothing else (no id, reason,
     /// age or limit): every dead letter.
     ///
     /// # Examples
     ///
     /// ```
-    /// use idem_runtime::consume::dead::Filter;
-    /// assert!(Filter::all().is_all());
-    /// assert!(!Filter::all().limit(3).is_all());
-    /// assert!(!Filter::new().is_all());
+    /// use idem_runtime::consume::dead::Selection;
+    /// assert!(Selection::all().is_all());
+    /// assert!(!Selection::all().limit(3).is_all());
+    /// assert!(!Selection::new().is_all());
     /// ```
     pub fn is_all(&self) -> bool {
         self.all
@@ -363,14 +363,14 @@ impl Filter {
     }
 
     /// Whether it names something (ids, a reason, an age) or is
-    /// [`Filter::all`]: what a replay or a purge needs.
+    /// [`Selection::all`]: what a replay or a purge needs.
     ///
     /// # Examples
     ///
     /// ```
-    /// use idem_runtime::consume::dead::Filter;
-    /// assert!(Filter::new().id("3").is_selective());
-    /// assert!(!Filter::new().limit(3).is_selective());
+    /// use idem_runtime::consume::dead::Selection;
+    /// assert!(Selection::new().id("3").is_selective());
+    /// assert!(!Selection::new().limit(3).is_selective());
     /// ```
     pub fn is_selective(&self) -> bool {
         self.all || !self.ids.is_empty() || self.reason.is_some() || self.older_than.is_some()
@@ -381,7 +381,7 @@ impl Filter {
     ///
     /// # Examples
     ///
-    /// See [`Filter`].
+    /// See [`Selection`].
     pub fn matches(&self, dead: &DeadLetter, now_ms: i64) -> bool {
         if !self.ids.is_empty() && !self.ids.contains(&dead.id) {
             return false;
@@ -575,9 +575,9 @@ pub struct Purged {
 /// # Examples
 ///
 /// ```
-/// use idem_runtime::consume::dead::{DeadLetterError, Filter};
+/// use idem_runtime::consume::dead::{DeadLetterError, Selection};
 /// let e = DeadLetterError::Unfiltered { operation: "replay" };
-/// assert!(e.to_string().contains("Filter::all"));
+/// assert!(e.to_string().contains("Selection::all"));
 /// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -624,7 +624,7 @@ pub enum DeadLetterError {
     },
     /// A replay or purge with a filter that names nothing.
     #[error(
-        "a {operation} needs a filter that names something (ids, a reason, an age) or Filter::all()"
+        "a {operation} needs a filter that names something (ids, a reason, an age) or Selection::all()"
     )]
     Unfiltered {
         /// `replay` or `purge`.
@@ -707,21 +707,21 @@ mod tests {
 
     #[test]
     fn a_limit_alone_selects_nothing_to_replay() {
-        assert!(Filter::new().limit(5).check("replay").is_err());
-        assert!(Filter::all().check("purge").is_ok());
-        assert!(Filter::new().reason("x").check("purge").is_ok());
-        assert!(Filter::new().limit(2).full(2));
-        assert!(!Filter::new().full(1_000_000));
+        assert!(Selection::new().limit(5).check("replay").is_err());
+        assert!(Selection::all().check("purge").is_ok());
+        assert!(Selection::new().reason("x").check("purge").is_ok());
+        assert!(Selection::new().limit(2).full(2));
+        assert!(!Selection::new().full(1_000_000));
     }
 
     #[test]
     fn an_unknown_time_is_not_old() {
         let d = DeadLetter::new(Broker::RabbitMq, "a", Vec::new());
         assert!(
-            !Filter::new()
+            !Selection::new()
                 .older_than(Duration::from_secs(1))
                 .matches(&d, i64::MAX)
         );
-        assert!(Filter::new().matches(&d, 0));
+        assert!(Selection::new().matches(&d, 0));
     }
 }

@@ -28,7 +28,7 @@
 //!
 //! # Purges
 //!
-//! [`purge`](DeadLetters::purge) of [`Filter::all`] deletes each partition's
+//! [`purge`](DeadLetters::purge) of [`Selection::all`] deletes each partition's
 //! records up to its end (`DeleteRecords`, Kafka's admin API), and the
 //! ledger's with them; a broker without that API answers
 //! [`DeadLetterError::Unsupported`]. Any other purge is `Unsupported`: one
@@ -39,14 +39,14 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use idem_runtime::consume::{dead::Filter, kafka::dead::DeadLetters};
+//! use idem_runtime::consume::{dead::Selection, kafka::dead::DeadLetters};
 //!
 //! let name = DeadLetters::default_name("orders"); // orders-dlt
 //! let dead = DeadLetters::connect("127.0.0.1:9092", &name).await?;
-//! for d in dead.list(&Filter::new().limit(20)).await? {
+//! for d in dead.list(&Selection::new().limit(20)).await? {
 //!     println!("{} {:?} {:?}", d.id, d.reason, d.origin);
 //! }
-//! let done = dead.replay(&Filter::new().id("0:4")).await?;
+//! let done = dead.replay(&Selection::new().id("0:4")).await?;
 //! println!("{} replayed", done.count());
 //! # Ok(()) }
 //! ```
@@ -65,7 +65,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use crate::BoxError;
 use crate::consume::Broker;
 use crate::consume::dead::{
-    DeadLetter, DeadLetterError, Filter, Purged, Replay, Replayed, Skipped, now_ms,
+    DeadLetter, DeadLetterError, Purged, Replay, Replayed, Selection, Skipped, now_ms,
 };
 use crate::consume::kafka::topics;
 
@@ -262,7 +262,7 @@ impl DeadLetters {
     /// # Examples
     ///
     /// See the [module docs](self).
-    pub async fn list(&self, filter: &Filter) -> Result<Vec<DeadLetter>, DeadLetterError> {
+    pub async fn list(&self, filter: &Selection) -> Result<Vec<DeadLetter>, DeadLetterError> {
         let now = now_ms();
         let dead = self.read_all().await?;
         let mut found = Vec::new();
@@ -324,12 +324,12 @@ impl DeadLetters {
     /// Replays the dead letters `filter` selects (up to its limit) to the
     /// topics they came from, and writes them to the ledger; see the
     /// [module docs](self#replays). `filter` must name something, or be
-    /// [`Filter::all`].
+    /// [`Selection::all`].
     ///
     /// # Examples
     ///
     /// See the [module docs](self).
-    pub async fn replay(&self, filter: &Filter) -> Result<Replayed, DeadLetterError> {
+    pub async fn replay(&self, filter: &Selection) -> Result<Replayed, DeadLetterError> {
         filter.check("replay")?;
         let now = now_ms();
         let dead = self.read_all().await?;
@@ -387,7 +387,7 @@ impl DeadLetters {
         Ok(done)
     }
 
-    /// Deletes every dead letter: [`Filter::all`] alone, where the broker
+    /// Deletes every dead letter: [`Selection::all`] alone, where the broker
     /// supports `DeleteRecords`; anything else is
     /// [`DeadLetterError::Unsupported`] (see the [module docs](self#purges)).
     ///
@@ -395,16 +395,16 @@ impl DeadLetters {
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::consume::{dead::{DeadLetterError, Filter}, kafka::dead::DeadLetters};
+    /// use idem_runtime::consume::{dead::{DeadLetterError, Selection}, kafka::dead::DeadLetters};
     /// let dead = DeadLetters::connect("127.0.0.1:9092", "orders-dlt").await?;
-    /// match dead.purge(&Filter::all()).await {
+    /// match dead.purge(&Selection::all()).await {
     ///     Ok(gone) => println!("{} purged", gone.purged),
     ///     Err(DeadLetterError::Unsupported { why, .. }) => println!("not here: {why}"),
     ///     Err(e) => return Err(e.into()),
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn purge(&self, filter: &Filter) -> Result<Purged, DeadLetterError> {
+    pub async fn purge(&self, filter: &Selection) -> Result<Purged, DeadLetterError> {
         filter.check("purge")?;
         if !filter.is_all() {
             return Err(DeadLetterError::Unsupported {

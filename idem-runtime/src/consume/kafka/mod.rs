@@ -44,7 +44,7 @@
 //!
 //! let store = MemoryStore::new();
 //! let report = Consumer::new("127.0.0.1:9092", "loyalty", "points")
-//!     .policy(Policy { max_attempts: 3, ..Policy::default() })
+//!     .policy(Policy { max_failures: 3, ..Policy::default() })
 //!     .run(
 //!         move |msg: PointsEarned| {
 //!             let store = store.clone();
@@ -186,7 +186,7 @@ impl Consumer {
     /// ```
     /// use idem_runtime::consume::{Policy, kafka::Consumer};
     /// let c = Consumer::new("127.0.0.1:9092", "stock", "orders")
-    ///     .policy(Policy { max_attempts: 10, ..Policy::default() });
+    ///     .policy(Policy { max_failures: 10, ..Policy::default() });
     /// # let _ = c;
     /// ```
     pub fn policy(mut self, policy: Policy) -> Self {

@@ -21,14 +21,14 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use idem_runtime::consume::{dead::Filter, nats::dead::DeadLetters};
+//! use idem_runtime::consume::{dead::Selection, nats::dead::DeadLetters};
 //!
 //! let name = DeadLetters::default_name("ORDERS"); // ORDERS_DEAD
 //! let dead = DeadLetters::connect("nats://127.0.0.1:4222", &name).await?;
-//! for d in dead.list(&Filter::new().limit(20)).await? {
+//! for d in dead.list(&Selection::new().limit(20)).await? {
 //!     println!("{} {:?} {:?}", d.id, d.reason, d.origin);
 //! }
-//! let done = dead.replay(&Filter::new().id("12").id("15")).await?;
+//! let done = dead.replay(&Selection::new().id("12").id("15")).await?;
 //! println!("{} replayed", done.count());
 //! # Ok(()) }
 //! ```
@@ -41,7 +41,7 @@ use async_nats::jetstream::{self, ErrorCode};
 
 use crate::consume::Broker;
 use crate::consume::dead::{
-    DeadLetter, DeadLetterError, Filter, Purged, Replay, Replayed, Skipped, now_ms, redacted,
+    DeadLetter, DeadLetterError, Purged, Replay, Replayed, Selection, Skipped, now_ms, redacted,
 };
 
 /// The header of a replayed copy that counts its replays.
@@ -160,7 +160,7 @@ impl DeadLetters {
     /// # Examples
     ///
     /// See the [module docs](self).
-    pub async fn list(&self, filter: &Filter) -> Result<Vec<DeadLetter>, DeadLetterError> {
+    pub async fn list(&self, filter: &Selection) -> Result<Vec<DeadLetter>, DeadLetterError> {
         let now = now_ms();
         let mut found = Vec::new();
         let mut pass = self.pass().await?;
@@ -203,12 +203,12 @@ impl DeadLetters {
 
     /// Replays the dead letters `filter` selects (up to its limit) to the
     /// subjects they came from; see the [module docs](self). `filter` must
-    /// name something, or be [`Filter::all`].
+    /// name something, or be [`Selection::all`].
     ///
     /// # Examples
     ///
     /// See the [module docs](self).
-    pub async fn replay(&self, filter: &Filter) -> Result<Replayed, DeadLetterError> {
+    pub async fn replay(&self, filter: &Selection) -> Result<Replayed, DeadLetterError> {
         filter.check("replay")?;
         let now = now_ms();
         let mut done = Replayed::default();
@@ -261,20 +261,20 @@ impl DeadLetters {
     }
 
     /// Deletes the dead letters `filter` selects (up to its limit);
-    /// [`Filter::all`] alone purges the stream at once. `filter` must name
-    /// something, or be [`Filter::all`].
+    /// [`Selection::all`] alone purges the stream at once. `filter` must name
+    /// something, or be [`Selection::all`].
     ///
     /// # Examples
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::consume::{dead::Filter, nats::dead::DeadLetters};
+    /// use idem_runtime::consume::{dead::Selection, nats::dead::DeadLetters};
     /// let dead = DeadLetters::connect("nats://127.0.0.1:4222", "ORDERS_DEAD").await?;
-    /// let gone = dead.purge(&Filter::all()).await?;
+    /// let gone = dead.purge(&Selection::all()).await?;
     /// println!("{} purged", gone.purged);
     /// # Ok(()) }
     /// ```
-    pub async fn purge(&self, filter: &Filter) -> Result<Purged, DeadLetterError> {
+    pub async fn purge(&self, filter: &Selection) -> Result<Purged, DeadLetterError> {
         filter.check("purge")?;
         if filter.is_all() {
             let purged = self

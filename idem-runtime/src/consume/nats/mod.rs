@@ -42,7 +42,7 @@
 //!
 //! A `Nak` cannot carry a count, so attempts are deliveries: JetStream's
 //! `delivered` counter, which survives consumer restarts. A message whose
-//! body fails on its `max_attempts`-th delivery or later is dead-lettered;
+//! body fails on its `max_failures`-th delivery or later is dead-lettered;
 //! store outages and `InProgress` answers are retried whatever the count, but
 //! they do use up deliveries. A store fault's wait follows for how long the
 //! store has been failing, not the deliveries (which also count earlier
@@ -166,7 +166,7 @@ impl Consumer {
     /// ```
     /// use idem_runtime::consume::{Policy, nats::Consumer};
     /// let c = Consumer::new("nats://127.0.0.1:4222", "ORDERS", "orders.placed")
-    ///     .policy(Policy { max_attempts: 10, ..Policy::default() });
+    ///     .policy(Policy { max_failures: 10, ..Policy::default() });
     /// # let _ = c;
     /// ```
     pub fn policy(mut self, policy: Policy) -> Self {

@@ -27,16 +27,16 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use idem_runtime::consume::{dead::Filter, rabbitmq::dead::DeadLetters};
+//! use idem_runtime::consume::{dead::Selection, rabbitmq::dead::DeadLetters};
 //! use std::time::Duration;
 //!
 //! let name = DeadLetters::default_name("orders"); // orders.idem.dead
 //! let dead = DeadLetters::connect("amqp://guest:guest@127.0.0.1:5672/%2f", &name).await?;
-//! for d in dead.list(&Filter::new().limit(20)).await? {
+//! for d in dead.list(&Selection::new().limit(20)).await? {
 //!     println!("{} {:?} {:?}", d.id, d.reason, d.origin);
 //! }
 //! let done = dead
-//!     .replay(&Filter::new().reason("out of stock").older_than(Duration::from_secs(600)))
+//!     .replay(&Selection::new().reason("out of stock").older_than(Duration::from_secs(600)))
 //!     .await?;
 //! println!("{} replayed", done.count());
 //! dead.close().await;
@@ -54,7 +54,7 @@ use sha2::{Digest as _, Sha256};
 use super::amqp::Published;
 use crate::consume::Broker;
 use crate::consume::dead::{
-    DeadLetter, DeadLetterError, Filter, Purged, Replay, Replayed, Skipped, now_ms, redacted,
+    DeadLetter, DeadLetterError, Purged, Replay, Replayed, Selection, Skipped, now_ms, redacted,
 };
 
 /// The header the consumer writes a dead letter's id in.
@@ -206,7 +206,7 @@ impl DeadLetters {
     /// # Examples
     ///
     /// See the [module docs](self).
-    pub async fn list(&self, filter: &Filter) -> Result<Vec<DeadLetter>, DeadLetterError> {
+    pub async fn list(&self, filter: &Selection) -> Result<Vec<DeadLetter>, DeadLetterError> {
         let now = now_ms();
         let mut scan = self.scan(false).await?;
         let mut found = Vec::new();
@@ -236,7 +236,7 @@ impl DeadLetters {
     /// # Ok(()) }
     /// ```
     pub async fn show(&self, id: &str) -> Result<DeadLetter, DeadLetterError> {
-        let found = self.list(&Filter::new().id(id).limit(1)).await?;
+        let found = self.list(&Selection::new().id(id).limit(1)).await?;
         found
             .into_iter()
             .next()
@@ -248,12 +248,12 @@ impl DeadLetters {
 
     /// Replays the dead letters `filter` selects (up to its limit) to the
     /// queues they came from; see the [module docs](self). `filter` must
-    /// name something, or be [`Filter::all`].
+    /// name something, or be [`Selection::all`].
     ///
     /// # Examples
     ///
     /// See the [module docs](self).
-    pub async fn replay(&self, filter: &Filter) -> Result<Replayed, DeadLetterError> {
+    pub async fn replay(&self, filter: &Selection) -> Result<Replayed, DeadLetterError> {
         filter.check("replay")?;
         let now = now_ms();
         let mut scan = self.scan(true).await?;
@@ -289,20 +289,20 @@ impl DeadLetters {
     }
 
     /// Deletes the dead letters `filter` selects (up to its limit);
-    /// [`Filter::all`] alone purges the queue at once. `filter` must name
-    /// something, or be [`Filter::all`].
+    /// [`Selection::all`] alone purges the queue at once. `filter` must name
+    /// something, or be [`Selection::all`].
     ///
     /// # Examples
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use idem_runtime::consume::{dead::Filter, rabbitmq::dead::DeadLetters};
+    /// use idem_runtime::consume::{dead::Selection, rabbitmq::dead::DeadLetters};
     /// let dead = DeadLetters::connect("amqp://127.0.0.1:5672/%2f", "orders.idem.dead").await?;
-    /// let gone = dead.purge(&Filter::new().reason("does not decode")).await?;
+    /// let gone = dead.purge(&Selection::new().reason("does not decode")).await?;
     /// println!("{} purged", gone.purged);
     /// # Ok(()) }
     /// ```
-    pub async fn purge(&self, filter: &Filter) -> Result<Purged, DeadLetterError> {
+    pub async fn purge(&self, filter: &Selection) -> Result<Purged, DeadLetterError> {
         filter.check("purge")?;
         if filter.is_all() {
             let channel = self.channel().await?;

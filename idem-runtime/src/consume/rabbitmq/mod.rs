@@ -62,7 +62,7 @@
 //!
 //! let store = MemoryStore::new();
 //! let report = Consumer::new("amqp://guest:guest@127.0.0.1:5672/%2f", "points")
-//!     .policy(Policy { max_attempts: 3, concurrency: 16, ..Policy::default() })
+//!     .policy(Policy { max_failures: 3, concurrency: 16, ..Policy::default() })
 //!     .prefetch(32)
 //!     .run(
 //!         move |msg: PointsEarned| {
@@ -156,7 +156,7 @@ impl Consumer {
     /// ```
     /// use idem_runtime::consume::{Policy, rabbitmq::Consumer};
     /// let c = Consumer::new("amqp://127.0.0.1:5672/%2f", "orders")
-    ///     .policy(Policy { max_attempts: 10, ..Policy::default() });
+    ///     .policy(Policy { max_failures: 10, ..Policy::default() });
     /// # let _ = c;
     /// ```
     pub fn policy(mut self, policy: Policy) -> Self {
