@@ -13,6 +13,15 @@ use super::rows::NewRow;
 use super::template::{Literals, Placeholders};
 use crate::error::Contention;
 
+/// A [`Dialect`] of a database server (PostgreSQL, MySQL/MariaDB), whose
+/// store takes a lock timeout, a [`ClaimOrder`](super::ClaimOrder) and a
+/// [`RoundTrips`](super::RoundTrips) (`with_lock_timeout`,
+/// `with_claim_order`, `with_round_trips` on
+/// [`SqlStore`](super::SqlStore)). SQLite's is not one: its store learns
+/// the lock timeout from its connections and sends every statement apart.
+/// Like [`Dialect`], it cannot be implemented outside this crate.
+pub trait ServerDialect: Dialect {}
+
 /// The SQL databases a [`SqlStore`](super::SqlStore) runs on: implemented
 /// for sqlx's [`Sqlite`](sqlx::Sqlite), [`Postgres`](sqlx::Postgres) and
 /// [`MySql`](sqlx::MySql). It can be named as a bound, but not implemented

@@ -85,8 +85,8 @@ mod table;
 mod template;
 mod tx;
 
-pub use dialect::Dialect;
 use dialect::Fault;
+pub use dialect::{Dialect, ServerDialect};
 use exec::Found;
 pub use partitions::Partitions;
 use statements::Statements;
@@ -457,26 +457,11 @@ impl<D: Dialect> SqlStore<D> {
         Duration::from_millis(self.lock_timeout_ms.load(Ordering::Relaxed))
     }
 
-    /// Sets the lock timeout this store reports, for this store and the
-    /// clones made from it from now on.
-    #[cfg(any(feature = "postgres", feature = "mysql"))]
-    pub(crate) fn set_lock_timeout(mut self, timeout: Duration) -> Self {
-        self.lock_timeout_ms = Arc::new(AtomicU64::new(millis_u64(timeout)));
-        self
-    }
-
     /// Records the lock timeout the connections report (SQLite).
     #[cfg(feature = "sqlite")]
     pub(crate) fn learn_lock_timeout(&self, timeout: Duration) {
         self.lock_timeout_ms
             .store(millis_u64(timeout), Ordering::Relaxed);
-    }
-
-    /// Sets when transaction-mode handlers write their dedup row.
-    #[cfg(any(feature = "postgres", feature = "mysql"))]
-    pub(crate) fn set_claim_order(mut self, order: ClaimOrder) -> Self {
-        self.order = order;
-        self
     }
 
     /// Partitions the table as `partitions` says (a dialect with
@@ -492,13 +477,6 @@ impl<D: Dialect> SqlStore<D> {
     #[cfg(feature = "postgres")]
     pub(crate) fn partitioning(&self) -> Option<Partitions> {
         self.partitions
-    }
-
-    /// Sets how transaction-mode handlers send their dedup row.
-    #[cfg(any(feature = "postgres", feature = "mysql"))]
-    pub(crate) fn set_round_trips(mut self, trips: RoundTrips) -> Self {
-        self.trips = trips;
-        self
     }
 
     /// How transaction-mode handlers send their dedup row: what the store
@@ -555,6 +533,82 @@ impl<D: Dialect> SqlStore<D> {
             }
             e => StoreError::backend(e),
         }
+    }
+}
+
+/// The settings of a store on a database server (PostgreSQL,
+/// MySQL/MariaDB), the same for every [`ServerDialect`]: on `PgStore` and
+/// `MySqlStore` alike.
+impl<D: ServerDialect> SqlStore<D> {
+    /// The lock timeout reported as `retry_after` when a claim times out,
+    /// for this store and the clones made from it from now on.
+    ///
+    /// Set it to the lock timeout of the pool's sessions (PostgreSQL's
+    /// `lock_timeout`, MySQL's `innodb_lock_wait_timeout`) when the store
+    /// did not make the pool (`from_pool`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # #[cfg(feature = "postgres")] {
+    /// # let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://postgres@127.0.0.1/test")?;
+    /// use idem_runtime::PgStore;
+    /// use std::time::Duration;
+    ///
+    /// let store = PgStore::from_pool(pool).with_lock_timeout(Duration::from_secs(2));
+    /// # }
+    /// # Ok(()) }
+    /// ```
+    pub fn with_lock_timeout(mut self, timeout: Duration) -> Self {
+        self.lock_timeout_ms = Arc::new(AtomicU64::new(millis_u64(timeout)));
+        self
+    }
+
+    /// When transaction-mode handlers write their dedup row.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # #[cfg(feature = "mysql")] {
+    /// # let pool = sqlx::mysql::MySqlPoolOptions::new().connect_lazy("mysql://root@127.0.0.1:3306/test")?;
+    /// use idem_runtime::{ClaimOrder, MySqlStore};
+    ///
+    /// // duplicates are frequent and their bodies expensive: turn them away first
+    /// let store = MySqlStore::from_pool(pool).with_claim_order(ClaimOrder::First);
+    /// # }
+    /// # Ok(()) }
+    /// ```
+    pub fn with_claim_order(mut self, order: ClaimOrder) -> Self {
+        self.order = order;
+        self
+    }
+
+    /// How transaction-mode handlers send their dedup row: in the
+    /// `COMMIT`'s message, or as a statement of its own (see
+    /// [`RoundTrips`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # #[cfg(feature = "postgres")] {
+    /// # let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://postgres@127.0.0.1/test")?;
+    /// use idem_runtime::{PgStore, RoundTrips};
+    ///
+    /// // the database is across a network: save the dedup row's round trip
+    /// let store = PgStore::from_pool(pool).with_round_trips(RoundTrips::Merged);
+    /// assert_eq!(store.round_trips(), RoundTrips::Merged);
+    /// # }
+    /// # Ok(()) }
+    /// ```
+    pub fn with_round_trips(mut self, trips: RoundTrips) -> Self {
+        self.trips = trips;
+        self
     }
 }
 
