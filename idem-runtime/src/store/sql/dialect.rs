@@ -145,6 +145,19 @@ pub trait Dialect: Exec {
     /// (one or more statements, no parameters), as this release writes it.
     fn create(table: &str) -> String;
 
+    /// Creates an offset table (`offsets.rs`), `{t}`, if it does not
+    /// exist: one row per consumer, stream and partition, holding the
+    /// offset to consume next.
+    const OFFSETS_CREATE: &'static str;
+
+    /// The rows of `:consumer` in an offset table: stream, partition (as a
+    /// 64-bit integer) and next offset.
+    const OFFSETS_LOAD: &'static str;
+
+    /// Writes the row of `:consumer`, `:stream` and `:partition` with
+    /// `:next`, moving a row that exists only forward.
+    const OFFSETS_UPSERT: &'static str;
+
     /// The SQL of a table partitioned by time ([`Partitions`]), where the
     /// database has partitions (`None` elsewhere). Claims on such a table
     /// insert, then take over a claimable row with an `UPDATE`, as the

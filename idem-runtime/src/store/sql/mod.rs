@@ -69,13 +69,13 @@ mod lease;
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub mod mysql;
+mod offsets;
 mod ops;
 mod partitions;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
-#[cfg(feature = "kafka")]
-pub(crate) mod rider;
+mod rider;
 mod rows;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
@@ -88,6 +88,7 @@ mod tx;
 use dialect::Fault;
 pub use dialect::{Dialect, ServerDialect};
 use exec::Found;
+pub use offsets::OffsetTable;
 pub use partitions::Partitions;
 use statements::Statements;
 use table::{DEFAULT_TABLE, bare, validate_table_name};

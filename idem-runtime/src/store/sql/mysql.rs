@@ -24,11 +24,11 @@ use sqlx::mysql::{
 };
 use sqlx::{AssertSqlSafe, Executor as _, MySql, Transaction};
 
+use super::ClaimOrder;
 use super::dialect::{Fault, TxEnd, WithCommit};
 use super::rows::{COLUMNS, NewRow};
 use super::statements::insert_then_take_over;
 use super::template::{Literals, Placeholders};
-use super::ClaimOrder;
 use super::{Dialect, SqlStore, reach};
 use crate::error::{Contention, StoreError};
 use crate::registry;
@@ -155,6 +155,9 @@ pub type MySqlStore = SqlStore<MySql>;
 impl super::ServerDialect for MySql {}
 
 impl Dialect for MySql {
+    const OFFSETS_CREATE: &'static str = "CREATE TABLE IF NOT EXISTS {t} (consumer_group VARCHAR(255) NOT NULL, topic VARCHAR(249) NOT NULL, partition_id INT NOT NULL, next_offset BIGINT NOT NULL, PRIMARY KEY (consumer_group, topic, partition_id))";
+    const OFFSETS_LOAD: &'static str = "SELECT topic, CAST(partition_id AS SIGNED), next_offset FROM {t} WHERE consumer_group = :consumer";
+    const OFFSETS_UPSERT: &'static str = "INSERT INTO {t} (consumer_group, topic, partition_id, next_offset) VALUES (:consumer, :stream, :partition, :next) ON DUPLICATE KEY UPDATE next_offset = GREATEST(next_offset, VALUES(next_offset))";
     const STORE: &'static str = "mysql";
     const PLACEHOLDERS: Placeholders = Placeholders::Question;
     // `UTC_TIMESTAMP(3)` is the statement's start (as `NOW()`, unlike

@@ -143,6 +143,9 @@ pub type PgStore = SqlStore<Postgres>;
 impl super::ServerDialect for Postgres {}
 
 impl Dialect for Postgres {
+    const OFFSETS_CREATE: &'static str = "CREATE TABLE IF NOT EXISTS {t} (consumer_group TEXT NOT NULL, topic TEXT NOT NULL, partition_id INTEGER NOT NULL, next_offset BIGINT NOT NULL, PRIMARY KEY (consumer_group, topic, partition_id))";
+    const OFFSETS_LOAD: &'static str = "SELECT topic, CAST(partition_id AS BIGINT), next_offset FROM {t} WHERE consumer_group = :consumer";
+    const OFFSETS_UPSERT: &'static str = "INSERT INTO {t} AS o (consumer_group, topic, partition_id, next_offset) VALUES (:consumer, :stream, :partition, :next) ON CONFLICT (consumer_group, topic, partition_id) DO UPDATE SET next_offset = GREATEST(o.next_offset, EXCLUDED.next_offset)";
     const STORE: &'static str = "postgres";
     const PLACEHOLDERS: Placeholders = Placeholders::Dollar;
     // The time the server received the statement: constant within it (and,

@@ -14,8 +14,6 @@ use crate::store::contract::{
 use crate::store::rules::may_take;
 
 use super::dialect::Fault;
-#[cfg(feature = "kafka")]
-#[cfg(feature = "kafka")]
 use super::rider;
 use super::statements;
 use super::template::Values;
@@ -201,16 +199,13 @@ impl<D: Dialect> TxStore for SqlStore<D> {
 
     async fn commit_outcome(
         &self,
-        tx: Self::Tx,
+        mut tx: Self::Tx,
         spec: &'static HandlerSpec,
         key: &Key,
         fingerprint: Option<&str>,
         outcome: &str,
     ) -> Result<TxCommit, StoreError> {
         // A consumer's write (its offset) that commits with the outcome.
-        #[cfg(feature = "kafka")]
-        let mut tx = tx;
-        #[cfg(feature = "kafka")]
         let rode = match rider::take(&self.pool) {
             Some(rider) => {
                 if let Err(e) = rider.write(&mut tx).await {
@@ -224,7 +219,6 @@ impl<D: Dialect> TxStore for SqlStore<D> {
         let committed = self
             .record_outcome(tx, spec, key, fingerprint, outcome)
             .await;
-        #[cfg(feature = "kafka")]
         if rode && matches!(committed, Ok(TxCommit::Committed)) {
             rider::committed();
         }
