@@ -49,6 +49,8 @@
 //! lease.rs       LeaseStore                 tx.rs       TxStore
 //! batch.rs       SqlStore's batches         inspect.rs  SqlStore's Inspect
 //! ops.rs         sweeping, one record, the count, the schema version
+//! rider.rs       a write that rides in an outcome's transaction
+//! offsets.rs     offset tables: a consumer's position, written by a rider
 //! sqlite.rs, postgres.rs, mysql.rs: each database's Dialect, constructors, migrate()
 //! ```
 
