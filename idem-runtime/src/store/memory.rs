@@ -19,7 +19,7 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::registry::HandlerSpec;
 use crate::store::contract::{Claim, Failure, LeaseStore};
-use crate::store::inspect::{Forgot, Inspect, Query, Schema, Stats, Swept};
+use crate::store::ops::{Forgot, Inspect, Query, Schema, Stats, Swept};
 use crate::store::rules::{ClaimPlan, settle_stall};
 use crate::store::{Record, Status, Sweep};
 

@@ -17,7 +17,9 @@
 //! * [`Sweep`] to have a [`Sweeper`](crate::Sweeper) delete expired
 //!   records, and [`Inspect`] for operators' tools (`idem show`, `list`,
 //!   `stats`, `forget`), which read [`Record`]s and name keys by their
-//!   stored form ([`StoredKey`]).
+//!   stored form ([`StoredKey`]). The operator API ([`Inspect`], what it is
+//!   asked and what it answers) is the module [`ops`]; its names are also
+//!   here, where earlier releases had them.
 //!
 //! A delivery that may not run its body gets the [`Standing`] of the record
 //! of its key. [`Standing::of`] is what a live record says and
@@ -169,9 +171,8 @@
 
 pub(crate) mod batch;
 pub(crate) mod contract;
-pub(crate) mod inspect;
 pub mod memory;
-mod record;
+pub mod ops;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
@@ -189,10 +190,11 @@ pub use batch::{BatchItem, Held, TxBatch, TxBatchCommit};
 pub use contract::{
     Claim, Failure, LeaseStore, Standing, StoreTransaction, TxClaim, TxCommit, TxStore,
 };
-pub use inspect::{
+// The operator API's earlier paths, kept.
+pub use ops::{
     DEFAULT_LIMIT, Filter, Forgot, HandlerStats, Inspect, Order, Query, Schema, Stats, Swept,
 };
-pub use record::{Record, Status};
-pub(crate) use record::{unrecordable_encoding, unrecordable_reason};
+pub use ops::{Record, Status};
+pub(crate) use ops::{unrecordable_encoding, unrecordable_reason};
 pub use rules::LEASE_RAN_OUT;
 pub use sweep::Sweep;

@@ -1,13 +1,16 @@
 //! Offsets kept in the database of a SQL store, written in the handler's
 //! transaction ([`Consumer::offsets_in`](super::Consumer::offsets_in)).
 //!
-//! The table, `<dedup table>_kafka_offsets`, holds one row per consumer
-//! group, topic and partition: the next offset to consume. An executed
-//! message's transaction writes its row with the body's writes and the
-//! dedup record (the store's rider, `store/sql/rider.rs`), so the effect and
-//! the position commit together; the consumer also writes the rows of every
-//! settled message (duplicates, retries, dead letters) at each commit,
-//! before the broker's. A row only ever moves forward.
+//! The table is the store's offset table of source `kafka`
+//! ([`SqlStore::offset_table`](crate::store::sql::SqlStore::offset_table):
+//! `<dedup table>_kafka_offsets`, its SQL the store's), one row per
+//! consumer group, topic and partition: the next offset to consume. An
+//! executed message's transaction writes its row with the body's writes
+//! and the dedup record ([`OffsetTable::ride`](crate::store::sql::OffsetTable::ride)),
+//! so the effect and the position commit together; the consumer also
+//! writes the rows of every settled message (duplicates, retries, dead
+//! letters) at each commit, before the broker's. A row only ever moves
+//! forward.
 //!
 //! On assignment the rows override the broker's committed offsets.
 
@@ -16,6 +19,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::BoxError;
+#[cfg(feature = "_sql")]
+use crate::store::sql::{Dialect, OffsetTable, SqlStore};
 
 /// Where a partition is, as the offsets table holds it.
 #[derive(Debug, Clone)]
@@ -94,11 +99,6 @@ impl Offsets {
     }
 
     pub(crate) async fn create(&self) -> Result<(), BoxError> {
-        let name = self.table.name();
-        // The dedup table's name was checked; the suffix must still fit.
-        if name.rsplit('.').next().map_or(0, str::len) > 63 {
-            return Err(format!("the offsets table's name {name} is longer than 63 bytes; name the dedup table shorter").into());
-        }
         self.table.create().await
     }
 
@@ -149,144 +149,53 @@ impl Offsets {
     }
 }
 
-/// The offsets table of one SQL database: its statements and its rider.
-macro_rules! sql_table {
-    ($feature:literal, $store:ty, $db:ty, $ty:ident, $rider:ident, create: $create:literal, load: $load:literal, upsert: $upsert:literal) => {
-        #[cfg(feature = $feature)]
-        struct $ty {
-            name: String,
-            pool: sqlx::Pool<$db>,
-            load: String,
-            upsert: String,
+/// The offsets table of a SQL store: the store's [`OffsetTable`].
+#[cfg(feature = "_sql")]
+struct SqlOffsets<D: Dialect>(OffsetTable<D>);
+
+#[cfg(feature = "_sql")]
+impl<D: Dialect> From<&SqlStore<D>> for Offsets {
+    fn from(store: &SqlStore<D>) -> Self {
+        Offsets {
+            table: Arc::new(SqlOffsets(store.offset_table("kafka"))),
+            warned: Arc::default(),
         }
-
-        #[cfg(feature = $feature)]
-        impl From<&$store> for Offsets {
-            fn from(store: &$store) -> Self {
-                let name = format!("{}_kafka_offsets", store.table());
-                let table = $ty {
-                    load: $load.replace("{t}", &name),
-                    upsert: $upsert.replace("{t}", &name),
-                    name,
-                    pool: store.pool().clone(),
-                };
-                Offsets {
-                    table: Arc::new(table),
-                    warned: Arc::default(),
-                }
-            }
-        }
-
-        #[cfg(feature = $feature)]
-        struct $rider {
-            upsert: String,
-            at: Position,
-            pool: sqlx::Pool<$db>,
-        }
-
-        #[cfg(feature = $feature)]
-        impl crate::store::sql::rider::Rider<$db> for $rider {
-            fn rides_with(&self, pool: &sqlx::Pool<$db>) -> bool {
-                Arc::ptr_eq(&self.pool.connect_options(), &pool.connect_options())
-            }
-
-            fn write<'a>(
-                &'a self,
-                tx: &'a mut sqlx::Transaction<'static, $db>,
-            ) -> Pin<Box<dyn Future<Output = Result<(), sqlx::Error>> + Send + 'a>> {
-                Box::pin(async move {
-                    sqlx::query(sqlx::AssertSqlSafe(self.upsert.clone()))
-                        .bind(&self.at.group)
-                        .bind(&self.at.topic)
-                        .bind(self.at.partition)
-                        .bind(self.at.next)
-                        .execute(&mut **tx)
-                        .await
-                        .map(|_| ())
-                })
-            }
-        }
-
-        #[cfg(feature = $feature)]
-        impl Table for $ty {
-            fn name(&self) -> &str {
-                &self.name
-            }
-
-            fn create(&self) -> Fut<'_, ()> {
-                Box::pin(async move {
-                    let sql = $create.replace("{t}", &self.name);
-                    sqlx::query(sqlx::AssertSqlSafe(sql))
-                        .execute(&self.pool)
-                        .await?;
-                    Ok(())
-                })
-            }
-
-            fn load<'a>(
-                &'a self,
-                group: &'a str,
-                parts: &'a [(String, i32)],
-            ) -> Fut<'a, Vec<(String, i32, i64)>> {
-                Box::pin(async move {
-                    let rows: Vec<(String, i32, i64)> =
-                        sqlx::query_as(sqlx::AssertSqlSafe(self.load.clone()))
-                            .bind(group)
-                            .fetch_all(&self.pool)
-                            .await?;
-                    Ok(rows
-                        .into_iter()
-                        .filter(|(t, p, _)| parts.iter().any(|(pt, pp)| pt == t && pp == p))
-                        .collect())
-                })
-            }
-
-            fn save<'a>(&'a self, group: &'a str, rows: &'a [(String, i32, i64)]) -> Fut<'a, ()> {
-                Box::pin(async move {
-                    let mut tx = self.pool.begin().await?;
-                    for (topic, partition, next) in rows {
-                        sqlx::query(sqlx::AssertSqlSafe(self.upsert.clone()))
-                            .bind(group)
-                            .bind(topic)
-                            .bind(*partition)
-                            .bind(*next)
-                            .execute(&mut *tx)
-                            .await?;
-                    }
-                    tx.commit().await?;
-                    Ok(())
-                })
-            }
-
-            fn in_tx<'a>(&'a self, at: Position, call: CallFut<'a>) -> RodeFut<'a> {
-                let rider: Box<dyn crate::store::sql::rider::Rider<$db>> = Box::new($rider {
-                    upsert: self.upsert.clone(),
-                    at,
-                    pool: self.pool.clone(),
-                });
-                Box::pin(crate::store::sql::rider::ride(rider, call))
-            }
-        }
-    };
+    }
 }
 
-sql_table!(
-    "postgres", crate::PgStore, sqlx::Postgres, PgOffsets, PgRider,
-    create: "CREATE TABLE IF NOT EXISTS {t} (consumer_group TEXT NOT NULL, topic TEXT NOT NULL, partition_id INTEGER NOT NULL, next_offset BIGINT NOT NULL, PRIMARY KEY (consumer_group, topic, partition_id))",
-    load: "SELECT topic, partition_id, next_offset FROM {t} WHERE consumer_group = $1",
-    upsert: "INSERT INTO {t} AS o (consumer_group, topic, partition_id, next_offset) VALUES ($1, $2, $3, $4) ON CONFLICT (consumer_group, topic, partition_id) DO UPDATE SET next_offset = GREATEST(o.next_offset, EXCLUDED.next_offset)"
-);
+#[cfg(feature = "_sql")]
+impl<D: Dialect> Table for SqlOffsets<D> {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
 
-sql_table!(
-    "mysql", crate::MySqlStore, sqlx::MySql, MySqlOffsets, MySqlRider,
-    create: "CREATE TABLE IF NOT EXISTS {t} (consumer_group VARCHAR(255) NOT NULL, topic VARCHAR(249) NOT NULL, partition_id INT NOT NULL, next_offset BIGINT NOT NULL, PRIMARY KEY (consumer_group, topic, partition_id))",
-    load: "SELECT topic, partition_id, next_offset FROM {t} WHERE consumer_group = ?",
-    upsert: "INSERT INTO {t} (consumer_group, topic, partition_id, next_offset) VALUES (?, ?, ?, ?) ON DUPLICATE KEY UPDATE next_offset = GREATEST(next_offset, VALUES(next_offset))"
-);
+    fn create(&self) -> Fut<'_, ()> {
+        Box::pin(async move { Ok(self.0.create().await?) })
+    }
 
-sql_table!(
-    "sqlite", crate::SqliteStore, sqlx::Sqlite, SqliteOffsets, SqliteRider,
-    create: "CREATE TABLE IF NOT EXISTS {t} (consumer_group TEXT NOT NULL, topic TEXT NOT NULL, partition_id INTEGER NOT NULL, next_offset INTEGER NOT NULL, PRIMARY KEY (consumer_group, topic, partition_id))",
-    load: "SELECT topic, partition_id, next_offset FROM {t} WHERE consumer_group = ?",
-    upsert: "INSERT INTO {t} AS o (consumer_group, topic, partition_id, next_offset) VALUES (?, ?, ?, ?) ON CONFLICT (consumer_group, topic, partition_id) DO UPDATE SET next_offset = MAX(o.next_offset, excluded.next_offset)"
-);
+    fn load<'a>(
+        &'a self,
+        group: &'a str,
+        parts: &'a [(String, i32)],
+    ) -> Fut<'a, Vec<(String, i32, i64)>> {
+        Box::pin(async move {
+            let rows = self.0.load(group).await?;
+            Ok(rows
+                .into_iter()
+                .filter(|(t, p, _)| parts.iter().any(|(pt, pp)| pt == t && pp == p))
+                .collect())
+        })
+    }
+
+    fn save<'a>(&'a self, group: &'a str, rows: &'a [(String, i32, i64)]) -> Fut<'a, ()> {
+        Box::pin(async move { Ok(self.0.save(group, rows).await?) })
+    }
+
+    fn in_tx<'a>(&'a self, at: Position, call: CallFut<'a>) -> RodeFut<'a> {
+        Box::pin(async move {
+            self.0
+                .ride(&at.group, &at.topic, at.partition, at.next, call)
+                .await
+        })
+    }
+}

@@ -9,7 +9,7 @@ use super::keys::SCAN_COUNT;
 use super::read::{read_cmds, read_replies};
 use crate::error::StoreError;
 use crate::store::Record;
-use crate::store::inspect::{Forgot, Inspect, Query, Schema, Stats, Swept};
+use crate::store::ops::{Forgot, Inspect, Query, Schema, Stats, Swept};
 
 impl RedisStore {
     /// The records of `handler` (or of every handler), in no order: the

@@ -13,6 +13,15 @@ use super::rows::NewRow;
 use super::template::{Literals, Placeholders};
 use crate::error::Contention;
 
+/// A [`Dialect`] of a database server (PostgreSQL, MySQL/MariaDB), whose
+/// store takes a lock timeout, a [`ClaimOrder`](super::ClaimOrder) and a
+/// [`RoundTrips`](super::RoundTrips) (`with_lock_timeout`,
+/// `with_claim_order`, `with_round_trips` on
+/// [`SqlStore`](super::SqlStore)). SQLite's is not one: its store learns
+/// the lock timeout from its connections and sends every statement apart.
+/// Like [`Dialect`], it cannot be implemented outside this crate.
+pub trait ServerDialect: Dialect {}
+
 /// The SQL databases a [`SqlStore`](super::SqlStore) runs on: implemented
 /// for sqlx's [`Sqlite`](sqlx::Sqlite), [`Postgres`](sqlx::Postgres) and
 /// [`MySql`](sqlx::MySql). It can be named as a bound, but not implemented
@@ -135,6 +144,19 @@ pub trait Dialect: Exec {
     /// Creates the table `table` and its expiry index if they do not exist
     /// (one or more statements, no parameters), as this release writes it.
     fn create(table: &str) -> String;
+
+    /// Creates an offset table (`offsets.rs`), `{t}`, if it does not
+    /// exist: one row per consumer, stream and partition, holding the
+    /// offset to consume next.
+    const OFFSETS_CREATE: &'static str;
+
+    /// The rows of `:consumer` in an offset table: stream, partition (as a
+    /// 64-bit integer) and next offset.
+    const OFFSETS_LOAD: &'static str;
+
+    /// Writes the row of `:consumer`, `:stream` and `:partition` with
+    /// `:next`, moving a row that exists only forward.
+    const OFFSETS_UPSERT: &'static str;
 
     /// The SQL of a table partitioned by time ([`Partitions`]), where the
     /// database has partitions (`None` elsewhere). Claims on such a table

@@ -176,6 +176,7 @@ where
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
     for<'q> Option<&'q str>: Encode<'q, DB> + Type<DB>,
     for<'q> i64: Encode<'q, DB>,
+    for<'q> i32: Encode<'q, DB> + Type<DB>,
     for<'q> Option<i64>: Encode<'q, DB> + Type<DB>,
     for<'r> i64: Decode<'r, DB> + Type<DB>,
     for<'r> String: Decode<'r, DB> + Type<DB>,
@@ -205,6 +206,10 @@ where
                 Param::Fingerprints => DB::bind_column(query, values.fingerprints),
                 Param::Outcomes => DB::bind_column(query, values.outcomes),
                 Param::Tokens => DB::bind_column(query, values.tokens),
+                Param::Consumer => query.bind(values.consumer),
+                Param::Stream => query.bind(values.stream),
+                Param::Partition => query.bind(values.partition),
+                Param::Next => query.bind(values.next),
             };
         }
         query

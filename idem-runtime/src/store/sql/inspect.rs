@@ -6,9 +6,7 @@
 //! file, chosen by the filter and the order).
 
 use crate::error::StoreError;
-use crate::store::inspect::{
-    Filter, Forgot, Inspect, Order, Query, Schema, Stats, Swept, sweep_all,
-};
+use crate::store::ops::{Filter, Forgot, Inspect, Order, Query, Schema, Stats, Swept, sweep_all};
 use crate::store::{Record, Status};
 
 use super::statements::render;

@@ -33,8 +33,8 @@
 //! the same statements and values. Dialects hold no execution code at all,
 //! which kept each of them to its SQL and its error codes.
 //!
-//! The files, each using only those above it (`batch.rs` and `inspect.rs`
-//! are more of `SqlStore`'s methods, beside `mod.rs`):
+//! The files, each using only those above it (`claim.rs` to `ops.rs` are
+//! more of `SqlStore`'s methods, beside `mod.rs`):
 //!
 //! ```text
 //! template.rs    the template language: `:name` parameters, placeholders, literals
@@ -44,8 +44,13 @@
 //! exec.rs        what the store needs of a sqlx driver: bind, run, decode
 //! dialect.rs     the Dialect trait: what differs between the databases
 //! statements.rs  the statements of one store, built once per table
-//! mod.rs         SqlStore: the claim loop, both modes, LeaseStore and TxStore
+//! mod.rs         SqlStore: the type, its settings, its errors
+//! claim.rs       what both modes share: taking a row, the record that stands
+//! lease.rs       LeaseStore                 tx.rs       TxStore
 //! batch.rs       SqlStore's batches         inspect.rs  SqlStore's Inspect
+//! ops.rs         sweeping, one record, the count, the schema version
+//! rider.rs       a write that rides in an outcome's transaction
+//! offsets.rs     offset tables: a consumer's position, written by a rider
 //! sqlite.rs, postgres.rs, mysql.rs: each database's Dialect, constructors, migrate()
 //! ```
 
@@ -53,32 +58,26 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use sqlx::{Pool, Transaction};
+use sqlx::Pool;
 
-use crate::clock::millis;
-use crate::error::{Contention, StoreError};
-use crate::key::Key;
-use crate::registry::HandlerSpec;
-use crate::store::contract::{
-    BatchItem, Claim, Failure, Held, LeaseStore, Standing, TxBatch, TxBatchCommit, TxClaim,
-    TxCommit, TxStore,
-};
-use crate::store::rules::{live_standing, may_take};
-use crate::store::{Record, Status, Sweep};
+use crate::error::StoreError;
 
 mod batch;
+mod claim;
 mod dialect;
 mod exec;
 mod inspect;
+mod lease;
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub mod mysql;
+mod offsets;
+mod ops;
 mod partitions;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
-#[cfg(feature = "kafka")]
-pub(crate) mod rider;
+mod rider;
 mod rows;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
@@ -86,14 +85,16 @@ pub mod sqlite;
 mod statements;
 mod table;
 mod template;
+mod tx;
 
-pub use dialect::Dialect;
 use dialect::Fault;
+pub use dialect::{Dialect, ServerDialect};
 use exec::Found;
+pub use offsets::OffsetTable;
 pub use partitions::Partitions;
-use statements::{Statements, Sweeping, Take};
+use statements::Statements;
 use table::{DEFAULT_TABLE, bare, validate_table_name};
-use template::{Statement, Values};
+use template::Values;
 
 /// The version of the dedup table this release writes and reads: 1 was
 /// the first release's; 2 added `failures`, `last_error` and `fingerprint`;
@@ -449,209 +450,6 @@ impl<D: Dialect> SqlStore<D> {
         }
     }
 
-    /// Deletes at most `batch` expired records, oldest first; returns how
-    /// many.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let dir = tempfile::tempdir()?;
-    /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
-    /// # store.migrate().await?;
-    /// let deleted = store.sweep_expired(1_000).await?;
-    /// assert_eq!(deleted, 0); // nothing has expired yet
-    /// # Ok(()) }
-    /// ```
-    pub async fn sweep_expired(&self, batch: u32) -> Result<u64, StoreError> {
-        let by_partitions = self.swept_by_partitions().await?;
-        self.sweep_step(batch, by_partitions).await
-    }
-
-    /// One sweep of at most `batch` rows, by partitions or by a delete as
-    /// [`swept_by_partitions`](Self::swept_by_partitions) answered.
-    pub(crate) async fn sweep_step(
-        &self,
-        batch: u32,
-        by_partitions: bool,
-    ) -> Result<u64, StoreError> {
-        let values = Values {
-            batch: i64::from(batch),
-            ..self.values()
-        };
-        match (&self.sql.sweep, by_partitions) {
-            (Sweeping::Delete(delete), _) | (Sweeping::Either { delete, .. }, false) => {
-                self.write(delete, &values, D::SWEEP_BEGIN).await
-            }
-            (Sweeping::Maintain(call), _) | (Sweeping::Either { maintain: call, .. }, true) => {
-                self.maintain(call, &values).await
-            }
-        }
-    }
-
-    /// Whether the table is swept by partitions: a store opened with them,
-    /// or one opened without them on a table partitioned since (asked of
-    /// the database, where it has partitions).
-    pub(crate) async fn swept_by_partitions(&self) -> Result<bool, StoreError> {
-        match &self.sql.sweep {
-            Sweeping::Delete(_) => Ok(false),
-            Sweeping::Maintain(_) => Ok(true),
-            Sweeping::Either { partitioned, .. } => {
-                let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-                let answer = D::number(&mut conn, partitioned, &self.values())
-                    .await
-                    .map_err(|e| self.err(e))?;
-                Ok(answer > 0)
-            }
-        }
-    }
-
-    /// Sweeps a partitioned table by its maintenance function's steps
-    /// (`call`): as many rows as it removed.
-    async fn maintain(&self, call: &Statement, values: &Values<'_>) -> Result<u64, StoreError> {
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-        // Each step is a statement, and so a transaction, of its own: a
-        // partition made or dropped releases the table's lock before the
-        // next step. A bound on the steps keeps a call short (a partition
-        // a step).
-        for _ in 0..MAINTENANCE_STEPS {
-            let removed = D::number(&mut conn, call, values)
-                .await
-                .map_err(|e| self.err(e))?;
-            if removed >= 0 {
-                return Ok(u64::try_from(removed).unwrap_or(0));
-            }
-        }
-        Ok(0)
-    }
-
-    /// The record of `key` under handler `handler`, if any.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let dir = tempfile::tempdir()?;
-    /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
-    /// # store.migrate().await?;
-    /// use idem_runtime::Key;
-    ///
-    /// let key = Key::from_parts(&[&1u64, &"apple"])?;
-    /// match store.record("deduct_stock", &key).await? {
-    ///     Some(r) => println!("{:?} at {}: {:?}", r.status, r.updated_at_ms, r.outcome),
-    ///     None => println!("not seen within its ttl"),
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub async fn record(&self, handler: &str, key: &Key) -> Result<Option<Record>, StoreError> {
-        Ok(self.found(handler, key).await?.map(|found| found.record))
-    }
-
-    /// The record of `key` under `handler`, with the database's now.
-    async fn found(&self, handler: &str, key: &Key) -> Result<Option<Found>, StoreError> {
-        let values = self.stamped(handler, key, Duration::ZERO)?;
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-        D::fetch(&mut conn, &self.sql.select, &values)
-            .await
-            .map_err(|e| self.err(e))
-    }
-
-    /// How many records the table holds, expired or not.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let dir = tempfile::tempdir()?;
-    /// # let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
-    /// # store.migrate().await?;
-    /// assert_eq!(store.count().await?, 0);
-    /// # Ok(()) }
-    /// ```
-    pub async fn count(&self) -> Result<i64, StoreError> {
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-        D::number(&mut conn, &self.sql.count, &Values::default())
-            .await
-            .map_err(|e| self.err(e))
-    }
-
-    /// The version of this store's table: [`SCHEMA_VERSION`] once
-    /// migrated by this release; an earlier one (1 for a table of the first
-    /// release, 2 for one without `max_attempts`), which `migrate` upgrades
-    /// in place; `None` when there is no table.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let dir = tempfile::tempdir()?;
-    /// use idem_runtime::store::sql::SCHEMA_VERSION;
-    ///
-    /// let store = idem_runtime::SqliteStore::open(dir.path().join("idem.db")).await?;
-    /// assert_eq!(store.schema_version().await?, None);
-    /// store.migrate().await?;
-    /// assert_eq!(store.schema_version().await?, Some(SCHEMA_VERSION));
-    /// # Ok(()) }
-    /// ```
-    pub async fn schema_version(&self) -> Result<Option<u32>, StoreError> {
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-        let columns = D::texts(&mut conn, &self.sql.columns)
-            .await
-            .map_err(|e| self.err(e))?;
-        if columns.is_empty() {
-            return Ok(None);
-        }
-        // The last version whose columns, and every earlier one's, are all there.
-        let has = |column: &str| columns.iter().any(|c| c.eq_ignore_ascii_case(column));
-        let complete = |version: u32| {
-            self.sql
-                .upgrades
-                .iter()
-                .filter(|(added_in, _, _)| *added_in == version)
-                .all(|(_, column, _)| has(column))
-        };
-        Ok(Some(
-            (2..=SCHEMA_VERSION)
-                .take_while(|v| complete(*v))
-                .last()
-                .unwrap_or(1),
-        ))
-    }
-
-    /// The statements adding the columns of this release that `columns`
-    /// (a table's) lacks.
-    fn missing_columns<'s>(
-        &'s self,
-        columns: &'s [String],
-    ) -> impl Iterator<Item = &'s Statement> + 's {
-        self.sql
-            .upgrades
-            .iter()
-            .filter(|(_, column, _)| !columns.iter().any(|c| c.eq_ignore_ascii_case(column)))
-            .map(|(_, _, add)| add)
-    }
-
-    /// Adds the columns a table of an earlier release lacks, on `conn`,
-    /// which holds the store's migration lock. The columns are added with
-    /// defaults that read as "no failure, no fingerprint, limit unknown", so
-    /// every record keeps its meaning and goes on suppressing its
-    /// duplicates.
-    pub(crate) async fn upgrade(&self, conn: &mut D::Connection) -> Result<(), StoreError> {
-        let columns = D::texts(conn, &self.sql.columns)
-            .await
-            .map_err(|e| self.err(e))?;
-        for add in self.missing_columns(&columns) {
-            D::run(conn, add, &Values::default())
-                .await
-                .map_err(|e| self.err(e))?;
-        }
-        Ok(())
-    }
-
     /// The statements that create the table and its index, for the store
     /// modules' `migrate`.
     pub(crate) fn create_sql(&self) -> &Arc<str> {
@@ -663,26 +461,11 @@ impl<D: Dialect> SqlStore<D> {
         Duration::from_millis(self.lock_timeout_ms.load(Ordering::Relaxed))
     }
 
-    /// Sets the lock timeout this store reports, for this store and the
-    /// clones made from it from now on.
-    #[cfg(any(feature = "postgres", feature = "mysql"))]
-    pub(crate) fn set_lock_timeout(mut self, timeout: Duration) -> Self {
-        self.lock_timeout_ms = Arc::new(AtomicU64::new(millis_u64(timeout)));
-        self
-    }
-
     /// Records the lock timeout the connections report (SQLite).
     #[cfg(feature = "sqlite")]
     pub(crate) fn learn_lock_timeout(&self, timeout: Duration) {
         self.lock_timeout_ms
             .store(millis_u64(timeout), Ordering::Relaxed);
-    }
-
-    /// Sets when transaction-mode handlers write their dedup row.
-    #[cfg(any(feature = "postgres", feature = "mysql"))]
-    pub(crate) fn set_claim_order(mut self, order: ClaimOrder) -> Self {
-        self.order = order;
-        self
     }
 
     /// Partitions the table as `partitions` says (a dialect with
@@ -698,13 +481,6 @@ impl<D: Dialect> SqlStore<D> {
     #[cfg(feature = "postgres")]
     pub(crate) fn partitioning(&self) -> Option<Partitions> {
         self.partitions
-    }
-
-    /// Sets how transaction-mode handlers send their dedup row.
-    #[cfg(any(feature = "postgres", feature = "mysql"))]
-    pub(crate) fn set_round_trips(mut self, trips: RoundTrips) -> Self {
-        self.trips = trips;
-        self
     }
 
     /// How transaction-mode handlers send their dedup row: what the store
@@ -728,241 +504,6 @@ impl<D: Dialect> SqlStore<D> {
             Some(_) => self.trips,
             None => RoundTrips::Separate,
         }
-    }
-
-    /// The values of a statement on `key` of `handler`, with `hold` how
-    /// long a lease or record it writes lasts from the database's now
-    /// (`{until}`).
-    fn stamped<'a>(
-        &self,
-        handler: &'a str,
-        key: &'a Key,
-        hold: Duration,
-    ) -> Result<Values<'a>, StoreError> {
-        self.check_handler(handler)?;
-        Ok(Values {
-            handler,
-            key: key.as_str(),
-            hold: millis(hold),
-            ..self.values()
-        })
-    }
-
-    /// Refuses a handler name longer than the table holds.
-    fn check_handler(&self, handler: &str) -> Result<(), StoreError> {
-        if handler.len() > D::MAX_HANDLER_LEN {
-            return Err(StoreError::Schema(format!(
-                "handler name {handler:?} is {} bytes long; the {} store's table holds at most {}",
-                handler.len(),
-                D::STORE,
-                D::MAX_HANDLER_LEN
-            )));
-        }
-        Ok(())
-    }
-
-    /// Runs `take` on `conn`: inserts the claim row, or takes over one a
-    /// claim may take (see [`rows::claimable`]); otherwise reads the
-    /// record that stands.
-    async fn take(
-        &self,
-        conn: &mut D::Connection,
-        take: &Take,
-        spec: &HandlerSpec,
-        values: &Values<'_>,
-    ) -> Result<Race, sqlx::Error> {
-        if D::rows_affected(&D::run(conn, &take.insert, values).await?) > 0 {
-            return Ok(Race::Won);
-        }
-        let standing = D::fetch(conn, &self.sql.select_latest, values).await?;
-        match (&take.take_over, standing) {
-            (Some(take_over), Some(standing))
-                if may_take(&standing.record, standing.now, spec, values.fingerprint) =>
-            {
-                if D::rows_affected(&D::run(conn, take_over, values).await?) > 0 {
-                    return Ok(Race::Won);
-                }
-                // Another claim took it over first: what stands now.
-                Ok(Race::Lost(
-                    D::fetch(conn, &self.sql.select_latest, values)
-                        .await?
-                        .map(Box::new),
-                ))
-            }
-            (_, standing) => Ok(Race::Lost(standing.map(Box::new))),
-        }
-    }
-
-    /// Runs `statement` on its own (or in a transaction opened with `begin`)
-    /// and returns how many rows it wrote. A deadlock victim, which the
-    /// database rolled back whole, runs again.
-    async fn write(
-        &self,
-        statement: &Statement,
-        values: &Values<'_>,
-        begin: Option<&'static str>,
-    ) -> Result<u64, StoreError> {
-        let mut tries = 0;
-        loop {
-            let done = match begin {
-                None => match self.pool.acquire().await {
-                    Ok(mut conn) => D::run(&mut conn, statement, values).await,
-                    Err(e) => Err(e),
-                },
-                Some(begin) => match self.pool.begin_with(begin).await {
-                    Ok(mut tx) => match D::run(&mut tx, statement, values).await {
-                        Ok(done) => tx.commit().await.map(|()| done),
-                        Err(e) => {
-                            // Now, not when the connection is next used.
-                            let _ = tx.rollback().await;
-                            Err(e)
-                        }
-                    },
-                    Err(e) => Err(e),
-                },
-            };
-            match done {
-                Ok(done) => return Ok(D::rows_affected(&done)),
-                Err(e) if tries < DEADLOCK_RETRIES && fault::<D>(&e) == Fault::Deadlock => {
-                    tries += 1;
-                }
-                Err(e) => return Err(self.err(e)),
-            }
-        }
-    }
-
-    /// What a record that did not let a claim take the key says to a
-    /// delivery with `fingerprint`, at the database's now when the record
-    /// was read; `None` when the record has changed since (expired, or
-    /// claimable after all): the claim may be tried again.
-    fn standing(
-        &self,
-        found: Option<Found>,
-        spec: &HandlerSpec,
-        fingerprint: Option<&str>,
-    ) -> Option<Standing> {
-        let Found { record, now } = found?;
-        live_standing(Some(&record), spec, fingerprint, now)
-    }
-
-    /// The values of a claim of `key` for a delivery with `fingerprint`: as
-    /// [`stamped`](Self::stamped) for `hold`, with the handler's
-    /// `max_attempts` and the start of its window.
-    fn claim_values<'a>(
-        &self,
-        spec: &'a HandlerSpec,
-        key: &'a Key,
-        fingerprint: Option<&'a str>,
-        hold: Duration,
-    ) -> Result<Values<'a>, StoreError> {
-        let stamped = self.stamped(spec.name, key, hold)?;
-        Ok(Values {
-            fingerprint,
-            max: spec.max_attempts.map(i64::from),
-            ttl: millis(spec.ttl),
-            ..stamped
-        })
-    }
-
-    /// When a transaction-mode call of `spec` writes its dedup row: first
-    /// for a handler that counts failures, whose count must be read and
-    /// held before its body runs; otherwise as the store says.
-    fn order_for(&self, spec: &HandlerSpec) -> ClaimOrder {
-        if spec.max_attempts.is_some() {
-            ClaimOrder::First
-        } else {
-            self.order
-        }
-    }
-
-    /// Someone else holds the key: retry after the lock timeout.
-    fn busy(&self) -> TxClaim<Transaction<'static, D>> {
-        TxClaim::Refused(Standing::InProgress {
-            retry_after: self.lock_timeout(),
-        })
-    }
-
-    /// Opens a transaction-mode call's transaction. It ends with
-    /// [`commit_tx`](Self::commit_tx) or [`rollback_tx`](Self::rollback_tx),
-    /// which set the session back where the dialect's `BEGIN` changed it.
-    async fn begin(&self) -> Result<Transaction<'static, D>, StoreError> {
-        let mut tx = match D::BEGIN {
-            Some(begin) => self.pool.begin_with(begin).await,
-            None => self.pool.begin().await,
-        }
-        .map_err(|e| self.err(e))?;
-        if let Some(session) = D::CALL_SESSION
-            && let Err(e) = D::run_text(&mut tx, session).await
-        {
-            let _ = Self::rollback_tx(tx).await;
-            return Err(self.err(e));
-        }
-        Ok(tx)
-    }
-
-    /// Commits a transaction-mode call's transaction ([`Dialect::END`]).
-    async fn commit_tx(mut tx: Transaction<'static, D>) -> Result<(), sqlx::Error> {
-        match D::END {
-            // sqlx still counts the transaction open: dropped, it queues a
-            // `ROLLBACK` of nothing, which leaves with the ping the pool
-            // sends when the connection returns.
-            Some(end) => D::run_text(&mut tx, end.commit).await.map(drop),
-            None => tx.commit().await,
-        }
-    }
-
-    /// Rolls a transaction-mode call's transaction back ([`Dialect::END`]).
-    async fn rollback_tx(mut tx: Transaction<'static, D>) -> Result<(), sqlx::Error> {
-        match D::END {
-            Some(end) => D::run_text(&mut tx, end.rollback).await.map(drop),
-            None => tx.rollback().await,
-        }
-    }
-
-    /// The store's error for a driver error.
-    /// Records `outcome` in the transaction-mode call's transaction and
-    /// commits it ([`TxStore::commit_outcome`] without the rider).
-    async fn record_outcome(
-        &self,
-        mut tx: Transaction<'static, D>,
-        spec: &'static HandlerSpec,
-        key: &Key,
-        fingerprint: Option<&str>,
-        outcome: &str,
-    ) -> Result<TxCommit, StoreError> {
-        let values = Values {
-            outcome: Some(outcome),
-            ..self.claim_values(spec, key, fingerprint, spec.ttl)?
-        };
-        let taken = match self.order_for(spec) {
-            // The claim row is this transaction's: record the outcome in it.
-            ClaimOrder::First => {
-                match self
-                    .write_claimed(&mut tx, &self.sql.complete_tx, &values)
-                    .await
-                {
-                    Ok(()) => Ok(Race::Won),
-                    Err(e) => {
-                        let _ = Self::rollback_tx(tx).await;
-                        return Err(self.err(e));
-                    }
-                }
-            }
-            ClaimOrder::Last | ClaimOrder::Checked => {
-                match self.merged(&self.sql.claim_with_commit) {
-                    Some(message) => {
-                        return self.commit_claim_merged(tx, message, spec, &values).await;
-                    }
-                    // Claim-last found a live row: this delivery is a duplicate.
-                    // Its body's writes roll back with the transaction.
-                    None => {
-                        self.take(&mut tx, &self.sql.claim_with_outcome, spec, &values)
-                            .await
-                    }
-                }
-            }
-        };
-        self.lost(tx, spec, &values, taken).await
     }
 
     pub(crate) fn err(&self, e: sqlx::Error) -> StoreError {
@@ -999,6 +540,82 @@ impl<D: Dialect> SqlStore<D> {
     }
 }
 
+/// The settings of a store on a database server (PostgreSQL,
+/// MySQL/MariaDB), the same for every [`ServerDialect`]: on `PgStore` and
+/// `MySqlStore` alike.
+impl<D: ServerDialect> SqlStore<D> {
+    /// The lock timeout reported as `retry_after` when a claim times out,
+    /// for this store and the clones made from it from now on.
+    ///
+    /// Set it to the lock timeout of the pool's sessions (PostgreSQL's
+    /// `lock_timeout`, MySQL's `innodb_lock_wait_timeout`) when the store
+    /// did not make the pool (`from_pool`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # #[cfg(feature = "postgres")] {
+    /// # let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://postgres@127.0.0.1/test")?;
+    /// use idem_runtime::PgStore;
+    /// use std::time::Duration;
+    ///
+    /// let store = PgStore::from_pool(pool).with_lock_timeout(Duration::from_secs(2));
+    /// # }
+    /// # Ok(()) }
+    /// ```
+    pub fn with_lock_timeout(mut self, timeout: Duration) -> Self {
+        self.lock_timeout_ms = Arc::new(AtomicU64::new(millis_u64(timeout)));
+        self
+    }
+
+    /// When transaction-mode handlers write their dedup row.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # #[cfg(feature = "mysql")] {
+    /// # let pool = sqlx::mysql::MySqlPoolOptions::new().connect_lazy("mysql://root@127.0.0.1:3306/test")?;
+    /// use idem_runtime::{ClaimOrder, MySqlStore};
+    ///
+    /// // duplicates are frequent and their bodies expensive: turn them away first
+    /// let store = MySqlStore::from_pool(pool).with_claim_order(ClaimOrder::First);
+    /// # }
+    /// # Ok(()) }
+    /// ```
+    pub fn with_claim_order(mut self, order: ClaimOrder) -> Self {
+        self.order = order;
+        self
+    }
+
+    /// How transaction-mode handlers send their dedup row: in the
+    /// `COMMIT`'s message, or as a statement of its own (see
+    /// [`RoundTrips`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # #[cfg(feature = "postgres")] {
+    /// # let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://postgres@127.0.0.1/test")?;
+    /// use idem_runtime::{PgStore, RoundTrips};
+    ///
+    /// // the database is across a network: save the dedup row's round trip
+    /// let store = PgStore::from_pool(pool).with_round_trips(RoundTrips::Merged);
+    /// assert_eq!(store.round_trips(), RoundTrips::Merged);
+    /// # }
+    /// # Ok(()) }
+    /// ```
+    pub fn with_round_trips(mut self, trips: RoundTrips) -> Self {
+        self.trips = trips;
+        self
+    }
+}
+
 /// Opens one connection with `options` directly, before a store builds its
 /// pool: a pool retries a refused connection until its acquire timeout
 /// (`deadline`, 30 s by default) and then reports only the timeout, while
@@ -1031,540 +648,4 @@ fn fault<D: Dialect>(e: &sqlx::Error) -> Fault {
 
 fn millis_u64(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-impl<D: Dialect> LeaseStore for SqlStore<D> {
-    fn store_name(&self) -> &'static str {
-        D::STORE
-    }
-
-    async fn claim(
-        &self,
-        spec: &'static HandlerSpec,
-        key: &Key,
-        fingerprint: Option<&str>,
-    ) -> Result<Claim, StoreError> {
-        for _ in 0..CLAIM_RETRIES {
-            let token = uuid::Uuid::new_v4().simple().to_string();
-            let values = Values {
-                token: Some(&token),
-                ..self.claim_values(spec, key, fingerprint, spec.lease)?
-            };
-            let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-            match self.take(&mut conn, &self.sql.claim, spec, &values).await {
-                Ok(Race::Won) => return Ok(Claim::Fresh { token }),
-                Ok(Race::Lost(found)) => {
-                    if let Some(exhausted) = found
-                        .as_ref()
-                        .and_then(|f| Standing::of_ran_out(&f.record, spec, f.now))
-                    {
-                        // The stalled claim was the last failure allowed:
-                        // count it, unless another claim did first.
-                        let settle = Values {
-                            hold: millis(spec.ttl),
-                            ..values
-                        };
-                        match D::run(&mut conn, &self.sql.settle_ran_out, &settle).await {
-                            Ok(done) if D::rows_affected(&done) == 1 => {
-                                return Ok(Claim::Refused(exhausted));
-                            }
-                            Ok(_) => {}
-                            Err(e) if fault::<D>(&e) == Fault::Deadlock => {}
-                            Err(e) => return Err(self.err(e)),
-                        }
-                        continue;
-                    }
-                    if let Some(standing) = self.standing(found.map(|f| *f), spec, fingerprint) {
-                        return Ok(Claim::Refused(standing));
-                    }
-                    // Gone, or changed, before it could be read: again.
-                }
-                Err(e) => match fault::<D>(&e) {
-                    Fault::LockWait => {
-                        return Ok(Claim::Refused(Standing::InProgress {
-                            retry_after: self.lock_timeout(),
-                        }));
-                    }
-                    Fault::Deadlock => {}
-                    _ => return Err(self.err(e)),
-                },
-            }
-        }
-        Err(StoreError::Backend(Box::from(
-            "the record kept changing while it was being claimed; retry the delivery",
-        )))
-    }
-
-    async fn complete(
-        &self,
-        spec: &'static HandlerSpec,
-        key: &Key,
-        token: &str,
-        outcome: &str,
-    ) -> Result<bool, StoreError> {
-        let values = Values {
-            token: Some(token),
-            outcome: Some(outcome),
-            ..self.stamped(spec.name, key, spec.ttl)?
-        };
-        if self.write(&self.sql.complete_lease, &values, None).await? == 1 {
-            return Ok(true);
-        }
-        // The claim no longer holds the key: lost, or completed by this
-        // very token (a completion whose reply was lost, tried again). The
-        // completed row keeps its token, so the row says which.
-        Ok(self.found(spec.name, key).await?.is_some_and(|found| {
-            found.record.status == Status::Completed && found.record.token.as_deref() == Some(token)
-        }))
-    }
-
-    async fn fail(
-        &self,
-        spec: &'static HandlerSpec,
-        key: &Key,
-        token: &str,
-        failure: Failure<'_>,
-    ) -> Result<bool, StoreError> {
-        let values = Values {
-            token: Some(token),
-            status: failure.status().as_str(),
-            outcome: failure.recorded(),
-            error: Some(failure.text()),
-            ..self.stamped(spec.name, key, spec.ttl)?
-        };
-        Ok(self.write(&self.sql.fail_lease, &values, None).await? == 1)
-    }
-
-    async fn release(
-        &self,
-        spec: &'static HandlerSpec,
-        key: &Key,
-        token: &str,
-    ) -> Result<(), StoreError> {
-        let values = Values {
-            token: Some(token),
-            ..self.stamped(spec.name, key, Duration::ZERO)?
-        };
-        self.write(&self.sql.release, &values, None).await?;
-        Ok(())
-    }
-
-    async fn extend(
-        &self,
-        spec: &'static HandlerSpec,
-        key: &Key,
-        token: &str,
-    ) -> Result<bool, StoreError> {
-        let values = Values {
-            token: Some(token),
-            ..self.stamped(spec.name, key, spec.lease)?
-        };
-        Ok(self.write(&self.sql.extend, &values, None).await? == 1)
-    }
-
-    async fn claim_batch(
-        &self,
-        spec: &'static HandlerSpec,
-        items: &[BatchItem<'_>],
-    ) -> Result<Vec<Claim>, StoreError> {
-        self.claim_rows(spec, items).await
-    }
-
-    async fn complete_batch(
-        &self,
-        spec: &'static HandlerSpec,
-        done: &[(Held<'_>, &str)],
-    ) -> Result<Vec<bool>, StoreError> {
-        self.complete_rows(spec, done).await
-    }
-
-    async fn release_batch(
-        &self,
-        spec: &'static HandlerSpec,
-        held: &[Held<'_>],
-    ) -> Result<(), StoreError> {
-        self.release_rows(spec, held).await
-    }
-
-    async fn extend_batch(
-        &self,
-        spec: &'static HandlerSpec,
-        held: &[Held<'_>],
-    ) -> Result<Vec<bool>, StoreError> {
-        self.extend_rows(spec, held).await
-    }
-}
-
-impl<D: Dialect> SqlStore<D> {
-    /// Runs `statement`, which writes the claim row this transaction holds
-    /// (claiming first), and fails the call if the row is gone: the
-    /// database ended the transaction (InnoDB rolls a deadlock victim back
-    /// whole and ends it, and what the body sent after that is in a
-    /// transaction of its own, which the caller rolls back; a statement of
-    /// the body may have committed implicitly), and nothing may be
-    /// committed as if the claim held.
-    async fn write_claimed(
-        &self,
-        tx: &mut Transaction<'static, D>,
-        statement: &Statement,
-        values: &Values<'_>,
-    ) -> Result<(), sqlx::Error> {
-        let done = D::run(tx, statement, values).await?;
-        if D::rows_affected(&done) == 1 {
-            return Ok(());
-        }
-        Err(self.claim_row_gone())
-    }
-
-    /// Settles a claim-last (or claim-again) statement that lost: rolls the
-    /// transaction back and says what stands.
-    async fn lost(
-        &self,
-        tx: Transaction<'static, D>,
-        spec: &HandlerSpec,
-        values: &Values<'_>,
-        taken: Result<Race, sqlx::Error>,
-    ) -> Result<TxCommit, StoreError> {
-        let standing = match taken {
-            Ok(Race::Won) => {
-                Self::commit_tx(tx).await.map_err(|e| self.err(e))?;
-                return Ok(TxCommit::Committed);
-            }
-            Ok(Race::Lost(found)) => self.standing(found.map(|f| *f), spec, values.fingerprint),
-            Err(e) if matches!(fault::<D>(&e), Fault::LockWait | Fault::Deadlock) => None,
-            Err(e) => {
-                let _ = Self::rollback_tx(tx).await;
-                return Err(self.err(e));
-            }
-        };
-        Self::rollback_tx(tx).await.map_err(|e| self.err(e))?;
-        Ok(TxCommit::Refused(standing.unwrap_or(
-            Standing::InProgress {
-                retry_after: self.lock_timeout(),
-            },
-        )))
-    }
-}
-
-impl<D: Dialect> SqlStore<D> {
-    /// The message of `statement` (in [`RoundTrips::Merged`]) when the
-    /// store sends it so.
-    fn merged<'s>(&self, statement: &'s Option<template::Inline>) -> Option<&'s template::Inline> {
-        statement
-            .as_ref()
-            .filter(|_| self.trips == RoundTrips::Merged)
-    }
-
-    /// Claims last with the outcome and commits, in one message
-    /// ([`RoundTrips::Merged`]). When a record of the key stands, the
-    /// message's insert fails: back before it (the body's writes kept),
-    /// the claim goes on as claiming last on its own does, reading the
-    /// record first: a duplicate costs one round trip more than claiming
-    /// on its own does (the rollback to the savepoint; none on MySQL), a
-    /// record the claim may take over (expired, or a failure to retry) at
-    /// most three.
-    async fn commit_claim_merged(
-        &self,
-        mut tx: Transaction<'static, D>,
-        message: &template::Inline,
-        spec: &HandlerSpec,
-        values: &Values<'_>,
-    ) -> Result<TxCommit, StoreError> {
-        let Err(e) = D::run_message(&mut tx, message.text(values)).await else {
-            // The message ends the transaction as the dialect does (a
-            // `COMMIT` and a `BEGIN`, which leaves the connection where sqlx
-            // believes it is; or the dialect's own end): dropping `tx`
-            // queues its `ROLLBACK` of nothing, which leaves with the ping
-            // the pool sends when the connection returns, in the background.
-            return Ok(TxCommit::Committed);
-        };
-        let taken = match fault::<D>(&e) {
-            Fault::Unique => {
-                let savepoint = D::WITH_COMMIT.is_some_and(|with| with.savepoint);
-                if savepoint
-                    && let Err(back) = D::run_text(&mut tx, statements::BACK_BEFORE_DEDUP_ROW).await
-                {
-                    let _ = Self::rollback_tx(tx).await;
-                    // No transaction to go back into: the unique key the
-                    // error names is a deferred one of the body's tables,
-                    // checked by the `COMMIT`, which rolled back. Anything
-                    // else (the connection dropped) is the rollback's own.
-                    return Err(self.err(if fault::<D>(&back) == Fault::NoTransaction {
-                        e
-                    } else {
-                        back
-                    }));
-                }
-                self.take_standing(&mut tx, spec, values).await
-            }
-            // Another transaction holds the key, or this one was a
-            // deadlock victim: settled as claiming last settles them.
-            Fault::LockWait | Fault::Deadlock => Err(e),
-            _ => {
-                let _ = Self::rollback_tx(tx).await;
-                return Err(self.err(e));
-            }
-        };
-        self.lost(tx, spec, values, taken).await
-    }
-
-    /// Claims last with the outcome, in `tx`, a key whose record stands:
-    /// reads the record, and takes it over only where a claim may.
-    async fn take_standing(
-        &self,
-        tx: &mut D::Connection,
-        spec: &HandlerSpec,
-        values: &Values<'_>,
-    ) -> Result<Race, sqlx::Error> {
-        match D::fetch(tx, &self.sql.select_latest, values).await? {
-            Some(found) if !may_take(&found.record, found.now, spec, values.fingerprint) => {
-                Ok(Race::Lost(Some(Box::new(found))))
-            }
-            _ => {
-                self.take(tx, &self.sql.claim_with_outcome, spec, values)
-                    .await
-            }
-        }
-    }
-
-    /// Claiming last with a read first ([`ClaimOrder::Checked`]): reads the
-    /// key's record in `tx` and turns the delivery away when the record
-    /// settles the key; otherwise hands `tx` to the body, and the insert
-    /// after it decides as claiming last does.
-    async fn check_before_body(
-        &self,
-        spec: &'static HandlerSpec,
-        key: &Key,
-        fingerprint: Option<&str>,
-    ) -> Result<TxClaim<Transaction<'static, D>>, StoreError> {
-        let values = self.stamped(spec.name, key, Duration::ZERO)?;
-        let mut tx = self.begin().await?;
-        let found = match D::fetch(&mut tx, &self.sql.select, &values).await {
-            Ok(found) => found,
-            Err(e) => {
-                let _ = Self::rollback_tx(tx).await;
-                return Err(self.err(e));
-            }
-        };
-        match self.standing(found, spec, fingerprint) {
-            // A live claim (a lease-mode handler's of the same name, in a
-            // table shared with it) is left to the insert after the body,
-            // as claiming last leaves it.
-            None | Some(Standing::InProgress { .. }) => Ok(TxClaim::Fresh(tx)),
-            Some(settled) => {
-                Self::rollback_tx(tx).await.map_err(|e| self.err(e))?;
-                Ok(TxClaim::Refused(settled))
-            }
-        }
-    }
-
-    /// The error of a claim row gone before its commit (see
-    /// [`write_claimed`](Self::write_claimed)).
-    fn claim_row_gone(&self) -> sqlx::Error {
-        sqlx::Error::Protocol(format!(
-            "the claim row of this transaction is gone before its commit (on {}): the transaction ended while the body ran (a deadlock victim, an implicit commit, a COMMIT or ROLLBACK the body sent); nothing was recorded",
-            self.sql.table
-        ))
-    }
-}
-
-impl<D: Dialect> TxStore for SqlStore<D> {
-    type Tx = Transaction<'static, D>;
-
-    fn store_name(&self) -> &'static str {
-        D::STORE
-    }
-
-    async fn begin_claim(
-        &self,
-        spec: &'static HandlerSpec,
-        key: &Key,
-        fingerprint: Option<&str>,
-    ) -> Result<TxClaim<Self::Tx>, StoreError> {
-        match self.order_for(spec) {
-            ClaimOrder::Last => return Ok(TxClaim::Fresh(self.begin().await?)),
-            ClaimOrder::Checked => return self.check_before_body(spec, key, fingerprint).await,
-            ClaimOrder::First => {}
-        }
-        let values = self.claim_values(spec, key, fingerprint, spec.ttl)?;
-        let mut tx = self.begin().await?;
-        let standing = match self.take(&mut tx, &self.sql.claim, spec, &values).await {
-            Ok(Race::Won) => {
-                // A failure is to be counted in the claim row: the body's
-                // writes must be undoable without it.
-                if spec.max_attempts.is_some()
-                    && let Err(e) = D::run_text(&mut tx, SAVEPOINT).await
-                {
-                    let _ = Self::rollback_tx(tx).await;
-                    return Err(self.err(e));
-                }
-                return Ok(TxClaim::Fresh(tx));
-            }
-            Ok(Race::Lost(found)) => self.standing(found.map(|f| *f), spec, fingerprint),
-            // Another transaction holds the key past the lock timeout, or
-            // this one was a deadlock victim: either way nothing of it
-            // remains once it is rolled back.
-            Err(e) if matches!(fault::<D>(&e), Fault::LockWait | Fault::Deadlock) => {
-                Self::rollback_tx(tx).await.map_err(|e| self.err(e))?;
-                return Ok(self.busy());
-            }
-            Err(e) => {
-                let _ = Self::rollback_tx(tx).await;
-                return Err(self.err(e));
-            }
-        };
-        Self::rollback_tx(tx).await.map_err(|e| self.err(e))?;
-        // Changed between our conflict and our read: let the redelivery retry.
-        Ok(standing.map_or_else(|| self.busy(), TxClaim::Refused))
-    }
-
-    async fn commit_outcome(
-        &self,
-        tx: Self::Tx,
-        spec: &'static HandlerSpec,
-        key: &Key,
-        fingerprint: Option<&str>,
-        outcome: &str,
-    ) -> Result<TxCommit, StoreError> {
-        // A consumer's write (its offset) that commits with the outcome.
-        #[cfg(feature = "kafka")]
-        let mut tx = tx;
-        #[cfg(feature = "kafka")]
-        let rode = match rider::take(&self.pool) {
-            Some(rider) => {
-                if let Err(e) = rider.write(&mut tx).await {
-                    let _ = Self::rollback_tx(tx).await;
-                    return Err(self.err(e));
-                }
-                true
-            }
-            None => false,
-        };
-        let committed = self
-            .record_outcome(tx, spec, key, fingerprint, outcome)
-            .await;
-        #[cfg(feature = "kafka")]
-        if rode && matches!(committed, Ok(TxCommit::Committed)) {
-            rider::committed();
-        }
-        committed
-    }
-
-    async fn commit_failure(
-        &self,
-        mut tx: Self::Tx,
-        spec: &'static HandlerSpec,
-        key: &Key,
-        fingerprint: Option<&str>,
-        failure: Failure<'_>,
-    ) -> Result<TxCommit, StoreError> {
-        let values = Values {
-            status: failure.status().as_str(),
-            outcome: failure.recorded(),
-            error: Some(failure.text()),
-            ..self.claim_values(spec, key, fingerprint, spec.ttl)?
-        };
-        if self.order_for(spec) == ClaimOrder::First && spec.max_attempts.is_some() {
-            // The claim row holds the key throughout: undo the body's
-            // writes, record the failure in the row, commit. No other
-            // delivery runs between the failure and its count.
-            let recorded = async {
-                D::run_text(&mut tx, ROLLBACK_TO_SAVEPOINT).await?;
-                self.write_claimed(&mut tx, &self.sql.fail_tx, &values)
-                    .await
-            }
-            .await;
-            if let Err(e) = recorded {
-                let _ = Self::rollback_tx(tx).await;
-                return Err(self.err(e));
-            }
-            Self::commit_tx(tx).await.map_err(|e| self.err(e))?;
-            return Ok(TxCommit::Committed);
-        }
-        // No claim row to keep (claiming last, or a final error of a handler
-        // that does not count failures): roll everything back, then claim
-        // the key anew with the failure.
-        Self::rollback_tx(tx).await.map_err(|e| self.err(e))?;
-        let mut tx = self.begin().await?;
-        let taken = self
-            .take(&mut tx, &self.sql.claim_with_failure, spec, &values)
-            .await;
-        self.lost(tx, spec, &values, taken).await
-    }
-
-    async fn rollback(
-        &self,
-        tx: Self::Tx,
-        spec: &'static HandlerSpec,
-        key: &Key,
-        fingerprint: Option<&str>,
-    ) -> Result<Option<Standing>, StoreError> {
-        Self::rollback_tx(tx).await.map_err(|e| self.err(e))?;
-        if self.order_for(spec) == ClaimOrder::First {
-            // The claim came first: a failing body was never a duplicate's.
-            return Ok(None);
-        }
-        // Claiming last, a duplicate's body ran before the claim could turn
-        // it away, and it may have failed for that very reason (the first
-        // delivery took the stock). A live record that settles the key is
-        // the answer: its outcome, its final error, or the other payload.
-        // The rollback went through: the transaction's connection was fine.
-        // A failure to read the record now is no reason to call the body's
-        // failure a store failure; the body's error stands.
-        self.check_handler(spec.name)?;
-        match self.found(spec.name, key).await {
-            Ok(found) => Ok(self.standing(found, spec, fingerprint).filter(|s| {
-                matches!(
-                    s,
-                    Standing::Completed { .. }
-                        | Standing::Failed { .. }
-                        | Standing::Mismatch { .. }
-                )
-            })),
-            Err(e) => {
-                tracing::warn!(error = %e, "could not look the key up after the body failed; its own error stands");
-                Ok(None)
-            }
-        }
-    }
-
-    async fn begin_batch(
-        &self,
-        spec: &'static HandlerSpec,
-        items: &[BatchItem<'_>],
-    ) -> Result<TxBatch<Self::Tx>, StoreError> {
-        self.begin_rows(spec, items).await
-    }
-
-    async fn commit_batch(
-        &self,
-        tx: Self::Tx,
-        spec: &'static HandlerSpec,
-        items: &[BatchItem<'_>],
-        outcomes: &[Option<&str>],
-    ) -> Result<TxBatchCommit, StoreError> {
-        self.commit_rows(tx, spec, items, outcomes).await
-    }
-
-    async fn rollback_batch(&self, tx: Self::Tx) -> Result<(), StoreError> {
-        Self::rollback_tx(tx).await.map_err(|e| self.err(e))
-    }
-
-    fn contention(&self, error: &(dyn std::error::Error + 'static)) -> Option<Contention> {
-        // A `sqlx::Error`, or the database error one holds: its `source`,
-        // which a wrapper that is `#[error(transparent)]` over a
-        // `sqlx::Error` hands on in its place.
-        let db = match error.downcast_ref::<sqlx::Error>() {
-            Some(sqlx::Error::Database(db)) => db,
-            Some(_) => return None,
-            None => error.downcast_ref::<Box<dyn sqlx::error::DatabaseError>>()?,
-        };
-        D::contention(db.as_ref())
-    }
-}
-
-impl<D: Dialect> Sweep for SqlStore<D> {
-    async fn sweep_expired(&self, batch: u32) -> Result<u64, StoreError> {
-        SqlStore::sweep_expired(self, batch).await
-    }
 }

@@ -24,11 +24,11 @@ use sqlx::mysql::{
 };
 use sqlx::{AssertSqlSafe, Executor as _, MySql, Transaction};
 
+use super::ClaimOrder;
 use super::dialect::{Fault, TxEnd, WithCommit};
 use super::rows::{COLUMNS, NewRow};
 use super::statements::insert_then_take_over;
 use super::template::{Literals, Placeholders};
-use super::{ClaimOrder, RoundTrips};
 use super::{Dialect, SqlStore, reach};
 use crate::error::{Contention, StoreError};
 use crate::registry;
@@ -152,7 +152,12 @@ const MIGRATE_LOCK_WAIT: Duration = Duration::from_secs(30);
 /// ```
 pub type MySqlStore = SqlStore<MySql>;
 
+impl super::ServerDialect for MySql {}
+
 impl Dialect for MySql {
+    const OFFSETS_CREATE: &'static str = "CREATE TABLE IF NOT EXISTS {t} (consumer_group VARCHAR(255) NOT NULL, topic VARCHAR(249) NOT NULL, partition_id INT NOT NULL, next_offset BIGINT NOT NULL, PRIMARY KEY (consumer_group, topic, partition_id))";
+    const OFFSETS_LOAD: &'static str = "SELECT topic, CAST(partition_id AS SIGNED), next_offset FROM {t} WHERE consumer_group = :consumer";
+    const OFFSETS_UPSERT: &'static str = "INSERT INTO {t} (consumer_group, topic, partition_id, next_offset) VALUES (:consumer, :stream, :partition, :next) ON DUPLICATE KEY UPDATE next_offset = GREATEST(next_offset, VALUES(next_offset))";
     const STORE: &'static str = "mysql";
     const PLACEHOLDERS: Placeholders = Placeholders::Question;
     // `UTC_TIMESTAMP(3)` is the statement's start (as `NOW()`, unlike
@@ -449,68 +454,6 @@ impl SqlStore<MySql> {
     /// ```
     pub fn from_pool(pool: MySqlPool) -> Self {
         SqlStore::new(pool, DEFAULT_LOCK_TIMEOUT, ClaimOrder::default())
-    }
-
-    /// The lock timeout reported as `retry_after` when a claim times out.
-    ///
-    /// Set it to the `innodb_lock_wait_timeout` of the pool's sessions when
-    /// the store did not make the pool (see [`from_pool`](Self::from_pool)).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let pool = sqlx::mysql::MySqlPoolOptions::new().connect_lazy("mysql://root@127.0.0.1:3306/test")?;
-    /// use idem_runtime::MySqlStore;
-    /// use std::time::Duration;
-    ///
-    /// let store = MySqlStore::from_pool(pool).with_lock_timeout(Duration::from_secs(2));
-    /// # Ok(()) }
-    /// ```
-    pub fn with_lock_timeout(self, timeout: Duration) -> Self {
-        self.set_lock_timeout(timeout)
-    }
-
-    /// When transaction-mode handlers write their dedup row.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let pool = sqlx::mysql::MySqlPoolOptions::new().connect_lazy("mysql://root@127.0.0.1:3306/test")?;
-    /// use idem_runtime::{ClaimOrder, MySqlStore};
-    ///
-    /// // duplicates are frequent and their bodies expensive: turn them away first
-    /// let store = MySqlStore::from_pool(pool).with_claim_order(ClaimOrder::First);
-    /// # Ok(()) }
-    /// ```
-    pub fn with_claim_order(self, order: ClaimOrder) -> Self {
-        self.set_claim_order(order)
-    }
-
-    /// How transaction-mode handlers send their dedup row: in the
-    /// `COMMIT`'s message, or as a statement of its own (see
-    /// [`RoundTrips`]).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let pool = sqlx::mysql::MySqlPoolOptions::new().connect_lazy("mysql://root@127.0.0.1:3306/test")?;
-    /// use idem_runtime::{MySqlStore, RoundTrips};
-    ///
-    /// let store = MySqlStore::from_pool(pool);
-    /// assert_eq!(store.round_trips(), RoundTrips::Separate);
-    /// // send the dedup row with the COMMIT: measure it first (`bench_mysql`)
-    /// let store = store.with_round_trips(RoundTrips::Merged);
-    /// assert_eq!(store.round_trips(), RoundTrips::Merged);
-    /// # Ok(()) }
-    /// ```
-    pub fn with_round_trips(self, trips: RoundTrips) -> Self {
-        self.set_round_trips(trips)
     }
 
     /// Creates the dedup table and its expiry index if they do not exist,

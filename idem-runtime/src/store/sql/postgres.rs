@@ -140,7 +140,12 @@ pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 /// ```
 pub type PgStore = SqlStore<Postgres>;
 
+impl super::ServerDialect for Postgres {}
+
 impl Dialect for Postgres {
+    const OFFSETS_CREATE: &'static str = "CREATE TABLE IF NOT EXISTS {t} (consumer_group TEXT NOT NULL, topic TEXT NOT NULL, partition_id INTEGER NOT NULL, next_offset BIGINT NOT NULL, PRIMARY KEY (consumer_group, topic, partition_id))";
+    const OFFSETS_LOAD: &'static str = "SELECT topic, CAST(partition_id AS BIGINT), next_offset FROM {t} WHERE consumer_group = :consumer";
+    const OFFSETS_UPSERT: &'static str = "INSERT INTO {t} AS o (consumer_group, topic, partition_id, next_offset) VALUES (:consumer, :stream, :partition, :next) ON CONFLICT (consumer_group, topic, partition_id) DO UPDATE SET next_offset = GREATEST(o.next_offset, EXCLUDED.next_offset)";
     const STORE: &'static str = "postgres";
     const PLACEHOLDERS: Placeholders = Placeholders::Dollar;
     // The time the server received the statement: constant within it (and,
@@ -470,69 +475,9 @@ impl SqlStore<Postgres> {
         } else {
             RoundTrips::Merged
         };
-        SqlStore::new(pool, DEFAULT_LOCK_TIMEOUT, ClaimOrder::default()).set_round_trips(trips)
+        SqlStore::new(pool, DEFAULT_LOCK_TIMEOUT, ClaimOrder::default()).with_round_trips(trips)
     }
 
-    /// The lock timeout reported as `retry_after` when a claim times out.
-    ///
-    /// Set it to the `lock_timeout` of the pool's connections when the store
-    /// did not make the pool (see [`from_pool`](Self::from_pool)).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://postgres@127.0.0.1/test")?;
-    /// use idem_runtime::PgStore;
-    /// use std::time::Duration;
-    ///
-    /// let store = PgStore::from_pool(pool).with_lock_timeout(Duration::from_secs(2));
-    /// # Ok(()) }
-    /// ```
-    pub fn with_lock_timeout(self, timeout: Duration) -> Self {
-        self.set_lock_timeout(timeout)
-    }
-
-    /// When transaction-mode handlers write their dedup row.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://postgres@127.0.0.1/test")?;
-    /// use idem_runtime::PgStore;
-    /// use idem_runtime::ClaimOrder;
-    ///
-    /// // duplicates are frequent and their bodies expensive: turn them away first
-    /// let store = PgStore::from_pool(pool).with_claim_order(ClaimOrder::First);
-    /// # Ok(()) }
-    /// ```
-    pub fn with_claim_order(self, order: ClaimOrder) -> Self {
-        self.set_claim_order(order)
-    }
-
-    /// How transaction-mode handlers send their dedup row: in the
-    /// `COMMIT`'s message, or as a statement of its own (see
-    /// [`RoundTrips`]).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://postgres@127.0.0.1/test")?;
-    /// use idem_runtime::{PgStore, RoundTrips};
-    ///
-    /// // the database is across a network: save the dedup row's round trip
-    /// let store = PgStore::from_pool(pool).with_round_trips(RoundTrips::Merged);
-    /// assert_eq!(store.round_trips(), RoundTrips::Merged);
-    /// # Ok(()) }
-    /// ```
-    pub fn with_round_trips(self, trips: RoundTrips) -> Self {
-        self.set_round_trips(trips)
-    }
     /// Creates the dedup table and its expiry index if they do not exist.
     /// Safe to call from several processes at once: the creation runs under
     /// a transaction-scoped advisory lock.

@@ -153,6 +153,10 @@ pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 pub type SqliteStore = SqlStore<Sqlite>;
 
 impl Dialect for Sqlite {
+    const OFFSETS_CREATE: &'static str = "CREATE TABLE IF NOT EXISTS {t} (consumer_group TEXT NOT NULL, topic TEXT NOT NULL, partition_id INTEGER NOT NULL, next_offset INTEGER NOT NULL, PRIMARY KEY (consumer_group, topic, partition_id))";
+    const OFFSETS_LOAD: &'static str =
+        "SELECT topic, partition_id, next_offset FROM {t} WHERE consumer_group = :consumer";
+    const OFFSETS_UPSERT: &'static str = "INSERT INTO {t} AS o (consumer_group, topic, partition_id, next_offset) VALUES (:consumer, :stream, :partition, :next) ON CONFLICT (consumer_group, topic, partition_id) DO UPDATE SET next_offset = MAX(o.next_offset, excluded.next_offset)";
     const STORE: &'static str = "sqlite";
     const PLACEHOLDERS: Placeholders = Placeholders::NumberedQuestion;
     // SQLite's `'now'` is the same for every use within one step of a

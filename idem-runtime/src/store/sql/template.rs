@@ -69,10 +69,18 @@ pub(crate) enum Param {
     Outcomes,
     /// A batch's tokens, as [`Param::Keys`] (empty: all NULL).
     Tokens,
+    /// The consumer whose position an offset table row holds (text).
+    Consumer,
+    /// The stream (a topic) of an offset table row (text).
+    Stream,
+    /// The partition of an offset table row (32-bit integer).
+    Partition,
+    /// The offset to consume next, in an offset table row.
+    Next,
 }
 
 impl Param {
-    const ALL: [(&'static str, Param); 17] = [
+    const ALL: [(&'static str, Param); 21] = [
         ("handler", Param::Handler),
         ("key", Param::Key),
         ("token", Param::Token),
@@ -90,6 +98,10 @@ impl Param {
         ("fingerprints", Param::Fingerprints),
         ("outcomes", Param::Outcomes),
         ("tokens", Param::Tokens),
+        ("consumer", Param::Consumer),
+        ("stream", Param::Stream),
+        ("partition", Param::Partition),
+        ("next", Param::Next),
     ];
 }
 
@@ -131,6 +143,14 @@ pub struct Values<'a> {
     pub outcomes: &'a [Option<&'a str>],
     /// [`Param::Tokens`].
     pub tokens: &'a [Option<&'a str>],
+    /// [`Param::Consumer`].
+    pub consumer: &'a str,
+    /// [`Param::Stream`].
+    pub stream: &'a str,
+    /// [`Param::Partition`].
+    pub partition: i32,
+    /// [`Param::Next`].
+    pub next: i64,
 }
 
 /// One statement, rendered for its database, with the parameters to bind in
@@ -283,6 +303,8 @@ impl Inline {
                 Param::Status => text(Some(values.status)),
                 Param::Error => text(values.error),
                 Param::Rows => text(Some(values.rows)),
+                Param::Consumer => text(Some(values.consumer)),
+                Param::Stream => text(Some(values.stream)),
                 // No message written with its values in carries a batch.
                 Param::Keys | Param::Fingerprints | Param::Outcomes | Param::Tokens => {
                     lit.null_text.to_owned()
@@ -291,6 +313,8 @@ impl Inline {
                 Param::Hold => (lit.integer)(values.hold),
                 Param::Batch => (lit.integer)(values.batch),
                 Param::Ttl => (lit.integer)(values.ttl),
+                Param::Partition => (lit.integer)(i64::from(values.partition)),
+                Param::Next => (lit.integer)(values.next),
                 Param::Max => values
                     .max
                     .map_or_else(|| lit.null_integer.to_owned(), lit.integer),
