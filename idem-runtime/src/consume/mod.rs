@@ -7,7 +7,7 @@
 //! rewritten function with its store ([`Handler`]: the message alone, or
 //! the message and its [`Delivery`]): see `rabbitmq`, `nats` and `kafka`.
 //! Each broker is a folder (its consumer, its topology, its dead letters)
-//! around one front ([`front`]) that every broker shares.
+//! around one front (`consume/front/`) that every broker shares.
 //!
 //! # What happens to a delivery
 //!
@@ -44,7 +44,7 @@
 
 pub mod dead;
 mod delivery;
-pub mod front;
+pub(crate) mod front;
 #[cfg(feature = "kafka")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub mod kafka;

@@ -46,7 +46,7 @@ pub struct Report {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConsumeError {
-    /// A handler call said the binary is misconfigured ([`Error::Config`]).
+    /// A handler call said the binary is misconfigured ([`Error::Config`](crate::Error::Config)).
     #[error("the consumer stopped: {reason}")]
     Stopped {
         /// The handler's error.
