@@ -4,7 +4,8 @@
 //! messages, and records every outcome at once.
 //!
 //! The generated code derives each message's key (and fingerprint), then
-//! calls [`run_lease_batch`] or drives a [`TxBatchRun`]. Both answer one
+//! runs the batch in its mode (`call/lease/batch.rs`, `call/tx/batch.rs`),
+//! which builds on this module. Either mode answers one
 //! result per message, in input order:
 //!
 //! * a fresh message: [`Outcome::Executed`] with the body's value for it;
@@ -33,7 +34,6 @@ use std::borrow::Cow;
 
 use super::refused;
 #[cfg(doc)]
-use super::{lease::batch::run_lease_batch, tx::batch::TxBatchRun};
 use crate::codec::{Codec, encode};
 use crate::error::Error;
 use crate::final_error::ErrorCodec;
