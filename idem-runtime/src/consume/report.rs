@@ -80,17 +80,10 @@ pub(crate) enum Settled {
 }
 
 impl Settled {
-    /// Acked, after logging an error with `alert` if there is one (the
-    /// call took effect, or nothing a redelivery could improve, but an
-    /// operator should look): `at` says where the message was.
-    pub(crate) fn acked(
-        duplicate: bool,
-        alert: Option<&String>,
-        at: &dyn std::fmt::Display,
-    ) -> Settled {
-        if let Some(alert) = alert {
-            tracing::error!(%at, "acked, but look: {alert}");
-        }
+    /// Acked; `alert` says why an operator should look, if anything went
+    /// wrong that acking does not undo (logged by the caller, with where the
+    /// message was, before it acks).
+    pub(crate) fn acked(duplicate: bool, alert: Option<&String>) -> Settled {
         Settled::Acked {
             duplicate,
             alert: alert.is_some(),

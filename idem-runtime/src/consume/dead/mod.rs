@@ -423,8 +423,8 @@ impl Selection {
         self.limit.is_some_and(|n| taken >= n)
     }
 
-    /// Where `dead` goes back to, when this filter selects it at `now_ms`
-    /// for a replay; one that is selected but names nowhere to go back to
+    /// Where `dead` goes back to, when this selection takes it at `now_ms`
+    /// for a replay; one that is taken but names no `place` to go back to
     /// (its `header` is missing) is noted in `done` as skipped.
     #[cfg_attr(
         not(any(feature = "rabbitmq", feature = "nats", feature = "kafka")),
@@ -434,7 +434,7 @@ impl Selection {
         &self,
         dead: &DeadLetter,
         now_ms: i64,
-        header: &str,
+        (place, header): (&str, &str),
         done: &mut Replayed,
     ) -> Option<String> {
         if !self.matches(dead, now_ms) {
@@ -443,7 +443,7 @@ impl Selection {
         if dead.origin.is_none() {
             done.skipped.push(Skipped::new(
                 dead.id.clone(),
-                format!("it names nowhere to go back to ({header})"),
+                format!("it names no {place} to go back to ({header})"),
             ));
         }
         dead.origin.clone()

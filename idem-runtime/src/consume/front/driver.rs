@@ -84,7 +84,8 @@ where
     Ok(lock(&report).clone())
 }
 
-/// The broker's name for logs: `RabbitMQ (queue orders)`.
+/// The broker's name for logs, with the queue (stream, durable) the
+/// consumer takes from: `RabbitMQ (orders)`.
 fn broker_name<T: Transport>(transport: &T) -> String {
     let name = match T::BROKER {
         crate::consume::Broker::RabbitMq => "RabbitMQ",
@@ -279,8 +280,11 @@ async fn tell<T: Transport>(
     let queue = transport.queue();
     Ok(match verdict {
         Verdict::Ack { alert } => {
+            if let Some(alert) = alert {
+                tracing::error!(queue, "acked, but look: {alert}");
+            }
             transport.ack(link, msg).await?;
-            Settled::acked(duplicate, alert.as_ref(), &queue)
+            Settled::acked(duplicate, alert.as_ref())
         }
         Verdict::Retry {
             after,

@@ -1,7 +1,9 @@
 //! What a connection-based broker (RabbitMQ, NATS JetStream) does for the
 //! front: connect, open a session that hands over messages, and settle each
 //! message as its verdict says. Everything else (the connect loop, the
-//! concurrency, the call, metrics, shutdown) is the driver's, written once.
+//! concurrency, the call, the delivery's metrics, shutdown) is the
+//! driver's, written once; a broker may report what only it can see (the
+//! queue's depth) from its session.
 
 use std::future::Future;
 use std::time::Duration;
@@ -18,9 +20,10 @@ use crate::consume::report::ConsumeError;
 /// A broker, as the driver ([`run`](super::driver::run)) sees it.
 ///
 /// The settling methods tell the broker what became of one message; each
-/// returns `Err` when the broker could not be told (the driver then gives
-/// the message back with [`give_back`](Transport::give_back), and the
-/// broker delivers it again).
+/// returns `Err` when that did not happen: the broker could not be told, or
+/// refused or returned a copy (a retry or dead-letter queue that is gone).
+/// The driver then gives the message back with
+/// [`give_back`](Transport::give_back), and the broker delivers it again.
 pub(crate) trait Transport: Send + Sync + 'static {
     /// A connection to the broker.
     type Connection: Send;
@@ -122,7 +125,8 @@ pub(crate) struct Session<T: Transport + ?Sized> {
     pub(crate) messages: BoxStream<'static, Result<T::Message, BoxError>>,
     /// What the messages are settled through.
     pub(crate) link: T::Link,
-    /// Asks the broker to send no more (run once shutdown is asked for).
+    /// Asks the broker to send no more (run once the driver stops taking:
+    /// at shutdown, at a stop, or after a lost stream).
     pub(crate) stop_taking: BoxFuture<'static, ()>,
     /// Closes the session once its messages are settled.
     pub(crate) closing: BoxFuture<'static, ()>,
@@ -156,7 +160,7 @@ pub(crate) struct Read<'m> {
 pub(crate) struct Retry<'a> {
     /// The wait before the redelivery.
     pub(crate) after: Duration,
-    /// Failed runs of the body, this one included.
+    /// Failed runs of the body so far, this call's included if it failed.
     pub(crate) failures: u32,
     /// Times handed back, this one included.
     pub(crate) retries: u32,
@@ -168,6 +172,6 @@ pub(crate) struct Retry<'a> {
 pub(crate) struct Dead<'a> {
     /// Why no retry can pass.
     pub(crate) reason: &'a str,
-    /// Failed runs of the body, this one included.
+    /// Failed runs of the body so far, this call's included if it failed.
     pub(crate) failures: u32,
 }

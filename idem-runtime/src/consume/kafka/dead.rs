@@ -346,7 +346,7 @@ impl DeadLetters {
                 }
                 continue;
             }
-            let Some(to) = filter.replay_to(&d, now, "x-idem-topic", &mut done) else {
+            let Some(to) = filter.replay_to(&d, now, ("topic", "x-idem-topic"), &mut done) else {
                 continue;
             };
             let producer = match &producer {

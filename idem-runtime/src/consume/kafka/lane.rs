@@ -269,8 +269,10 @@ async fn settle_calls(
         *last = Some(handled);
         match verdict {
             Verdict::Ack { alert } => {
-                let at = format!("{}/{}@{}", part.topic, part.partition, msg.offset());
-                return Some(Settled::acked(duplicate, alert.as_ref(), &at));
+                if let Some(alert) = &alert {
+                    tracing::error!(topic = %part.topic, partition = part.partition, offset = msg.offset(), "settled, but look: {alert}");
+                }
+                return Some(Settled::acked(duplicate, alert.as_ref()));
             }
             Verdict::Retry {
                 after,

@@ -53,14 +53,20 @@ impl Transport for Consumer {
             messages: messages.map(|m| m.map_err(BoxError::from)).boxed(),
             link: js,
             stop_taking: async {}.boxed(),
-            closing: async {}.boxed(),
+            // Acks are sent without waiting for the server: see them out
+            // before the connection goes.
+            closing: {
+                let client = client.clone();
+                async move {
+                    let _ = client.flush().await;
+                }
+                .boxed()
+            },
         })
     }
 
-    async fn close(&self, client: async_nats::Client) {
-        // Acks are sent without waiting for the server: see them out before
-        // the connection goes.
-        let _ = client.flush().await;
+    async fn close(&self, _: async_nats::Client) {
+        // Dropped: what a session sent was flushed as it closed.
     }
 
     fn read<'m>(&self, msg: &'m Message) -> Read<'m> {
