@@ -33,7 +33,6 @@
 use std::borrow::Cow;
 
 use super::refused;
-#[cfg(doc)]
 use crate::codec::{Codec, encode};
 use crate::error::Error;
 use crate::final_error::ErrorCodec;

@@ -132,44 +132,50 @@ where
     H: Handler<A>,
 {
     let (handler, policy) = (Arc::new(handler), Arc::new(policy));
-    Arc::new(move |payload: &[u8], delivery: Delivery, attempts: Attempts| {
-        let began = Instant::now();
-        // Decoded now (the payload is borrowed); the handler is called on
-        // the future's first poll, where the caller runs it (a Kafka
-        // offset's transaction, a NATS heartbeat).
-        let msg = decode_payload::<H::Message>(payload);
-        let (handler, policy, meter) = (Arc::clone(&handler), Arc::clone(&policy), meter.clone());
-        Box::pin(async move {
-            let handled = match msg {
-                Err(reason) => Handled {
-                    verdict: Verdict::DeadLetter {
-                        reason,
-                        failed: false,
+    Arc::new(
+        move |payload: &[u8], delivery: Delivery, attempts: Attempts| {
+            let began = Instant::now();
+            // Decoded now (the payload is borrowed); the handler is called on
+            // the future's first poll, where the caller runs it (a Kafka
+            // offset's transaction, a NATS heartbeat).
+            let msg = decode_payload::<H::Message>(payload);
+            let (handler, policy, meter) =
+                (Arc::clone(&handler), Arc::clone(&policy), meter.clone());
+            Box::pin(async move {
+                let handled = match msg {
+                    Err(reason) => Handled {
+                        verdict: Verdict::DeadLetter {
+                            reason,
+                            failed: false,
+                        },
+                        duplicate: false,
+                        handler: "",
+                        cause: "decode",
                     },
-                    duplicate: false,
-                    handler: "",
-                    cause: "decode",
-                },
-                Ok(msg) => {
-                    // A panicking handler is a failed attempt like any
-                    // other, so its delivery is settled (retried, then
-                    // dead-lettered) instead of held.
-                    let call =
-                        std::panic::catch_unwind(AssertUnwindSafe(|| handler.call(msg, delivery)));
-                    let (result, called) = match call {
-                        Ok(call) => {
-                            crate::telemetry::noting_handler(AssertUnwindSafe(call).catch_unwind())
+                    Ok(msg) => {
+                        // A panicking handler is a failed attempt like any
+                        // other, so its delivery is settled (retried, then
+                        // dead-lettered) instead of held.
+                        let call = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                            handler.call(msg, delivery)
+                        }));
+                        let (result, called) = match call {
+                            Ok(call) => {
+                                crate::telemetry::noting_handler(
+                                    AssertUnwindSafe(call).catch_unwind(),
+                                )
                                 .await
-                        }
-                        Err(panic) => (Err(panic), None),
-                    };
-                    judge(result, called.unwrap_or(""), attempts, &policy, &meter)
-                }
-            };
-            meter.handled(&handled, began);
-            handled
-        })
-    })
+                            }
+                            Err(panic) => (Err(panic), None),
+                        };
+                        judge(result, called.unwrap_or(""), attempts, &policy, &meter)
+                    }
+                };
+                meter.handled(&handled, began);
+                handled
+            })
+        },
+    )
 }
 
 /// The verdict on a call that returned (or panicked).

@@ -217,7 +217,8 @@ impl DeadLetters {
             let Some(dead) = pass.next(self).await? else {
                 break;
             };
-            let Some(to) = filter.replay_to(&dead, now, ("subject", "Idem-Subject"), &mut done) else {
+            let Some(to) = filter.replay_to(&dead, now, ("subject", "Idem-Subject"), &mut done)
+            else {
                 continue;
             };
             let replays = dead.replays.saturating_add(1);

@@ -264,7 +264,8 @@ impl DeadLetters {
                     break;
                 };
                 let dead = read(&delivery);
-                let Some(to) = filter.replay_to(&dead, now, ("queue", "x-idem-queue"), &mut done) else {
+                let Some(to) = filter.replay_to(&dead, now, ("queue", "x-idem-queue"), &mut done)
+                else {
                     continue;
                 };
                 let replays = dead.replays.saturating_add(1);
