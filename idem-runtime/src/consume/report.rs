@@ -79,18 +79,6 @@ pub(crate) enum Settled {
     Unsettled,
 }
 
-impl Settled {
-    /// Acked; `alert` says why an operator should look, if anything went
-    /// wrong that acking does not undo (logged by the caller, with where the
-    /// message was, before it acks).
-    pub(crate) fn acked(duplicate: bool, alert: Option<&String>) -> Settled {
-        Settled::Acked {
-            duplicate,
-            alert: alert.is_some(),
-        }
-    }
-}
-
 impl Report {
     /// Counts one delivery's end.
     pub(crate) fn count(&mut self, settled: &Settled) {

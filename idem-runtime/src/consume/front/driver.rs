@@ -284,7 +284,10 @@ async fn tell<T: Transport>(
                 tracing::error!(queue, "acked, but look: {alert}");
             }
             transport.ack(link, msg).await?;
-            Settled::acked(duplicate, alert.as_ref())
+            Settled::Acked {
+                duplicate,
+                alert: alert.is_some(),
+            }
         }
         Verdict::Retry {
             after,

@@ -272,7 +272,10 @@ async fn settle_calls(
                 if let Some(alert) = &alert {
                     tracing::error!(topic = %part.topic, partition = part.partition, offset = msg.offset(), "settled, but look: {alert}");
                 }
-                return Some(Settled::acked(duplicate, alert.as_ref()));
+                return Some(Settled::Acked {
+                    duplicate,
+                    alert: alert.is_some(),
+                });
             }
             Verdict::Retry {
                 after,
