@@ -57,6 +57,24 @@ pub mod metric {
     /// assert_eq!(idem_runtime::metric::BODY_SECONDS, "idem_body_seconds");
     /// ```
     pub const BODY_SECONDS: &str = "idem_body_seconds";
+    /// Counter of bodies dropped before their end (or that panicked),
+    /// labelled `handler` and `mode` (`lease`, `transaction`): by a caller
+    /// that stopped awaiting
+    /// the rewritten handler (a `timeout` around it), or by idem once a
+    /// call it ran on its own task outlived its grace (an HTTP route's
+    /// [`grace`](crate::http::Idempotency::grace), a consumer's
+    /// [`Policy::grace`](crate::consume::Policy::grace)). A transaction-mode
+    /// body's writes roll back; a lease-mode body's effects stay, and its
+    /// key is held for one more lease before another run may take it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// // an alert: a body was cut off halfway
+    /// let q = format!("increase({}[10m]) > 0", idem_runtime::metric::BODIES_DROPPED);
+    /// assert_eq!(q, "increase(idem_bodies_dropped_total[10m]) > 0");
+    /// ```
+    pub const BODIES_DROPPED: &str = "idem_bodies_dropped_total";
 
     /// Consumers: counter of deliveries taken from the broker, labelled
     /// `broker` (`rabbitmq`, `nats`, `kafka`) and `queue` (the queue, the
@@ -285,6 +303,69 @@ pub(crate) fn claim_latency(spec: &HandlerSpec, since: Instant) {
 pub(crate) fn body_latency(spec: &HandlerSpec, since: Instant) {
     metrics::histogram!(metric::BODY_SECONDS, "handler" => spec.name)
         .record(since.elapsed().as_secs_f64());
+}
+
+/// Watches a body from its start to its end: dropped before [`ended`]
+/// (the future that ran it dropped at an `.await`), it counts
+/// [`metric::BODIES_DROPPED`] and logs a warning in the call's span, which
+/// names the handler and the key.
+///
+/// [`ended`]: BodyWatch::ended
+pub(crate) struct BodyWatch {
+    spec: &'static HandlerSpec,
+    mode: &'static str,
+    span: tracing::Span,
+    running: bool,
+}
+
+impl BodyWatch {
+    /// A body of `spec`'s starting now, in `mode`, in the call's `span`.
+    pub(crate) fn start(
+        spec: &'static HandlerSpec,
+        mode: &'static str,
+        span: tracing::Span,
+    ) -> BodyWatch {
+        BodyWatch {
+            spec,
+            mode,
+            span,
+            running: true,
+        }
+    }
+
+    /// The body came to its end (whatever it returned).
+    pub(crate) fn ended(&mut self) {
+        self.running = false;
+    }
+
+    /// Whether the body has not come to its end yet.
+    pub(crate) fn running(&self) -> bool {
+        self.running
+    }
+}
+
+impl Drop for BodyWatch {
+    fn drop(&mut self) {
+        if !self.running {
+            return;
+        }
+        metrics::counter!(metric::BODIES_DROPPED, "handler" => self.spec.name, "mode" => self.mode)
+            .increment(1);
+        let _enter = self.span.enter();
+        if std::thread::panicking() {
+            // The panic is the caller's to report; the key stands as for a drop.
+            tracing::warn!(mode = self.mode, "the body panicked before its end");
+            return;
+        }
+        match self.mode {
+            "lease" => tracing::warn!(
+                "the body was dropped before its end: what it did so far stays done, and its key is held for one more lease before another run may take it"
+            ),
+            _ => tracing::warn!(
+                "the body was dropped before its end: its transaction rolls back, and the key is free for the next delivery"
+            ),
+        }
+    }
 }
 
 pub(crate) fn finish<T, E>(

@@ -120,6 +120,7 @@ async fn chaos_consumer() {
         max_failures: 1_000,
         concurrency: 8,
         max_store_delay: Duration::from_secs(1),
+        ..Policy::default()
     };
     println!("READY");
     let forever = shutdown_on(async {

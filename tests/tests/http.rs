@@ -79,6 +79,16 @@ mod lease_redis {
     suite::suite!(LeaseFx<RedisFx>);
 }
 
+mod lease_sqlite {
+    use super::*;
+    suite::suite!(LeaseFx<Db>);
+}
+
+mod lease_postgres {
+    use super::*;
+    suite::suite!(LeaseFx<PgDb>);
+}
+
 /// A store whose server cannot be reached answers 503 before the handler
 /// runs, with a `Retry-After`.
 #[tokio::test]
@@ -135,4 +145,101 @@ async fn a_route_named_as_a_handler_is_refused() {
     // The handler itself still runs.
     let store = MemoryStore::new();
     assert!(http_clash(&store, &Clash { id: 1 }).await.is_ok());
+}
+
+/// On a route whose key is optional, a request without one reaches the
+/// handler with no key and no transaction: a handler that takes them is
+/// answered `400` (the client can send a key), one that takes an `Option`
+/// of them serves both kinds of request.
+#[tokio::test]
+async fn a_keyless_request_to_a_handler_that_needs_its_key_gets_400() {
+    use idem_runtime::http::{IdempotencyKey, RequestTx};
+    use idem_runtime::{SqliteStore, SqliteTx};
+
+    let dir = tempfile::tempdir().expect("a directory");
+    let store = SqliteStore::open(dir.path().join("keyless.db"))
+        .await
+        .expect("a SQLite store");
+    store.migrate().await.expect("the dedup table");
+    let needs_key = Idempotency::unscoped("http_keyless_needs", Duration::from_secs(60))
+        .required(false)
+        .lease(MemoryStore::new())
+        .expect("a name of its own");
+    let takes_option = Idempotency::unscoped("http_keyless_option", Duration::from_secs(60))
+        .required(false)
+        .lease(MemoryStore::new())
+        .expect("a name of its own");
+    let needs_tx = Idempotency::unscoped("http_keyless_tx", Duration::from_secs(60))
+        .required(false)
+        .transaction(store.clone())
+        .expect("a name of its own");
+    let tx_option = Idempotency::unscoped("http_keyless_tx_option", Duration::from_secs(60))
+        .required(false)
+        .transaction(store)
+        .expect("a name of its own");
+    let router = axum::Router::new()
+        .route(
+            "/needs-key",
+            axum::routing::post(|key: IdempotencyKey| async move { key.sent().to_owned() })
+                .route_layer(needs_key),
+        )
+        .route(
+            "/takes-option",
+            axum::routing::post(|key: Option<IdempotencyKey>| async move {
+                key.map_or_else(|| "no key".to_owned(), |k| k.sent().to_owned())
+            })
+            .route_layer(takes_option),
+        )
+        .route(
+            "/needs-tx",
+            axum::routing::post(|_tx: RequestTx<SqliteStore>| async { "in a transaction" })
+                .route_layer(needs_tx),
+        )
+        .route(
+            "/tx-option",
+            axum::routing::post(|tx: Option<RequestTx<SqliteStore>>| async move {
+                match tx {
+                    Some(tx) => {
+                        let mut tx = tx.lock().await.expect("the request's transaction");
+                        let tx: &mut SqliteTx<'static> = &mut tx;
+                        let one: i64 = sqlx::query_scalar("SELECT 1")
+                            .fetch_one(&mut **tx)
+                            .await
+                            .expect("a query in the request's transaction");
+                        format!("in a transaction: {one}")
+                    }
+                    None => "no transaction".to_owned(),
+                }
+            })
+            .route_layer(tx_option),
+        );
+    let server = Server::start(router).await;
+    let c = HttpClient::new(server.addr);
+    let keyless = |path: &'static str| {
+        let c = &c;
+        async move { c.send("POST", path, &[], "{}").await.expect("an answer") }
+    };
+    for path in ["/needs-key", "/needs-tx"] {
+        let r = keyless(path).await;
+        assert_eq!(r.status, 400, "{path}: {}", r.text());
+        assert_eq!(
+            r.header("content-type"),
+            Some("application/problem+json"),
+            "{path}"
+        );
+        assert_eq!(r.json()["title"], "Idempotency-Key is missing", "{path}");
+    }
+    let r = keyless("/takes-option").await;
+    assert_eq!((r.status, r.text().as_str()), (200, "no key"));
+    let r = keyless("/tx-option").await;
+    assert_eq!((r.status, r.text().as_str()), (200, "no transaction"));
+    // With a key, each gets what the layer made for it.
+    let r = c.post("/needs-key", "k-1", &serde_json::json!({})).await;
+    assert_eq!((r.status, r.text().as_str()), (200, "k-1"));
+    let r = c.post("/takes-option", "k-2", &serde_json::json!({})).await;
+    assert_eq!((r.status, r.text().as_str()), (200, "k-2"));
+    let r = c.post("/needs-tx", "k-3", &serde_json::json!({})).await;
+    assert_eq!((r.status, r.text().as_str()), (200, "in a transaction"));
+    let r = c.post("/tx-option", "k-4", &serde_json::json!({})).await;
+    assert_eq!((r.status, r.text().as_str()), (200, "in a transaction: 1"));
 }

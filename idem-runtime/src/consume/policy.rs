@@ -62,6 +62,18 @@ pub struct Policy {
     /// to this, so a message handed back during an outage is not left
     /// waiting minutes after the store is back. Default 30 s.
     pub max_store_delay: Duration,
+    /// How long a consumer that stops (its shutdown token; on RabbitMQ and
+    /// NATS also a lost session, before it reconnects) waits for the bodies
+    /// in flight to reach their recorded outcome. idem drops no body
+    /// before that. Past it, RabbitMQ's and NATS's consumers drop the
+    /// bodies still running (counted in
+    /// [`BODIES_DROPPED`](crate::metric::BODIES_DROPPED)), and their
+    /// messages are delivered again; Kafka's commits what is settled and
+    /// returns, and the bodies go on until they end or the runtime stops.
+    /// A Kafka partition revoked by a rebalance has its own wait,
+    /// [`revoke_grace`](crate::consume::kafka::Consumer::revoke_grace).
+    /// Default 30 s.
+    pub grace: Duration,
 }
 
 impl Default for Policy {
@@ -72,6 +84,7 @@ impl Default for Policy {
             max_delay: Duration::from_secs(300),
             concurrency: 8,
             max_store_delay: Duration::from_secs(30),
+            grace: Duration::from_secs(30),
         }
     }
 }

@@ -182,6 +182,7 @@ pub struct Idempotency {
     pub(crate) max_stored_body: usize,
     pub(crate) stored_headers: Vec<HeaderName>,
     pub(crate) recorded: fn(StatusCode) -> bool,
+    pub(crate) grace: Duration,
     pub(crate) at: &'static Location<'static>,
 }
 
@@ -193,9 +194,21 @@ impl std::fmt::Debug for Idempotency {
             .field("scoped", &self.scope.is_some())
             .field("methods", &self.methods)
             .field("required", &self.required)
+            .field("grace", &self.grace)
             .finish_non_exhaustive()
     }
 }
+
+/// How long a request's call runs on after its caller went away, unless
+/// [`Idempotency::grace`] says otherwise: 30 s, as long as the default
+/// lease, and the time Kubernetes gives a pod to stop.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(idem_runtime::http::DEFAULT_GRACE.as_secs(), 30);
+/// ```
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 
 /// Whether a response with this status is recorded for the key (so that a
 /// retry gets it back) or its key released (so that a retry runs again):
@@ -239,6 +252,7 @@ impl Idempotency {
                 http::header::CONTENT_LANGUAGE,
             ],
             recorded: recorded_by_default,
+            grace: DEFAULT_GRACE,
             at: Location::caller(),
         }
     }
@@ -304,8 +318,12 @@ impl Idempotency {
     }
 
     /// Whether a request of those methods must carry a key (`true`, the
-    /// default: `400` without one) or may go without (then it runs as if
-    /// the layer were not there).
+    /// default: `400` without one) or may go without (then it runs without
+    /// a claim, a record or a transaction: a handler that takes
+    /// [`IdempotencyKey`](super::IdempotencyKey) or
+    /// [`RequestTx`](super::RequestTx) answers it `400`
+    /// ([`NoKey::NotSent`](super::NoKey::NotSent)); one that takes an
+    /// `Option` of them gets `None`).
     ///
     /// # Examples
     ///
@@ -317,6 +335,33 @@ impl Idempotency {
     /// ```
     pub fn required(mut self, required: bool) -> Self {
         self.required = required;
+        self
+    }
+
+    /// How long a request's call may run on once nobody waits for it any
+    /// more (its client hung up, a timeout layer or a graceful shutdown
+    /// dropped the request): 30 s by default ([`DEFAULT_GRACE`]).
+    ///
+    /// Every request the layer claims a key for runs on a task of its own,
+    /// so what the client or the server stack does to the request never
+    /// stops the handler halfway: a call whose caller went away goes on to
+    /// its recorded outcome, and the client's retry gets `409` until then
+    /// and the recorded response after. A call still running `grace` after
+    /// its caller went away is dropped: counted in
+    /// [`BODIES_DROPPED`](crate::metric::BODIES_DROPPED) when its handler
+    /// was running; in transaction mode its writes roll back, in lease mode
+    /// its key is held for one more lease before a retry may run it again.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let route = idem_runtime::http::Idempotency::unscoped("http_reports", Duration::from_secs(600))
+    ///     .grace(Duration::from_secs(120));
+    /// # let _ = route;
+    /// ```
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
         self
     }
 

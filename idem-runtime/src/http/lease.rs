@@ -15,6 +15,7 @@ use http_body_util::Full;
 use tower_service::Service;
 
 use super::config::Idempotency;
+use super::detached::RunningCalls;
 use super::service::{
     IdempotencyLayer, Prepared, Ran, Route, RouteMode, codecs, refused, run, sent, verdict,
     wait_for,
@@ -67,6 +68,7 @@ impl Idempotency {
         Ok(IdempotencyLayer {
             route: std::sync::Arc::new(Route { config: self, spec }),
             mode: Lease { store },
+            running: RunningCalls::default(),
         })
     }
 }

@@ -34,6 +34,7 @@
 //! | a method the route does not take a key on (GET by default) | the handler's | no |
 //! | no key, the route requires one | `400`, problem+json | no |
 //! | no key, the route does not require one | the handler's | no |
+//! | … and the handler takes `IdempotencyKey` or `RequestTx` (not an `Option` of them) | `400`, problem+json ([`NoKey::NotSent`]) | no |
 //! | a malformed key (not an sf-string or a token, empty, over 255 characters, two headers) | `400` | no |
 //! | the scope function names no caller | `401` | no |
 //! | a body over [`max_request_body`](Idempotency::max_request_body) | `413` | no |
@@ -88,6 +89,7 @@
 //! The guide's [HTTP chapter](crate::guide::http) has a whole server.
 
 mod config;
+mod detached;
 #[cfg(feature = "axum")]
 mod extract;
 mod header;
@@ -97,9 +99,10 @@ mod service;
 mod stored;
 mod tx;
 
-pub use config::{Fingerprint, Idempotency, InFlight, recorded_by_default};
+pub use config::{DEFAULT_GRACE, Fingerprint, Idempotency, InFlight, recorded_by_default};
+pub use detached::RunningCalls;
 #[cfg(feature = "axum")]
-pub use extract::NotBehindTheLayer;
+pub use extract::{NoKey, NotBehindTheLayer};
 pub use header::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, MAX_HEADER_KEY_LEN};
 pub use lease::Lease;
 pub use service::{

@@ -12,6 +12,9 @@ use http_body_util::Full;
 pub(crate) enum Problem {
     /// No key on a route that requires one.
     Missing,
+    /// No key on a route that does not require one, to a handler that
+    /// takes the request's key or transaction.
+    NeededByHandler,
     /// A header that is not one key.
     Malformed(&'static str),
     /// The scope function named no caller.
@@ -24,6 +27,8 @@ pub(crate) enum Problem {
     InFlight(Duration),
     /// The store did not answer: nothing was run.
     Unavailable,
+    /// The server's runtime stopped the request's call before its end.
+    Stopped,
     /// The handler ran, but what it answered cannot be given (its record
     /// does not read, or it kept the request's transaction).
     Internal(&'static str),
@@ -38,6 +43,13 @@ impl Problem {
                 StatusCode::BAD_REQUEST,
                 "Idempotency-Key is missing",
                 USAGE.to_owned(),
+            ),
+            Problem::NeededByHandler => (
+                StatusCode::BAD_REQUEST,
+                "Idempotency-Key is missing",
+                format!(
+                    "{USAGE} The route takes requests without one, but this operation needs one."
+                ),
             ),
             Problem::Malformed(why) => (
                 StatusCode::BAD_REQUEST,
@@ -71,6 +83,11 @@ impl Problem {
                 "Idempotency store unavailable",
                 "The request was not run: its key could not be checked. Retry it with the same key.".to_owned(),
             ),
+            Problem::Stopped => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Server stopping",
+                "The server stopped before the request's call ended. Retry it with the same key.".to_owned(),
+            ),
             Problem::Internal(why) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "Idempotent response unavailable",
@@ -97,7 +114,7 @@ impl Problem {
         );
         let retry_after = match self {
             Problem::InFlight(after) => Some(after.as_secs_f64().ceil().max(1.0) as u64),
-            Problem::Unavailable => Some(1),
+            Problem::Unavailable | Problem::Stopped => Some(1),
             _ => None,
         };
         if let Some(secs) = retry_after {

@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 use tower_service::Service;
 
 use super::config::Idempotency;
+use super::detached::{self, RunningCalls};
 use super::header::{self, Sent};
 use super::problem::Problem;
 use super::stored::Stored;
@@ -163,6 +164,7 @@ impl IdempotencyKey {
 pub struct IdempotencyLayer<M> {
     pub(crate) route: Arc<Route>,
     pub(crate) mode: M,
+    pub(crate) running: RunningCalls,
 }
 
 impl<M: Clone> Clone for IdempotencyLayer<M> {
@@ -170,7 +172,30 @@ impl<M: Clone> Clone for IdempotencyLayer<M> {
         IdempotencyLayer {
             route: Arc::clone(&self.route),
             mode: self.mode.clone(),
+            running: self.running.clone(),
         }
+    }
+}
+
+impl<M> IdempotencyLayer<M> {
+    /// The route's calls that run now, whether or not their clients still
+    /// wait: every clone of the layer shares them. Each request the layer
+    /// claims a key for runs on a task of its own, so a server that stops
+    /// waits for them ([`RunningCalls::finished`]) before its runtime ends.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_runtime::MemoryStore;
+    /// use idem_runtime::http::Idempotency;
+    ///
+    /// let layer = Idempotency::unscoped("http_layer_running_doc", Duration::from_secs(600)).lease(MemoryStore::new())?;
+    /// assert_eq!(layer.running().count(), 0);
+    /// # Ok::<(), idem_runtime::registry::RegistryError>(())
+    /// ```
+    pub fn running(&self) -> RunningCalls {
+        self.running.clone()
     }
 }
 
@@ -295,7 +320,7 @@ impl<Svc, M, ReqB, ResB> Service<Request<ReqB>> for IdempotencyService<Svc, M>
 where
     Svc: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
     Svc::Future: Send,
-    Svc::Error: Send,
+    Svc::Error: Send + 'static,
     M: RouteMode,
     ReqB: Body + From<Bytes> + Send + 'static,
     ReqB::Data: Send,
@@ -327,11 +352,23 @@ where
                     return Ok(problem.response().map(Either::Right));
                 }
             };
-            let response = layer.mode.serve(route, inner, request).await?;
-            Ok(response.map(Either::Right))
+            // On a task of its own: a client that hangs up, or a layer
+            // that drops this future, does not stop the handler halfway.
+            let (name, grace) = (route.config.name, route.config.grace);
+            let running = layer.running.clone();
+            let call = async move { layer.mode.serve(&layer.route, inner, request).await };
+            match detached::run(name, grace, &running, call).await {
+                Ok(response) => Ok(response?.map(Either::Right)),
+                Err(detached::Gone) => Ok(Problem::Stopped.response().map(Either::Right)),
+            }
         })
     }
 }
+
+/// Put in a request that came without a key to a route that does not
+/// require one: the layer let it pass, with no key and no transaction.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Keyless;
 
 /// Why a request goes no further than the layer's first look.
 enum Early<B> {
@@ -353,7 +390,13 @@ where
     }
     let sent = match header::read(request.headers()) {
         Sent::Key(key) => key,
-        Sent::Missing if !config.required => return Err(Early::Pass(request)),
+        Sent::Missing if !config.required => {
+            // For the handler's extractors: a keyless request, not a route
+            // without the layer.
+            let mut request = request;
+            request.extensions_mut().insert(Keyless);
+            return Err(Early::Pass(request));
+        }
         Sent::Missing => return Err(Early::Refuse(Problem::Missing)),
         Sent::Malformed(why) => return Err(Early::Refuse(Problem::Malformed(why))),
     };

@@ -18,6 +18,7 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 use tower_service::Service;
 
 use super::config::Idempotency;
+use super::detached::RunningCalls;
 use super::problem::Problem;
 use super::service::{
     IdempotencyLayer, NoResponse, Prepared, Route, RouteMode, codecs, refused, run, sent, verdict,
@@ -94,6 +95,7 @@ impl Idempotency {
             mode: Transaction {
                 store: Arc::new(store),
             },
+            running: RunningCalls::default(),
         })
     }
 }

@@ -24,18 +24,35 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http::{HeaderMap, StatusCode};
 use idem_runtime::ClaimOrder;
-use idem_runtime::http::{Idempotency, IdempotencyKey};
+use idem_runtime::http::{Idempotency, IdempotencyKey, RunningCalls};
 
 use super::lease::{LeaseFixture, Time};
 use super::tx::StoreKind;
 
-/// The handler's runs, per order.
+/// The handler's runs, per order, and the calls of the routes serving it.
 #[derive(Debug, Default)]
 pub(crate) struct App {
     runs: Mutex<HashMap<String, usize>>,
+    running: Mutex<Vec<RunningCalls>>,
 }
 
 impl App {
+    /// Follows the calls of a route's layer.
+    pub(crate) fn track(&self, running: RunningCalls) {
+        self.running.lock().unwrap().push(running);
+    }
+
+    /// Waits until no call of the routes runs, those whose clients went
+    /// away among them (within 10 s).
+    pub(crate) async fn calls_finished(&self) {
+        let running: Vec<RunningCalls> = self.running.lock().unwrap().clone();
+        for calls in running {
+            tokio::time::timeout(Duration::from_secs(10), calls.finished())
+                .await
+                .expect("the route's calls finished within 10 s");
+        }
+    }
+
     /// How often the handler ran for `order`.
     pub(crate) fn runs(&self, order: &str) -> usize {
         self.runs.lock().unwrap().get(order).copied().unwrap_or(0)
@@ -181,6 +198,7 @@ where
         let layer = route
             .lease(self.0.store().clone())
             .expect("the route's name is its own");
+        app.track(layer.running());
         let app = Arc::clone(app);
         let handler = move |request: Request| {
             let app = Arc::clone(&app);
@@ -236,6 +254,7 @@ macro_rules! tx_fixture {
                 let layer = route
                     .transaction($crate::common::tx::TxFixture::store(&self.0).clone())
                     .expect("the route's name is its own");
+                app.track(layer.running());
                 let (app, fx) = (std::sync::Arc::clone(app), std::sync::Arc::clone(self));
                 let handler = move |request: axum::extract::Request| {
                     let (app, fx) = (std::sync::Arc::clone(&app), std::sync::Arc::clone(&fx));
@@ -288,6 +307,8 @@ macro_rules! suite {
             other_methods_pass_through,
             sizes_are_bounded,
             optional_keys_and_the_fingerprint,
+            a_client_that_hangs_up_does_not_cut_the_handler,
+            a_timeout_layer_does_not_cut_the_handler,
         );
     };
     (@tests $Fx:ty; $($scenario:ident),* $(,)?) => {

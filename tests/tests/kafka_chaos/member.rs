@@ -49,6 +49,7 @@ async fn kafka_chaos_member() {
             max_failures: 1_000,
             concurrency: 8,
             max_store_delay: Duration::from_secs(1),
+            ..Policy::default()
         })
         .set(
             "session.timeout.ms",

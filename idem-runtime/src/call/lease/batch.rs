@@ -75,9 +75,10 @@ where
         }
 
         let holding = held(&items, &claims);
-        let lease = Lease::keep_batch(store, spec, &holding, claim_start).await;
+        let mut lease = Lease::keep_batch(store, spec, &holding, claim_start).await;
         let body_start = Instant::now();
         let result = body(plan.fresh_messages(msgs, &fresh)).await;
+        lease.body_ended();
         body_latency(spec, body_start);
         crate::retry_after::body_finished(spec, body_start.elapsed());
 

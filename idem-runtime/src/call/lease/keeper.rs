@@ -41,6 +41,7 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::registry::HandlerSpec;
 use crate::store::contract::{Held, LeaseStore};
+use crate::telemetry::BodyWatch;
 
 /// How long a keeper with nothing to keep stays ready before its task
 /// ends.
@@ -347,9 +348,19 @@ fn current() -> Option<Arc<Keeper>> {
 
 /// A call's registered leases (one call's, or a batch's): the keeper
 /// extends them every [`period`] until this is dropped.
+///
+/// Dropped while its body still runs (before [`body_ended`]: the call's
+/// future was dropped at an `.await`), it extends its leases once more, on
+/// a task of its own, so that the key is held for a whole lease from the
+/// drop: what the body set going (a request already sent) has that long to
+/// land before another run may take the key. The claim is never released
+/// then, and the drop is counted ([`BodyWatch`]).
+///
+/// [`body_ended`]: Lease::body_ended
 pub(crate) struct Lease {
     kept: Option<(Arc<Keeper>, SlotId)>,
     state: Arc<dyn Kept>,
+    body: BodyWatch,
 }
 
 impl Lease {
@@ -393,6 +404,7 @@ impl Lease {
         claimed: Instant,
     ) -> Lease {
         let period = period(spec);
+        let body = BodyWatch::start(spec, "lease", tracing::Span::current());
         let entry: Arc<dyn Kept> = Arc::new(Entry {
             store: store.clone(),
             spec,
@@ -408,6 +420,7 @@ impl Lease {
             return Lease {
                 kept: None,
                 state: entry,
+                body,
             };
         };
         let due = claimed + period;
@@ -446,7 +459,14 @@ impl Lease {
         Lease {
             kept: Some((keeper, id)),
             state: entry,
+            body,
         }
+    }
+
+    /// The body came to its end: from here on, a drop of the call is no
+    /// drop of its body.
+    pub(crate) fn body_ended(&mut self) {
+        self.body.ended();
     }
 
     /// The earliest the leases may end: they started no earlier than the
@@ -466,6 +486,22 @@ impl Drop for Lease {
     fn drop(&mut self) {
         if let Some((keeper, id)) = &self.kept {
             keeper.lock().slots.remove(*id);
+        }
+        if self.body.running() {
+            // Held a whole lease from now, not what is left of the last
+            // renewal's: the last word on the key until it runs out.
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let span = self.state.lease().span.clone();
+                let renewal = Arc::clone(&self.state).renew();
+                runtime.spawn(
+                    async move {
+                        if let Err(e) = renewal.await {
+                            tracing::warn!(error = %e, "could not hold the dropped body's lease for one more lease: it runs out as it is");
+                        }
+                    }
+                    .instrument(span),
+                );
+            }
         }
     }
 }

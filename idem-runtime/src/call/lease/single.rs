@@ -83,9 +83,10 @@ where
     };
     claim_latency(spec, claim_start);
 
-    let lease = Lease::keep(store, spec, key, &token, claim_start).await;
+    let mut lease = Lease::keep(store, spec, key, &token, claim_start).await;
     let body_start = Instant::now();
     let result = body.await;
+    lease.body_ended();
     body_latency(spec, body_start);
     crate::retry_after::body_finished(spec, body_start.elapsed());
 

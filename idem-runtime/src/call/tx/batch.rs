@@ -15,7 +15,7 @@ use crate::error::{Error, StoreError};
 use crate::final_error::ErrorCodec;
 use crate::registry::HandlerSpec;
 use crate::store::contract::{Standing, TxBatchCommit, TxStore};
-use crate::telemetry::{body_latency, claim_latency};
+use crate::telemetry::{BodyWatch, body_latency, claim_latency};
 
 /// A transaction-mode batch call, driven by the generated code:
 ///
@@ -64,6 +64,8 @@ pub struct TxBatchCall<Tx> {
     /// What stands against the others.
     standings: Vec<Option<Standing>>,
     body_start: Instant,
+    /// Counts a body dropped before [`TxBatchRun::finish`].
+    body: BodyWatch,
 }
 
 impl<Tx> TxBatchCall<Tx> {
@@ -141,6 +143,7 @@ impl<'s, S: TxStore, T, E> TxBatchRun<'s, S, T, E> {
                 fresh,
                 standings: found.standings,
                 body_start: Instant::now(),
+                body: BodyWatch::start(self.spec, "transaction", self.span.clone()),
             }))
         }
         .instrument(span)
@@ -156,9 +159,10 @@ impl<'s, S: TxStore, T, E> TxBatchRun<'s, S, T, E> {
     /// back.
     pub async fn finish(
         &mut self,
-        call: TxBatchCall<S::Tx>,
+        mut call: TxBatchCall<S::Tx>,
         result: Result<Vec<T>, E>,
     ) -> TxBatchStep<T, E> {
+        call.body.ended();
         body_latency(self.spec, call.body_start);
         let span = self.span.clone();
         async {

@@ -14,7 +14,7 @@ use crate::key::Key;
 use crate::outcome::Outcome;
 use crate::registry::HandlerSpec;
 use crate::store::contract::{Standing, TxClaim, TxCommit, TxStore};
-use crate::telemetry::{body_latency, call_span, claim_latency, finish};
+use crate::telemetry::{BodyWatch, body_latency, call_span, claim_latency, finish};
 
 /// What `tx_begin` found.
 #[doc(hidden)]
@@ -31,6 +31,8 @@ pub struct TxCall<Tx> {
     tx: Tx,
     span: tracing::Span,
     body_start: Instant,
+    /// Counts a body dropped before [`tx_finish`].
+    body: BodyWatch,
 }
 
 impl<Tx> TxCall<Tx> {
@@ -78,6 +80,7 @@ where
                 tx,
                 span: span.clone(),
                 body_start: Instant::now(),
+                body: BodyWatch::start(spec, "transaction", span.clone()),
             })),
             TxClaim::Refused(standing) => {
                 refused(spec, key, fingerprint, codec, errors, standing).map(TxBegin::Done)
@@ -105,12 +108,13 @@ pub async fn tx_finish<S, T, E>(
     fingerprint: Option<&str>,
     codec: Codec<T>,
     errors: ErrorCodec<E>,
-    call: TxCall<S::Tx>,
+    mut call: TxCall<S::Tx>,
     result: Result<T, E>,
 ) -> Result<Outcome<T>, Error<E>>
 where
     S: TxStore,
 {
+    call.body.ended();
     body_latency(spec, call.body_start);
     let span = call.span;
     let r = async {

@@ -106,8 +106,9 @@ enum Ended {
 /// most the policy's concurrency at once: a message is only taken once a
 /// slot is free, so nothing waits inside the consumer for one. It runs
 /// until shutdown, a stop or a failed stream; then asks the broker to send
-/// no more, lets the bodies in flight finish, closes the session, and says
-/// how it ended.
+/// no more, lets the bodies in flight finish (for up to the policy's
+/// grace: then they are dropped), closes the session, and says how it
+/// ended.
 async fn drive<T: Transport>(
     transport: &Arc<T>,
     session: Session<T>,
@@ -176,12 +177,35 @@ async fn drive<T: Transport>(
             }
         }
     }
-    // Take nothing more; let what is in flight finish and settle.
+    // Take nothing more; let what is in flight finish and settle, for up
+    // to the grace.
     drop(messages);
     stop_taking.await;
-    while let Some(done) = tasks.join_next().await {
-        if let Some(reason) = tally(report, done) {
-            stop.get_or_insert(reason);
+    let grace = transport.policy().grace;
+    let past_grace = tokio::time::sleep(grace);
+    let mut past_grace = std::pin::pin!(past_grace);
+    loop {
+        tokio::select! {
+            biased;
+            done = tasks.join_next() => match done {
+                Some(done) => {
+                    if let Some(reason) = tally(report, done) {
+                        stop.get_or_insert(reason);
+                    }
+                }
+                None => break,
+            },
+            () = &mut past_grace, if !tasks.is_empty() => {
+                tracing::warn!(
+                    queue = transport.queue(),
+                    running = tasks.len(),
+                    ?grace,
+                    "bodies still running when the grace ran out: dropped, and their messages delivered again"
+                );
+                tasks.abort_all();
+                while tasks.join_next().await.is_some() {}
+                break;
+            }
         }
     }
     closing.await;

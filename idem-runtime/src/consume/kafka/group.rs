@@ -449,10 +449,24 @@ pub(crate) fn poll(consumer: BaseConsumer<Ctx>, group: Arc<Group>) {
     for part in &parts {
         part.revoked.send_replace(true);
     }
-    while parts.iter().any(|p| p.in_flight.load(Ordering::SeqCst) > 0) {
+    let deadline = Instant::now() + group.shutdown_grace;
+    let running = || -> usize {
+        parts
+            .iter()
+            .map(|p| p.in_flight.load(Ordering::SeqCst))
+            .sum()
+    };
+    while running() > 0 && Instant::now() < deadline {
         // Serve the group (heartbeats go on by themselves) while waiting.
         let _ = consumer.poll(Duration::ZERO).map(|m| m.map(|_| ()));
         std::thread::sleep(Duration::from_millis(5));
+    }
+    if running() > 0 {
+        tracing::warn!(
+            running = running(),
+            grace = ?group.shutdown_grace,
+            "bodies still running when the shutdown's grace ran out: their offsets stay before them, so the next owner gets their messages again"
+        );
     }
     // What is still ours (a rebalance during the wait may have taken some).
     group.commit(&consumer, &group.parts(), CommitMode::Sync);

@@ -514,6 +514,7 @@ impl Consumer {
             lanes: self.lanes,
             concurrency: self.policy.concurrency,
             grace: self.grace,
+            shutdown_grace: self.policy.grace,
             prefetch: self.prefetch,
             offsets: self.offsets.clone(),
         };

@@ -31,6 +31,8 @@ pub(crate) struct Settings {
     pub(crate) concurrency: usize,
     /// How long a revoke waits for the bodies in flight.
     pub(crate) grace: Duration,
+    /// How long a shutdown waits for them (the policy's grace).
+    pub(crate) shutdown_grace: Duration,
     /// Messages queued per partition before it is paused.
     pub(crate) prefetch: usize,
     pub(crate) offsets: Option<Offsets>,
@@ -76,7 +78,10 @@ pub(crate) struct Group {
     /// Why the consumer must stop (`Error::Config`), once a call said so.
     pub(crate) halt: Mutex<Option<String>>,
     pub(crate) halted: AtomicBool,
+    /// How long a revoke waits for the bodies in flight.
     pub(crate) grace: Duration,
+    /// How long a shutdown waits for them.
+    pub(crate) shutdown_grace: Duration,
     /// Messages queued per partition before it is paused.
     pub(crate) prefetch: usize,
     pub(crate) offsets: Option<Offsets>,
@@ -101,6 +106,7 @@ impl Group {
             lanes,
             concurrency,
             grace,
+            shutdown_grace,
             prefetch,
             offsets,
         } = settings;
@@ -118,6 +124,7 @@ impl Group {
             halt: Mutex::new(None),
             halted: AtomicBool::new(false),
             grace,
+            shutdown_grace,
             prefetch: prefetch.max(1),
             offsets,
             rt: tokio::runtime::Handle::current(),

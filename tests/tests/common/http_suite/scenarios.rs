@@ -377,3 +377,105 @@ pub(crate) async fn optional_keys_and_the_fingerprint<F: HttpFixture>(fx: Arc<F>
         assert_eq!(app.runs("o-fp-2"), 0);
     }
 }
+
+/// What a client that gave up on its first request gets by retrying it
+/// with the same key: every `409` while the first runs on (or `408` from a
+/// timeout layer, when the retry waits on the first's lock), then the
+/// first answer that is neither (within 10 s).
+async fn retried_until_answered(server: &Server, key: &str, order: &str) -> (usize, Reply) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut conflicts = 0;
+    loop {
+        // A client of its own: nothing of the first connection is reused.
+        let c = HttpClient::new(server.addr);
+        let r = post(&c, key, order, &[]).await;
+        if r.status != 409 && r.status != 408 {
+            return (conflicts, r);
+        }
+        conflicts += 1;
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still {} after 10 s: {}",
+            r.status,
+            r.text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The handler takes effect, then waits 600 ms for its provider; the
+/// client gives up after 150 ms and closes its connection, which drops the
+/// request's future in the server. The call goes on on its own task: the
+/// effect happens once, the response is recorded, and the retry gets it.
+pub(crate) async fn a_client_that_hangs_up_does_not_cut_the_handler<F: HttpFixture>(fx: Arc<F>) {
+    let (app, server, _c) = serve(&fx, route(), 0).await;
+    let impatient = HttpClient::new(server.addr);
+    let first = tokio::time::timeout(
+        Duration::from_millis(150),
+        post(
+            &impatient,
+            "k-hang-up",
+            "o-hang-up",
+            &[("x-sleep-ms", "600")],
+        ),
+    )
+    .await;
+    assert!(first.is_err(), "the client gave up before the answer");
+    drop(impatient);
+    answered_once(&fx, &app, &server, "k-hang-up", "o-hang-up").await;
+}
+
+/// The retries of a request whose first run went on without its client:
+/// its effect once, and the recorded response for every retry. Claiming
+/// last, a retry racing the first run may run and record first (the first
+/// then rolls back): the record is then the retry's, and the next retry
+/// gets it.
+async fn answered_once<F: HttpFixture>(
+    fx: &Arc<F>,
+    app: &App,
+    server: &Server,
+    key: &str,
+    order: &str,
+) {
+    let (_, retry) = retried_until_answered(server, key, order).await;
+    assert_eq!(retry.status, 201, "{}", retry.text());
+    if fx.mode().racing_retry_runs_handler() {
+        let again = post(&HttpClient::new(server.addr), key, order, &[]).await;
+        assert!(again.replayed(), "the recorded response: {}", again.text());
+        assert_eq!(again.json()["order"], retry.json()["order"]);
+        assert_eq!(again.json()["run"], retry.json()["run"]);
+    } else {
+        assert!(
+            retry.replayed(),
+            "the first run's response: {}",
+            retry.text()
+        );
+        assert_eq!(retry.json()["run"], 1, "{}", retry.text());
+        assert_eq!(app.runs(order), 1, "the handler ran once");
+    }
+    // The first run's call is over (claiming last, it rolled back).
+    app.calls_finished().await;
+    assert_eq!(fx.effects(app, order).await, 1, "the effect happened once");
+}
+
+/// tower's timeout layer around the route drops the request's future after
+/// 150 ms (and answers 408); the handler, 600 ms long, goes on to its
+/// recorded response, which the retry gets.
+pub(crate) async fn a_timeout_layer_does_not_cut_the_handler<F: HttpFixture>(fx: Arc<F>) {
+    use axum::error_handling::HandleErrorLayer;
+    use tower::ServiceBuilder;
+
+    let app = Arc::new(App::default());
+    let router = fx.router(route(), &app, 0).layer(
+        ServiceBuilder::new()
+            .layer(HandleErrorLayer::new(|_: tower::BoxError| async {
+                http::StatusCode::REQUEST_TIMEOUT
+            }))
+            .timeout(Duration::from_millis(150)),
+    );
+    let server = Server::start(router).await;
+    let c = HttpClient::new(server.addr);
+    let first = post(&c, "k-timeout", "o-timeout", &[("x-sleep-ms", "600")]).await;
+    assert_eq!(first.status, 408, "the timeout layer answered");
+    answered_once(&fx, &app, &server, "k-timeout", "o-timeout").await;
+}
