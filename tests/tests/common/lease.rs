@@ -19,10 +19,13 @@
 //! against its expiry ([`LeaseFixture::slack`]).
 
 // The core scenarios, one file a subject.
+mod cancel;
 mod claims;
 mod outcomes;
 mod takeover;
 
+#[allow(unused_imports)]
+pub(crate) use cancel::a_dropped_call_holds_its_key_a_whole_lease_from_the_drop;
 #[allow(unused_imports)]
 pub(crate) use claims::{
     body_error_releases_the_claim_and_the_retry_executes,
@@ -327,6 +330,7 @@ pub(crate) const SMS: &str = "lease_sms";
 pub(crate) const POINTS: &str = "lease_points";
 pub(crate) const LOPSIDED: &str = "lease_lopsided";
 pub(crate) const RATIO: &str = "lease_ratio";
+pub(crate) const DROPPED: &str = "lease_dropped";
 
 /// A lease long enough that the heartbeat never fires during a test.
 #[idempotent(
@@ -387,6 +391,26 @@ pub(crate) async fn short_lease_job(
     effects: &dyn Effects,
 ) -> Result<u32, AppError> {
     body(msg, probe, effects).await
+}
+
+/// A 3 s lease, renewed every second: the body takes effect, then waits
+/// for the probe's gate (a provider's answer that is slow to come).
+#[idempotent(
+    key = "msg.id",
+    ttl = "1h",
+    lease = "3s",
+    store = "memory",
+    name = "lease_dropped"
+)]
+pub(crate) async fn effect_then_wait(
+    msg: &Job,
+    probe: &Probe,
+    effects: &dyn Effects,
+) -> Result<u32, AppError> {
+    probe.hit();
+    effects.apply(&msg.id).await?;
+    probe.park().await;
+    Ok(msg.value)
 }
 
 /// A message whose key part may be missing.
@@ -506,6 +530,7 @@ macro_rules! scenarios {
             a_late_completion_nobody_overtook_is_recorded: Manual,
             stale_failure_after_a_takeover_does_not_release_the_new_claim: Manual,
             heartbeat_keeps_a_long_body_s_lease_alive: Real,
+            a_dropped_call_holds_its_key_a_whole_lease_from_the_drop: Real,
             stored_outcome_that_no_longer_decodes_is_a_codec_error: Manual,
             an_unrecordable_result_settles_the_key_and_deliveries_get_unrecordable: Manual,
             none_key_part_is_key_missing_and_the_body_does_not_run: Manual,
