@@ -146,6 +146,7 @@ on_kafka!(
     a_failing_body_is_retried_then_dead_lettered,
     a_panicking_handler_is_retried_then_dead_lettered,
     shutdown_lets_bodies_in_flight_finish_and_acks_them,
+    the_token_lets_bodies_in_flight_reach_their_outcome_on_every_store,
     the_handler_is_told_about_each_delivery,
     the_consumer_counts_what_it_did,
     a_wait_between_tiers_is_waited_exactly,

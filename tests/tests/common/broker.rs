@@ -20,6 +20,10 @@ use tokio::task::JoinHandle;
 use super::recorder::capture;
 use super::{AppError, eventually};
 
+mod cut;
+#[allow(unused_imports)]
+pub(crate) use cut::the_token_lets_bodies_in_flight_reach_their_outcome_on_every_store;
+
 /// A message of the suite.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Points {
@@ -122,7 +126,7 @@ pub(crate) trait Broker: Sized {
 pub(crate) struct Effects(Mutex<HashMap<String, u32>>);
 
 impl Effects {
-    fn apply(&self, id: &str) {
+    pub(crate) fn apply(&self, id: &str) {
         *self.0.lock().unwrap().entry(id.to_owned()).or_default() += 1;
     }
 
