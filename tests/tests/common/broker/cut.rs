@@ -35,7 +35,7 @@ async fn cut_lease(msg: &Points, effects: &Effects) -> Result<u32, AppError> {
 /// the claim's transaction.
 #[idempotent(key = "msg.id", ttl = "1h", store = "postgres", name = "broker_cut_pg")]
 async fn cut_tx_pg(tx: &mut PgTx<'_>, msg: &Points, db: &PgDb) -> Result<u32, AppError> {
-    db.add_ledger_in(&mut **tx, &msg.id, 1).await?;
+    db.add_ledger_in(tx, &msg.id, 1).await?;
     tokio::time::sleep(PROVIDER).await;
     Ok(msg.points)
 }
@@ -48,7 +48,7 @@ async fn cut_tx_pg(tx: &mut PgTx<'_>, msg: &Points, db: &PgDb) -> Result<u32, Ap
     name = "broker_cut_sqlite"
 )]
 async fn cut_tx_sqlite(tx: &mut SqliteTx<'_>, msg: &Points, db: &Db) -> Result<u32, AppError> {
-    db.add_ledger_in(&mut **tx, &msg.id, 1).await?;
+    db.add_ledger_in(tx, &msg.id, 1).await?;
     tokio::time::sleep(PROVIDER).await;
     Ok(msg.points)
 }
