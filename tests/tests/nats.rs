@@ -25,6 +25,20 @@ struct Nats {
     _cleanup: DeleteStreams,
 }
 
+impl broker::Proxied for Nats {
+    const PORT: u16 = 4222;
+    const KEEPS_ACKS: bool = true;
+
+    fn start_through(&self, port: u16, handler: broker::Boxed) -> Running {
+        let (stop, signal) = broker::shutdown();
+        let url = nats_url().replace(":4222", &format!(":{port}"));
+        // Redelivered 2 s after a lost ack, not the default 30 s.
+        let consumer = Consumer::new(url, self.stream.clone(), self.subject.clone())
+            .ack_wait(Duration::from_secs(2));
+        Running::new(stop, tokio::spawn(consumer.run(handler, signal)))
+    }
+}
+
 impl Broker for Nats {
     const TIERED: bool = false;
 
@@ -137,6 +151,8 @@ on_nats!(
     a_panicking_handler_is_retried_then_dead_lettered,
     shutdown_lets_bodies_in_flight_finish_and_acks_them,
     the_token_lets_bodies_in_flight_reach_their_outcome_on_every_store,
+    a_body_past_the_grace_is_dropped_and_its_message_handed_back,
+    a_connection_lost_mid_body_leaves_only_the_ack_to_the_redelivery,
     the_handler_is_told_about_each_delivery,
     the_consumer_counts_what_it_did,
     a_wait_between_tiers_is_waited_exactly,

@@ -26,6 +26,18 @@ struct Rabbit {
     _cleanup: DeleteQueues,
 }
 
+impl broker::Proxied for Rabbit {
+    const PORT: u16 = 5672;
+    const KEEPS_ACKS: bool = false;
+
+    fn start_through(&self, port: u16, handler: broker::Boxed) -> Running {
+        let (stop, signal) = broker::shutdown();
+        let url = amqp_url().replace(":5672", &format!(":{port}"));
+        let consumer = Consumer::new(url, self.queue.clone());
+        Running::new(stop, tokio::spawn(consumer.run(handler, signal)))
+    }
+}
+
 impl Broker for Rabbit {
     const TIERED: bool = true;
 
@@ -192,6 +204,8 @@ on_rabbitmq!(
     a_panicking_handler_is_retried_then_dead_lettered,
     shutdown_lets_bodies_in_flight_finish_and_acks_them,
     the_token_lets_bodies_in_flight_reach_their_outcome_on_every_store,
+    a_body_past_the_grace_is_dropped_and_its_message_handed_back,
+    a_connection_lost_mid_body_leaves_only_the_ack_to_the_redelivery,
     the_handler_is_told_about_each_delivery,
     the_consumer_counts_what_it_did,
     a_wait_between_tiers_is_waited_exactly,
@@ -431,98 +445,4 @@ async fn a_topology_that_cannot_be_declared_is_refused_before_connecting() {
             other => panic!("expected a refusal, got {other:?}"),
         }
     }
-}
-
-/// Lease mode on Redis, whose effect (an SMS sent) is counted outside any
-/// store: it takes effect, then waits 600 ms for its provider.
-#[idem_runtime::idempotent(
-    key = "msg.id",
-    ttl = "1h",
-    store = "redis",
-    name = "rmq_cut_connection"
-)]
-async fn sms_then_wait(
-    msg: &Points,
-    sent: &std::sync::atomic::AtomicUsize,
-) -> Result<u32, AppError> {
-    sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
-    Ok(msg.points)
-}
-
-/// The consumer's connection is cut (through a proxy, a real loss of the
-/// socket) while the body waits for its provider. The body goes on to its
-/// recorded outcome; its ack is lost with the connection, so the broker
-/// delivers the message again once the consumer is back, and that delivery
-/// gets the recorded outcome without running the body: the SMS went once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_lost_mid_body_leaves_only_the_ack_to_the_redelivery() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::time::Duration;
-
-    use common::lease::{LeaseFixture, Time};
-    use common::{RedisFx, eventually};
-    use idem_tests::brokers::CutProxy;
-
-    let b = or_skip!(Rabbit::open("rmq_cut_connection").await);
-    let redis = Arc::new(or_skip!(RedisFx::open(Time::Real).await));
-    let proxy = CutProxy::start(idem_tests::free_port().expect("a free port"), 5672).await;
-    let url = amqp_url().replace(":5672", &format!(":{}", proxy.port()));
-    let (sent, calls, duplicates) = (
-        Arc::new(AtomicUsize::new(0)),
-        Arc::new(AtomicUsize::new(0)),
-        Arc::new(AtomicUsize::new(0)),
-    );
-    let handler = {
-        let (redis, sent, calls, duplicates) = (
-            Arc::clone(&redis),
-            Arc::clone(&sent),
-            Arc::clone(&calls),
-            Arc::clone(&duplicates),
-        );
-        move |msg: Points| {
-            let (redis, sent, calls, duplicates) = (
-                Arc::clone(&redis),
-                Arc::clone(&sent),
-                Arc::clone(&calls),
-                Arc::clone(&duplicates),
-            );
-            async move {
-                calls.fetch_add(1, Ordering::SeqCst);
-                let out = sms_then_wait(redis.store(), &msg, &sent).await;
-                if matches!(out, Ok(Outcome::Duplicate(_))) {
-                    duplicates.fetch_add(1, Ordering::SeqCst);
-                }
-                out
-            }
-        }
-    };
-    let (stop, signal) = broker::shutdown();
-    let consumer = Consumer::new(url, b.queue.clone());
-    let running = Running::new(stop, tokio::spawn(consumer.run(handler, signal)));
-    b.publish(&Points::payload("cut-1", 5)).await;
-    eventually(Duration::from_secs(20), "the SMS sent", || async {
-        sent.load(Ordering::SeqCst) == 1
-    })
-    .await;
-    proxy.cut();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    proxy.restore();
-    eventually(
-        Duration::from_secs(30),
-        "the redelivery answered",
-        || async { duplicates.load(Ordering::SeqCst) == 1 },
-    )
-    .await;
-    let report = running.stop().await;
-    assert_eq!(sent.load(Ordering::SeqCst), 1, "the SMS went once");
-    assert_eq!(
-        calls.load(Ordering::SeqCst),
-        2,
-        "delivered twice: {report:?}"
-    );
-    assert!(report.reconnects >= 1, "{report:?}");
-    assert_eq!(report.duplicates, 1, "{report:?}");
-    assert_eq!(b.waiting().await, 0);
 }

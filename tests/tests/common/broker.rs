@@ -22,7 +22,11 @@ use super::{AppError, eventually};
 
 mod cut;
 #[allow(unused_imports)]
-pub(crate) use cut::the_token_lets_bodies_in_flight_reach_their_outcome_on_every_store;
+pub(crate) use cut::{
+    Boxed, Proxied, a_body_past_the_grace_is_dropped_and_its_message_handed_back,
+    a_connection_lost_mid_body_leaves_only_the_ack_to_the_redelivery,
+    the_token_lets_bodies_in_flight_reach_their_outcome_on_every_store,
+};
 
 /// A message of the suite.
 #[derive(Debug, Clone, Serialize, Deserialize)]

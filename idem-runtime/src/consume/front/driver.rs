@@ -124,6 +124,8 @@ async fn drive<T: Transport>(
         closing,
     } = session;
     let permits = Arc::new(Semaphore::new(transport.policy().concurrency.max(1)));
+    // Cancelled past the grace: the calls still running are dropped.
+    let cut = CancellationToken::new();
     let mut tasks: JoinSet<Settled> = JoinSet::new();
     let mut stop = None;
     let mut lost: Option<BoxError> = None;
@@ -158,10 +160,16 @@ async fn drive<T: Transport>(
                 next = messages.next() => {
                     match next {
                         Some(Ok(msg)) => {
-                            let (transport, link, call, meter) =
-                                (Arc::clone(transport), link.clone(), Arc::clone(call), meter.clone());
+                            let (transport, link, call, meter, cut) = (
+                                Arc::clone(transport),
+                                link.clone(),
+                                Arc::clone(call),
+                                meter.clone(),
+                                cut.clone(),
+                            );
                             tasks.spawn(async move {
-                                let settled = settle(&*transport, &link, msg, &call, &meter).await;
+                                let settled =
+                                    settle(&*transport, &link, msg, &call, &meter, &cut).await;
                                 drop(permit);
                                 settled
                             });
@@ -195,16 +203,16 @@ async fn drive<T: Transport>(
                 }
                 None => break,
             },
-            () = &mut past_grace, if !tasks.is_empty() => {
+            () = &mut past_grace, if !tasks.is_empty() && !cut.is_cancelled() => {
                 tracing::warn!(
                     queue = transport.queue(),
                     running = tasks.len(),
                     ?grace,
-                    "bodies still running when the grace ran out: dropped, and their messages delivered again"
+                    "bodies still running when the grace ran out: dropped, and their messages handed back"
                 );
-                tasks.abort_all();
-                while tasks.join_next().await.is_some() {}
-                break;
+                // Each task hands its message back and ends; they are
+                // joined (and counted) above.
+                cut.cancel();
             }
         }
     }
@@ -232,13 +240,15 @@ fn tally(report: &Mutex<Report>, done: Result<Settled, tokio::task::JoinError>) 
     }
 }
 
-/// Runs one message through the handler and settles it with the broker.
+/// Runs one message through the handler and settles it with the broker;
+/// hands it back unsettled, its call dropped, once `cut` is cancelled.
 async fn settle<T: Transport>(
     transport: &T,
     link: &T::Link,
     msg: T::Message,
     call: &Call,
     meter: &Meter,
+    cut: &CancellationToken,
 ) -> Settled {
     let read = transport.read(&msg);
     // A retry back before its due time waits on in the retry tier for what
@@ -262,17 +272,30 @@ async fn settle<T: Transport>(
     meter.delivered(&read.delivery);
     let _in_flight = meter.in_flight();
     let work = call(read.payload, read.delivery, attempts);
-    let handled = match transport.keep_alive() {
-        None => work.await,
-        Some(beat) => {
-            let mut work = std::pin::pin!(work);
-            let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + beat, beat);
-            loop {
-                tokio::select! {
-                    done = &mut work => break done,
-                    _ = ticks.tick() => transport.still_working(&msg).await,
+    let work = async {
+        match transport.keep_alive() {
+            None => work.await,
+            Some(beat) => {
+                let mut work = std::pin::pin!(work);
+                let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + beat, beat);
+                loop {
+                    tokio::select! {
+                        done = &mut work => break done,
+                        _ = ticks.tick() => transport.still_working(&msg).await,
+                    }
                 }
             }
+        }
+    };
+    let handled = tokio::select! {
+        biased;
+        handled = work => handled,
+        // Past the grace of a consumer that stops: the body is dropped
+        // (counted by the call), and its message goes back.
+        () = cut.cancelled() => {
+            // After a second: not to a pull the stopping session left open.
+            transport.give_back(&msg, Some(Duration::from_secs(1))).await;
+            return Settled::Unsettled;
         }
     };
     let told = tell(

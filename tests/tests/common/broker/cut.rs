@@ -9,7 +9,7 @@ use std::time::Duration;
 use idem_runtime::consume::Policy;
 use idem_runtime::{ClaimOrder, PgTx, RoundTrips, SqliteTx, idempotent};
 
-use super::{Broker, Effects, Points, settles_to};
+use super::{Broker, Effects, Points, Running, settles_to};
 use crate::common::lease::{LeaseFixture, Time};
 use crate::common::tx::{Open, StoreKind, TxFixture};
 use crate::common::{AppError, Db, PgDb, RedisFx, eventually};
@@ -193,4 +193,187 @@ pub(crate) async fn the_token_lets_bodies_in_flight_reach_their_outcome_on_every
     for id in Stores::IDS {
         assert_eq!(stores.effects(id).await, 1, "{id} did not run again");
     }
+}
+
+/// A body that takes its effect, then waits 5 s: longer than the grace.
+#[idempotent(
+    key = "msg.id",
+    ttl = "1h",
+    store = "memory",
+    name = "broker_past_grace"
+)]
+async fn past_grace(msg: &Points, effects: &Effects) -> Result<u32, AppError> {
+    effects.apply(&msg.id);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    Ok(msg.points)
+}
+
+/// RabbitMQ's and NATS's consumers (Kafka's lets such a body run on): a
+/// body still running when the stopping consumer's grace (300 ms) runs out
+/// is dropped, counted in `idem_bodies_dropped_total`, and its message
+/// handed back for the next consumer; the consumer returns without waiting
+/// for the body's 5 s.
+pub(crate) async fn a_body_past_the_grace_is_dropped_and_its_message_handed_back<B: Broker>(b: &B) {
+    use idem_runtime::metric;
+
+    let seen = super::capture();
+    let dropped = || {
+        seen.sum(
+            metric::BODIES_DROPPED,
+            &[("handler", "broker_past_grace"), ("mode", "lease")],
+        )
+    };
+    let before = dropped();
+    b.publish(&Points::payload("past-grace-1", 1)).await;
+    let (store, effects) = (
+        idem_runtime::MemoryStore::new(),
+        Arc::new(Effects::default()),
+    );
+    let policy = Policy {
+        grace: Duration::from_millis(300),
+        ..Policy::default()
+    };
+    let running = {
+        let effects = Arc::clone(&effects);
+        b.start(policy, move |msg: Points| {
+            let (store, effects) = (store.clone(), Arc::clone(&effects));
+            async move { past_grace(&store, &msg, &effects).await }
+        })
+    };
+    eventually(Duration::from_secs(20), "the body running", || async {
+        effects.of("past-grace-1") == 1
+    })
+    .await;
+    let asked = std::time::Instant::now();
+    let report = running.stop().await;
+    assert!(
+        asked.elapsed() < Duration::from_secs(3),
+        "the consumer returned once the grace ran out, not after the body: {:?}",
+        asked.elapsed()
+    );
+    assert_eq!(report.acked, 0, "{report:?}");
+    assert!(dropped() >= before + 1.0, "the dropped body is counted");
+    settles_to(b, 1).await;
+}
+
+/// A handler, boxed: what [`Proxied::start_through`] runs.
+pub(crate) type Boxed = Box<
+    dyn Fn(
+            Points,
+        ) -> std::pin::Pin<
+            Box<
+                dyn std::future::Future<
+                        Output = Result<idem_runtime::Outcome<u32>, idem_runtime::Error<AppError>>,
+                    > + Send,
+            >,
+        > + Send
+        + Sync,
+>;
+
+/// A broker whose consumer can reach it through a proxy the test cuts
+/// (RabbitMQ, NATS: a Kafka broker tells its clients its own address).
+pub(crate) trait Proxied: Broker {
+    /// The broker's port on loopback.
+    const PORT: u16;
+    /// Whether the client keeps an ack sent while its connection is down
+    /// and sends it once reconnected (NATS's client buffers what it
+    /// publishes), rather than losing it (RabbitMQ: unacked messages go
+    /// back with the channel).
+    const KEEPS_ACKS: bool;
+    /// Starts a consumer of the fixture's queue or stream that reaches the
+    /// broker at `port` on loopback, around `handler`.
+    fn start_through(&self, port: u16, handler: Boxed) -> Running;
+}
+
+/// Lease mode on Redis, whose effect (an SMS sent) is counted outside any
+/// store: it takes effect, then waits 600 ms for its provider.
+#[idempotent(
+    key = "msg.id",
+    ttl = "1h",
+    store = "redis",
+    name = "broker_cut_connection"
+)]
+async fn sms_then_wait(msg: &Points, sent: &Effects) -> Result<u32, AppError> {
+    sent.apply(&msg.id);
+    tokio::time::sleep(PROVIDER).await;
+    Ok(msg.points)
+}
+
+/// The consumer's connection is cut (through a proxy: a real loss of the
+/// socket) while the body waits for its provider, and stays cut until the
+/// body is over. The body goes on to its recorded outcome, and only its
+/// ack is left: lost with the connection, the broker delivers the message
+/// again once the consumer is back, and that delivery is answered the
+/// recorded outcome without running the body; or kept by the client and
+/// sent once it reconnects. Either way the SMS went once.
+pub(crate) async fn a_connection_lost_mid_body_leaves_only_the_ack_to_the_redelivery<B: Proxied>(
+    b: &B,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use idem_runtime::Outcome;
+    use idem_tests::brokers::CutProxy;
+
+    let redis = Arc::new(match RedisFx::open(Time::Real).await {
+        Some(redis) => redis,
+        None => return,
+    });
+    let proxy = CutProxy::start(idem_tests::free_port().expect("a free port"), B::PORT).await;
+    let sent = Arc::new(Effects::default());
+    let (calls, duplicates) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let handler: Boxed = {
+        let (redis, sent, calls, duplicates) = (
+            Arc::clone(&redis),
+            Arc::clone(&sent),
+            Arc::clone(&calls),
+            Arc::clone(&duplicates),
+        );
+        Box::new(move |msg: Points| {
+            let (redis, sent, calls, duplicates) = (
+                Arc::clone(&redis),
+                Arc::clone(&sent),
+                Arc::clone(&calls),
+                Arc::clone(&duplicates),
+            );
+            Box::pin(async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                let out = sms_then_wait(redis.store(), &msg, &sent).await;
+                if matches!(out, Ok(Outcome::Duplicate(_))) {
+                    duplicates.fetch_add(1, Ordering::SeqCst);
+                }
+                out
+            })
+        })
+    };
+    let running = b.start_through(proxy.port(), handler);
+    b.publish(&Points::payload("cut-connection-1", 5)).await;
+    eventually(Duration::from_secs(20), "the SMS sent", || async {
+        sent.of("cut-connection-1") == 1
+    })
+    .await;
+    proxy.cut();
+    // Past the body's end: its ack can only fail.
+    tokio::time::sleep(PROVIDER + Duration::from_millis(400)).await;
+    proxy.restore();
+    if B::KEEPS_ACKS {
+        eventually(
+            Duration::from_secs(30),
+            "the late ack settled it",
+            || async { b.waiting().await == 0 },
+        )
+        .await;
+    } else {
+        eventually(
+            Duration::from_secs(30),
+            "the redelivery answered the recorded outcome",
+            || async { duplicates.load(Ordering::SeqCst) == 1 },
+        )
+        .await;
+    }
+    let report = running.stop().await;
+    assert_eq!(sent.of("cut-connection-1"), 1, "the SMS went once");
+    let (deliveries, duplicates) = if B::KEEPS_ACKS { (1, 0) } else { (2, 1) };
+    assert_eq!(calls.load(Ordering::SeqCst), deliveries, "{report:?}");
+    assert_eq!(report.duplicates, duplicates, "{report:?}");
+    settles_to(b, 0).await;
 }
