@@ -309,6 +309,7 @@ macro_rules! suite {
             optional_keys_and_the_fingerprint,
             a_client_that_hangs_up_does_not_cut_the_handler,
             a_timeout_layer_does_not_cut_the_handler,
+            a_call_past_its_grace_is_dropped,
         );
     };
     (@tests $Fx:ty; $($scenario:ident),* $(,)?) => {

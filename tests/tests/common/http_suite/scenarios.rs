@@ -479,3 +479,56 @@ pub(crate) async fn a_timeout_layer_does_not_cut_the_handler<F: HttpFixture>(fx:
     assert_eq!(first.status, 408, "the timeout layer answered");
     answered_once(&fx, &app, &server, "k-timeout", "o-timeout").await;
 }
+
+/// A route with a 200 ms grace and a 1 s lease; the handler takes effect,
+/// then takes 2 s, and its client gives up after 100 ms. 200 ms after the
+/// client went away the call is dropped, not 2 s later. In transaction
+/// mode its writes roll back, and the retry runs the handler afresh. In
+/// lease mode its effect stays and its key is held a whole lease from the
+/// drop: retries get `409` until then, and the next one runs the handler
+/// again (the window a downstream key closes).
+pub(crate) async fn a_call_past_its_grace_is_dropped<F: HttpFixture>(fx: Arc<F>) {
+    let route = route()
+        .grace(Duration::from_millis(200))
+        .lease_duration(Duration::from_secs(1));
+    let (app, server, _c) = serve(&fx, route, 0).await;
+    let impatient = HttpClient::new(server.addr);
+    let first = tokio::time::timeout(
+        Duration::from_millis(100),
+        post(&impatient, "k-grace", "o-grace", &[("x-sleep-ms", "2000")]),
+    )
+    .await;
+    assert!(first.is_err(), "the client gave up before the answer");
+    drop(impatient);
+    let gone = std::time::Instant::now();
+    app.calls_finished().await;
+    assert!(
+        gone.elapsed() < Duration::from_millis(1_500),
+        "dropped once its grace ran out, not after the handler: {:?}",
+        gone.elapsed()
+    );
+    assert_eq!(app.runs("o-grace"), 1);
+    if fx.mode().rolls_back() {
+        assert_eq!(
+            fx.effects(&app, "o-grace").await,
+            0,
+            "its writes rolled back"
+        );
+        let retry = post(&HttpClient::new(server.addr), "k-grace", "o-grace", &[]).await;
+        assert_eq!(retry.status, 201, "{}", retry.text());
+        assert!(!retry.replayed(), "nothing was recorded: {}", retry.text());
+        assert_eq!(fx.effects(&app, "o-grace").await, 1);
+    } else {
+        let held = post(&HttpClient::new(server.addr), "k-grace", "o-grace", &[]).await;
+        assert_eq!(held.status, 409, "the key is held: {}", held.text());
+        let (_, retry) = retried_until_answered(&server, "k-grace", "o-grace").await;
+        assert_eq!(retry.status, 201, "{}", retry.text());
+        assert!(!retry.replayed(), "nothing was recorded: {}", retry.text());
+        assert!(
+            gone.elapsed() >= Duration::from_millis(1_150),
+            "held a whole lease from the drop: {:?}",
+            gone.elapsed()
+        );
+        assert_eq!(app.runs("o-grace"), 2, "run again once the lease ran out");
+    }
+}
