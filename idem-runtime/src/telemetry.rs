@@ -57,9 +57,9 @@ pub mod metric {
     /// assert_eq!(idem_runtime::metric::BODY_SECONDS, "idem_body_seconds");
     /// ```
     pub const BODY_SECONDS: &str = "idem_body_seconds";
-    /// Counter of bodies dropped before their end (or that panicked),
-    /// labelled `handler` and `mode` (`lease`, `transaction`): by a caller
-    /// that stopped awaiting
+    /// Counter of bodies dropped before their end (in lease mode, before
+    /// their outcome was recorded), or that panicked, labelled `handler` and
+    /// `mode` (`lease`, `transaction`): by a caller that stopped awaiting
     /// the rewritten handler (a `timeout` around it), or by idem once a
     /// call it ran on its own task outlived its grace (an HTTP route's
     /// [`grace`](crate::http::Idempotency::grace), a consumer's
@@ -325,15 +325,33 @@ impl BodyWatch {
         mode: &'static str,
         span: tracing::Span,
     ) -> BodyWatch {
+        let mut watch = BodyWatch::before(spec, mode, span);
+        watch.begin();
+        watch
+    }
+
+    /// The watch of a body of `spec`'s that has not started yet: a drop
+    /// before [`begin`](BodyWatch::begin) is no drop of its body.
+    pub(crate) fn before(
+        spec: &'static HandlerSpec,
+        mode: &'static str,
+        span: tracing::Span,
+    ) -> BodyWatch {
         BodyWatch {
             spec,
             mode,
             span,
-            running: true,
+            running: false,
         }
     }
 
-    /// The body came to its end (whatever it returned).
+    /// The body starts.
+    pub(crate) fn begin(&mut self) {
+        self.running = true;
+    }
+
+    /// The body came to its end (whatever it returned), and where the
+    /// watch covers it, its outcome's recording too.
     pub(crate) fn ended(&mut self) {
         self.running = false;
     }
@@ -359,7 +377,7 @@ impl Drop for BodyWatch {
         }
         match self.mode {
             "lease" => tracing::warn!(
-                "the body was dropped before its end: what it did so far stays done, and its key is held for one more lease before another run may take it"
+                "the body was dropped before its end or before its outcome was recorded: what it did so far stays done, and its key is held for one more lease before another run may take it"
             ),
             _ => tracing::warn!(
                 "the body was dropped before its end: its transaction rolls back, and the key is free for the next delivery"

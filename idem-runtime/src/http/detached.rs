@@ -67,6 +67,9 @@ impl RunningCalls {
         let mut count = self.count.subscribe();
         // The sender lives as long as `self`: the wait cannot fail.
         let _ = count.wait_for(|n| *n == 0).await;
+        // A lease-mode call dropped past its grace holds its key one more
+        // lease: that extension is under way on a task of its own.
+        crate::call::lease::keeper::last_extensions_done().await;
     }
 
     fn started(&self) -> Started {
@@ -110,7 +113,9 @@ where
     // Dropped with this future: the caller went away.
     let (_caller, left) = oneshot::channel::<()>();
     let started = running.started();
-    let task = tokio::spawn(async move {
+    // In the request's span, as it ran before: the handler's logs keep the
+    // middleware's fields.
+    let task = tokio::spawn(tracing::Instrument::in_current_span(async move {
         let _started = started;
         let mut work = std::pin::pin!(work);
         tokio::select! {
@@ -128,7 +133,7 @@ where
                 None
             }
         }
-    });
+    }));
     match task.await {
         Ok(Some(out)) => Ok(out),
         // The grace only starts once this future is gone.

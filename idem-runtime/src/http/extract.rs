@@ -53,9 +53,10 @@ impl IntoResponse for NotBehindTheLayer {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum NoKey {
     /// The request came without an `Idempotency-Key` to a route that does
-    /// not [require](super::Idempotency::required) one, and the handler
-    /// takes what only a keyed request has: `400`, as for a route that
-    /// requires a key. A handler that serves both takes an `Option`.
+    /// not [require](super::Idempotency::required) one (or with a method
+    /// the route takes no key on), and the handler takes what only a keyed
+    /// request has: `400`, as for a route that requires a key. A handler
+    /// that serves both takes an `Option`.
     #[error("{0} exists only for a request with an Idempotency-Key, and this one came without")]
     NotSent(&'static str),
     /// The route has no idempotency layer of that mode: `500`.

@@ -365,8 +365,9 @@ where
     }
 }
 
-/// Put in a request that came without a key to a route that does not
-/// require one: the layer let it pass, with no key and no transaction.
+/// Put in a request the layer let pass without a key (a method it takes
+/// none on, or a route that does not require one): it has no key and no
+/// transaction.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Keyless;
 
@@ -386,6 +387,10 @@ where
     B::Error: Into<BoxError>,
 {
     if !config.methods.contains(request.method()) {
+        // A method the route takes no key on: for the handler's
+        // extractors, a request without one.
+        let mut request = request;
+        request.extensions_mut().insert(Keyless);
         return Err(Early::Pass(request));
     }
     let sent = match header::read(request.headers()) {

@@ -78,13 +78,13 @@ where
         let mut lease = Lease::keep_batch(store, spec, &holding, claim_start).await;
         let body_start = Instant::now();
         let result = body(plan.fresh_messages(msgs, &fresh)).await;
-        lease.body_ended();
         body_latency(spec, body_start);
         crate::retry_after::body_finished(spec, body_start.elapsed());
 
         let values = match result {
             Ok(values) => values,
             Err(error) => {
+                lease.ended();
                 drop(lease);
                 if let Err(e) = store.release_batch(spec, &holding).await {
                     tracing::warn!(error = %e, "could not release the batch's claims; they free themselves when their leases run out");
@@ -106,6 +106,7 @@ where
                 values.len()
             );
             settle_all(store, spec, &lease, holding.iter().map(|held| (*held, why.clone()))).await;
+            lease.ended();
             return Err(Error::OutcomeCount {
                 handler: spec.name,
                 fresh: fresh.len(),
@@ -127,19 +128,19 @@ where
             .filter_map(|(held, outcome)| Some((*held, outcome.as_deref().ok()?)))
             .collect();
         let completed = if done.is_empty() {
-            Vec::new()
+            Ok(Vec::new())
         } else {
             let done = &done[..];
             let complete = move || store.complete_batch(spec, done);
-            complete_while_leased(spec, &lease, Persist::OneLeaseAtMost, complete)
-                .await
-                .map_err(|source| Error::NotRecorded {
-                    handler: spec.name,
-                    key: plan.lead(&fresh),
-                    source,
-                })?
+            complete_while_leased(spec, &lease, Persist::OneLeaseAtMost, complete).await
         };
+        lease.ended();
         drop(lease);
+        let completed = completed.map_err(|source| Error::NotRecorded {
+            handler: spec.name,
+            key: plan.lead(&fresh),
+            source,
+        })?;
 
         let mut completed = completed.into_iter();
         let mut ran = values.into_iter().zip(encoded);

@@ -349,14 +349,16 @@ fn current() -> Option<Arc<Keeper>> {
 /// A call's registered leases (one call's, or a batch's): the keeper
 /// extends them every [`period`] until this is dropped.
 ///
-/// Dropped while its body still runs (before [`body_ended`]: the call's
-/// future was dropped at an `.await`), it extends its leases once more, on
-/// a task of its own, so that the key is held for a whole lease from the
+/// Dropped while its call still runs (its body began, and the call did not
+/// reach [`ended`]: its future was dropped at an `.await`, in the body or
+/// while the outcome was recorded), it extends its leases once more, on a
+/// task of its own, so that the key is held for a whole lease from the
 /// drop: what the body set going (a request already sent) has that long to
 /// land before another run may take the key. The claim is never released
-/// then, and the drop is counted ([`BodyWatch`]).
+/// then, and the drop is counted ([`BodyWatch`]). [`last_extensions_done`]
+/// waits for those extensions.
 ///
-/// [`body_ended`]: Lease::body_ended
+/// [`ended`]: Lease::ended
 pub(crate) struct Lease {
     kept: Option<(Arc<Keeper>, SlotId)>,
     state: Arc<dyn Kept>,
@@ -404,7 +406,8 @@ impl Lease {
         claimed: Instant,
     ) -> Lease {
         let period = period(spec);
-        let body = BodyWatch::start(spec, "lease", tracing::Span::current());
+        // The body begins once the lease is registered (below).
+        let body = BodyWatch::before(spec, "lease", tracing::Span::current());
         let entry: Arc<dyn Kept> = Arc::new(Entry {
             store: store.clone(),
             spec,
@@ -417,11 +420,13 @@ impl Lease {
         });
         let Some(keeper) = current() else {
             tracing::warn!("no tokio runtime: the lease is not extended while the body runs");
-            return Lease {
+            let mut lease = Lease {
                 kept: None,
                 state: entry,
                 body,
             };
+            lease.body.begin();
+            return lease;
         };
         let due = claimed + period;
         let (id, start, wake) = {
@@ -450,22 +455,28 @@ impl Lease {
         } else if wake {
             keeper.wake.notify_one();
         }
+        // Made before the yield: dropped there, the call unregisters its
+        // lease (its body never began).
+        let mut lease = Lease {
+            kept: Some((keeper, id)),
+            state: entry,
+            body,
+        };
         if start.is_some() || wake {
             // The keeper's task was woken on this worker, which no other
             // worker takes it from: let it run (and arm its timer) before a
             // body that may block this thread.
             tokio::task::yield_now().await;
         }
-        Lease {
-            kept: Some((keeper, id)),
-            state: entry,
-            body,
-        }
+        lease.body.begin();
+        lease
     }
 
-    /// The body came to its end: from here on, a drop of the call is no
-    /// drop of its body.
-    pub(crate) fn body_ended(&mut self) {
+    /// The call came to its end: its body ran, and its outcome was
+    /// recorded (or its claim released or failed, or what the store said
+    /// is the call's error). From here on, a drop of the call is no drop of
+    /// its body.
+    pub(crate) fn ended(&mut self) {
         self.body.ended();
     }
 
@@ -493,8 +504,10 @@ impl Drop for Lease {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 let span = self.state.lease().span.clone();
                 let renewal = Arc::clone(&self.state).renew();
+                let pending = LastExtension::start();
                 runtime.spawn(
                     async move {
+                        let _pending = pending;
                         if let Err(e) = renewal.await {
                             tracing::warn!(error = %e, "could not hold the dropped body's lease for one more lease: it runs out as it is");
                         }
@@ -503,6 +516,46 @@ impl Drop for Lease {
                 );
             }
         }
+    }
+}
+
+/// The last extensions of dropped bodies' leases still under way, in the
+/// whole process.
+static LAST_EXTENSIONS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// Told when [`LAST_EXTENSIONS`] comes back to zero.
+static LAST_EXTENSIONS_DONE: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// One last extension under way, counted until it is dropped (done, or
+/// dropped with its runtime).
+struct LastExtension;
+
+impl LastExtension {
+    fn start() -> LastExtension {
+        LAST_EXTENSIONS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        LastExtension
+    }
+}
+
+impl Drop for LastExtension {
+    fn drop(&mut self) {
+        if LAST_EXTENSIONS.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+            LAST_EXTENSIONS_DONE.notify_waiters();
+        }
+    }
+}
+
+/// Resolves once no last extension of a dropped body's lease is under way:
+/// what a caller that dropped calls waits for before its runtime ends,
+/// which would drop the extensions too.
+pub(crate) async fn last_extensions_done() {
+    loop {
+        let done = LAST_EXTENSIONS_DONE.notified();
+        let mut done = std::pin::pin!(done);
+        done.as_mut().enable();
+        if LAST_EXTENSIONS.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            return;
+        }
+        done.await;
     }
 }
 

@@ -86,7 +86,6 @@ where
     let mut lease = Lease::keep(store, spec, key, &token, claim_start).await;
     let body_start = Instant::now();
     let result = body.await;
-    lease.body_ended();
     body_latency(spec, body_start);
     crate::retry_after::body_finished(spec, body_start.elapsed());
 
@@ -109,6 +108,7 @@ where
                         &why,
                     )
                     .await;
+                    lease.ended();
                     return Err(Error::Unrecordable {
                         handler: spec.name,
                         key: key.clone(),
@@ -117,7 +117,10 @@ where
                 }
             };
             let complete = || store.complete(spec, key, &token, &outcome);
-            match complete_while_leased(spec, &lease, Persist::WhileLeased, complete).await {
+            let completed =
+                complete_while_leased(spec, &lease, Persist::WhileLeased, complete).await;
+            lease.ended();
+            match completed {
                 Ok(true) => Ok(Outcome::Executed(value)),
                 Ok(false) => Err(Error::LeaseLost {
                     handler: spec.name,
@@ -131,6 +134,8 @@ where
             }
         }
         Err(error) => {
+            // Nothing took effect that a record would stand for.
+            lease.ended();
             drop(lease);
             let recording = match Recording::of(spec, errors, &error) {
                 Ok(recording) => recording,

@@ -190,7 +190,11 @@ async fn drive<T: Transport>(
     drop(messages);
     stop_taking.await;
     let grace = transport.policy().grace;
-    let past_grace = tokio::time::sleep(grace);
+    // A grace too long to add is no limit.
+    let past_grace = match tokio::time::Instant::now().checked_add(grace) {
+        Some(at) => futures_util::future::Either::Left(tokio::time::sleep_until(at)),
+        None => futures_util::future::Either::Right(std::future::pending::<()>()),
+    };
     let mut past_grace = std::pin::pin!(past_grace);
     loop {
         tokio::select! {
@@ -215,6 +219,11 @@ async fn drive<T: Transport>(
                 cut.cancel();
             }
         }
+    }
+    if cut.is_cancelled() {
+        // The cut lease-mode calls hold their keys one more lease: let
+        // those extensions be sent before the consumer returns.
+        crate::call::lease::keeper::last_extensions_done().await;
     }
     closing.await;
     match (stop, lost) {
@@ -262,7 +271,17 @@ async fn settle<T: Transport>(
                 Err(e) => unsettled(transport, &msg, meter, &e).await,
             };
         }
-        tokio::time::sleep(left).await;
+        tokio::select! {
+            () = tokio::time::sleep(left) => {}
+            () = cut.cancelled() => {}
+        }
+    }
+    if cut.is_cancelled() {
+        // Past the grace before its call began: never started, handed back.
+        transport
+            .give_back(&msg, Some(Duration::from_secs(1)))
+            .await;
+        return Settled::Unsettled;
     }
     if let Some(waiting) = read.waiting {
         meter.lag(waiting);

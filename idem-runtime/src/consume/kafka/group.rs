@@ -83,9 +83,10 @@ impl Group {
         for part in &gone {
             part.revoked.send_replace(true);
         }
-        let deadline = Instant::now() + grace;
+        // A grace too long to add is no limit.
+        let deadline = Instant::now().checked_add(grace);
         while gone.iter().any(|p| p.in_flight.load(Ordering::SeqCst) > 0)
-            && Instant::now() < deadline
+            && deadline.is_none_or(|d| Instant::now() < d)
         {
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -315,7 +316,14 @@ impl ConsumerContext for Ctx {
                 if consumer.assignment_lost() {
                     self.group.revoke_lost(&which);
                 } else {
-                    self.group.revoke(consumer, &which, self.group.grace);
+                    // Leaving at shutdown: the shutdown's grace was waited
+                    // already.
+                    let grace = if self.group.stopping() {
+                        Duration::ZERO
+                    } else {
+                        self.group.grace
+                    };
+                    self.group.revoke(consumer, &which, grace);
                 }
                 let _ = if cooperative(consumer) {
                     consumer.incremental_unassign(tpl)
@@ -443,20 +451,22 @@ pub(crate) fn poll(consumer: BaseConsumer<Ctx>, group: Arc<Group>) {
             last_commit = Instant::now();
         }
     }
-    // Take nothing more; let what runs finish (its waits are given up), then
-    // commit and leave, which revokes what is left with nothing to wait for.
+    // Take nothing more; let what runs finish (its waits are given up) for
+    // up to the grace, then commit and leave, which revokes what is left
+    // without waiting again.
     let parts = group.parts();
     for part in &parts {
         part.revoked.send_replace(true);
     }
-    let deadline = Instant::now() + group.shutdown_grace;
+    // A grace too long to add is no limit.
+    let deadline = Instant::now().checked_add(group.shutdown_grace);
     let running = || -> usize {
         parts
             .iter()
             .map(|p| p.in_flight.load(Ordering::SeqCst))
             .sum()
     };
-    while running() > 0 && Instant::now() < deadline {
+    while running() > 0 && deadline.is_none_or(|d| Instant::now() < d) {
         // Serve the group (heartbeats go on by themselves) while waiting.
         let _ = consumer.poll(Duration::ZERO).map(|m| m.map(|_| ()));
         std::thread::sleep(Duration::from_millis(5));
