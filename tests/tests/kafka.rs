@@ -76,6 +76,7 @@ impl Topic {
 
 impl Broker for Topic {
     const TIERED: bool = true;
+    const CUTS_PAST_GRACE: bool = false;
 
     async fn open(name: &str) -> Option<Self> {
         topic(name, PARTITIONS).await
@@ -147,6 +148,7 @@ on_kafka!(
     a_panicking_handler_is_retried_then_dead_lettered,
     shutdown_lets_bodies_in_flight_finish_and_acks_them,
     the_token_lets_bodies_in_flight_reach_their_outcome_on_every_store,
+    a_stopping_consumer_waits_no_longer_than_its_grace,
     the_handler_is_told_about_each_delivery,
     the_consumer_counts_what_it_did,
     a_wait_between_tiers_is_waited_exactly,

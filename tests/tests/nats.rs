@@ -41,6 +41,7 @@ impl broker::Proxied for Nats {
 
 impl Broker for Nats {
     const TIERED: bool = false;
+    const CUTS_PAST_GRACE: bool = true;
 
     async fn open(name: &str) -> Option<Self> {
         let js = idem_tests::brokers::jetstream().await?;
@@ -151,7 +152,7 @@ on_nats!(
     a_panicking_handler_is_retried_then_dead_lettered,
     shutdown_lets_bodies_in_flight_finish_and_acks_them,
     the_token_lets_bodies_in_flight_reach_their_outcome_on_every_store,
-    a_body_past_the_grace_is_dropped_and_its_message_handed_back,
+    a_stopping_consumer_waits_no_longer_than_its_grace,
     a_connection_lost_mid_body_leaves_only_the_ack_to_the_redelivery,
     the_handler_is_told_about_each_delivery,
     the_consumer_counts_what_it_did,

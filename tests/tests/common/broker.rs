@@ -23,8 +23,8 @@ use super::{AppError, eventually};
 mod cut;
 #[allow(unused_imports)]
 pub(crate) use cut::{
-    Boxed, Proxied, a_body_past_the_grace_is_dropped_and_its_message_handed_back,
-    a_connection_lost_mid_body_leaves_only_the_ack_to_the_redelivery,
+    Boxed, Proxied, a_connection_lost_mid_body_leaves_only_the_ack_to_the_redelivery,
+    a_stopping_consumer_waits_no_longer_than_its_grace,
     the_token_lets_bodies_in_flight_reach_their_outcome_on_every_store,
 };
 
@@ -91,6 +91,9 @@ pub(crate) trait Broker: Sized {
     /// Kafka's retry topics), so a wait between two tiers is forwarded;
     /// JetStream's `Nak` waits the delay itself.
     const TIERED: bool;
+    /// Whether a stopping consumer drops the bodies still running past its
+    /// grace (RabbitMQ, NATS), or returns and lets them run on (Kafka).
+    const CUTS_PAST_GRACE: bool;
     /// A fixture on names of its own, or `None` when the broker is
     /// unreachable (the test then skips, or fails under
     /// `IDEM_REQUIRE_SERVICES=1`).
