@@ -113,9 +113,10 @@ where
     // Dropped with this future: the caller went away.
     let (_caller, left) = oneshot::channel::<()>();
     let started = running.started();
-    // In the request's span, as it ran before: the handler's logs keep the
-    // middleware's fields.
-    let task = tokio::spawn(tracing::Instrument::in_current_span(async move {
+    // In the request's span and under its subscriber, as it ran before: the
+    // handler's logs keep the middleware's fields, and reach a subscriber
+    // set for this thread only (`tracing::subscriber::set_default`).
+    let call = async move {
         let _started = started;
         let mut work = std::pin::pin!(work);
         tokio::select! {
@@ -133,7 +134,9 @@ where
                 None
             }
         }
-    }));
+    };
+    let call = tracing::Instrument::in_current_span(call);
+    let task = tokio::spawn(tracing::instrument::WithSubscriber::with_current_subscriber(call));
     match task.await {
         Ok(Some(out)) => Ok(out),
         // The grace only starts once this future is gone.
