@@ -259,7 +259,8 @@ struct Ids {
     stem: String,
     handler: &'static str,
     /// The CRC16 of the record's hash tag up to the id's counter: the
-    /// tag is `<len>:<handler>|<len>:<id>` and an id `<stem>-<8 digits>`,
+    /// tag is `<len>:<handler>|<len>:<id>` and an id `<stem>-<10 digits>`
+    /// (a `u32` counter never outgrows them),
     /// so only the digits change from one candidate to the next.
     crc_before: u16,
     tried: u32,
@@ -295,7 +296,7 @@ impl Traffic {
         let ids = |what: &str, handler: &'static str| {
             // Spaces are no part of a stem: the ids are keys of their own.
             let stem = format!("{name}-{what}").replace(' ', "-");
-            let id_len = stem.len() + 9;
+            let id_len = stem.len() + 11;
             let head = format!("{}:{handler}|{id_len}:{stem}-", handler.len());
             Mutex::new(Ids {
                 crc_before: crc16_after(0, head.as_bytes()),
@@ -327,7 +328,7 @@ impl Traffic {
         loop {
             let n = ids.tried;
             ids.tried += 1;
-            let mut digits = [0u8; 8];
+            let mut digits = [0u8; 10];
             let mut rest = n;
             for d in digits.iter_mut().rev() {
                 *d = b'0' + u8::try_from(rest % 10).expect("a digit");
@@ -335,7 +336,7 @@ impl Traffic {
             }
             let slot = crc16_after(ids.crc_before, &digits) & 0x3fff;
             if self.slots[usize::from(slot)] {
-                let id = format!("{}-{n:08}", ids.stem);
+                let id = format!("{}-{n:010}", ids.stem);
                 // The shortcut computes what Redis does with the record's key.
                 let key = Key::from_parts(&[&id.as_str()]).expect("a key");
                 let rkey = self.stores[0].redis_key(ids.handler, &key);

@@ -18,7 +18,7 @@ use crate::common::{AppError, Db, PgDb, RedisFx, eventually};
 const PROVIDER: Duration = Duration::from_millis(600);
 
 /// Lease mode on whatever lease store it is given: the effect is the
-/// consumer's own count, as an SMS sent.
+/// consumer's own count, as an SMS sent; then it waits for its provider.
 #[idempotent(
     key = "msg.id",
     ttl = "1h",
@@ -293,20 +293,6 @@ pub(crate) trait Proxied: Broker {
     fn start_through(&self, port: u16, handler: Boxed) -> Running;
 }
 
-/// Lease mode on Redis, whose effect (an SMS sent) is counted outside any
-/// store: it takes effect, then waits 600 ms for its provider.
-#[idempotent(
-    key = "msg.id",
-    ttl = "1h",
-    store = "redis",
-    name = "broker_cut_connection"
-)]
-async fn sms_then_wait(msg: &Points, sent: &Effects) -> Result<u32, AppError> {
-    sent.apply(&msg.id);
-    tokio::time::sleep(PROVIDER).await;
-    Ok(msg.points)
-}
-
 /// The consumer's connection is cut (through a proxy: a real loss of the
 /// socket) while the body waits for its provider, and stays cut until the
 /// body is over. The body goes on to its recorded outcome, and only its
@@ -345,7 +331,7 @@ pub(crate) async fn a_connection_lost_mid_body_leaves_only_the_ack_to_the_redeli
             );
             Box::pin(async move {
                 calls.fetch_add(1, Ordering::SeqCst);
-                let out = sms_then_wait(redis.store(), &msg, &sent).await;
+                let out = cut_lease(redis.store(), &msg, &sent).await;
                 if matches!(out, Ok(Outcome::Duplicate(_))) {
                     duplicates.fetch_add(1, Ordering::SeqCst);
                 }
