@@ -26,6 +26,11 @@
 //!   10); one message in 40 is published again at once (its copy meets the
 //!   original's claim: `in_progress`, retried, then a duplicate) and one in
 //!   40 again 3 s later (a duplicate);
+//! * a caller's timeout: about one `points` message in 50 is first run under a
+//!   5 ms timeout, shorter than its body, which is dropped halfway
+//!   (`idem_bodies_dropped_total`); the second call is refused while the
+//!   key is held one more lease (`in_progress`, retried), and a later
+//!   delivery awards the points;
 //! * failures: one message in 25 has a body that fails every time (retried,
 //!   then dead-lettered as `handler_error` after 3 attempts), one `points`
 //!   payload in 50 does not decode (dead-lettered as `decode`), and the
@@ -585,10 +590,30 @@ async fn main() -> Result<(), BoxError> {
     };
     let award = {
         let store = store.clone();
+        let cut = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
         tokio::spawn(points_consumer.run(
             move |msg: PointsEarned| {
-                let store = store.clone();
-                async move { award_points(&store, &msg).await }
+                let (store, cut) = (store.clone(), Arc::clone(&cut));
+                async move {
+                    // About one message in 50, the first time: a caller that
+                    // gives up before the body ends (what the guide's
+                    // cancellation section warns against) drops it
+                    // halfway (`idem_bodies_dropped_total`); the key is
+                    // held one more lease, and a later delivery awards the
+                    // points once.
+                    let first = msg.user_id % 60 == 7
+                        && cut
+                            .lock()
+                            .is_ok_and(|mut cut| cut.insert(msg.message_id.clone()));
+                    if first {
+                        let call = award_points(&store, &msg);
+                        if let Ok(done) = tokio::time::timeout(Duration::from_millis(5), call).await
+                        {
+                            return done;
+                        }
+                    }
+                    award_points(&store, &msg).await
+                }
             },
             stop.clone(),
         ))

@@ -514,6 +514,16 @@ fn prometheus_scrapes_the_example_and_the_dashboard_and_alerts_work() {
         named(&all, "IdemConsumerStalled").is_empty(),
         "the consumers settle all the time: {all:?}"
     );
+    // a caller's timeout drops award_points bodies halfway, and nothing else
+    // drops a body
+    let dropped: Vec<_> = named(&all, "IdemBodiesDropped")
+        .into_iter()
+        .map(|a| a["labels"]["handler"].as_str().unwrap_or("?").to_owned())
+        .collect();
+    assert!(
+        !dropped.is_empty() && dropped.iter().all(|h| h == "award_points"),
+        "IdemBodiesDropped for award_points alone: {dropped:?}"
+    );
 
     // Every query of every panel, and every variable, has data.
     let queries = dashboard_queries();

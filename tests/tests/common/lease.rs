@@ -25,7 +25,10 @@ mod outcomes;
 mod takeover;
 
 #[allow(unused_imports)]
-pub(crate) use cancel::a_dropped_call_holds_its_key_a_whole_lease_from_the_drop;
+pub(crate) use cancel::{
+    a_call_dropped_while_recording_holds_its_key_a_whole_lease,
+    a_dropped_call_holds_its_key_a_whole_lease_from_the_drop,
+};
 #[allow(unused_imports)]
 pub(crate) use claims::{
     body_error_releases_the_claim_and_the_retry_executes,
@@ -531,6 +534,7 @@ macro_rules! scenarios {
             stale_failure_after_a_takeover_does_not_release_the_new_claim: Manual,
             heartbeat_keeps_a_long_body_s_lease_alive: Real,
             a_dropped_call_holds_its_key_a_whole_lease_from_the_drop: Real,
+            a_call_dropped_while_recording_holds_its_key_a_whole_lease: Real,
             stored_outcome_that_no_longer_decodes_is_a_codec_error: Manual,
             an_unrecordable_result_settles_the_key_and_deliveries_get_unrecordable: Manual,
             none_key_part_is_key_missing_and_the_body_does_not_run: Manual,

@@ -33,6 +33,8 @@ pub(crate) struct Lossy<S> {
     inner: S,
     link: Link,
     armed: Arc<AtomicBool>,
+    /// The next completion never answers (until its caller drops it).
+    stalled: Arc<AtomicBool>,
 }
 
 impl<S: LeaseStore> Lossy<S> {
@@ -42,6 +44,7 @@ impl<S: LeaseStore> Lossy<S> {
             inner,
             link: Link::Proxy(Arc::new(proxy)),
             armed: Arc::default(),
+            stalled: Arc::default(),
         }
     }
 
@@ -51,7 +54,14 @@ impl<S: LeaseStore> Lossy<S> {
             inner,
             link: Link::Simulated(Arc::default()),
             armed: Arc::default(),
+            stalled: Arc::default(),
         }
+    }
+
+    /// Holds the next completion (single or batch) without an answer, as a
+    /// store that hangs: only its caller dropping it ends it.
+    pub(crate) fn stall_next_completion(&self) {
+        self.stalled.store(true, Ordering::SeqCst);
     }
 
     /// Loses the reply to the next completion.
@@ -79,6 +89,9 @@ impl<S: LeaseStore> Lossy<S> {
         needle: &str,
         complete: impl Future<Output = Result<R, StoreError>>,
     ) -> Result<R, StoreError> {
+        if self.stalled.swap(false, Ordering::SeqCst) {
+            return std::future::pending().await;
+        }
         if !self.armed.swap(false, Ordering::SeqCst) {
             return complete.await;
         }

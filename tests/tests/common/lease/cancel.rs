@@ -57,3 +57,48 @@ pub(crate) async fn a_dropped_call_holds_its_key_a_whole_lease_from_the_drop<F: 
     );
     assert_eq!(fx.effects("dropped-1").await, 2);
 }
+
+/// The body ends at once, but the store holds its completion, and the
+/// caller gives up 1.9 s in, while the outcome is being recorded: the worst
+/// drop of all, the effect surely happened. As for a drop in the body, the
+/// drop is counted, the claim kept, and the key held a whole lease from the
+/// drop (2.5 s after it, past the 4 s the renewal at 1 s would have lasted
+/// to, a delivery is still refused).
+pub(crate) async fn a_call_dropped_while_recording_holds_its_key_a_whole_lease<F: LeaseFixture>(
+    fx: Arc<F>,
+) {
+    let seen = capture();
+    let counted = || {
+        seen.sum(
+            metric::BODIES_DROPPED,
+            &[("handler", DROPPED), ("mode", "lease")],
+        )
+    };
+    let before = counted();
+    let store = fx.lossy().await;
+    let probe = Probe::new();
+    // The body does not wait: its gate is open before it comes.
+    probe.open_gate();
+    let msg = Job::new("dropped-recording-1", 4);
+    store.stall_next_completion();
+    let cut = tokio::time::timeout(
+        Duration::from_millis(1_900),
+        effect_then_wait(&store, &msg, &probe, &*fx),
+    )
+    .await;
+    let dropped = Instant::now();
+    assert!(cut.is_err(), "the caller gave up: {cut:?}");
+    assert_eq!(
+        fx.effects("dropped-recording-1").await,
+        1,
+        "the body took effect"
+    );
+    assert!(counted() >= before + 1.0, "the drop is counted");
+
+    tokio::time::sleep_until((dropped + Duration::from_millis(2_500)).into()).await;
+    match effect_then_wait(&store, &msg, &probe, &*fx).await {
+        Err(Error::InProgress { .. }) => {}
+        other => panic!("the key is held a whole lease from the drop, got {other:?}"),
+    }
+    assert_eq!(probe.runs(), 1);
+}
