@@ -44,6 +44,33 @@ pub async fn jetstream() -> Option<async_nats::jetstream::Context> {
     }
 }
 
+/// Creates the stream `config` describes (or finds it), trying again for
+/// a few seconds when the server fails to (a JetStream error of 500 and
+/// above): nats-server 2.9 removes an account's stream directory when its
+/// last stream goes, and a stream created at that moment by a test beside
+/// it fails with "error creating store for stream". Panics on any other
+/// error.
+pub async fn create_stream(
+    js: &async_nats::jetstream::Context,
+    config: async_nats::jetstream::stream::Config,
+) -> async_nats::jetstream::stream::Stream {
+    use async_nats::jetstream::context::CreateStreamErrorKind;
+    let mut tries = 0;
+    loop {
+        match js.get_or_create_stream(config.clone()).await {
+            Ok(stream) => return stream,
+            Err(e) if tries < 30 => match e.kind() {
+                CreateStreamErrorKind::JetStream(api) if api.code() >= 500 => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                _ => panic!("create the stream {}: {e}", config.name),
+            },
+            Err(e) => panic!("create the stream {}: {e}", config.name),
+        }
+    }
+}
+
 /// Runs `work` on a fresh thread with a runtime of its own: a guard's
 /// clean-up must not depend on the test's runtime, which may be shutting down.
 fn on_own_runtime(work: impl std::future::Future<Output = ()> + Send + 'static) {

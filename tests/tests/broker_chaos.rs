@@ -644,13 +644,15 @@ async fn jetstream(prefix: &str) -> Option<(Nats, DeleteStreams)> {
     let subject = format!("idem.chaos.{stream}");
     let consumer = nats::Consumer::new(nats_url(), stream.clone(), subject.clone());
     let guard = DeleteStreams::new(vec![stream.clone(), consumer.dead_letter_stream()]);
-    js.get_or_create_stream(async_nats::jetstream::stream::Config {
-        name: stream.clone(),
-        subjects: vec![subject],
-        ..Default::default()
-    })
-    .await
-    .expect("stream");
+    idem_tests::brokers::create_stream(
+        &js,
+        async_nats::jetstream::stream::Config {
+            name: stream.clone(),
+            subjects: vec![subject],
+            ..Default::default()
+        },
+    )
+    .await;
     Some((
         Nats {
             stream,

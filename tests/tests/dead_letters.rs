@@ -640,13 +640,15 @@ impl Fixture for Nats {
         let subject = format!("idem.test.{stream}");
         let consumer = Consumer::new(nats_url(), stream.clone(), subject.clone()).policy(policy());
         let cleanup = DeleteStreams::new(vec![stream.clone(), consumer.dead_letter_stream()]);
-        js.get_or_create_stream(async_nats::jetstream::stream::Config {
-            name: stream.clone(),
-            subjects: vec![subject.clone()],
-            ..Default::default()
-        })
-        .await
-        .expect("create the stream");
+        idem_tests::brokers::create_stream(
+            &js,
+            async_nats::jetstream::stream::Config {
+                name: stream.clone(),
+                subjects: vec![subject.clone()],
+                ..Default::default()
+            },
+        )
+        .await;
         Some(Nats {
             consumer,
             subject,
@@ -705,13 +707,15 @@ async fn nats_a_replay_no_stream_takes_leaves_the_dead_letter() {
     let b = or_skip!(Nats::open("dead_nats_unroutable").await);
     let dead_stream = b.consumer.dead_letter_stream();
     let dead_subject = b.consumer.dead_letter_subject();
-    b.js.get_or_create_stream(async_nats::jetstream::stream::Config {
-        name: dead_stream.clone(),
-        subjects: vec![dead_subject.clone()],
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    idem_tests::brokers::create_stream(
+        &b.js,
+        async_nats::jetstream::stream::Config {
+            name: dead_stream.clone(),
+            subjects: vec![dead_subject.clone()],
+            ..Default::default()
+        },
+    )
+    .await;
     let mut headers = async_nats::HeaderMap::new();
     let gone = format!("idem.nowhere.{}", unique_table("gone"));
     headers.insert("Idem-Subject", gone.as_str());

@@ -50,13 +50,15 @@ impl Broker for Nats {
         let consumer = Consumer::new(nats_url(), stream.clone(), subject.clone());
         let cleanup = DeleteStreams::new(vec![stream.clone(), consumer.dead_letter_stream()]);
         // The stream exists before anything is published to it.
-        js.get_or_create_stream(jetstream::stream::Config {
-            name: stream.clone(),
-            subjects: vec![subject.clone()],
-            ..Default::default()
-        })
-        .await
-        .expect("create the stream");
+        idem_tests::brokers::create_stream(
+            &js,
+            jetstream::stream::Config {
+                name: stream.clone(),
+                subjects: vec![subject.clone()],
+                ..Default::default()
+            },
+        )
+        .await;
         Some(Nats {
             consumer,
             stream,
@@ -176,13 +178,15 @@ async fn two_subjects_of_one_stream_get_their_own_consumers() {
     );
     assert_ne!(ca.durable_name(), cb.durable_name());
     let _cleanup = DeleteStreams::new(vec![stream.clone(), ca.dead_letter_stream()]);
-    js.get_or_create_stream(jetstream::stream::Config {
-        name: stream.clone(),
-        subjects: vec![a.clone(), b.clone()],
-        ..Default::default()
-    })
-    .await
-    .expect("create the stream");
+    idem_tests::brokers::create_stream(
+        &js,
+        jetstream::stream::Config {
+            name: stream.clone(),
+            subjects: vec![a.clone(), b.clone()],
+            ..Default::default()
+        },
+    )
+    .await;
     for i in 0..5 {
         for subject in [&a, &b] {
             js.publish(
@@ -240,14 +244,15 @@ async fn a_durable_with_other_settings_is_refused() {
     let subject = format!("idem.test.{stream_name}");
     let consumer = Consumer::new(nats_url(), stream_name.clone(), subject.clone());
     let _cleanup = DeleteStreams::new(vec![stream_name.clone(), consumer.dead_letter_stream()]);
-    let stream = js
-        .get_or_create_stream(jetstream::stream::Config {
+    let stream = idem_tests::brokers::create_stream(
+        &js,
+        jetstream::stream::Config {
             name: stream_name.clone(),
             subjects: vec![subject.clone()],
             ..Default::default()
-        })
-        .await
-        .expect("create the stream");
+        },
+    )
+    .await;
     stream
         .create_consumer(pull::Config {
             durable_name: Some(consumer.durable_name().to_owned()),
