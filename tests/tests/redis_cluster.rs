@@ -83,8 +83,11 @@ fn lease_suite_on_a_three_master_cluster() {
     drop(rt);
     drop(cluster);
     eprintln!("cluster test done in {:?}", started.elapsed());
+    // One after the other, the scenarios take about 21 s here, 8 of them
+    // the two that wait out a dropped call's lease in real time: a bound
+    // that keeps the one test of a whole cluster from growing unnoticed.
     assert!(
-        started.elapsed() < Duration::from_secs(20),
+        started.elapsed() < Duration::from_secs(35),
         "{:?}",
         started.elapsed()
     );
