@@ -277,11 +277,8 @@ async fn settle<T: Transport>(
         }
     }
     if cut.is_cancelled() {
-        // Past the grace before its call began: never started, handed back.
-        transport
-            .give_back(&msg, Some(Duration::from_secs(1)))
-            .await;
-        return Settled::Unsettled;
+        // Past the grace before its call began: never started.
+        return handed_back(transport, &msg).await;
     }
     if let Some(waiting) = read.waiting {
         meter.lag(waiting);
@@ -311,11 +308,7 @@ async fn settle<T: Transport>(
         handled = work => handled,
         // Past the grace of a consumer that stops: the body is dropped
         // (counted by the call), and its message goes back.
-        () = cut.cancelled() => {
-            // After a second: not to a pull the stopping session left open.
-            transport.give_back(&msg, Some(Duration::from_secs(1))).await;
-            return Settled::Unsettled;
-        }
+        () = cut.cancelled() => return handed_back(transport, &msg).await,
     };
     let told = tell(
         transport,
@@ -332,6 +325,13 @@ async fn settle<T: Transport>(
     };
     meter.settled(&handled, &settled, published_at);
     settled
+}
+
+/// Gives back the message of a call cut past the grace: after a second,
+/// not to a pull the stopping session left open.
+async fn handed_back<T: Transport>(transport: &T, msg: &T::Message) -> Settled {
+    transport.give_back(msg, Some(Duration::from_secs(1))).await;
+    Settled::Unsettled
 }
 
 /// Tells the broker what `verdict` says of `msg`.
