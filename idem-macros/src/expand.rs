@@ -93,8 +93,20 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
         Mode::Tx { param } => (quote!(Transaction), Some(param)),
         Mode::Lease { .. } => (quote!(Lease), None),
     };
-    let (store_param, store_checks) =
-        store_checks(&h.store, tx_param, h.params.iter().map(|p| &p.arg), &p);
+    let stages = matches!(
+        &h.shape,
+        Shape::Single {
+            outbox_param: Some(_),
+            ..
+        }
+    );
+    let (store_param, store_checks) = store_checks(
+        &h.store,
+        tx_param,
+        stages,
+        h.params.iter().map(|p| &p.arg),
+        &p,
+    );
 
     let c = Call {
         h,
@@ -109,7 +121,11 @@ pub(crate) fn expand(h: &Handler) -> TokenStream {
         via_trait,
     };
     let (derive, call) = match &h.shape {
-        Shape::Single { key_param, .. } => single(&c, key_param.as_ref()),
+        Shape::Single {
+            key_param,
+            outbox_param,
+            ..
+        } => single(&c, key_param.as_ref(), outbox_param.as_ref()),
         Shape::Batch(b) => batch(&c, b),
     };
 

@@ -131,6 +131,9 @@ pub(crate) enum Shape {
     Single {
         /// The `&Key` parameter, if the body reads its key.
         key_param: Option<syn::PatType>,
+        /// The `&mut Outbox` parameter, if the body stages messages
+        /// (transaction mode only).
+        outbox_param: Option<syn::PatType>,
         /// How many failed deliveries of one key are allowed.
         max_attempts: Option<u32>,
     },

@@ -128,6 +128,14 @@ pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Checked {
         );
     }
 
+    let lease_outbox = sig_parts.tx_param.is_none() && sig_parts.outbox_param.is_some();
+    if let (None, Some(outbox)) = (&sig_parts.tx_param, &sig_parts.outbox_param) {
+        cx.error_spanned_by(
+            &outbox.ty,
+            "an outbox stages messages in the handler's transaction, and a lease-mode handler has none: take the store's transaction first (`tx: &mut SqliteTx<'_>`, `&mut PgTx<'_>`, `&mut MySqlTx<'_>`), or take `key: &Key` and derive the ids of a direct publish with `idem_runtime::outbox::MessageIds`",
+        );
+    }
+
     // A key reads messages, which a handler takes by value or by shared
     // reference; a `&mut` parameter is state of the body (or a transaction
     // out of place, which the runtime reports), unless all its parameters
@@ -160,6 +168,7 @@ pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Checked {
         key.as_deref(),
         args.key.is_some(),
         sig_parts.key_param.as_ref(),
+        sig_parts.outbox_param.as_ref(),
         args.max_attempts.as_ref(),
     );
 
@@ -202,6 +211,10 @@ pub(crate) fn check(cx: &mut Ctxt, args: &Args, func: &ItemFn) -> Checked {
                 Some(batch) => Shape::Batch(Box::new(batch)),
                 None => Shape::Single {
                     key_param: sig_parts.key_param,
+                    outbox_param: match (lease_outbox, sig_parts.outbox_param) {
+                        (true, _) => return None,
+                        (false, outbox) => outbox,
+                    },
                     max_attempts: match &args.max_attempts {
                         Some(_) => Some(max_attempts?),
                         None => None,

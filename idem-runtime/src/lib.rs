@@ -84,6 +84,12 @@ pub mod guide;
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
 mod key;
+#[cfg(feature = "_sql")]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
+pub mod outbox;
 mod outcome;
 pub mod registry;
 mod retry_after;

@@ -214,6 +214,53 @@ pub mod metric {
     /// assert_eq!(idem_runtime::metric::CONSUMER_REBALANCES, "idem_consumer_rebalances_total");
     /// ```
     pub const CONSUMER_REBALANCES: &str = "idem_consumer_rebalances_total";
+    /// Outbox: counter of messages staged in transactions that committed,
+    /// labelled `handler` (the handler or producer that staged them).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(idem_runtime::metric::OUTBOX_STAGED, "idem_outbox_staged_total");
+    /// ```
+    pub const OUTBOX_STAGED: &str = "idem_outbox_staged_total";
+    /// Outbox: counter of messages a relay published and the broker
+    /// confirmed, labelled `table` and `destination` (the destination's
+    /// kind: `kafka`, `rabbitmq`, `nats`, or a destination's own).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(idem_runtime::metric::OUTBOX_PUBLISHED, "idem_outbox_published_total");
+    /// ```
+    pub const OUTBOX_PUBLISHED: &str = "idem_outbox_published_total";
+    /// Outbox: counter of publishes that failed (the row stays, and is
+    /// published again), labelled `table` and `destination`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(idem_runtime::metric::OUTBOX_PUBLISH_FAILURES, "idem_outbox_publish_failures_total");
+    /// ```
+    pub const OUTBOX_PUBLISH_FAILURES: &str = "idem_outbox_publish_failures_total";
+    /// Outbox: gauge of the rows waiting in the table, labelled `table`, as
+    /// a relay last read it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(idem_runtime::metric::OUTBOX_ROWS, "idem_outbox_rows");
+    /// ```
+    pub const OUTBOX_ROWS: &str = "idem_outbox_rows";
+    /// Outbox: gauge of the age of the oldest row waiting (seconds; 0 when
+    /// none waits), labelled `table`, as a relay last read it: what the
+    /// alert `IdemOutboxBehind` watches.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(idem_runtime::metric::OUTBOX_OLDEST_SECONDS, "idem_outbox_oldest_seconds");
+    /// ```
+    pub const OUTBOX_OLDEST_SECONDS: &str = "idem_outbox_oldest_seconds";
 }
 
 /// Lets a warning through once per window (10 s), and says how many were

@@ -8,6 +8,19 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::services::{mysql_url, pg_url, redis_sync_conn};
 
 /// A unique, valid table name for one test, so tests run in parallel.
+/// `tables` and, beside each, the outbox table `migrate()` creates when it
+/// is a dedup table (`<name>_outbox`, for a name short enough to keep it).
+fn with_outboxes(tables: &[&str]) -> Vec<String> {
+    tables
+        .iter()
+        .flat_map(|t| {
+            let bare = t.rsplit('.').next().unwrap_or(t);
+            let outbox = (bare.len() + "_outbox".len() <= 63).then(|| format!("{t}_outbox"));
+            std::iter::once((*t).to_owned()).chain(outbox)
+        })
+        .collect()
+}
+
 pub fn unique_table(prefix: &str) -> String {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
@@ -38,10 +51,11 @@ pub struct DropTables {
 }
 
 impl DropTables {
-    /// Drops `tables` from the PostgreSQL database at the end of the scope.
+    /// Drops `tables` from the PostgreSQL database at the end of the scope,
+    /// with the outbox table `migrate()` creates beside a dedup table.
     pub fn new(tables: &[&str]) -> Self {
         DropTables {
-            tables: tables.iter().map(|t| (*t).to_owned()).collect(),
+            tables: with_outboxes(tables),
         }
     }
 }
@@ -163,10 +177,11 @@ pub struct DropMySqlTables {
 }
 
 impl DropMySqlTables {
-    /// Drops `tables` at the end of the scope.
+    /// Drops `tables` at the end of the scope, with the outbox table
+    /// `migrate()` creates beside a dedup table.
     pub fn new(tables: &[&str]) -> Self {
         DropMySqlTables {
-            tables: tables.iter().map(|t| (*t).to_owned()).collect(),
+            tables: with_outboxes(tables),
         }
     }
 }

@@ -3,6 +3,7 @@
 use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
 use syn::Ident;
+use syn::spanned::Spanned as _;
 
 use super::Call;
 use super::body::{bind, bind_key, fake_return};
@@ -13,8 +14,13 @@ use crate::model::Mode;
 /// The derivation of a single handler's key and fingerprint, and its call:
 /// transaction mode begins the store's transaction with `tx_begin`, runs
 /// the body in it and ends with `tx_finish`; lease mode hands the body to
-/// `run_lease`.
-pub(super) fn single(c: &Call<'_>, key_param: Option<&syn::PatType>) -> (TokenStream, TokenStream) {
+/// `run_lease`. A transaction-mode body that stages messages gets the
+/// outbox its store makes for the call, committed with the outcome.
+pub(super) fn single(
+    c: &Call<'_>,
+    key_param: Option<&syn::PatType>,
+    outbox_param: Option<&syn::PatType>,
+) -> (TokenStream, TokenStream) {
     let (h, p, p_ok, value, err_ty) = (c.h, c.p, c.p_ok, c.value, c.err_ty);
     let (store, spec, codec, errors) = (c.store, c.spec, c.codec, c.errors);
     let via_trait = c.via_trait;
@@ -69,6 +75,32 @@ pub(super) fn single(c: &Call<'_>, key_param: Option<&syn::PatType>) -> (TokenSt
             let tx_finish = quote_spanned! {ok_span=>
                 #p_ok::tx_finish::<_, #ok_ty, #err_ty>(#store, &#spec, &#key, #fingerprint.as_deref(), #codec, #errors, #call_state, #result_value).await
             };
+            // The outbox lives beside the call; the body borrows it, and
+            // it is committed (counted, the relays woken) once the outcome
+            // is.
+            let outbox = Ident::new("__idem_outbox", mixed);
+            let outbox_ref = Ident::new("__idem_outbox_ref", mixed);
+            let (make_outbox, bind_outbox, tx_finish) = match outbox_param {
+                Some(param) => {
+                    let for_store = quote_spanned! {param.ty.span()=>
+                        #p::outbox_for(#store, #spec.name, #key.as_str())
+                    };
+                    let bind = bind(param, quote!(#outbox_ref));
+                    (
+                        quote! {
+                            let mut #outbox = #for_store;
+                            let #outbox_ref = &mut #outbox;
+                        },
+                        bind,
+                        quote! {{
+                            let done = #tx_finish;
+                            #p::outbox_committed(&#outbox, &done);
+                            done
+                        }},
+                    )
+                }
+                None => (TokenStream::new(), TokenStream::new(), tx_finish),
+            };
             quote! {
                 let mut #call_state = match #tx_begin {
                     #p::Result::Ok(#p::TxBegin::Fresh(call)) => call,
@@ -76,12 +108,14 @@ pub(super) fn single(c: &Call<'_>, key_param: Option<&syn::PatType>) -> (TokenSt
                     #p::Result::Err(error) => return #p::Result::Err(error),
                 };
                 #key_borrow
+                #make_outbox
                 let __idem_span = #call_state.span();
                 let #tx = #call_state.tx();
                 let #result: #ret_ty = #p::Instrument::instrument(
                     async move {
                         #bind_tx
                         #bind_key
+                        #bind_outbox
                         #fake_return
                         #(#block)*
                     },

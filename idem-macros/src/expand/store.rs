@@ -19,10 +19,12 @@ use crate::types::{holds_impl_trait, mut_referent, unparenthesized};
 /// (another store's, or no transaction at all) on its type, with the type
 /// to write, and a transaction out of place on its type. Each mistake is
 /// one check's error: the store's mode is checked on its name, and the
+/// store of a body that `stages` messages must have an outbox; and the
 /// transaction against that store only where the store has transactions.
 pub(super) fn store_checks<'a>(
     store: &StoreArg,
     tx_param: Option<&syn::PatType>,
+    stages: bool,
     params: impl Iterator<Item = &'a syn::PatType>,
     p: &TokenStream,
 ) -> (TokenStream, TokenStream) {
@@ -38,10 +40,13 @@ pub(super) fn store_checks<'a>(
     let (param, tx) = match tx {
         Some(ty) => {
             let owned = static_lifetimes(ty);
-            (
-                quote!(impl #p::TxStore<Tx = #owned>),
-                Some((owned, ty.span())),
-            )
+            // A body that stages messages needs a store with an outbox.
+            let param = if stages {
+                quote!((impl #p::TxStore<Tx = #owned> + #p::StagesMessages))
+            } else {
+                quote!(impl #p::TxStore<Tx = #owned>)
+            };
+            (param, Some((owned, ty.span())))
         }
         None => (quote!(impl #p::LeaseStore), None),
     };

@@ -32,7 +32,7 @@ pub(crate) fn stub(s: &Stub) -> TokenStream {
     let store_checks = s
         .store
         .as_ref()
-        .map(|store| store_checks(store, s.tx_param.as_ref(), s.params.iter(), &p).1);
+        .map(|store| store_checks(store, s.tx_param.as_ref(), false, s.params.iter(), &p).1);
 
     let via_trait = s
         .result

@@ -61,6 +61,7 @@ pub(super) fn batch(
     key: Option<&[KeyTerm]>,
     key_given: bool,
     key_param: Option<&syn::PatType>,
+    outbox_param: Option<&syn::PatType>,
     max_attempts: Option<&syn::Expr>,
 ) -> Result<Option<Batch>, bool> {
     // The parameters the key reads, and whether it reads their fields. A
@@ -155,6 +156,15 @@ pub(super) fn batch(
             &key_param.ty,
             format!(
                 "a batch handler has no single key to give its body: each message of `{ident}` has its own; remove this parameter"
+            ),
+        );
+        ok = false;
+    }
+    if let Some(outbox) = outbox_param {
+        cx.error_spanned_by(
+            &outbox.ty,
+            format!(
+                "a batch handler takes no outbox: a staged message's id derives from one message's key, and `{ident}` holds many; stage per message with `store.outbox(name, key.as_str())` on the transaction, or handle one message per call"
             ),
         );
         ok = false;

@@ -1,5 +1,5 @@
 //! Sorting the parameters: the receiver, the transaction, the `&Key`
-//! parameter and the message parameters.
+//! parameter, the `&mut Outbox` parameter and the message parameters.
 
 use syn::{FnArg, ItemFn, Pat, Type};
 
@@ -11,6 +11,7 @@ use crate::types::{mut_referent, segment_names};
 pub(super) struct SigParts {
     pub(super) tx_param: Option<syn::PatType>,
     pub(super) key_param: Option<syn::PatType>,
+    pub(super) outbox_param: Option<syn::PatType>,
     pub(super) receiver: Option<syn::Receiver>,
     pub(super) params: Vec<Param>,
 }
@@ -53,6 +54,35 @@ fn key_name(ty: &Type, krate: &syn::Path) -> KeyName {
     }
 }
 
+/// Whether `ty` is `&mut Outbox`, `&mut idem_runtime::outbox::Outbox` or
+/// `&mut <crate>::outbox::Outbox`: the outbox the runtime makes for the
+/// call. The macro cannot resolve types: a type of the user's own named
+/// `Outbox` and taken `&mut` is reported by rustc, on that type.
+fn is_outbox(ty: &Type, krate: &syn::Path) -> bool {
+    let Type::Reference(r) = ty else {
+        return false;
+    };
+    let Type::Path(p) = &*r.elem else {
+        return false;
+    };
+    if r.mutability.is_none() || p.qself.is_some() {
+        return false;
+    }
+    let segments = segment_names(&p.path);
+    let no_arguments = p.path.segments.iter().all(|s| s.arguments.is_empty());
+    if !no_arguments || segments.last().is_none_or(|l| l != "Outbox") {
+        return false;
+    }
+    let prefix = &segments[..segments.len() - 1];
+    let mut krate = segment_names(krate);
+    krate.push("outbox".to_owned());
+    match prefix {
+        [] => p.path.leading_colon.is_none(),
+        [a, b] if a == "idem_runtime" && b == "outbox" => true,
+        _ => prefix == krate.as_slice(),
+    }
+}
+
 /// Sorts the parameters: the receiver, the transaction, the key, and the
 /// rest (the message parameters, which stay in the rewritten signature).
 ///
@@ -77,6 +107,7 @@ pub(super) fn params(
     let mut parts = SigParts {
         tx_param: None,
         key_param: None,
+        outbox_param: None,
         receiver: None,
         params: Vec::new(),
     };
@@ -106,6 +137,13 @@ pub(super) fn params(
             .any(|a| matches!(a, FnArg::Typed(other) if mut_referent(&other.ty).is_none()));
         if position == 0 && mut_referent(&pt.ty).is_some() && message_follows {
             parts.tx_param = Some(pt.clone());
+            continue;
+        }
+        if position > 0 && is_outbox(&pt.ty, krate) {
+            if parts.outbox_param.is_some() {
+                cx.error_spanned_by(&pt.ty, "only one `&mut Outbox` parameter is allowed");
+            }
+            parts.outbox_param = Some(pt.clone());
             continue;
         }
         let mut name = key_name(&pt.ty, krate);

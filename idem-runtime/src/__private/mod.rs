@@ -508,6 +508,36 @@ impl<'a, T: ?Sized> AnyPart<'a, T> {
     }
 }
 
+// ---------------------------------------------------------------------------
+// The outbox
+
+/// A store whose transactions can stage messages, as a handler's `outbox:
+/// &mut Outbox` parameter needs.
+#[cfg(feature = "_sql")]
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot stage outgoing messages: an outbox needs a SQL store (`sqlite`, `postgres`, `mysql`)",
+    label = "this handler takes an outbox",
+    note = "stage in a SQL store's transaction, or remove the `&mut Outbox` parameter"
+)]
+pub trait StagesMessages: crate::outbox::OutboxStore {}
+#[cfg(feature = "_sql")]
+#[diagnostic::do_not_recommend]
+impl<S: crate::outbox::OutboxStore> StagesMessages for S {}
+
+/// The outbox of a call of `handler` for `key` on `store`.
+#[cfg(feature = "_sql")]
+pub fn outbox_for<S: StagesMessages>(store: &S, handler: &str, key: &str) -> crate::outbox::Outbox {
+    store.outbox_for(handler, key)
+}
+
+/// After the call's outcome: an executed call committed its outbox's rows.
+#[cfg(feature = "_sql")]
+pub fn outbox_committed<T, E>(outbox: &crate::outbox::Outbox, done: &Result<Outcome<T>, Error<E>>) {
+    if let Ok(Outcome::Executed(_)) = done {
+        outbox.committed();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{ErrorInside as _, ErrorItself as _, ErrorProbe, NoErrorView as _};

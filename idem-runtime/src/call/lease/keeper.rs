@@ -547,6 +547,7 @@ impl Drop for LastExtension {
 /// Resolves once no last extension of a dropped body's lease is under way:
 /// what a caller that dropped calls waits for before its runtime ends,
 /// which would drop the extensions too.
+#[cfg(any(feature = "http", feature = "_consume"))]
 pub(crate) async fn last_extensions_done() {
     loop {
         let done = LAST_EXTENSIONS_DONE.notified();

@@ -158,6 +158,35 @@ pub trait Dialect: Exec {
     /// `:next`, moving a row that exists only forward.
     const OFFSETS_UPSERT: &'static str;
 
+    /// Creates an outbox table (`outbox.rs`), `{t}` (`{b}` without its
+    /// schema, `{s}` the schema and a dot, or nothing), and its index on
+    /// `(lane, seq)`, `{i}`, if they do not exist (one or more statements,
+    /// no parameters). Columns: `seq` (the row's place, growing), `id`,
+    /// `handler`, `destination`, `msg_key`, `lane` (32 hex digits),
+    /// `payload` (bytes), `headers` (JSON), `staged_at` (ms), `attempts`,
+    /// `last_error`.
+    const OUTBOX_CREATE: &'static str;
+
+    /// The `seq`s bound to `:rows`, a JSON array of integers, as a
+    /// subquery: `seq IN <this>`.
+    const OUTBOX_SEQS: &'static str;
+
+    /// What a relay's read of the rows it publishes appends: a lock that
+    /// other relays skip (`FOR UPDATE SKIP LOCKED`), where the database
+    /// has one; empty elsewhere.
+    const OUTBOX_LOCK: &'static str;
+
+    /// Whether a relay holds the rows it publishes, locked in a
+    /// transaction, until it deletes them: so that two relays never
+    /// publish one row at once. SQLite's single writer would stop every
+    /// handler while a relay waits on its broker: there a relay reads the
+    /// rows, publishes them and deletes them in statements of their own.
+    const OUTBOX_HOLDS: bool;
+
+    /// The statement that opens a relay's transaction, when not sqlx's
+    /// plain `BEGIN`.
+    const RELAY_BEGIN: Option<&'static str> = None;
+
     /// The SQL of a table partitioned by time ([`Partitions`]), where the
     /// database has partitions (`None` elsewhere). Claims on such a table
     /// insert, then take over a claimable row with an `UPDATE`, as the

@@ -17,6 +17,7 @@ use std::future::Future;
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
 
 use super::template::{Param, Statement, Values};
+use crate::outbox::Outgoing;
 use crate::store::{Record, Status};
 
 /// Binds, runs and decodes the store's statements on a database.
@@ -77,6 +78,14 @@ pub trait Exec: Database {
         statement: &'a Statement,
         values: &'a Values<'a>,
     ) -> impl Future<Output = Result<Vec<Found>, sqlx::Error>> + Send + 'a;
+
+    /// The outbox rows `statement` returns, in the columns of
+    /// [`OUTGOING`](super::outbox::OUTGOING), in its order.
+    fn outgoing<'a>(
+        conn: &'a mut Self::Connection,
+        statement: &'a Statement,
+        values: &'a Values<'a>,
+    ) -> impl Future<Output = Result<Vec<Outgoing>, sqlx::Error>> + Send + 'a;
 
     /// The rows `statement` returns, each as its first `texts` columns
     /// (text) and the rest (integers or NULL).
@@ -176,6 +185,8 @@ where
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
     for<'q> Option<&'q str>: Encode<'q, DB> + Type<DB>,
     for<'q> i64: Encode<'q, DB>,
+    for<'q> &'q [u8]: Encode<'q, DB> + Type<DB>,
+    for<'r> Vec<u8>: Decode<'r, DB> + Type<DB>,
     for<'q> i32: Encode<'q, DB> + Type<DB>,
     for<'q> Option<i64>: Encode<'q, DB> + Type<DB>,
     for<'r> i64: Decode<'r, DB> + Type<DB>,
@@ -210,6 +221,13 @@ where
                 Param::Stream => query.bind(values.stream),
                 Param::Partition => query.bind(values.partition),
                 Param::Next => query.bind(values.next),
+                Param::Id => query.bind(values.id),
+                Param::Destination => query.bind(values.destination),
+                Param::Msgkey => query.bind(values.msgkey),
+                Param::Lane => query.bind(values.lane),
+                Param::Payload => query.bind(values.payload),
+                Param::Headers => query.bind(values.headers),
+                Param::Seq => query.bind(values.seq),
             };
         }
         query
@@ -275,6 +293,32 @@ where
         let rows = Self::query(statement, values).fetch_all(conn).await?;
         rows.iter()
             .map(|row| record(row, 2, &text(row, 0)?, &text(row, 1)?))
+            .collect()
+    }
+
+    async fn outgoing<'a>(
+        conn: &'a mut DB::Connection,
+        statement: &'a Statement,
+        values: &'a Values<'a>,
+    ) -> Result<Vec<Outgoing>, sqlx::Error> {
+        let rows = Self::query(statement, values).fetch_all(conn).await?;
+        rows.iter()
+            .map(|row| {
+                Outgoing::from_row(
+                    row.try_get(0)?,
+                    text(row, 1)?,
+                    text(row, 2)?,
+                    text(row, 3)?,
+                    row.try_get_unchecked(4)?,
+                    text(row, 5)?,
+                    row.try_get_unchecked(6)?,
+                    row.try_get_unchecked(7)?,
+                    row.try_get(8)?,
+                    row.try_get(9)?,
+                    row.try_get_unchecked(10)?,
+                )
+                .map_err(|e| sqlx::Error::Decode(e.into()))
+            })
             .collect()
     }
 

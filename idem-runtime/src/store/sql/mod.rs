@@ -51,6 +51,7 @@
 //! ops.rs         sweeping, one record, the count, the schema version
 //! rider.rs       a write that rides in an outcome's transaction
 //! offsets.rs     offset tables: a consumer's position, written by a rider
+//! outbox.rs      the outbox table: staged messages, taken and removed by relays
 //! sqlite.rs, postgres.rs, mysql.rs: each database's Dialect, constructors, migrate()
 //! ```
 
@@ -73,6 +74,7 @@ mod lease;
 pub mod mysql;
 mod offsets;
 mod ops;
+pub(crate) mod outbox;
 mod partitions;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -84,13 +86,14 @@ mod rows;
 pub mod sqlite;
 mod statements;
 mod table;
-mod template;
+pub(crate) mod template;
 mod tx;
 
 use dialect::Fault;
 pub use dialect::{Dialect, ServerDialect};
 use exec::Found;
 pub use offsets::OffsetTable;
+pub use outbox::OutboxTable;
 pub use partitions::Partitions;
 use statements::Statements;
 use table::{DEFAULT_TABLE, bare, validate_table_name};

@@ -155,6 +155,16 @@ pub type MySqlStore = SqlStore<MySql>;
 impl super::ServerDialect for MySql {}
 
 impl Dialect for MySql {
+    // Index names are the table's own in MySQL: a fixed one fits any table.
+    const OUTBOX_CREATE: &'static str = "CREATE TABLE IF NOT EXISTS {t} (seq BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, id CHAR(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL, handler VARCHAR(255) CHARACTER SET utf8mb4 NOT NULL, destination VARCHAR(255) CHARACTER SET utf8mb4 NOT NULL, msg_key TEXT CHARACTER SET utf8mb4 NULL, lane CHAR(32) CHARACTER SET ascii COLLATE ascii_bin NOT NULL, payload LONGBLOB NOT NULL, headers LONGTEXT CHARACTER SET utf8mb4 NULL, staged_at BIGINT NOT NULL, attempts BIGINT NOT NULL DEFAULT 0, last_error TEXT CHARACTER SET utf8mb4 NULL, KEY idem_outbox_lane (lane, seq)) ENGINE = InnoDB";
+    const OUTBOX_SEQS: &'static str =
+        "(SELECT j.s FROM JSON_TABLE(:rows, '$[*]' COLUMNS (s BIGINT PATH '$')) AS j)";
+    const OUTBOX_LOCK: &'static str = " FOR UPDATE SKIP LOCKED";
+    const OUTBOX_HOLDS: bool = true;
+    // Without gap locks: a relay's transaction locks only the rows it
+    // publishes, so a handler's insert never waits on it.
+    const RELAY_BEGIN: Option<&'static str> =
+        Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION");
     const OFFSETS_CREATE: &'static str = "CREATE TABLE IF NOT EXISTS {t} (consumer_group VARCHAR(255) NOT NULL, topic VARCHAR(249) NOT NULL, partition_id INT NOT NULL, next_offset BIGINT NOT NULL, PRIMARY KEY (consumer_group, topic, partition_id))";
     const OFFSETS_LOAD: &'static str = "SELECT topic, CAST(partition_id AS SIGNED), next_offset FROM {t} WHERE consumer_group = :consumer";
     const OFFSETS_UPSERT: &'static str = "INSERT INTO {t} (consumer_group, topic, partition_id, next_offset) VALUES (:consumer, :stream, :partition, :next) ON DUPLICATE KEY UPDATE next_offset = GREATEST(next_offset, VALUES(next_offset))";

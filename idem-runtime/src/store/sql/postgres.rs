@@ -143,6 +143,11 @@ pub type PgStore = SqlStore<Postgres>;
 impl super::ServerDialect for Postgres {}
 
 impl Dialect for Postgres {
+    const OUTBOX_CREATE: &'static str = "CREATE TABLE IF NOT EXISTS {t} (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, id TEXT NOT NULL, handler TEXT NOT NULL, destination TEXT NOT NULL, msg_key TEXT, lane TEXT NOT NULL, payload BYTEA NOT NULL, headers TEXT, staged_at BIGINT NOT NULL, attempts BIGINT NOT NULL DEFAULT 0, last_error TEXT); CREATE INDEX IF NOT EXISTS {i} ON {t} (lane, seq)";
+    const OUTBOX_SEQS: &'static str =
+        "(SELECT CAST(value AS BIGINT) FROM json_array_elements_text(CAST(:rows AS json)))";
+    const OUTBOX_LOCK: &'static str = " FOR UPDATE SKIP LOCKED";
+    const OUTBOX_HOLDS: bool = true;
     const OFFSETS_CREATE: &'static str = "CREATE TABLE IF NOT EXISTS {t} (consumer_group TEXT NOT NULL, topic TEXT NOT NULL, partition_id INTEGER NOT NULL, next_offset BIGINT NOT NULL, PRIMARY KEY (consumer_group, topic, partition_id))";
     const OFFSETS_LOAD: &'static str = "SELECT topic, CAST(partition_id AS BIGINT), next_offset FROM {t} WHERE consumer_group = :consumer";
     const OFFSETS_UPSERT: &'static str = "INSERT INTO {t} AS o (consumer_group, topic, partition_id, next_offset) VALUES (:consumer, :stream, :partition, :next) ON CONFLICT (consumer_group, topic, partition_id) DO UPDATE SET next_offset = GREATEST(o.next_offset, EXCLUDED.next_offset)";

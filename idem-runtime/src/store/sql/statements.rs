@@ -18,6 +18,7 @@
 use std::sync::Arc;
 
 use super::dialect::Dialect;
+use super::outbox::OutboxSql;
 use super::partitions::Partitions;
 use super::rows::{
     CLAIMED, COLUMNS, COMPLETED, FAILED, NewRow, RECORD, claimable, inserted,
@@ -78,9 +79,11 @@ pub(crate) enum Sweeping {
 #[derive(Debug)]
 pub(crate) struct Statements {
     pub(crate) table: String,
-    /// Creates the table and its expiry index (one or several statements,
-    /// no parameters).
+    /// Creates the table and its expiry index, and the outbox table
+    /// beside it (several statements, no parameters).
     pub(crate) create: Arc<str>,
+    /// The outbox table's SQL.
+    pub(crate) outbox: Arc<OutboxSql>,
     /// Takes an absent or expired key as `in_progress` ([`CLAIMED`]).
     pub(crate) claim: Take,
     /// Takes an absent or expired key as `completed` ([`COMPLETED`]).
@@ -209,12 +212,14 @@ impl Statements {
         // is still recorded.
         let token_settles = "handler = :handler AND {key} = :key AND token = :token
                              AND status IN ('in_progress', 'retry')";
+        let outbox = OutboxSql::new::<D>(table);
         Statements {
             table: table.to_owned(),
             create: match &partitioned {
-                Some(sql) => sql.create.as_str().into(),
-                None => D::create(table).into(),
+                Some(sql) => format!("{}; {}", sql.create, outbox.create).into(),
+                None => format!("{}; {}", D::create(table), outbox.create).into(),
             },
+            outbox: Arc::new(outbox),
             claim: take(CLAIMED),
             claim_with_outcome: take(COMPLETED),
             claim_with_failure: take(FAILED),

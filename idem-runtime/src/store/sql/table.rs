@@ -38,7 +38,6 @@ pub(super) fn bare(table: &str) -> &str {
 /// for a suffix longer than 14) and 8 hex digits of its SHA-256 before the
 /// suffix. `bare` is validated (ASCII), so any byte is a char boundary;
 /// `suffix` is this crate's, shorter than 54 bytes.
-#[cfg(feature = "postgres")]
 pub(super) fn derived_name(bare: &str, suffix: &str) -> String {
     if bare.len() + suffix.len() <= 63 {
         return format!("{bare}{suffix}");

@@ -77,10 +77,24 @@ pub(crate) enum Param {
     Partition,
     /// The offset to consume next, in an offset table row.
     Next,
+    /// An outbox row's message id (text).
+    Id,
+    /// An outbox row's destination (text).
+    Destination,
+    /// An outbox row's message key (text or NULL).
+    Msgkey,
+    /// An outbox row's stored lane (text).
+    Lane,
+    /// An outbox row's payload (bytes).
+    Payload,
+    /// An outbox row's headers, JSON (text or NULL).
+    Headers,
+    /// An outbox row's place in its table (integer).
+    Seq,
 }
 
 impl Param {
-    const ALL: [(&'static str, Param); 21] = [
+    const ALL: [(&'static str, Param); 28] = [
         ("handler", Param::Handler),
         ("key", Param::Key),
         ("token", Param::Token),
@@ -102,6 +116,13 @@ impl Param {
         ("stream", Param::Stream),
         ("partition", Param::Partition),
         ("next", Param::Next),
+        ("id", Param::Id),
+        ("destination", Param::Destination),
+        ("msgkey", Param::Msgkey),
+        ("lane", Param::Lane),
+        ("payload", Param::Payload),
+        ("headers", Param::Headers),
+        ("seq", Param::Seq),
     ];
 }
 
@@ -151,6 +172,20 @@ pub struct Values<'a> {
     pub partition: i32,
     /// [`Param::Next`].
     pub next: i64,
+    /// [`Param::Id`].
+    pub id: &'a str,
+    /// [`Param::Destination`].
+    pub destination: &'a str,
+    /// [`Param::Msgkey`].
+    pub msgkey: Option<&'a str>,
+    /// [`Param::Lane`].
+    pub lane: &'a str,
+    /// [`Param::Payload`].
+    pub payload: &'a [u8],
+    /// [`Param::Headers`].
+    pub headers: Option<&'a str>,
+    /// [`Param::Seq`].
+    pub seq: i64,
 }
 
 /// One statement, rendered for its database, with the parameters to bind in
@@ -305,6 +340,14 @@ impl Inline {
                 Param::Rows => text(Some(values.rows)),
                 Param::Consumer => text(Some(values.consumer)),
                 Param::Stream => text(Some(values.stream)),
+                Param::Id => text(Some(values.id)),
+                Param::Destination => text(Some(values.destination)),
+                Param::Msgkey => text(values.msgkey),
+                Param::Lane => text(Some(values.lane)),
+                Param::Headers => text(values.headers),
+                Param::Seq => (lit.integer)(values.seq),
+                // No message written with its values in carries a payload.
+                Param::Payload => lit.null_text.to_owned(),
                 // No message written with its values in carries a batch.
                 Param::Keys | Param::Fingerprints | Param::Outcomes | Param::Tokens => {
                     lit.null_text.to_owned()
