@@ -106,6 +106,18 @@ impl Broker for Topic {
         Running::new(stop, tokio::spawn(consumer.run(handler, signal)))
     }
 
+    type To = idem_runtime::outbox::KafkaDestination;
+
+    async fn destination(&self) -> Self::To {
+        let mut config = rdkafka::ClientConfig::new();
+        config
+            .set("bootstrap.servers", kafka_brokers())
+            .set(TANSU_ONE_RECORD_A_BATCH.0, TANSU_ONE_RECORD_A_BATCH.1);
+        idem_runtime::outbox::KafkaDestination::from_config(config).expect("a producer")
+    }
+
+    const DROPS_REPEATED_IDS: bool = false;
+
     async fn dead_letters(&self) -> Vec<DeadLetter> {
         let dead = self.kafka.read(&self.consumer.dead_letter_topic()).await;
         dead.iter()
@@ -143,6 +155,7 @@ macro_rules! on_kafka {
 
 on_kafka!(
     every_message_takes_effect_once,
+    staged_messages_arrive_once_under_their_ids,
     an_undecodable_payload_is_dead_lettered_with_the_reason,
     a_failing_body_is_retried_then_dead_lettered,
     a_panicking_handler_is_retried_then_dead_lettered,

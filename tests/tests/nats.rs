@@ -97,6 +97,16 @@ impl Broker for Nats {
         Running::new(stop, tokio::spawn(consumer.run(handler, signal)))
     }
 
+    type To = idem_runtime::outbox::NatsDestination;
+
+    async fn destination(&self) -> Self::To {
+        idem_runtime::outbox::NatsDestination::connect(&nats_url())
+            .await
+            .expect("connect the destination")
+    }
+
+    const DROPS_REPEATED_IDS: bool = true;
+
     async fn dead_letters(&self) -> Vec<DeadLetter> {
         let Ok(mut dead) = self.js.get_stream(self.consumer.dead_letter_stream()).await else {
             return Vec::new();
@@ -149,6 +159,7 @@ macro_rules! on_nats {
 
 on_nats!(
     every_message_takes_effect_once,
+    staged_messages_arrive_once_under_their_ids,
     an_undecodable_payload_is_dead_lettered_with_the_reason,
     a_failing_body_is_retried_then_dead_lettered,
     a_panicking_handler_is_retried_then_dead_lettered,

@@ -102,6 +102,16 @@ impl Broker for Rabbit {
         Running::new(stop, tokio::spawn(consumer.run(handler, signal)))
     }
 
+    type To = idem_runtime::outbox::RabbitMqDestination;
+
+    async fn destination(&self) -> Self::To {
+        idem_runtime::outbox::RabbitMqDestination::connect(&amqp_url())
+            .await
+            .expect("connect the destination")
+    }
+
+    const DROPS_REPEATED_IDS: bool = false;
+
     async fn dead_letters(&self) -> Vec<DeadLetter> {
         let dead = self.consumer.dead_letter_queue();
         let count = self.depth(&dead).await;
@@ -200,6 +210,7 @@ macro_rules! on_rabbitmq {
 
 on_rabbitmq!(
     every_message_takes_effect_once,
+    staged_messages_arrive_once_under_their_ids,
     an_undecodable_payload_is_dead_lettered_with_the_reason,
     a_failing_body_is_retried_then_dead_lettered,
     a_panicking_handler_is_retried_then_dead_lettered,

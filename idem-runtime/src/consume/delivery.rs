@@ -57,7 +57,7 @@ impl std::fmt::Display for Broker {
 /// | `redelivered` | the broker's `redelivered` flag | `delivered > 1` | `false`: Kafka does not say |
 /// | `retries` | `x-idem-retries`: times this consumer handed it back | `delivered - 1`: every redelivery, a `Nak` or an ack wait that ran out | `x-idem-retries` |
 /// | `deliveries` | `1 + retries`, `+ 1` when `redelivered` | `delivered` | `1 + retries` |
-/// | `id` | the `message_id` property | the `Nats-Msg-Id` header | `None` |
+/// | `id` | the `message_id` property | the `Nats-Msg-Id` header | the `x-idem-message-id` header (an outbox relay writes all three) |
 /// | `partition`, `offset` | `None` | `None`, the stream sequence | the partition and offset it was first consumed at |
 /// | `published_at` | the `timestamp` property (whole seconds) | the stream's timestamp | the record's timestamp |
 /// | `headers` | the AMQP headers, values as text | the headers | the record headers |

@@ -80,15 +80,30 @@
 //! ```
 
 mod id;
+#[cfg(feature = "kafka")]
+mod kafka;
 mod message;
 mod metrics;
+#[cfg(feature = "nats")]
+mod nats;
+#[cfg(feature = "rabbitmq")]
+mod rabbitmq;
 mod relay;
 mod stage;
 
 use std::time::Duration;
 
 pub use id::{MessageId, MessageIds};
+#[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+pub use kafka::{KAFKA_ID_HEADER, KafkaDestination};
 pub use message::{MAX_DESTINATION_LEN, Message, Outgoing};
+#[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+pub use nats::NatsDestination;
+#[cfg(feature = "rabbitmq")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
+pub use rabbitmq::RabbitMqDestination;
 pub use relay::{Destination, Pass, Relay};
 pub use stage::{Outbox, StageError};
 

@@ -21,12 +21,15 @@ use super::recorder::capture;
 use super::{AppError, eventually};
 
 mod cut;
+mod outbox;
 #[allow(unused_imports)]
 pub(crate) use cut::{
     Boxed, Proxied, a_connection_lost_mid_body_leaves_only_the_ack_to_the_redelivery,
     a_stopping_consumer_waits_no_longer_than_its_grace,
     the_token_lets_bodies_in_flight_reach_their_outcome_on_every_store,
 };
+#[allow(unused_imports)]
+pub(crate) use outbox::staged_messages_arrive_once_under_their_ids;
 
 /// A message of the suite.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -123,6 +126,15 @@ pub(crate) trait Broker: Sized {
     }
     /// What the dead letters hold now.
     async fn dead_letters(&self) -> Vec<DeadLetter>;
+    /// Where an outbox relay publishes messages for this fixture's
+    /// consumer (staged with [`source`](Self::source) as their
+    /// destination).
+    type To: idem_runtime::outbox::Destination;
+    /// A new destination.
+    async fn destination(&self) -> Self::To;
+    /// Whether the broker itself drops a second publish of one message id
+    /// (JetStream's duplicate window), so no consumer sees it.
+    const DROPS_REPEATED_IDS: bool;
     /// How many messages wait in the work queue (not delivered, or handed
     /// back and due again), once the consumer is stopped.
     async fn waiting(&self) -> u64;

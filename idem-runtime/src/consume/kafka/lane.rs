@@ -204,6 +204,7 @@ fn describe(msg: &OwnedMessage, headers: &HeaderList) -> Delivery {
         deliveries: retries.saturating_add(1),
         published_at: published_ms
             .and_then(|ms| std::time::UNIX_EPOCH.checked_add(Duration::from_millis(ms))),
+        id: headers.text(topics::MESSAGE_ID).map(str::to_owned),
         headers: headers.pairs(),
         ..Delivery::default()
     }

@@ -83,6 +83,17 @@ pub(crate) mod topics;
 pub use offsets::Offsets;
 pub use topics::RETRY_DELAYS;
 
+/// The record header that carries a message's id (Kafka has no field of
+/// its own for one): what [`Delivery::id`](crate::consume::Delivery::id)
+/// reads, and what an outbox relay writes.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(idem_runtime::consume::kafka::MESSAGE_ID_HEADER, "x-idem-message-id");
+/// ```
+pub const MESSAGE_ID_HEADER: &str = topics::MESSAGE_ID;
+
 /// How a message that must wait waits.
 ///
 /// # Examples

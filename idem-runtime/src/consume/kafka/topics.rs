@@ -123,6 +123,10 @@ fn check_topic(what: &str, name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The producer's message id: what [`Delivery::id`](crate::consume::Delivery::id)
+/// reads on Kafka, which has no field of its own for one (an outbox relay
+/// writes it).
+pub(crate) const MESSAGE_ID: &str = "x-idem-message-id";
 /// Failed body runs so far (decimal text).
 pub(crate) const FAILURES: &str = "x-idem-failures";
 /// Times the message was sent to a retry topic (decimal text).
