@@ -243,3 +243,70 @@ async fn a_keyless_request_to_a_handler_that_needs_its_key_gets_400() {
     let r = c.post("/tx-option", "k-4", &serde_json::json!({})).await;
     assert_eq!((r.status, r.text().as_str()), (200, "in a transaction: 1"));
 }
+
+/// A route in transaction mode stages what it sends on through the
+/// request's transaction: the rows commit with the recorded response, a
+/// retry with the key replays the response and stages nothing, and a
+/// response the route does not record (a 500) rolls its rows back.
+#[tokio::test]
+async fn a_route_stages_messages_that_commit_with_its_response() {
+    use idem_runtime::SqliteStore;
+    use idem_runtime::http::RequestTx;
+    use idem_runtime::outbox::Message;
+
+    let dir = tempfile::tempdir().expect("a directory");
+    let store = SqliteStore::open(dir.path().join("outbox.db"))
+        .await
+        .expect("a SQLite store");
+    store.migrate().await.expect("the tables");
+    let layer = Idempotency::unscoped("http_outbox_orders", Duration::from_secs(60))
+        .transaction(store.clone())
+        .expect("a name of its own");
+    let router = axum::Router::new().route(
+        "/orders",
+        axum::routing::post(|tx: RequestTx<SqliteStore>, body: String| async move {
+            let mut ids = Vec::new();
+            for n in 0..2 {
+                let m = Message::new("orders.placed", format!("{body}:{n}"));
+                ids.push(tx.stage(m).await.expect("staged").to_string());
+            }
+            if body.contains("fail") {
+                return (axum::http::StatusCode::INTERNAL_SERVER_ERROR, ids.join(","));
+            }
+            (axum::http::StatusCode::OK, ids.join(","))
+        })
+        .route_layer(layer),
+    );
+    let server = Server::start(router).await;
+    let c = HttpClient::new(server.addr);
+    let r = c.post("/orders", "k-1", &serde_json::json!("first")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let ids: Vec<String> = r.text().split(',').map(str::to_owned).collect();
+    let rows = store.outbox_table().list(0, 10).await.expect("rows");
+    let stored: Vec<String> = rows.iter().map(|m| m.id.to_string()).collect();
+    assert_eq!(stored, ids);
+    assert!(rows.iter().all(|m| m.handler == "http_outbox_orders"));
+    // the retry replays the recorded response and stages nothing
+    let again = c.post("/orders", "k-1", &serde_json::json!("first")).await;
+    assert_eq!((again.status, again.text()), (200, r.text()));
+    assert_eq!(
+        store.outbox_table().list(0, 10).await.expect("rows").len(),
+        2
+    );
+    // another key's ids are its own
+    let other = c.post("/orders", "k-2", &serde_json::json!("second")).await;
+    assert_eq!(other.status, 200);
+    assert!(
+        other
+            .text()
+            .split(',')
+            .all(|id| !ids.contains(&id.to_owned()))
+    );
+    // a 500 is not recorded: its rows roll back with it
+    let failed = c.post("/orders", "k-3", &serde_json::json!("fail")).await;
+    assert_eq!(failed.status, 500, "{}", failed.text());
+    assert_eq!(
+        store.outbox_table().list(0, 10).await.expect("rows").len(),
+        4
+    );
+}

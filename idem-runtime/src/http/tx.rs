@@ -123,12 +123,23 @@ impl Idempotency {
 /// ```
 pub struct RequestTx<S: TxStore> {
     slot: Arc<Mutex<Option<TxCall<S::Tx>>>>,
+    /// The request's store, route and key: where its outbox stages, and
+    /// what the ids of its messages derive from.
+    store: Arc<S>,
+    route: &'static str,
+    key: Arc<str>,
+    /// How many messages the handler staged.
+    staged: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl<S: TxStore> Clone for RequestTx<S> {
     fn clone(&self) -> Self {
         RequestTx {
             slot: Arc::clone(&self.slot),
+            store: Arc::clone(&self.store),
+            route: self.route,
+            key: Arc::clone(&self.key),
+            staged: Arc::clone(&self.staged),
         }
     }
 }
@@ -174,6 +185,65 @@ impl<S: TxStore> RequestTx<S> {
             return Err(TransactionOver);
         }
         Ok(TxGuard { guard })
+    }
+}
+
+#[cfg(feature = "_sql")]
+impl<D: crate::store::sql::Dialect> RequestTx<crate::store::sql::SqlStore<D>> {
+    /// Stages `message` in the request's transaction (see
+    /// [`Outbox`](crate::outbox::Outbox)): it commits with the handler's
+    /// writes and the recorded response, or not at all, and a relay
+    /// publishes it after the commit. Its id derives from the route's
+    /// name, the request's key (as the store keeps it, scoped by the
+    /// caller where the route is) and its place among the request's
+    /// messages, so a retry that runs again after a rollback stages the
+    /// same ids.
+    ///
+    /// # Errors
+    ///
+    /// [`StageError::Over`](crate::outbox::StageError::Over) once the
+    /// response was taken; the others of
+    /// [`Outbox::stage`](crate::outbox::Outbox::stage).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[cfg(feature = "axum")] {
+    /// use idem_runtime::SqliteStore;
+    /// use idem_runtime::http::RequestTx;
+    /// use idem_runtime::outbox::Message;
+    ///
+    /// // an axum handler: the order's row and its `OrderPlaced` commit together
+    /// async fn place_order(tx: RequestTx<SqliteStore>) -> Result<String, String> {
+    ///     {
+    ///         let mut tx = tx.lock().await.map_err(|e| e.to_string())?;
+    ///         sqlx::query("INSERT INTO orders (id) VALUES (17)").execute(&mut **tx).await.map_err(|e| e.to_string())?;
+    ///     }
+    ///     let id = tx
+    ///         .stage(Message::new("orders.placed", r#"{"order_id":17}"#).key("17"))
+    ///         .await
+    ///         .map_err(|e| e.to_string())?;
+    ///     Ok(format!("placed, announced as {id}"))
+    /// }
+    /// # let _ = place_order;
+    /// # }
+    /// ```
+    pub async fn stage(
+        &self,
+        message: crate::outbox::Message,
+    ) -> Result<crate::outbox::MessageId, crate::outbox::StageError> {
+        use std::sync::atomic::Ordering;
+        let mut guard =
+            self.lock()
+                .await
+                .map_err(|TransactionOver| crate::outbox::StageError::Over {
+                    producer: self.route.to_owned(),
+                })?;
+        let place = self.staged.load(Ordering::SeqCst);
+        let mut outbox = self.store.outbox_at(self.route, &self.key, place);
+        let id = outbox.stage(&mut *guard, message).await?;
+        self.staged.fetch_add(1, Ordering::SeqCst);
+        Ok(id)
     }
 }
 
@@ -256,8 +326,13 @@ impl<S: TxStore + 'static> RouteMode for Transaction<S> {
             }
         };
         let slot = Arc::new(Mutex::new(Some(call)));
+        let staged = Arc::new(std::sync::atomic::AtomicU32::new(0));
         parts.extensions.insert(RequestTx::<S> {
             slot: Arc::clone(&slot),
+            store: Arc::clone(&self.store),
+            route: spec.name,
+            key: key.as_str().into(),
+            staged: Arc::clone(&staged),
         });
         let ran = run(inner, parts, body).await;
         // The handler's response is in: the transaction is the layer's
@@ -289,8 +364,16 @@ impl<S: TxStore + 'static> RouteMode for Transaction<S> {
         )
         .await;
         match result {
-            // Committed with the handler's writes.
-            Ok(Outcome::Executed(_)) => sent(ran),
+            // Committed with the handler's writes (and its staged
+            // messages, which the relays of this process take now).
+            Ok(Outcome::Executed(_)) => {
+                #[cfg(feature = "_sql")]
+                crate::outbox::committed(
+                    spec.name,
+                    staged.load(std::sync::atomic::Ordering::SeqCst),
+                );
+                sent(ran)
+            }
             // Not recorded (a status the route releases, a failed
             // service): rolled back, and the handler's answer is the
             // request's.

@@ -112,10 +112,28 @@ impl MessageIds {
     ///
     /// See [`MessageIds`].
     pub fn new(handler: impl Into<String>, key: impl Into<String>) -> MessageIds {
+        MessageIds::starting_at(handler, key, 0)
+    }
+
+    /// The ids from place `next` on: what a call that already took `next`
+    /// ids goes on with.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::outbox::{MessageId, MessageIds};
+    /// let mut ids = MessageIds::starting_at("notify", "k", 2);
+    /// assert_eq!(ids.next_id(), MessageId::derive("notify", "k", 2));
+    /// ```
+    pub fn starting_at(
+        handler: impl Into<String>,
+        key: impl Into<String>,
+        next: u32,
+    ) -> MessageIds {
         MessageIds {
             handler: handler.into(),
             key: key.into(),
-            next: 0,
+            next,
         }
     }
 

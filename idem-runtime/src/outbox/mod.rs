@@ -107,6 +107,15 @@ pub use rabbitmq::RabbitMqDestination;
 pub use relay::{Destination, Pass, Relay};
 pub use stage::{Outbox, StageError};
 
+/// `n` messages of `producer` were committed: counted, and the relays of
+/// this process woken.
+pub(crate) fn committed(producer: &str, n: u32) {
+    if n > 0 {
+        metrics::staged(producer, n);
+        relay::wake();
+    }
+}
+
 /// The rows of an outbox table waiting to be published.
 ///
 /// # Examples

@@ -104,6 +104,13 @@ pub enum StageError {
         /// The transaction's database.
         given: &'static str,
     },
+    /// The transaction is over: an HTTP route's response was already taken
+    /// ([`RequestTx::stage`](crate::http::RequestTx) after it).
+    #[error("cannot stage a message of `{producer}`: the request's transaction is over")]
+    Over {
+        /// The route.
+        producer: String,
+    },
     /// The database refused the row: the transaction is to be rolled back.
     #[error("cannot stage a message of `{producer}` (key {key}) in {table}: {source}")]
     Store {
@@ -120,11 +127,12 @@ pub enum StageError {
 }
 
 impl Outbox {
-    /// An outbox on `sql`'s table for `producer`'s call of `key`.
-    pub(crate) fn new(sql: Arc<OutboxSql>, producer: &str, key: &str) -> Outbox {
+    /// An outbox on `sql`'s table for `producer`'s call of `key`, whose
+    /// next message is at `place`.
+    pub(crate) fn new(sql: Arc<OutboxSql>, producer: &str, key: &str, place: u32) -> Outbox {
         Outbox {
             sql,
-            ids: MessageIds::new(producer, key),
+            ids: MessageIds::starting_at(producer, key, place),
             staged: 0,
         }
     }
@@ -240,9 +248,6 @@ impl Outbox {
 
     /// This outbox's rows committed: counted, and the relays woken.
     pub(crate) fn committed(&self) {
-        if self.staged > 0 {
-            super::metrics::staged(self.ids.handler(), self.staged);
-            super::relay::wake();
-        }
+        super::committed(self.ids.handler(), self.staged);
     }
 }

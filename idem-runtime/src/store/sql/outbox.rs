@@ -201,7 +201,12 @@ impl<D: Dialect> SqlStore<D> {
     ///
     /// See [`OutboxTable`].
     pub fn outbox(&self, producer: &str, key: &str) -> Outbox {
-        Outbox::new(Arc::clone(&self.sql.outbox), producer, key)
+        self.outbox_at(producer, key, 0)
+    }
+
+    /// As [`outbox`](Self::outbox), its next message at `place`.
+    pub(crate) fn outbox_at(&self, producer: &str, key: &str, place: u32) -> Outbox {
+        Outbox::new(Arc::clone(&self.sql.outbox), producer, key, place)
     }
 }
 
