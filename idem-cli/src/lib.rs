@@ -13,10 +13,14 @@
 //! IDEM_STORE_URL=redis://127.0.0.1:6379 idem stats --json
 //! idem --store mysql://root@127.0.0.1/test forget deduct_stock A-17 apple
 //! idem dead list --rabbitmq amqp://guest:guest@127.0.0.1:5672/%2f --queue orders
+//! idem --store postgres://app@db/shop outbox list
 //! ```
 //!
 //! `idem dead` lists, shows, replays and purges the consumers' dead letters
 //! on RabbitMQ, NATS JetStream or Kafka (`dead.rs`; no store needed).
+//! `idem outbox` counts, lists, shows, sends now and deletes the messages
+//! staged in a SQL store's outbox that no relay has published yet
+//! (`outbox.rs`).
 //!
 //! A key is given by its parts, in the order of the handler's key
 //! expression (`key = "order_id + sku"`: `A-17 apple`), each encoded as its
@@ -85,6 +89,7 @@
 mod commands;
 mod dead;
 mod open;
+mod outbox;
 mod render;
 
 use std::io::Write as _;
@@ -146,6 +151,9 @@ pub(crate) enum Top {
     /// The consumers' dead letters on RabbitMQ, NATS JetStream or Kafka:
     /// list, show, replay, purge (no store needed)
     Dead(dead::DeadArgs),
+    /// The messages staged in a SQL store's outbox and not yet published:
+    /// stats, list, show, send now, delete
+    Outbox(outbox::OutboxArgs),
 }
 
 /// What to do.
@@ -308,9 +316,11 @@ fn fail(failure: &Failure) -> ExitCode {
 /// Opens the store and runs the command; the text to print.
 async fn run(cli: &Cli) -> Result<String, Failure> {
     let timeout = Duration::from_secs(cli.timeout.max(1));
-    let command = match &cli.command {
+    // The records' command, or (`None`) the outbox's.
+    let (command, outbox) = match &cli.command {
         Top::Dead(args) => return dead::run(args, cli.json, timeout).await,
-        Top::Records(command) => command,
+        Top::Records(command) => (Some(command), None),
+        Top::Outbox(args) => (None, Some(args)),
     };
     let Some(url) = cli.store.as_deref().filter(|u| !u.trim().is_empty()) else {
         return Err(Failure::Usage(
@@ -319,7 +329,7 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
     };
     // A key given on the command line is checked before connecting.
     let key = match command {
-        Command::Show(key) | Command::Forget(ForgetArgs { key, .. }) => {
+        Some(Command::Show(key) | Command::Forget(ForgetArgs { key, .. })) => {
             Some(commands::stored_key(key)?)
         }
         _ => None,
@@ -331,6 +341,12 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
         cli.cluster,
     )?;
     let store = target.open(timeout).await?;
+    if let Some(args) = outbox {
+        return outbox::run(args, &store, cli.json).await;
+    }
+    let Some(command) = command else {
+        return Err(Failure::Usage("no command".into()));
+    };
     let ctx = commands::Context {
         json: cli.json,
         store: target.kind(),
