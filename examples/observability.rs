@@ -42,6 +42,12 @@
 //!   duplicate share of `ship_order` goes from about 5 % to about 60 % and
 //!   `award_points` stays where it was. `--storm-file PATH` starts it when
 //!   the file appears instead (`touch PATH`), and ends it when it goes;
+//! * an outbox: for each order the order service stages a receipt in the
+//!   SQLite database (`store.outbox`, committed with `Outbox::commit`), and
+//!   a relay publishes the receipts to the queue `<prefix>_receipts`, which
+//!   is declared only 3 s into the run: until then RabbitMQ returns each
+//!   publish (no queue takes it), the rows wait, the relay backs off and
+//!   counts the failures, then catches up (the dashboard's Outbox row);
 //! * `--blip-after DURATION`: the consumers' connections go through a TCP
 //!   relay that cuts them all once at that time (a network blip): they
 //!   reconnect, and the broker delivers what was unacknowledged again.
@@ -65,6 +71,7 @@ use idem_runtime::consume::{
 };
 use idem_runtime::registry::HandlerSpec;
 use idem_runtime::store::{Claim, Failure, LeaseStore};
+use idem_runtime::outbox::{Message, RabbitMqDestination, Relay};
 use idem_runtime::{Key, SqliteStore, StoreError, idempotent};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use serde::{Deserialize, Serialize};
@@ -468,6 +475,59 @@ async fn produce(
     Ok(())
 }
 
+/// The order service's receipts, through the outbox: one staged (and
+/// committed) per tick, a relay publishing them to `queue`, which is
+/// declared 3 s into the run. Returns how many were staged.
+async fn receipts_through_the_outbox(
+    store: SqliteStore,
+    settings: Arc<Settings>,
+    channel: lapin::Channel,
+    queue: String,
+    shutdown: CancellationToken,
+) -> Result<u64, BoxError> {
+    let to = RabbitMqDestination::connect(&settings.amqp_url).await?;
+    let relay = Relay::new(store.outbox_table(), to).with_poll(Duration::from_millis(200));
+    let relay = tokio::spawn(relay.run(shutdown.clone().cancelled_owned()));
+    let declare = {
+        let (queue, shutdown) = (queue.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(Duration::from_secs(3)) => {}
+            }
+            let durable = lapin::options::QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            };
+            if let Err(e) = channel
+                .queue_declare(queue.as_str().into(), durable, Default::default())
+                .await
+            {
+                eprintln!("cannot declare {queue}: {e}");
+            }
+        })
+    };
+    let mut tick = tokio::time::interval(Duration::from_secs(1) / settings.rate);
+    let mut staged = 0u64;
+    for n in 0u64.. {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        let order = format!("order-{n}");
+        let mut tx = store.pool().begin().await?;
+        let mut outbox = store.outbox("order_service", &order);
+        let receipt = serde_json::json!({ "order_id": n });
+        outbox
+            .stage(&mut tx, Message::json(&queue, &receipt)?.key(order.as_str()))
+            .await?;
+        outbox.commit(tx).await?;
+        staged += 1;
+    }
+    let _ = (relay.await, declare.await);
+    Ok(staged)
+}
+
 /// The queues a consumer of `queue` uses: the queue, its retry queues and
 /// its dead letters.
 fn queues_of(consumer: &rabbitmq::Consumer, queue: &str) -> Vec<String> {
@@ -508,7 +568,7 @@ async fn main() -> Result<(), BoxError> {
     let sqlite = SqliteStore::open(db.path()).await?;
     sqlite.migrate().await?;
     let store = FaultyStore {
-        inner: sqlite,
+        inner: sqlite.clone(),
         every: settings.store_faults,
         claims: Arc::new(AtomicU64::new(0)),
     };
@@ -578,6 +638,15 @@ async fn main() -> Result<(), BoxError> {
         rabbitmq::Consumer::new(consumer_url.as_str(), points.as_str()).policy(policy);
     let mut made = queues_of(&order_consumer, &orders);
     made.extend(queues_of(&points_consumer, &points));
+    let receipts = format!("{}_receipts", settings.prefix);
+    made.push(receipts.clone());
+    let outbox = tokio::spawn(receipts_through_the_outbox(
+        sqlite.clone(),
+        Arc::clone(&settings),
+        channel.clone(),
+        receipts,
+        stop.clone(),
+    ));
     let ship = {
         let store = store.clone();
         tokio::spawn(order_consumer.run(
@@ -641,6 +710,11 @@ async fn main() -> Result<(), BoxError> {
         stop.cancel();
     }
     let (ship, award) = (ship.await, award.await);
+    match outbox.await {
+        Ok(Ok(sent)) => println!("{sent} receipts staged through the outbox"),
+        Ok(Err(e)) => eprintln!("the receipts' outbox failed: {e}"),
+        Err(e) => eprintln!("the receipts' outbox failed: {e}"),
+    }
     println!(
         "published {} messages; {} orders shipped, {} grants of points",
         producer.published.load(Ordering::Relaxed),
