@@ -69,9 +69,9 @@ use idem_examples::TempDb;
 use idem_runtime::consume::{
     CancellationToken, ConsumeError, Policy, RETRY_DELAYS, Report, rabbitmq, shutdown_on,
 };
+use idem_runtime::outbox::{Message, RabbitMqDestination, Relay};
 use idem_runtime::registry::HandlerSpec;
 use idem_runtime::store::{Claim, Failure, LeaseStore};
-use idem_runtime::outbox::{Message, RabbitMqDestination, Relay};
 use idem_runtime::{Key, SqliteStore, StoreError, idempotent};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use serde::{Deserialize, Serialize};
@@ -519,7 +519,10 @@ async fn receipts_through_the_outbox(
         let mut outbox = store.outbox("order_service", &order);
         let receipt = serde_json::json!({ "order_id": n });
         outbox
-            .stage(&mut tx, Message::json(&queue, &receipt)?.key(order.as_str()))
+            .stage(
+                &mut tx,
+                Message::json(&queue, &receipt)?.key(order.as_str()),
+            )
             .await?;
         outbox.commit(tx).await?;
         staged += 1;

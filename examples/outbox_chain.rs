@@ -56,18 +56,22 @@ async fn deduct_stock(
     outbox: &mut Outbox,
     stock: &Subjects,
 ) -> Result<i64, BoxError> {
-    let left: i64 = sqlx::query_scalar("UPDATE stock SET qty = qty - ?1 WHERE sku = ?2 RETURNING qty")
-        .bind(msg.qty)
-        .bind(&msg.sku)
-        .fetch_one(&mut **tx)
-        .await?;
+    let left: i64 =
+        sqlx::query_scalar("UPDATE stock SET qty = qty - ?1 WHERE sku = ?2 RETURNING qty")
+            .bind(msg.qty)
+            .bind(&msg.sku)
+            .fetch_one(&mut **tx)
+            .await?;
     let deducted = StockDeducted {
         order_id: msg.order_id,
         sku: msg.sku.clone(),
         left,
     };
     outbox
-        .stage(tx, Message::json(&stock.stock, &deducted)?.key(msg.sku.as_str()))
+        .stage(
+            tx,
+            Message::json(&stock.stock, &deducted)?.key(msg.sku.as_str()),
+        )
         .await?;
     Ok(left)
 }
@@ -110,7 +114,10 @@ async fn place_order(store: &SqliteStore, subjects: &Subjects, n: u64) -> Result
         .await?;
     let mut outbox = store.outbox("order_service", &n.to_string());
     outbox
-        .stage(&mut tx, Message::json(&subjects.orders, &order)?.key(order.sku.as_str()))
+        .stage(
+            &mut tx,
+            Message::json(&subjects.orders, &order)?.key(order.sku.as_str()),
+        )
         .await?;
     outbox.commit(tx).await?;
     Ok(())
@@ -141,8 +148,16 @@ async fn main() -> Result<(), BoxError> {
         .await?;
 
     // The streams first: what the relay publishes has a stream to go to.
-    let orders = Consumer::new(url.as_str(), subjects.orders_stream.as_str(), subjects.orders.as_str());
-    let stock = Consumer::new(url.as_str(), subjects.stock_stream.as_str(), subjects.stock.as_str());
+    let orders = Consumer::new(
+        url.as_str(),
+        subjects.orders_stream.as_str(),
+        subjects.orders.as_str(),
+    );
+    let stock = Consumer::new(
+        url.as_str(),
+        subjects.stock_stream.as_str(),
+        subjects.stock.as_str(),
+    );
     orders.declare().await?;
     stock.declare().await?;
     let streams = [
@@ -206,8 +221,14 @@ async fn main() -> Result<(), BoxError> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    println!("publishing message {} again, as a relay that died after the confirm would", again.id);
-    NatsDestination::connect(&url).await?.publish(&again).await?;
+    println!(
+        "publishing message {} again, as a relay that died after the confirm would",
+        again.id
+    );
+    NatsDestination::connect(&url)
+        .await?
+        .publish(&again)
+        .await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     stop.cancel();

@@ -31,6 +31,7 @@
 //! | [`consumers`] | the RabbitMQ and NATS JetStream consumers: acks, retries, dead letters, chaos runs |
 //! | [`kafka`] | the Kafka consumer: partition order, commits, retry and dead-letter topics, rebalances, offsets in the database |
 //! | [`http`] | the Idempotency-Key header on axum routes: scopes, statuses, transaction and lease mode |
+//! | [`outbox`] | sending messages on from a transaction: staging, derived message ids, relays, what a crash leaves |
 //! | [`operations`] | the `idem` CLI, records, dead letters, the registry, tracing and metrics |
 //! | [`expansion`] | the code the attribute generates, verbatim |
 //! | [`benchmarks`] | what idem costs, measured, with the commands to measure it again |
@@ -85,6 +86,10 @@ pub mod kafka {}
 #[cfg(any(doc, all(feature = "axum", feature = "sqlite")))]
 #[doc = include_str!("http.md")]
 pub mod http {}
+
+#[cfg(any(doc, all(feature = "sqlite", feature = "nats")))]
+#[doc = include_str!("outbox.md")]
+pub mod outbox {}
 
 #[doc = include_str!("operations.md")]
 pub mod operations {}

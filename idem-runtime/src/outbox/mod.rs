@@ -40,7 +40,7 @@
 //! struct StockDeducted { order_id: u64, left: i64 }
 //!
 //! #[idempotent(key = "order_id + sku", ttl = "1d", store = "sqlite")]
-//! async fn deduct_stock(tx: &mut SqliteTx<'_>, msg: &OrderPlaced, outbox: &mut Outbox) -> Result<i64, BoxError> {
+//! async fn deduct_and_send(tx: &mut SqliteTx<'_>, msg: &OrderPlaced, outbox: &mut Outbox) -> Result<i64, BoxError> {
 //!     let left: i64 = sqlx::query_scalar("UPDATE stock SET qty = qty - ?1 WHERE sku = ?2 RETURNING qty")
 //!         .bind(msg.qty)
 //!         .bind(&msg.sku)
@@ -67,8 +67,8 @@
 //! sqlx::query("INSERT INTO stock VALUES ('apple', 10)").execute(store.pool()).await?;
 //!
 //! let msg = OrderPlaced { order_id: 7, sku: "apple".into(), qty: 3 };
-//! assert_eq!(deduct_stock(&store, &msg).await?, Outcome::Executed(7));
-//! assert_eq!(deduct_stock(&store, &msg).await?, Outcome::Duplicate(7));
+//! assert_eq!(deduct_and_send(&store, &msg).await?, Outcome::Executed(7));
+//! assert_eq!(deduct_and_send(&store, &msg).await?, Outcome::Duplicate(7));
 //!
 //! let sent = Sent::default();
 //! Relay::new(store.outbox_table(), sent.clone()).pass().await?;

@@ -1,8 +1,9 @@
 //! The relay: publishes the rows of an outbox table to a [`Destination`]
 //! and deletes those the broker confirmed.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
@@ -80,6 +81,9 @@ pub struct Pass {
     /// Messages whose publish failed or timed out: their rows stay, with
     /// one more attempt counted.
     pub failed: usize,
+    /// Rows left alone because their last publish failed and their next
+    /// attempt is not due yet (their lanes wait behind them).
+    pub waiting: usize,
 }
 
 /// Publishes the rows of an [`OutboxTable`] to a [`Destination`], and
@@ -100,9 +104,11 @@ pub struct Pass {
 ///   relay per database file (a second one may publish a row the first is
 ///   publishing, with the same id).
 /// * **Failures.** A publish that fails or times out (default 10 s)
-///   leaves its row, counts the attempt and the error in it, and the relay
-///   backs off (from 100 ms up to 30 s) before its next pass; the lane
-///   waits behind it. Handlers never wait for a relay.
+///   leaves its row and counts the attempt and the error in it; the row is
+///   tried again after a back-off of its own (100 ms, doubling with each
+///   failure up to 30 s), and its lane waits behind it while the other
+///   lanes go on. A pass that fails on the database backs the whole relay
+///   off the same way. Handlers never wait for a relay.
 ///
 /// # Examples
 ///
@@ -144,6 +150,8 @@ pub struct Relay<D: Dialect, T: Destination> {
     batch: u32,
     poll: Duration,
     timeout: Duration,
+    /// Rows whose publish failed, by `seq`: when their next attempt is due.
+    held: Mutex<HashMap<i64, Instant>>,
 }
 
 impl<D: Dialect, T: Destination> std::fmt::Debug for Relay<D, T> {
@@ -181,6 +189,7 @@ impl<D: Dialect, T: Destination> Relay<D, T> {
             batch: 64,
             poll: Duration::from_secs(1),
             timeout: Duration::from_secs(10),
+            held: Mutex::new(HashMap::new()),
         }
     }
 
@@ -248,27 +257,50 @@ impl<D: Dialect, T: Destination> Relay<D, T> {
     ///
     /// See [`Relay`].
     pub async fn pass(&self) -> Result<Pass, StoreError> {
+        // Rows waiting for their next attempt are not taken, so that as
+        // many of them as the batch cannot keep other lanes' rows out.
+        let now = Instant::now();
+        let waiting: Vec<i64> = {
+            let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            held.iter()
+                .filter(|(_, at)| **at > now)
+                .map(|(seq, _)| *seq)
+                .collect()
+        };
         let taken = self
             .table
-            .take(self.batch)
+            .take(self.batch, &waiting)
             .await
             .map_err(StoreError::backend)?;
         if taken.rows.is_empty() {
             return Ok(Pass::default());
         }
-        let results =
-            futures_util::future::join_all(taken.rows.iter().map(|row| self.publish(row))).await;
+        let due: Vec<&Outgoing> = taken.rows.iter().collect();
+        let results = futures_util::future::join_all(due.iter().map(|row| self.publish(row))).await;
         let mut sent = Vec::with_capacity(results.len());
         let mut failed = Vec::new();
-        for (row, result) in taken.rows.iter().zip(results) {
-            match result {
-                Ok(()) => sent.push(row.seq),
-                Err(e) => failed.push((row.seq, e)),
+        {
+            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            for (row, result) in due.iter().zip(results) {
+                match result {
+                    Ok(()) => {
+                        held.remove(&row.seq);
+                        sent.push(row.seq);
+                    }
+                    Err(e) => {
+                        let wait = row_backoff(row.attempts.saturating_add(1));
+                        held.insert(row.seq, Instant::now() + wait);
+                        failed.push((row.seq, e));
+                    }
+                }
             }
+            // Rows gone meanwhile (another relay's, an operator's delete).
+            held.retain(|_, at| now.saturating_duration_since(*at) < Duration::from_secs(60));
         }
         let pass = Pass {
             published: sent.len(),
             failed: failed.len(),
+            waiting: waiting.len(),
         };
         self.table
             .settle(taken, &sent, &failed)
@@ -352,17 +384,15 @@ impl<D: Dialect, T: Destination> Relay<D, T> {
             tokio::pin!(woken);
             woken.as_mut().enable();
             let wait = match self.pass().await {
-                Ok(pass) if pass.failed > 0 => {
-                    backoff = next_backoff(backoff);
-                    backoff
-                }
                 Ok(pass) if pass.published > 0 => {
                     backoff = Duration::ZERO;
                     Duration::ZERO
                 }
                 Ok(_) => {
+                    // Nothing went out: wait for a commit, the poll, or the
+                    // next failed row's attempt, whichever comes first.
                     backoff = Duration::ZERO;
-                    self.poll
+                    self.poll.min(self.next_attempt())
                 }
                 Err(e) => {
                     backoff = next_backoff(backoff);
@@ -385,6 +415,29 @@ impl<D: Dialect, T: Destination> Relay<D, T> {
             }
         }
     }
+}
+
+impl<D: Dialect, T: Destination> Relay<D, T> {
+    /// How long until the next failed row's attempt is due (`MAX_BACKOFF`
+    /// when none waits).
+    fn next_attempt(&self) -> Duration {
+        let now = Instant::now();
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|at| **at > now)
+            .map(|at| *at - now)
+            .min()
+            .unwrap_or(MAX_BACKOFF)
+    }
+}
+
+/// The wait before a row's next attempt after its `failures`-th failure:
+/// 100 ms, doubling, at most 30 s.
+fn row_backoff(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    (FIRST_BACKOFF * 2u32.pow(doublings)).min(MAX_BACKOFF)
 }
 
 /// The back-off after `last`.

@@ -140,7 +140,7 @@ impl Outbox {
     /// Stages `message` in `tx`: one row in the outbox table, published by
     /// a relay once `tx` commits. Returns the message's id, which the
     /// relay hands the broker in its own field (AMQP `message_id`, NATS
-    /// `Nats-Msg-Id`, the Kafka header `idem-message-id`).
+    /// `Nats-Msg-Id`, the Kafka header `x-idem-message-id`).
     ///
     /// # Errors
     ///

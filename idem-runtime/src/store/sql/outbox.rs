@@ -41,7 +41,8 @@ pub(crate) struct OutboxSql {
     /// Inserts a row staged now.
     pub(crate) insert: Statement,
     /// The `seq` of at most `:batch` rows that head their lane (no row of
-    /// the lane before them), oldest first; read without a lock.
+    /// the lane before them), oldest first, but those of `:rows`; read
+    /// without a lock.
     pub(crate) heads: Statement,
     /// The rows among the `seq`s of `:rows`, locked where the database
     /// locks rows and skipping those another relay holds.
@@ -78,11 +79,12 @@ impl OutboxSql {
                 "INSERT INTO {t} (id, handler, destination, msg_key, lane, payload, headers, staged_at) \
                  VALUES (:id, :handler, :destination, :msgkey, :lane, :payload, :headers, {now})",
             ),
-            heads: render(
-                "SELECT seq FROM {t} AS o WHERE NOT EXISTS \
-                 (SELECT 1 FROM {t} AS e WHERE e.lane = o.lane AND e.seq < o.seq) \
-                 ORDER BY seq LIMIT :batch",
-            ),
+            heads: render(&format!(
+                "SELECT seq FROM {{t}} AS o WHERE NOT EXISTS \
+                 (SELECT 1 FROM {{t}} AS e WHERE e.lane = o.lane AND e.seq < o.seq) \
+                 AND o.seq NOT IN {} ORDER BY seq LIMIT :batch",
+                D::OUTBOX_SEQS
+            )),
             take: render(&format!(
                 "SELECT {OUTGOING} FROM {{t}} WHERE seq IN {} ORDER BY seq{}",
                 D::OUTBOX_SEQS,
@@ -341,12 +343,15 @@ fn seq_list(seqs: impl Iterator<Item = i64>) -> String {
 }
 
 impl<D: Dialect> OutboxTable<D> {
-    /// Takes at most `batch` rows that head their lane, oldest first:
+    /// Takes at most `batch` rows that head their lane, oldest first, but
+    /// those of `skip` (rows whose next attempt is not due):
     /// locked in a transaction of their own where the dialect holds rows
     /// ([`Dialect::OUTBOX_LOCK`]), skipping those another relay holds.
-    pub(crate) async fn take(&self, batch: u32) -> Result<Taken<D>, sqlx::Error> {
+    pub(crate) async fn take(&self, batch: u32, skip: &[i64]) -> Result<Taken<D>, sqlx::Error> {
+        let skipped = seq_list(skip.iter().copied());
         let values = Values {
             batch: i64::from(batch),
+            rows: &skipped,
             ..Values::default()
         };
         let heads = {
