@@ -13,11 +13,14 @@
 //!   `SECS` a round, interleaved, `ROUNDS` rounds; the ratio is of the
 //!   median throughputs.
 //! * **Relaying**: `ROWS` rows staged in as many lanes are published by a
-//!   relay (64 a pass, one pass after the other, each row deleted once
-//!   JetStream acknowledged it), against the client publishing as many
-//!   messages itself, 64 at a time with their acknowledgements awaited and
-//!   the same `Nats-Msg-Id` header: the relay's publish rate against the
-//!   client's raw rate, per round, interleaved.
+//!   running relay (4 passes of 16 at once: 64 publishes in flight, each
+//!   row deleted once JetStream acknowledged it), against the client
+//!   publishing as many messages itself, 64 at a time with their
+//!   acknowledgements awaited and the same `Nats-Msg-Id` header: the
+//!   relay's publish rate against the client's raw rate, per round,
+//!   interleaved. The same relay to a destination that takes each message
+//!   at once gives what the database's side of relaying (take with a lock,
+//!   delete, commit) allows on its own.
 //! * **Latency**: with a relay running, messages are staged and committed
 //!   (`Outbox::commit`, which wakes the relay) at 200 a second; a core
 //!   subscription on the subject takes them. The time from each commit to
@@ -33,7 +36,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt as _;
 use idem_examples::cpu::{Rounds, Watch};
 use idem_examples::{env, messages_per_second};
-use idem_runtime::outbox::{Message, NatsDestination, Outbox, Relay};
+use idem_runtime::outbox::{Destination, Message, NatsDestination, Outbox, Outgoing, Relay};
 use idem_runtime::{BoxError, PgStore, PgTx, idempotent};
 use serde::Deserialize;
 use sqlx::AssertSqlSafe;
@@ -218,24 +221,58 @@ async fn main() -> Result<(), BoxError> {
     println!("relaying: {rows} rows a round, 64 at a time, against the client's raw publish");
     let (mut relay_rates, mut raw_rates, mut relay_rounds) =
         (Vec::new(), Vec::new(), Rounds::default());
-    let relay = Relay::new(
-        store.outbox_table(),
-        NatsDestination::from_client(client.clone()),
-    )
-    .with_batch(64);
+    let mut db_rates = Vec::new();
     for round in 0..rounds {
         let watch = Watch::start()?;
         stage_rows(&store, &subject, rows, round).await?;
+        let counted = Counted {
+            to: NatsDestination::from_client(client.clone()),
+            sent: Arc::default(),
+            all: Arc::default(),
+            rows,
+        };
+        let all = Arc::clone(&counted.all);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let began = Instant::now();
-        let mut sent = 0;
-        while sent < rows {
-            let pass = relay.pass().await?;
-            if pass.failed > 0 {
-                return Err(format!("{} publishes failed", pass.failed).into());
-            }
-            sent += pass.published;
-        }
+        let relay = tokio::spawn(
+            Relay::new(store.outbox_table(), counted)
+                .with_batch(16)
+                .with_passes(4)
+                .run(async {
+                    let _ = stopped.await;
+                }),
+        );
+        tokio::time::timeout(Duration::from_secs(120), all.notified()).await?;
         let relay_rate = rows as f64 / began.elapsed().as_secs_f64();
+        let _ = stop.send(());
+        relay.await?;
+        if store.outbox_table().backlog().await?.rows != 0 {
+            return Err("the relay left rows behind".into());
+        }
+        // The same relay to a destination that takes each message at once:
+        // what the database's side of relaying allows.
+        stage_rows(&store, &subject, rows, round).await?;
+        let nowhere = Nowhere {
+            sent: Arc::default(),
+            all: Arc::default(),
+            rows,
+        };
+        let all = Arc::clone(&nowhere.all);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let began = Instant::now();
+        let relay = tokio::spawn(
+            Relay::new(store.outbox_table(), nowhere)
+                .with_batch(16)
+                .with_passes(4)
+                .run(async {
+                    let _ = stopped.await;
+                }),
+        );
+        tokio::time::timeout(Duration::from_secs(120), all.notified()).await?;
+        let db_rate = rows as f64 / began.elapsed().as_secs_f64();
+        let _ = stop.send(());
+        relay.await?;
+        db_rates.push(db_rate);
         let began = Instant::now();
         for chunk in 0..rows.div_ceil(64) {
             let sends = (chunk * 64..(chunk * 64 + 64).min(rows)).map(|n| {
@@ -259,18 +296,21 @@ async fn main() -> Result<(), BoxError> {
         let raw_rate = rows as f64 / began.elapsed().as_secs_f64();
         let cpu = relay_rounds.push(watch.stop()?);
         println!(
-            "  round {}: relay {relay_rate:.0}/s, raw {raw_rate:.0}/s, ratio {:.3} ({cpu})",
+            "  round {}: relay {relay_rate:.0}/s, raw {raw_rate:.0}/s, ratio {:.3}; relay to nowhere {:.0}/s ({cpu})",
             round + 1,
-            relay_rate / raw_rate
+            relay_rate / raw_rate,
+            db_rates[round]
         );
         relay_rates.push(relay_rate);
         raw_rates.push(raw_rate);
     }
     let relaying = median(relay_rates.clone()) / median(raw_rates.clone());
+    let db_side = median(relay_rates.clone()) / median(db_rates.clone());
     println!(
-        "  medians: relay {:.0}/s, raw {:.0}/s: relay / raw = {relaying:.3} ({})",
+        "  medians: relay {:.0}/s, raw {:.0}/s, relay to nowhere {:.0}/s: relay / raw = {relaying:.3}, relay / relay to nowhere = {db_side:.3} ({})",
         median(relay_rates),
         median(raw_rates),
+        median(db_rates),
         relay_rounds.summary()
     );
 
@@ -347,6 +387,50 @@ async fn main() -> Result<(), BoxError> {
         "outbox ratios: staging one / none = {staging:.3}, relay / raw publish = {relaying:.3}"
     );
     Ok(())
+}
+
+/// A destination that counts what it published, and says when `rows`
+/// were.
+struct Counted {
+    to: NatsDestination,
+    sent: Arc<std::sync::atomic::AtomicUsize>,
+    all: Arc<tokio::sync::Notify>,
+    rows: usize,
+}
+
+impl Destination for Counted {
+    fn kind(&self) -> &'static str {
+        "nats"
+    }
+
+    async fn publish(&self, message: &Outgoing) -> Result<(), BoxError> {
+        self.to.publish(message).await?;
+        if self.sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == self.rows {
+            self.all.notify_one();
+        }
+        Ok(())
+    }
+}
+
+/// A destination that takes every message at once, and says when `rows`
+/// were taken: the relay's database side alone.
+struct Nowhere {
+    sent: Arc<std::sync::atomic::AtomicUsize>,
+    all: Arc<tokio::sync::Notify>,
+    rows: usize,
+}
+
+impl Destination for Nowhere {
+    fn kind(&self) -> &'static str {
+        "nowhere"
+    }
+
+    async fn publish(&self, _: &Outgoing) -> Result<(), BoxError> {
+        if self.sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == self.rows {
+            self.all.notify_one();
+        }
+        Ok(())
+    }
 }
 
 /// A stop signal: the sender, and the future the relay runs until.

@@ -103,7 +103,7 @@ struct Subjects {
 async fn place_order(store: &SqliteStore, subjects: &Subjects, n: u64) -> Result<(), BoxError> {
     let order = OrderPlaced {
         order_id: n,
-        sku: if n % 2 == 0 { "apple" } else { "pear" }.into(),
+        sku: if n.is_multiple_of(2) { "apple" } else { "pear" }.into(),
         qty: 1,
     };
     let mut tx = store.pool().begin().await?;

@@ -148,6 +148,8 @@ pub struct Relay<D: Dialect, T: Destination> {
     table: OutboxTable<D>,
     to: Arc<T>,
     batch: u32,
+    /// Passes under way at once, in `run`.
+    passes: usize,
     poll: Duration,
     timeout: Duration,
     /// Rows whose publish failed, by `seq`: when their next attempt is due.
@@ -187,6 +189,7 @@ impl<D: Dialect, T: Destination> Relay<D, T> {
             table,
             to: Arc::new(to),
             batch: 64,
+            passes: 1,
             poll: Duration::from_secs(1),
             timeout: Duration::from_secs(10),
             held: Mutex::new(HashMap::new()),
@@ -240,6 +243,36 @@ impl<D: Dialect, T: Destination> Relay<D, T> {
     /// See [`with_batch`](Self::with_batch).
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// How many passes [`run`](Self::run) keeps under way at once (at
+    /// least 1; default 1): while one waits on the broker, another reads
+    /// and deletes its rows, so the database's round trips overlap the
+    /// publishes. Each pass takes rows of its own (`SKIP LOCKED`), and the
+    /// rows of a lane still go out one at a time, in order. On SQLite,
+    /// where a relay cannot lock rows, it stays 1.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # #[derive(Clone)] struct Nowhere;
+    /// # impl idem_runtime::outbox::Destination for Nowhere {
+    /// #     fn kind(&self) -> &'static str { "nowhere" }
+    /// #     async fn publish(&self, _: &idem_runtime::outbox::Outgoing) -> Result<(), idem_runtime::BoxError> { Ok(()) }
+    /// # }
+    /// let store = idem_runtime::SqliteStore::connect("sqlite::memory:").await?;
+    /// // 4 passes of 16: 64 publishes in flight, as one pass of 64 has
+    /// let relay = idem_runtime::outbox::Relay::new(store.outbox_table(), Nowhere)
+    ///     .with_batch(16)
+    ///     .with_passes(4);
+    /// # let _ = relay;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_passes(mut self, passes: usize) -> Self {
+        self.passes = if D::OUTBOX_HOLDS { passes.max(1) } else { 1 };
         self
     }
 
@@ -376,10 +409,28 @@ impl<D: Dialect, T: Destination> Relay<D, T> {
     /// # Ok(()) }
     /// ```
     pub async fn run(self, until: impl Future<Output = ()>) {
-        tokio::pin!(until);
+        let stop = tokio::sync::watch::channel(false);
+        let passes = (0..self.passes).map(|n| self.passes_loop(n == 0, stop.1.clone()));
+        let all = futures_util::future::join_all(passes);
+        tokio::pin!(all);
+        tokio::select! {
+            () = until => {
+                stop.0.send_replace(true);
+                all.await;
+            }
+            _ = &mut all => {}
+        }
+    }
+
+    /// One loop of passes, until `stop` turns true (a pass under way ends
+    /// first); the first loop also reads the backlog for the gauges.
+    async fn passes_loop(&self, gauges: bool, mut stop: tokio::sync::watch::Receiver<bool>) {
         let mut backoff = Duration::ZERO;
         let mut backlog_read: Option<Instant> = None;
         loop {
+            if *stop.borrow() {
+                return;
+            }
             let woken = WAKE.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
@@ -400,7 +451,7 @@ impl<D: Dialect, T: Destination> Relay<D, T> {
                     backoff
                 }
             };
-            if backlog_read.is_none_or(|at| at.elapsed() >= BACKLOG_EVERY) {
+            if gauges && backlog_read.is_none_or(|at| at.elapsed() >= BACKLOG_EVERY) {
                 backlog_read = Some(Instant::now());
                 if let Ok(Backlog { rows, oldest_age }) = self.table.backlog().await {
                     metrics::backlog(self.table.name(), rows, oldest_age);
@@ -409,7 +460,7 @@ impl<D: Dialect, T: Destination> Relay<D, T> {
             let failing = !backoff.is_zero();
             tokio::select! {
                 biased;
-                () = &mut until => return,
+                _ = stop.wait_for(|stopped| *stopped) => return,
                 () = &mut woken, if !failing => {}
                 () = tokio::time::sleep(wait) => {}
             }

@@ -5,8 +5,8 @@
 //! ([`OutboxTable`]), created by `migrate()` with the dedup table. A
 //! body's [`Outbox`](crate::outbox::Outbox) inserts rows in the body's
 //! transaction ([`OutboxSql::insert`]); a [`Relay`](crate::outbox::Relay)
-//! takes the rows that head their lane ([`OutboxSql::heads`], then
-//! [`OutboxSql::take`], which locks them where the database can), publishes
+//! takes the rows that head their lane ([`OutboxSql::take`], which locks
+//! them where the database can), publishes
 //! them, and deletes those the broker confirmed ([`OutboxSql::remove`]).
 //! The statements differ between the databases only in the dialect's
 //! `OUTBOX_*` items.
@@ -40,12 +40,11 @@ pub(crate) struct OutboxSql {
     pub(crate) create: String,
     /// Inserts a row staged now.
     pub(crate) insert: Statement,
-    /// The `seq` of at most `:batch` rows that head their lane (no row of
-    /// the lane before them), oldest first, but those of `:rows`; read
-    /// without a lock.
-    pub(crate) heads: Statement,
-    /// The rows among the `seq`s of `:rows`, locked where the database
-    /// locks rows and skipping those another relay holds.
+    /// At most `:batch` rows that head their lane (no row of the lane
+    /// before them, locked or not), oldest first, but those of `:rows`;
+    /// locked where the database locks rows, skipping those another relay
+    /// holds (the subquery reads without a lock, so a row another relay
+    /// holds still keeps the rest of its lane back).
     pub(crate) take: Statement,
     /// Deletes the rows of the `seq`s of `:rows`.
     pub(crate) remove: Statement,
@@ -79,14 +78,10 @@ impl OutboxSql {
                 "INSERT INTO {t} (id, handler, destination, msg_key, lane, payload, headers, staged_at) \
                  VALUES (:id, :handler, :destination, :msgkey, :lane, :payload, :headers, {now})",
             ),
-            heads: render(&format!(
-                "SELECT seq FROM {{t}} AS o WHERE NOT EXISTS \
-                 (SELECT 1 FROM {{t}} AS e WHERE e.lane = o.lane AND e.seq < o.seq) \
-                 AND o.seq NOT IN {} ORDER BY seq LIMIT :batch",
-                D::OUTBOX_SEQS
-            )),
             take: render(&format!(
-                "SELECT {OUTGOING} FROM {{t}} WHERE seq IN {} ORDER BY seq{}",
+                "SELECT {OUTGOING} FROM {{t}} AS o WHERE NOT EXISTS \
+                 (SELECT 1 FROM {{t}} AS e WHERE e.lane = o.lane AND e.seq < o.seq) \
+                 AND o.seq NOT IN {} ORDER BY o.seq LIMIT :batch{}",
                 D::OUTBOX_SEQS,
                 D::OUTBOX_LOCK
             )),
@@ -354,31 +349,16 @@ impl<D: Dialect> OutboxTable<D> {
             rows: &skipped,
             ..Values::default()
         };
-        let heads = {
-            let mut conn = self.pool.acquire().await?;
-            D::cells(&mut *conn, &self.sql.heads, &values, 0).await?
-        };
-        let seqs = seq_list(
-            heads
-                .iter()
-                .filter_map(|c| c.numbers.first().copied().flatten()),
-        );
-        if heads.is_empty() {
-            return Ok(Taken {
-                tx: None,
-                rows: Vec::new(),
-            });
-        }
-        let values = Values {
-            rows: &seqs,
-            ..Values::default()
-        };
         if D::OUTBOX_HOLDS {
             let mut tx = match D::RELAY_BEGIN {
                 Some(begin) => self.pool.begin_with(begin).await?,
                 None => self.pool.begin().await?,
             };
             let rows = D::outgoing(&mut *tx, &self.sql.take, &values).await?;
+            if rows.is_empty() {
+                tx.rollback().await?;
+                return Ok(Taken { tx: None, rows });
+            }
             Ok(Taken { tx: Some(tx), rows })
         } else {
             let mut conn = self.pool.acquire().await?;
