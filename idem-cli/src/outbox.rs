@@ -59,9 +59,9 @@ pub(crate) enum Action {
         id: String,
     },
     /// Publish messages now, each deleted once the broker confirmed it:
-    /// those of the ids given, or with --all every one, lane by lane as a
-    /// relay does (a relay running beside it may publish one of them too,
-    /// under the same id)
+    /// with --all every one, lane by lane as a relay does; or the ids
+    /// given, in the order given, whatever their lanes hold before them
+    /// and whether a relay is publishing them too (under the same id)
     Send {
         /// The messages' ids
         #[arg(value_name = "ID", required_unless_present = "all")]

@@ -199,6 +199,11 @@ impl<D: crate::store::sql::Dialect> RequestTx<crate::store::sql::SqlStore<D>> {
     /// messages, so a retry that runs again after a rollback stages the
     /// same ids.
     ///
+    /// It locks the request's transaction for the insert, as
+    /// [`lock`](Self::lock) does: drop a guard of yours before you stage
+    /// (a guard held across `stage` waits on itself for ever), as the
+    /// example's inner block does.
+    ///
     /// # Errors
     ///
     /// [`StageError::Over`](crate::outbox::StageError::Over) once the

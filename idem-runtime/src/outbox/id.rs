@@ -14,7 +14,8 @@ use sha2::{Digest as _, Sha256};
 /// duplicate window or an idem consumer downstream (keyed on
 /// [`Delivery::id`](crate::consume::Delivery::id)) drops the repeat. The
 /// derivation is SHA-256 over the three, each length-prefixed, cut to the
-/// UUID's 122 free bits: two different triples give two different ids.
+/// UUID's 122 free bits: two different triples give the same id with a
+/// chance of about 2^-122, as two random UUIDs do.
 ///
 /// # Examples
 ///

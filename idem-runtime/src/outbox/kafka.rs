@@ -68,7 +68,8 @@ impl KafkaDestination {
 
     /// A producer made from `config` (TLS, SASL, the application's
     /// settings), with `enable.idempotence=true` and `acks=all` set over
-    /// it.
+    /// it, and `message.timeout.ms` 9 s unless it sets one (under the
+    /// relay's default timeout of 10 s: raise both together).
     ///
     /// # Errors
     ///
@@ -85,8 +86,11 @@ impl KafkaDestination {
     /// ```
     pub fn from_config(mut config: ClientConfig) -> Result<KafkaDestination, BoxError> {
         config.set("enable.idempotence", "true").set("acks", "all");
+        // librdkafka gives up on a message before the relay's default
+        // timeout (10 s) does, so a publish the relay counts as failed is
+        // not still being sent.
         if config.get("message.timeout.ms").is_none() {
-            config.set("message.timeout.ms", "30000");
+            config.set("message.timeout.ms", "9000");
         }
         Ok(KafkaDestination {
             producer: config.create()?,
@@ -106,6 +110,11 @@ impl Destination for KafkaDestination {
                 value: Some(message.id.as_str()),
             });
         for (name, value) in &message.headers {
+            // The id is the relay's: a header of that name (refused when
+            // staged) cannot replace it.
+            if name.eq_ignore_ascii_case(KAFKA_ID_HEADER) {
+                continue;
+            }
             headers = headers.insert(Header {
                 key: name.as_str(),
                 value: Some(value.as_str()),

@@ -9,6 +9,15 @@ use super::MessageId;
 
 /// The longest destination a row holds, in bytes (a Kafka topic, an AMQP
 /// routing key and a NATS subject all fit).
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::outbox::{Message, MAX_DESTINATION_LEN};
+/// // a subject as long as a row keeps
+/// let m = Message::new("a".repeat(MAX_DESTINATION_LEN), "{}");
+/// assert_eq!(m.destination().len(), 255);
+/// ```
 pub const MAX_DESTINATION_LEN: usize = 255;
 
 /// A message for a body to stage: where it goes, its payload, and
@@ -115,7 +124,12 @@ impl Message {
     }
 
     /// The message with one more header (as AMQP headers, NATS headers or
-    /// Kafka record headers).
+    /// Kafka record headers). Staging refuses a header every broker would
+    /// not take: a name that is empty, longer than 255 bytes, or holds
+    /// anything but ASCII letters, digits and ``!#$%&'*+-.^_`|~``; a value
+    /// with a control character (a line break); and the names the relays
+    /// write the message id under (`Nats-Msg-Id`, `x-idem-message-id`),
+    /// which a copied header would otherwise replace.
     ///
     /// # Examples
     ///
@@ -173,7 +187,9 @@ impl Message {
         &self.headers
     }
 
-    /// What is wrong with the message for a row, if anything.
+    /// What is wrong with the message for a row, if anything: an empty
+    /// or over-long destination, or a header no broker takes (see
+    /// [`header`](Self::header)).
     pub(crate) fn check(&self) -> Result<(), String> {
         if self.destination.is_empty() {
             return Err("the destination is empty".into());
@@ -184,8 +200,8 @@ impl Message {
                 self.destination.len()
             ));
         }
-        if let Some((name, _)) = self.headers.iter().find(|(n, _)| n.is_empty()) {
-            return Err(format!("a header has an empty name ({name:?})"));
+        for (name, value) in &self.headers {
+            check_header(name, value)?;
         }
         Ok(())
     }
@@ -208,6 +224,34 @@ impl Message {
         (!self.headers.is_empty())
             .then(|| serde_json::to_string(&self.headers).unwrap_or_else(|_| "[]".to_owned()))
     }
+}
+
+/// The header names the relays write the id under, which a message's own
+/// headers may not name.
+const RESERVED_HEADERS: [&str; 2] = ["Nats-Msg-Id", "x-idem-message-id"];
+
+/// Why header `name: value` cannot travel on every broker, if it cannot.
+fn check_header(name: &str, value: &str) -> Result<(), String> {
+    let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    if name.is_empty() || name.len() > 255 || !name.bytes().all(token) {
+        return Err(format!(
+            "the header name {name:?} is not one every broker takes: 1 to 255 ASCII letters, digits or !#$%&'*+-.^_`|~"
+        ));
+    }
+    if RESERVED_HEADERS
+        .iter()
+        .any(|r| r.eq_ignore_ascii_case(name))
+    {
+        return Err(format!(
+            "the header {name:?} is where the relays write the message id: the id is derived, not given"
+        ));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(format!(
+            "the value of header {name:?} holds a control character"
+        ));
+    }
+    Ok(())
 }
 
 /// The stored form of the lane named `name`.

@@ -1,7 +1,9 @@
 //! Publishing staged messages to NATS JetStream (feature `nats`).
 
-use async_nats::HeaderMap;
+use std::str::FromStr as _;
+
 use async_nats::jetstream;
+use async_nats::{HeaderMap, HeaderName, HeaderValue};
 
 use super::{Destination, Outgoing};
 use crate::error::BoxError;
@@ -71,7 +73,11 @@ impl Destination for NatsDestination {
     async fn publish(&self, message: &Outgoing) -> Result<(), BoxError> {
         let mut headers = HeaderMap::new();
         for (name, value) in &message.headers {
-            headers.append(name.as_str(), value.as_str());
+            // Checked when staged; a row written otherwise fails its
+            // publish rather than the relay.
+            let name = HeaderName::from_str(name).map_err(|e| format!("header {name:?}: {e}"))?;
+            let value = HeaderValue::from_str(value).map_err(|e| format!("header {name}: {e}"))?;
+            headers.append(name, value);
         }
         headers.insert("Nats-Msg-Id", message.id.as_str());
         self.js

@@ -103,6 +103,11 @@ impl Destination for RabbitMqDestination {
         let channel = self.channel().await?;
         let mut headers = FieldTable::default();
         for (name, value) in &message.headers {
+            // Checked when staged; a row written otherwise fails its
+            // publish rather than the relay.
+            if name.len() > 255 {
+                return Err(format!("header name {name:?} is longer than AMQP's 255 bytes").into());
+            }
             headers.insert(
                 ShortString::from(name.as_str()),
                 AMQPValue::LongString(LongString::from(value.as_bytes())),

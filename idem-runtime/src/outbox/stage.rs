@@ -82,7 +82,8 @@ pub struct Outbox {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StageError {
-    /// The message cannot be a row: what is wrong with it.
+    /// The message cannot be a row: what is wrong with it (a destination
+    /// empty or too long, a header no broker takes).
     #[error("cannot stage a message of `{producer}` (key {key}): {reason}")]
     Invalid {
         /// The handler or producer.
@@ -92,7 +93,9 @@ pub enum StageError {
         /// What is wrong.
         reason: String,
     },
-    /// The transaction is of another database than the outbox's store.
+    /// The transaction is of another kind of database than the outbox's
+    /// store (a transaction of another database of the same kind is not
+    /// told apart: stage on the store's own pool).
     #[error(
         "cannot stage a message of `{producer}` on a {given} transaction: its outbox is in a {store} database"
     )]
@@ -145,9 +148,9 @@ impl Outbox {
     /// # Errors
     ///
     /// [`StageError::Invalid`] for an empty or over-long destination (see
-    /// [`MAX_DESTINATION_LEN`](super::MAX_DESTINATION_LEN)) or a header
-    /// without a name; [`StageError::OtherDatabase`] for a transaction of
-    /// another database; [`StageError::Store`] when the insert fails (the
+    /// [`MAX_DESTINATION_LEN`](super::MAX_DESTINATION_LEN)) or a header no
+    /// broker takes (see [`Message::header`]); [`StageError::OtherDatabase`]
+    /// for a transaction of another kind of database; [`StageError::Store`] when the insert fails (the
     /// table is missing: `migrate()` creates it).
     ///
     /// # Examples

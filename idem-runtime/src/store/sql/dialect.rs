@@ -171,6 +171,17 @@ pub trait Dialect: Exec {
     /// subquery: `seq IN <this>`.
     const OUTBOX_SEQS: &'static str;
 
+    /// Deletes the rows of the `seq`s bound to `:rows` (`{seqs}` is
+    /// [`OUTBOX_SEQS`](Self::OUTBOX_SEQS)).
+    const OUTBOX_REMOVE: &'static str = "DELETE FROM {t} WHERE seq IN {seqs}";
+
+    /// Whether a relay checks again, in a statement of its own, that the
+    /// rows it locked still head their lanes: where the locking read's
+    /// subquery reads an older snapshot than the rows it locks (InnoDB),
+    /// a row of the lane committed meanwhile would not keep a later one
+    /// back.
+    const OUTBOX_RECHECK: bool = false;
+
     /// What a relay's read of the rows it publishes appends: a lock that
     /// other relays skip (`FOR UPDATE SKIP LOCKED`), where the database
     /// has one; empty elsewhere.

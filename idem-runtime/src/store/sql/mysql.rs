@@ -161,6 +161,10 @@ impl Dialect for MySql {
         "(SELECT j.s FROM JSON_TABLE(:rows, '$[*]' COLUMNS (s BIGINT PATH '$')) AS j)";
     const OUTBOX_LOCK: &'static str = " FOR UPDATE SKIP LOCKED";
     const OUTBOX_HOLDS: bool = true;
+    // A join, which MariaDB runs by the primary key, where `IN (subquery)`
+    // in a single-table `DELETE` may scan the table.
+    const OUTBOX_REMOVE: &'static str = "DELETE o FROM {t} AS o JOIN JSON_TABLE(:rows, '$[*]' COLUMNS (s BIGINT PATH '$')) AS j ON o.seq = j.s";
+    const OUTBOX_RECHECK: bool = true;
     // Without gap locks: a relay's transaction locks only the rows it
     // publishes, so a handler's insert never waits on it.
     const RELAY_BEGIN: Option<&'static str> =

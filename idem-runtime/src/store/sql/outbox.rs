@@ -48,6 +48,9 @@ pub(crate) struct OutboxSql {
     pub(crate) take: Statement,
     /// Deletes the rows of the `seq`s of `:rows`.
     pub(crate) remove: Statement,
+    /// The `seq`s of `:rows` that no longer head their lane
+    /// ([`Dialect::OUTBOX_RECHECK`]).
+    pub(crate) behind: Statement,
     /// Counts a failed publish of row `:seq`, with `:error`.
     pub(crate) failed: Statement,
     /// The number of rows, the oldest row's `staged_at` and the database's
@@ -85,8 +88,10 @@ impl OutboxSql {
                 D::OUTBOX_SEQS,
                 D::OUTBOX_LOCK
             )),
-            remove: render(&format!(
-                "DELETE FROM {{t}} WHERE seq IN {}",
+            remove: render(&D::OUTBOX_REMOVE.replace("{seqs}", D::OUTBOX_SEQS)),
+            behind: render(&format!(
+                "SELECT seq FROM {{t}} AS o WHERE o.seq IN {} AND EXISTS \
+                 (SELECT 1 FROM {{t}} AS e WHERE e.lane = o.lane AND e.seq < o.seq)",
                 D::OUTBOX_SEQS
             )),
             failed: render(
@@ -354,7 +359,22 @@ impl<D: Dialect> OutboxTable<D> {
                 Some(begin) => self.pool.begin_with(begin).await?,
                 None => self.pool.begin().await?,
             };
-            let rows = D::outgoing(&mut *tx, &self.sql.take, &values).await?;
+            let mut rows = D::outgoing(&mut *tx, &self.sql.take, &values).await?;
+            if D::OUTBOX_RECHECK && !rows.is_empty() {
+                // Locked rows that a row committed meanwhile puts behind:
+                // left for a later pass (the commit lets them go).
+                let taken = seq_list(rows.iter().map(|r| r.seq));
+                let values = Values {
+                    rows: &taken,
+                    ..Values::default()
+                };
+                let behind = D::cells(&mut *tx, &self.sql.behind, &values, 0).await?;
+                let behind: Vec<i64> = behind
+                    .iter()
+                    .filter_map(|c| c.numbers.first().copied().flatten())
+                    .collect();
+                rows.retain(|r| !behind.contains(&r.seq));
+            }
             if rows.is_empty() {
                 tx.rollback().await?;
                 return Ok(Taken { tx: None, rows });

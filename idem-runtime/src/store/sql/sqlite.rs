@@ -153,10 +153,13 @@ pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 pub type SqliteStore = SqlStore<Sqlite>;
 
 impl Dialect for Sqlite {
-    const OUTBOX_CREATE: &'static str = "CREATE TABLE IF NOT EXISTS {t} (seq INTEGER PRIMARY KEY, id TEXT NOT NULL, handler TEXT NOT NULL, destination TEXT NOT NULL, msg_key TEXT, lane TEXT NOT NULL, payload BLOB NOT NULL, headers TEXT, staged_at INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, last_error TEXT); CREATE INDEX IF NOT EXISTS {s}{i} ON {b} (lane, seq)";
+    const OUTBOX_CREATE: &'static str = "CREATE TABLE IF NOT EXISTS {t} (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL, handler TEXT NOT NULL, destination TEXT NOT NULL, msg_key TEXT, lane TEXT NOT NULL, payload BLOB NOT NULL, headers TEXT, staged_at INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, last_error TEXT); CREATE INDEX IF NOT EXISTS {s}{i} ON {b} (lane, seq)";
     const OUTBOX_SEQS: &'static str = "(SELECT value FROM json_each(:rows))";
     const OUTBOX_LOCK: &'static str = "";
     const OUTBOX_HOLDS: bool = false;
+    // (`AUTOINCREMENT` above: SQLite would otherwise give a drained table's
+    // next row the `seq` of a row just deleted, and a relay that read the
+    // old row would then delete or count the new one.)
     const OFFSETS_CREATE: &'static str = "CREATE TABLE IF NOT EXISTS {t} (consumer_group TEXT NOT NULL, topic TEXT NOT NULL, partition_id INTEGER NOT NULL, next_offset INTEGER NOT NULL, PRIMARY KEY (consumer_group, topic, partition_id))";
     const OFFSETS_LOAD: &'static str =
         "SELECT topic, partition_id, next_offset FROM {t} WHERE consumer_group = :consumer";

@@ -57,7 +57,12 @@ pub(crate) async fn staged_messages_arrive_once_under_their_ids<B: Broker>(b: &B
 
     let to = b.destination().await;
     let relay = Relay::new(store.outbox_table(), b.destination().await);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while store.outbox_table().backlog().await.expect("backlog").rows > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the relay did not publish every row in 30 s"
+        );
         let pass = relay.pass().await.expect("a pass");
         assert_eq!(pass.failed, 0, "{pass:?}");
     }
