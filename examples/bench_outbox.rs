@@ -225,62 +225,18 @@ async fn main() -> Result<(), BoxError> {
     let mut db_rates = Vec::new();
     for round in 0..rounds {
         let watch = Watch::start()?;
-        // Each round from a vacuumed table: the deletes of the rounds
-        // before would otherwise slow the relays' scans more each round.
-        sqlx::query("VACUUM bench_outbox_keys_outbox")
-            .execute(&pool)
-            .await?;
-        stage_rows(&store, &subject, rows, round).await?;
-        let counted = Counted {
-            to: NatsDestination::from_client(client.clone()),
-            sent: Arc::default(),
-            all: Arc::default(),
+        let relay_rate = relayed(
+            &pool,
+            &store,
+            &subject,
             rows,
-        };
-        let all = Arc::clone(&counted.all);
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let began = Instant::now();
-        let relay = tokio::spawn(
-            Relay::new(store.outbox_table(), counted)
-                .with_batch(16)
-                .with_passes(4)
-                .run(async {
-                    let _ = stopped.await;
-                }),
-        );
-        tokio::time::timeout(Duration::from_secs(120), all.notified()).await?;
-        let relay_rate = rows as f64 / began.elapsed().as_secs_f64();
-        let _ = stop.send(());
-        relay.await?;
-        if store.outbox_table().backlog().await?.rows != 0 {
-            return Err("the relay left rows behind".into());
-        }
+            round,
+            Some(NatsDestination::from_client(client.clone())),
+        )
+        .await?;
         // The same relay to a destination that takes each message at once:
         // what the database's side of relaying allows.
-        sqlx::query("VACUUM bench_outbox_keys_outbox")
-            .execute(&pool)
-            .await?;
-        stage_rows(&store, &subject, rows, round).await?;
-        let nowhere = Nowhere {
-            sent: Arc::default(),
-            all: Arc::default(),
-            rows,
-        };
-        let all = Arc::clone(&nowhere.all);
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let began = Instant::now();
-        let relay = tokio::spawn(
-            Relay::new(store.outbox_table(), nowhere)
-                .with_batch(16)
-                .with_passes(4)
-                .run(async {
-                    let _ = stopped.await;
-                }),
-        );
-        tokio::time::timeout(Duration::from_secs(120), all.notified()).await?;
-        let db_rate = rows as f64 / began.elapsed().as_secs_f64();
-        let _ = stop.send(());
-        relay.await?;
+        let db_rate = relayed(&pool, &store, &subject, rows, round, None).await?;
         db_rates.push(db_rate);
         let began = Instant::now();
         for chunk in 0..rows.div_ceil(64) {
@@ -399,9 +355,9 @@ async fn main() -> Result<(), BoxError> {
 }
 
 /// A destination that counts what it published, and says when `rows`
-/// were.
+/// were: to NATS, or (`to: None`) nowhere, taking each message at once.
 struct Counted {
-    to: NatsDestination,
+    to: Option<NatsDestination>,
     sent: Arc<std::sync::atomic::AtomicUsize>,
     all: Arc<tokio::sync::Notify>,
     rows: usize,
@@ -413,7 +369,9 @@ impl Destination for Counted {
     }
 
     async fn publish(&self, message: &Outgoing) -> Result<(), BoxError> {
-        self.to.publish(message).await?;
+        if let Some(to) = &self.to {
+            to.publish(message).await?;
+        }
         if self.sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == self.rows {
             self.all.notify_one();
         }
@@ -421,25 +379,46 @@ impl Destination for Counted {
     }
 }
 
-/// A destination that takes every message at once, and says when `rows`
-/// were taken: the relay's database side alone.
-struct Nowhere {
-    sent: Arc<std::sync::atomic::AtomicUsize>,
-    all: Arc<tokio::sync::Notify>,
+/// Stages `rows` rows in a vacuumed outbox table (the deletes of the rounds
+/// before would otherwise slow the relays' scans more each round), and
+/// relays them to `to` (nowhere: `None`) with 4 passes of 16: the rate.
+async fn relayed(
+    pool: &sqlx::PgPool,
+    store: &PgStore,
+    subject: &str,
     rows: usize,
-}
-
-impl Destination for Nowhere {
-    fn kind(&self) -> &'static str {
-        "nowhere"
+    round: usize,
+    to: Option<NatsDestination>,
+) -> Result<f64, BoxError> {
+    sqlx::query("VACUUM bench_outbox_keys_outbox")
+        .execute(pool)
+        .await?;
+    stage_rows(store, subject, rows, round).await?;
+    let counted = Counted {
+        to,
+        sent: Arc::default(),
+        all: Arc::default(),
+        rows,
+    };
+    let all = Arc::clone(&counted.all);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let began = Instant::now();
+    let relay = tokio::spawn(
+        Relay::new(store.outbox_table(), counted)
+            .with_batch(16)
+            .with_passes(4)
+            .run(async {
+                let _ = stopped.await;
+            }),
+    );
+    tokio::time::timeout(Duration::from_secs(120), all.notified()).await?;
+    let rate = rows as f64 / began.elapsed().as_secs_f64();
+    let _ = stop.send(());
+    relay.await?;
+    if store.outbox_table().backlog().await?.rows != 0 {
+        return Err("the relay left rows behind".into());
     }
-
-    async fn publish(&self, _: &Outgoing) -> Result<(), BoxError> {
-        if self.sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == self.rows {
-            self.all.notify_one();
-        }
-        Ok(())
-    }
+    Ok(rate)
 }
 
 /// A stop signal: the sender, and the future the relay runs until.
