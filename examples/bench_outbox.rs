@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
 use idem_examples::cpu::{Rounds, Watch};
-use idem_examples::{env, messages_per_second};
+use idem_examples::{env, median, messages_per_second};
 use idem_runtime::outbox::{Destination, Message, NatsDestination, Outbox, Outgoing, Relay};
 use idem_runtime::{BoxError, PgStore, PgTx, idempotent};
 use serde::Deserialize;
@@ -87,12 +87,6 @@ async fn stages_one(tx: &mut PgTx<'_>, msg: &Deduct, outbox: &mut Outbox) -> Res
         )
         .await?;
     Ok(msg.sku)
-}
-
-/// The median of `samples`.
-fn median(mut samples: Vec<f64>) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
 }
 
 /// The `q`-quantile of sorted `samples`.

@@ -39,7 +39,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem_examples::cpu::{Cpu, STEAL_MARK, load_average};
-use idem_examples::env;
+use idem_examples::{env, median};
 use idem_runtime::store::sql::Partitions;
 use idem_runtime::{PgStore, idempotent};
 use sqlx::postgres::PgPoolOptions;
@@ -114,11 +114,6 @@ fn quantile_ms(samples: &mut [f64], q: f64) -> f64 {
     samples.sort_by(f64::total_cmp);
     let at = ((samples.len() - 1) as f64 * q).round() as usize;
     samples[at] * 1e3
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// Whether `table` is one of the partitioned tables.

@@ -119,7 +119,7 @@ async fn on_table<D: Dialect>(
     outbox: &OutboxTable<D>,
     json: bool,
 ) -> Result<String, Failure> {
-    let failed = |e: idem_runtime::StoreError| Failure::Store(format!("{}: {e}", outbox.name()));
+    let failed = store_failed(outbox);
     let now = SystemClock.now_millis();
     match &args.action {
         Action::Stats => {
@@ -228,16 +228,20 @@ async fn on_table<D: Dialect>(
     }
 }
 
+/// What a store error of `outbox`'s reads as: the table, then the error.
+fn store_failed<D: Dialect>(
+    outbox: &OutboxTable<D>,
+) -> impl Fn(idem_runtime::StoreError) -> Failure + Copy + '_ {
+    |e| Failure::Store(format!("{}: {e}", outbox.name()))
+}
+
 /// Publishes every row, as a relay's passes do, until none is left or a
 /// publish fails.
 async fn send_all<D: Dialect>(outbox: &OutboxTable<D>, to: Any) -> Result<String, Failure> {
     let relay = Relay::new(outbox.clone(), to);
     let mut sent = 0;
     loop {
-        let pass = relay
-            .pass()
-            .await
-            .map_err(|e| Failure::Store(format!("{}: {e}", outbox.name())))?;
+        let pass = relay.pass().await.map_err(store_failed(outbox))?;
         sent += pass.published;
         if pass.failed > 0 {
             return Err(Failure::Store(format!(
@@ -262,10 +266,7 @@ async fn send_ids<D: Dialect>(
     let mut sent = 0;
     for id in ids {
         let id = MessageId::from_stored(id);
-        let rows = outbox
-            .find(&id)
-            .await
-            .map_err(|e| Failure::Store(format!("{}: {e}", outbox.name())))?;
+        let rows = outbox.find(&id).await.map_err(store_failed(outbox))?;
         if rows.is_empty() {
             return Err(Failure::NotFound(format!(
                 "no message {id} waits in {} ({sent} sent)",
@@ -277,10 +278,7 @@ async fn send_ids<D: Dialect>(
                 .await
                 .map_err(|e| Failure::Store(format!("{sent} sent; {id} was not: {e}")))?;
         }
-        outbox
-            .delete(&id)
-            .await
-            .map_err(|e| Failure::Store(format!("{}: {e}", outbox.name())))?;
+        outbox.delete(&id).await.map_err(store_failed(outbox))?;
         sent += rows.len();
     }
     Ok(format!("{sent} sent\n"))

@@ -308,20 +308,20 @@ impl<D: Dialect, T: Destination> Relay<D, T> {
         if taken.rows.is_empty() {
             return Ok(Pass::default());
         }
-        let due: Vec<&Outgoing> = taken.rows.iter().collect();
-        let results = futures_util::future::join_all(due.iter().map(|row| self.publish(row))).await;
+        let results =
+            futures_util::future::join_all(taken.rows.iter().map(|row| self.publish(row))).await;
         let mut sent = Vec::with_capacity(results.len());
         let mut failed = Vec::new();
         {
             let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-            for (row, result) in due.iter().zip(results) {
+            for (row, result) in taken.rows.iter().zip(results) {
                 match result {
                     Ok(()) => {
                         held.remove(&row.seq);
                         sent.push(row.seq);
                     }
                     Err(e) => {
-                        let wait = row_backoff(row.attempts.saturating_add(1));
+                        let wait = backoff(row.attempts.saturating_add(1));
                         held.insert(row.seq, Instant::now() + wait);
                         failed.push((row.seq, e));
                     }
@@ -425,7 +425,8 @@ impl<D: Dialect, T: Destination> Relay<D, T> {
     /// One loop of passes, until `stop` turns true (a pass under way ends
     /// first); the first loop also reads the backlog for the gauges.
     async fn passes_loop(&self, gauges: bool, mut stop: tokio::sync::watch::Receiver<bool>) {
-        let mut backoff = Duration::ZERO;
+        // Passes failed on the database in a row.
+        let mut failures: u32 = 0;
         let mut backlog_read: Option<Instant> = None;
         loop {
             if *stop.borrow() {
@@ -436,19 +437,20 @@ impl<D: Dialect, T: Destination> Relay<D, T> {
             woken.as_mut().enable();
             let wait = match self.pass().await {
                 Ok(pass) if pass.published > 0 => {
-                    backoff = Duration::ZERO;
+                    failures = 0;
                     Duration::ZERO
                 }
                 Ok(_) => {
                     // Nothing went out: wait for a commit, the poll, or the
                     // next failed row's attempt, whichever comes first.
-                    backoff = Duration::ZERO;
+                    failures = 0;
                     self.poll.min(self.next_attempt())
                 }
                 Err(e) => {
-                    backoff = next_backoff(backoff);
-                    tracing::warn!(table = self.table.name(), error = %e, "outbox relay pass failed; trying again in {backoff:?}");
-                    backoff
+                    failures = failures.saturating_add(1);
+                    let wait = backoff(failures);
+                    tracing::warn!(table = self.table.name(), error = %e, "outbox relay pass failed; trying again in {wait:?}");
+                    wait
                 }
             };
             if gauges && backlog_read.is_none_or(|at| at.elapsed() >= BACKLOG_EVERY) {
@@ -457,7 +459,7 @@ impl<D: Dialect, T: Destination> Relay<D, T> {
                     metrics::backlog(self.table.name(), rows, oldest_age);
                 }
             }
-            let failing = !backoff.is_zero();
+            let failing = failures > 0;
             tokio::select! {
                 biased;
                 _ = stop.wait_for(|stopped| *stopped) => return,
@@ -484,18 +486,9 @@ impl<D: Dialect, T: Destination> Relay<D, T> {
     }
 }
 
-/// The wait before a row's next attempt after its `failures`-th failure:
-/// 100 ms, doubling, at most 30 s.
-fn row_backoff(failures: u32) -> Duration {
+/// The wait after the `failures`-th failure in a row (of a row's
+/// publishes, or of the relay's passes): 100 ms, doubling, at most 30 s.
+fn backoff(failures: u32) -> Duration {
     let doublings = failures.saturating_sub(1).min(16);
     (FIRST_BACKOFF * 2u32.pow(doublings)).min(MAX_BACKOFF)
-}
-
-/// The back-off after `last`.
-fn next_backoff(last: Duration) -> Duration {
-    if last.is_zero() {
-        FIRST_BACKOFF
-    } else {
-        (last * 2).min(MAX_BACKOFF)
-    }
 }

@@ -396,41 +396,43 @@ impl<D: Dialect> OutboxTable<D> {
         sent: &[i64],
         failed: &[(i64, String)],
     ) -> Result<(), sqlx::Error> {
-        let seqs = seq_list(sent.iter().copied());
-        let remove = Values {
-            rows: &seqs,
-            ..Values::default()
-        };
         match taken.tx {
             Some(mut tx) => {
-                if !sent.is_empty() {
-                    D::run(&mut *tx, &self.sql.remove, &remove).await?;
-                }
-                for (seq, error) in failed {
-                    let values = Values {
-                        seq: *seq,
-                        error: Some(error),
-                        ..Values::default()
-                    };
-                    D::run(&mut *tx, &self.sql.failed, &values).await?;
-                }
+                self.write_settled(&mut tx, sent, failed).await?;
                 tx.commit().await
             }
             None => {
                 let mut conn = self.pool.acquire().await?;
-                if !sent.is_empty() {
-                    D::run(&mut *conn, &self.sql.remove, &remove).await?;
-                }
-                for (seq, error) in failed {
-                    let values = Values {
-                        seq: *seq,
-                        error: Some(error),
-                        ..Values::default()
-                    };
-                    D::run(&mut *conn, &self.sql.failed, &values).await?;
-                }
-                Ok(())
+                self.write_settled(&mut conn, sent, failed).await
             }
         }
+    }
+
+    /// Deletes the rows `sent` and counts a failed publish of each of
+    /// `failed`, on `conn` (the pass's transaction, or a connection of
+    /// its own).
+    async fn write_settled(
+        &self,
+        conn: &mut D::Connection,
+        sent: &[i64],
+        failed: &[(i64, String)],
+    ) -> Result<(), sqlx::Error> {
+        if !sent.is_empty() {
+            let seqs = seq_list(sent.iter().copied());
+            let remove = Values {
+                rows: &seqs,
+                ..Values::default()
+            };
+            D::run(conn, &self.sql.remove, &remove).await?;
+        }
+        for (seq, error) in failed {
+            let values = Values {
+                seq: *seq,
+                error: Some(error),
+                ..Values::default()
+            };
+            D::run(conn, &self.sql.failed, &values).await?;
+        }
+        Ok(())
     }
 }
