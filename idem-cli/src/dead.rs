@@ -247,6 +247,7 @@ pub(crate) async fn run(
     args: &DeadArgs,
     _json: bool,
     _timeout: Duration,
+    _tls: Option<&idem_runtime::tls::Tls>,
 ) -> Result<String, Failure> {
     let (Action::List { at, .. }
     | Action::Show { at, .. }
@@ -263,9 +264,12 @@ mod brokers {
     use idem_runtime::consume::dead::{DeadLetter, DeadLetterError, Purged, Replayed, Selection};
     use serde::Serialize;
 
+    use idem_runtime::tls::Tls;
+
     use super::{Action, DeadArgs, FilterArgs, Target};
     use crate::Failure;
     use crate::render::{cut, relative, table, when};
+    use crate::tls::explained;
 
     impl FilterArgs {
         fn filter(&self, all: bool, limit: Option<usize>) -> Selection {
@@ -309,26 +313,35 @@ mod brokers {
             format!("{kind} `{}` ({broker})", self.name())
         }
 
-        async fn open(&self, timeout: Duration) -> Result<Opened, Failure> {
+        async fn open(&self, timeout: Duration, tls: Option<&Tls>) -> Result<Opened, Failure> {
             let connect = async {
                 match self {
                     #[cfg(feature = "rabbitmq")]
                     Target::RabbitMq { url, name } => {
-                        idem_runtime::consume::rabbitmq::dead::DeadLetters::connect(url, name)
-                            .await
-                            .map(|d| Opened::RabbitMq(Box::new(d)))
+                        use idem_runtime::consume::rabbitmq::dead::DeadLetters;
+                        match tls {
+                            Some(tls) => DeadLetters::connect_tls(url, name, tls).await,
+                            None => DeadLetters::connect(url, name).await,
+                        }
+                        .map(|d| Opened::RabbitMq(Box::new(d)))
                     }
                     #[cfg(feature = "nats")]
                     Target::Nats { url, name } => {
-                        idem_runtime::consume::nats::dead::DeadLetters::connect(url, name)
-                            .await
-                            .map(|d| Opened::Nats(Box::new(d)))
+                        use idem_runtime::consume::nats::dead::DeadLetters;
+                        match tls {
+                            Some(tls) => DeadLetters::connect_tls(url, name, tls).await,
+                            None => DeadLetters::connect(url, name).await,
+                        }
+                        .map(|d| Opened::Nats(Box::new(d)))
                     }
                     #[cfg(feature = "kafka")]
                     Target::Kafka { brokers, name } => {
-                        idem_runtime::consume::kafka::dead::DeadLetters::connect(brokers, name)
-                            .await
-                            .map(|d| Opened::Kafka(Box::new(d)))
+                        use idem_runtime::consume::kafka::dead::DeadLetters;
+                        match tls {
+                            Some(tls) => DeadLetters::connect_tls(brokers, name, tls).await,
+                            None => DeadLetters::connect(brokers, name).await,
+                        }
+                        .map(|d| Opened::Kafka(Box::new(d)))
                     }
                     #[allow(unreachable_patterns)]
                     other => Err(without(other)),
@@ -423,7 +436,7 @@ mod brokers {
                 Failure::Usage(e.to_string())
             }
             e @ DeadLetterError::Unsupported { .. } => Failure::Refused(e.to_string()),
-            e => Failure::Store(e.to_string()),
+            e => Failure::Store(explained(&e)),
         }
     }
 
@@ -432,6 +445,7 @@ mod brokers {
         args: &DeadArgs,
         json: bool,
         timeout: Duration,
+        tls: Option<&Tls>,
     ) -> Result<String, Failure> {
         let now = idem_runtime::clock::Clock::now_millis(&idem_runtime::clock::SystemClock);
         let (at, action) = match &args.action {
@@ -464,7 +478,7 @@ mod brokers {
             }
             _ => None,
         };
-        let opened = target.open(timeout).await?;
+        let opened = target.open(timeout, tls).await?;
         let done = match action {
             Action::List { filter, limit, .. } => {
                 let filter = filter.filter(false, Some(*limit));

@@ -91,6 +91,7 @@ mod dead;
 mod open;
 mod outbox;
 mod render;
+mod tls;
 
 use std::io::Write as _;
 use std::process::ExitCode;
@@ -138,6 +139,9 @@ pub(crate) struct Cli {
     /// How long to wait for the store to answer a connection, in seconds
     #[arg(long, global = true, value_name = "SECS", default_value_t = 10)]
     timeout: u64,
+
+    #[command(flatten)]
+    tls: tls::TlsArgs,
 
     #[command(subcommand)]
     command: Top,
@@ -316,9 +320,10 @@ fn fail(failure: &Failure) -> ExitCode {
 /// Opens the store and runs the command; the text to print.
 async fn run(cli: &Cli) -> Result<String, Failure> {
     let timeout = Duration::from_secs(cli.timeout.max(1));
+    let tls = cli.tls.tls()?;
     // The records' command, or (`None`) the outbox's.
     let (command, outbox) = match &cli.command {
-        Top::Dead(args) => return dead::run(args, cli.json, timeout).await,
+        Top::Dead(args) => return dead::run(args, cli.json, timeout, tls.as_ref()).await,
         Top::Records(command) => (Some(command), None),
         Top::Outbox(args) => (None, Some(args)),
     };
@@ -340,9 +345,9 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
         cli.prefix.as_deref(),
         cli.cluster,
     )?;
-    let store = target.open(timeout).await?;
+    let store = target.open(timeout, tls.as_ref()).await?;
     if let Some(args) = outbox {
-        return outbox::run(args, &store, cli.json).await;
+        return outbox::run(args, &store, cli.json, tls.as_ref()).await;
     }
     let Some(command) = command else {
         return Err(Failure::Usage("no command".into()));

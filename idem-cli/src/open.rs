@@ -5,6 +5,7 @@
 use std::str::FromStr as _;
 use std::time::Duration;
 
+use idem_runtime::tls::Tls;
 use idem_runtime::{MySqlStore, PgStore, RedisStore, SqliteStore, StoreError};
 use redis::IntoConnectionInfo as _;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
@@ -12,6 +13,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::SqliteConnectOptions;
 
 use crate::Failure;
+use crate::tls::explained;
 
 /// The URL forms, for messages.
 const FORMS: &str =
@@ -115,11 +117,6 @@ impl Target {
                 };
                 for node in &nodes {
                     if let Err(e) = node.as_str().into_connection_info() {
-                        if node.to_ascii_lowercase().starts_with("rediss:") {
-                            return Err(Failure::Usage(format!(
-                                "`{shown}`: this idem is built without TLS, so it cannot reach Redis over rediss:// ({e})"
-                            )));
-                        }
                         return Err(bad("Redis", &e));
                     }
                 }
@@ -186,9 +183,20 @@ impl Target {
         }
     }
 
-    /// Connects, waiting at most `timeout` for the store to answer.
-    pub(crate) async fn open(&self, timeout: Duration) -> Result<Store, Failure> {
+    /// Connects, waiting at most `timeout` for the store to answer; over
+    /// TLS with `tls` when given (a URL can ask for TLS by itself:
+    /// `sslmode=`, `ssl-mode=`, `rediss://`).
+    pub(crate) async fn open(
+        &self,
+        timeout: Duration,
+        tls: Option<&Tls>,
+    ) -> Result<Store, Failure> {
         let shown = &self.shown;
+        if tls.is_some() && matches!(self.options, Options::Sqlite(_)) {
+            return Err(Failure::Usage(
+                "the --tls-* flags are for a store across the network: SQLite is a file".into(),
+            ));
+        }
         if let Options::Sqlite(options) = &self.options {
             let path = options.get_filename();
             if !path.is_file() {
@@ -214,8 +222,13 @@ impl Target {
                     let pool = PgPoolOptions::new()
                         .max_connections(2)
                         .acquire_timeout(timeout);
+                    let options = (**options).clone();
+                    let options = match tls {
+                        Some(tls) => tls.postgres(options),
+                        None => options,
+                    };
                     Store::Postgres(
-                        PgStore::connect_with((**options).clone(), pool)
+                        PgStore::connect_with(options, pool)
                             .await?
                             .with_table(&self.table)?,
                     )
@@ -224,17 +237,23 @@ impl Target {
                     let pool = MySqlPoolOptions::new()
                         .max_connections(2)
                         .acquire_timeout(timeout);
+                    let options = (**options).clone();
+                    let options = match tls {
+                        Some(tls) => tls.mysql(options),
+                        None => options,
+                    };
                     Store::MySql(
-                        MySqlStore::connect_with((**options).clone(), pool)
+                        MySqlStore::connect_with(options, pool)
                             .await?
                             .with_table(&self.table)?,
                     )
                 }
                 Options::Redis { nodes, cluster } => {
-                    let store = if *cluster {
-                        RedisStore::connect_cluster(nodes).await?
-                    } else {
-                        RedisStore::connect(&nodes[0]).await?
+                    let store = match (tls, *cluster) {
+                        (None, true) => RedisStore::connect_cluster(nodes).await?,
+                        (None, false) => RedisStore::connect(&nodes[0]).await?,
+                        (Some(tls), true) => RedisStore::connect_cluster_tls(nodes, tls).await?,
+                        (Some(tls), false) => RedisStore::connect_tls(&nodes[0], tls).await?,
                     };
                     Store::Redis(store.with_prefix(&self.prefix)?)
                 }
@@ -243,7 +262,8 @@ impl Target {
         match tokio::time::timeout(timeout, opened).await {
             Ok(Ok(store)) => Ok(store),
             Ok(Err(e)) => Err(Failure::Store(format!(
-                "cannot reach the store at `{shown}`: {e}"
+                "cannot reach the store at `{shown}`: {}",
+                explained(&e)
             ))),
             Err(_) => Err(Failure::Store(format!(
                 "the store at `{shown}` did not answer within {}s",

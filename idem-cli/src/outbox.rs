@@ -9,11 +9,13 @@ use idem_runtime::BoxError;
 use idem_runtime::clock::{Clock as _, SystemClock};
 use idem_runtime::outbox::{Destination, MessageId, Outgoing, Relay};
 use idem_runtime::store::sql::{Dialect, OutboxTable};
+use idem_runtime::tls::Tls;
 use serde::Serialize;
 
 use crate::Failure;
 use crate::open::Store;
 use crate::render::{cut, relative, table, utc};
+use crate::tls::explained;
 
 /// `idem outbox`'s arguments.
 #[derive(Debug, Args)]
@@ -103,11 +105,16 @@ pub(crate) struct To {
 }
 
 /// Runs `args` on the outbox table of `store` (a SQL store's).
-pub(crate) async fn run(args: &OutboxArgs, store: &Store, json: bool) -> Result<String, Failure> {
+pub(crate) async fn run(
+    args: &OutboxArgs,
+    store: &Store,
+    json: bool,
+    tls: Option<&Tls>,
+) -> Result<String, Failure> {
     match store {
-        Store::Sqlite(s) => on_table(args, &s.outbox_table(), json).await,
-        Store::Postgres(s) => on_table(args, &s.outbox_table(), json).await,
-        Store::MySql(s) => on_table(args, &s.outbox_table(), json).await,
+        Store::Sqlite(s) => on_table(args, &s.outbox_table(), json, tls).await,
+        Store::Postgres(s) => on_table(args, &s.outbox_table(), json, tls).await,
+        Store::MySql(s) => on_table(args, &s.outbox_table(), json, tls).await,
         Store::Redis(_) => Err(Failure::Usage(
             "a Redis store has no outbox: messages are staged in a SQL store's transaction (sqlite:, postgres://, mysql://)".into(),
         )),
@@ -118,6 +125,7 @@ async fn on_table<D: Dialect>(
     args: &OutboxArgs,
     outbox: &OutboxTable<D>,
     json: bool,
+    tls: Option<&Tls>,
 ) -> Result<String, Failure> {
     let failed = store_failed(outbox);
     let now = SystemClock.now_millis();
@@ -219,7 +227,7 @@ async fn on_table<D: Dialect>(
             Ok(format!("{deleted} deleted\n"))
         }
         Action::Send { ids, all, to } => {
-            let to = to.destination().await?;
+            let to = to.destination(tls).await?;
             if *all {
                 return send_all(outbox, to).await;
             }
@@ -401,7 +409,7 @@ enum Any {
 
 impl To {
     /// Connects to the broker named, or names the feature this build lacks.
-    async fn destination(&self) -> Result<Any, Failure> {
+    async fn destination(&self, tls: Option<&Tls>) -> Result<Any, Failure> {
         let (feature, given) = match (&self.rabbitmq, &self.nats, &self.kafka) {
             (Some(url), _, _) => ("rabbitmq", url),
             (_, Some(url), _) => ("nats", url),
@@ -412,29 +420,43 @@ impl To {
                 ));
             }
         };
-        let unreachable = |e: BoxError| Failure::Store(format!("cannot reach {feature}: {e}"));
-        let _ = &unreachable;
+        let unreachable =
+            |e: BoxError| Failure::Store(format!("cannot reach {feature}: {}", explained(&*e)));
+        let _ = (&unreachable, tls);
         match feature {
             #[cfg(feature = "rabbitmq")]
             "rabbitmq" => {
-                let to = idem_runtime::outbox::RabbitMqDestination::connect(given)
-                    .await
-                    .map_err(unreachable)?;
+                use idem_runtime::outbox::RabbitMqDestination;
+                let to = match tls {
+                    Some(tls) => RabbitMqDestination::connect_tls(given, tls).await,
+                    None => RabbitMqDestination::connect(given).await,
+                }
+                .map_err(unreachable)?;
                 Ok(Any::RabbitMq(Box::new(match &self.exchange {
                     Some(exchange) => to.exchange(exchange),
                     None => to,
                 })))
             }
             #[cfg(feature = "nats")]
-            "nats" => Ok(Any::Nats(Box::new(
-                idem_runtime::outbox::NatsDestination::connect(given)
-                    .await
-                    .map_err(unreachable)?,
-            ))),
+            "nats" => {
+                use idem_runtime::outbox::NatsDestination;
+                let to = match tls {
+                    Some(tls) => NatsDestination::connect_tls(given, tls).await,
+                    None => NatsDestination::connect(given).await,
+                }
+                .map_err(unreachable)?;
+                Ok(Any::Nats(Box::new(to)))
+            }
             #[cfg(feature = "kafka")]
-            "kafka" => Ok(Any::Kafka(Box::new(
-                idem_runtime::outbox::KafkaDestination::connect(given).map_err(unreachable)?,
-            ))),
+            "kafka" => {
+                use idem_runtime::outbox::KafkaDestination;
+                let to = match tls {
+                    Some(tls) => KafkaDestination::connect_tls(given, tls),
+                    None => KafkaDestination::connect(given),
+                }
+                .map_err(unreachable)?;
+                Ok(Any::Kafka(Box::new(to)))
+            }
             _ => {
                 let _ = given;
                 Err(Failure::Usage(format!(

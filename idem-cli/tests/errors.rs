@@ -30,7 +30,6 @@ fn bad_urls_are_usage_errors() {
         ("mysql://root@db.internal:port/test", "bad MySQL URL"),
         ("redis://[::1", "bad Redis URL"),
         ("sqlite::memory:", "in-memory SQLite database"),
-        ("rediss://127.0.0.1:6380", "without TLS"),
     ] {
         let line = idem(&["--store", url, "stats"]).fails(2);
         assert!(line.contains(says), "{url}: {line}");

@@ -475,6 +475,13 @@ pub enum StoreError {
         what: &'static str,
     },
 
+    /// TLS settings that cannot be used: a file that cannot be read, PEM
+    /// without a certificate, a `redis://` URL given TLS settings.
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    #[error("TLS: {0}")]
+    Tls(#[source] Box<crate::tls::TlsError>),
+
     /// Two handlers in this binary share a registered name, so their keys
     /// would collide: returned when a store is built; calls report it as
     /// [`Error::Config`].
@@ -553,6 +560,13 @@ impl std::fmt::Display for Contention {
             Contention::Serialization => "serialization failure",
             Contention::Busy => "busy database",
         })
+    }
+}
+
+#[cfg(feature = "tls")]
+impl From<crate::tls::TlsError> for StoreError {
+    fn from(e: crate::tls::TlsError) -> Self {
+        StoreError::Tls(Box::new(e))
     }
 }
 

@@ -67,6 +67,8 @@
 #![warn(missing_docs, unreachable_pub, clippy::unwrap_used)]
 
 mod call;
+#[cfg(any(feature = "rabbitmq", feature = "nats"))]
+mod client_tls;
 pub mod clock;
 mod codec;
 #[cfg(feature = "_consume")]
@@ -95,6 +97,9 @@ pub mod registry;
 mod retry_after;
 pub mod store;
 mod telemetry;
+#[cfg(feature = "tls")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+pub mod tls;
 
 pub use error::{BoxError, Contention, Error, StoreError};
 pub use final_error::FinalError;

@@ -22,6 +22,7 @@ pub mod http;
 pub mod links;
 pub mod processes;
 pub mod services;
+pub mod tls;
 
 /// The README's Rust samples, compiled (and run, unless `no_run`) as this
 /// crate's doctests, whose dependency on `idem-runtime` has every feature.

@@ -24,10 +24,10 @@ pub fn free_port() -> std::io::Result<u16> {
 
 /// A directory of its own under the system temp dir, removed when dropped.
 #[derive(Debug)]
-struct ScratchDir(std::path::PathBuf);
+pub(crate) struct ScratchDir(pub(crate) std::path::PathBuf);
 
 impl ScratchDir {
-    fn new(what: &str) -> std::io::Result<Self> {
+    pub(crate) fn new(what: &str) -> std::io::Result<Self> {
         let salt = uuid::Uuid::new_v4().simple().to_string();
         let path = std::env::temp_dir().join(format!("idem-{what}-{}-{salt}", std::process::id()));
         std::fs::create_dir_all(&path)?;

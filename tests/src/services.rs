@@ -62,10 +62,15 @@ macro_rules! or_skip {
     };
 }
 
-/// The PostgreSQL URL: `DATABASE_URL`, or the loopback default.
+/// The PostgreSQL URL: `DATABASE_URL`, or the loopback default, in plain
+/// text (`sslmode=disable`): the workspace's tests are built with TLS (the
+/// CLI's `tls` feature), with which sqlx's default `prefer` would encrypt
+/// to a server that has `ssl = on`, and the tests that cut or drop bytes
+/// between client and server read the protocol. TLS has tests of its own,
+/// on servers of their own (`tests/tests/tls.rs`).
 pub fn pg_url() -> String {
     std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test?sslmode=disable".to_owned())
 }
 
 /// A PostgreSQL pool, or `None` (after [`unavailable`]) when the server

@@ -66,6 +66,35 @@ impl KafkaDestination {
         KafkaDestination::from_config(config)
     }
 
+    /// A producer for the cluster at `brokers` over TLS verified with
+    /// `tls` (its [`kafka_settings`](crate::tls::Tls::kafka_settings)).
+    ///
+    /// # Errors
+    ///
+    /// librdkafka's, for a configuration it refuses.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    /// use idem_runtime::{outbox::KafkaDestination, tls::Tls};
+    ///
+    /// let tls = Tls::new().ca_file("/etc/ssl/kafka-ca.pem")?;
+    /// let to = KafkaDestination::connect_tls("broker-1:9093", &tls)?;
+    /// # let _ = to; Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn connect_tls(brokers: &str, tls: &crate::tls::Tls) -> Result<KafkaDestination, BoxError> {
+        tls.warn_if_unverified("Kafka");
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", brokers);
+        for (k, v) in tls.kafka_settings() {
+            config.set(k, v);
+        }
+        KafkaDestination::from_config(config)
+    }
+
     /// A producer made from `config` (TLS, SASL, the application's
     /// settings), with `enable.idempotence=true` and `acks=all` set over
     /// it, and `message.timeout.ms` 9 s unless it sets one (under the

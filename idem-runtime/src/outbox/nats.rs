@@ -6,6 +6,7 @@ use async_nats::jetstream;
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 
 use super::{Destination, Outgoing};
+use crate::client_tls::{self, ClientTls};
 use crate::error::BoxError;
 
 /// Publishes to NATS JetStream: the message's destination is the subject
@@ -43,7 +44,36 @@ impl NatsDestination {
     /// See [`NatsDestination`].
     pub async fn connect(url: &str) -> Result<NatsDestination, BoxError> {
         Ok(NatsDestination::from_client(
-            async_nats::connect(url).await?,
+            client_tls::nats(url, &ClientTls::default()).await?,
+        ))
+    }
+
+    /// Connects to the server at `url` with TLS required, verified with
+    /// `tls`.
+    ///
+    /// # Errors
+    ///
+    /// async-nats's, when the server cannot be reached or its certificate
+    /// does not verify.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    /// use idem_runtime::{outbox::NatsDestination, tls::Tls};
+    ///
+    /// let tls = Tls::new().ca_file("/etc/ssl/nats-ca.pem")?;
+    /// let to = NatsDestination::connect_tls("tls://nats.internal:4222", &tls).await?;
+    /// # let _ = to; Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub async fn connect_tls(
+        url: &str,
+        tls: &crate::tls::Tls,
+    ) -> Result<NatsDestination, BoxError> {
+        Ok(NatsDestination::from_client(
+            client_tls::nats(url, &ClientTls::new(tls.clone())).await?,
         ))
     }
 

@@ -2,10 +2,11 @@
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel, Connection};
 use tokio::sync::Mutex;
 
 use super::{Destination, Outgoing};
+use crate::client_tls::{self, ClientTls};
 use crate::error::BoxError;
 
 /// Publishes to RabbitMQ: to the exchange it is given (the default
@@ -32,6 +33,7 @@ use crate::error::BoxError;
 /// ```
 pub struct RabbitMqDestination {
     url: String,
+    tls: ClientTls,
     exchange: String,
     open: Mutex<Option<(Connection, Channel)>>,
 }
@@ -56,7 +58,39 @@ impl RabbitMqDestination {
     ///
     /// See [`RabbitMqDestination`].
     pub async fn connect(url: &str) -> Result<RabbitMqDestination, BoxError> {
+        RabbitMqDestination::connect_over(url, ClientTls::default()).await
+    }
+
+    /// Connects to the broker at `url` (`amqps://`) over TLS verified with
+    /// `tls`.
+    ///
+    /// # Errors
+    ///
+    /// lapin's, when the broker cannot be reached or its certificate does
+    /// not verify; a `Tls` that does not verify (lapin has no such mode).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    /// use idem_runtime::{outbox::RabbitMqDestination, tls::Tls};
+    ///
+    /// let tls = Tls::new().ca_file("/etc/ssl/broker-ca.pem")?;
+    /// let to = RabbitMqDestination::connect_tls("amqps://broker.internal:5671/%2f", &tls).await?;
+    /// # let _ = to; Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub async fn connect_tls(
+        url: &str,
+        tls: &crate::tls::Tls,
+    ) -> Result<RabbitMqDestination, BoxError> {
+        RabbitMqDestination::connect_over(url, ClientTls::new(tls.clone())).await
+    }
+
+    async fn connect_over(url: &str, tls: ClientTls) -> Result<RabbitMqDestination, BoxError> {
         let to = RabbitMqDestination {
+            tls,
             url: url.to_owned(),
             exchange: String::new(),
             open: Mutex::new(None),
@@ -84,7 +118,7 @@ impl RabbitMqDestination {
         {
             return Ok(channel.clone());
         }
-        let conn = Connection::connect(&self.url, ConnectionProperties::default()).await?;
+        let conn = client_tls::amqp(&self.url, &self.tls).await?;
         let channel = conn.create_channel().await?;
         channel
             .confirm_select(ConfirmSelectOptions::default())

@@ -67,6 +67,7 @@ use crate::consume::Broker;
 use crate::consume::dead::{
     DeadLetter, DeadLetterError, Purged, Replay, Replayed, Selection, Skipped, now_ms,
 };
+use crate::consume::kafka::heard::Heard;
 use crate::consume::kafka::topics;
 
 /// The header of a replayed copy that counts its replays.
@@ -161,6 +162,33 @@ impl DeadLetters {
     /// See the [module docs](self).
     pub async fn connect(brokers: &str, topic: &str) -> Result<DeadLetters, DeadLetterError> {
         DeadLetters::connect_with(brokers, topic, &[]).await
+    }
+
+    /// As [`connect`](Self::connect), over TLS verified with `tls` (its
+    /// [`kafka_settings`](crate::tls::Tls::kafka_settings)).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::{consume::kafka::dead::DeadLetters, tls::Tls};
+    ///
+    /// let tls = Tls::new().ca_file("/etc/ssl/kafka-ca.pem")?;
+    /// let dead = DeadLetters::connect_tls("broker-1:9093", "orders-dlt", &tls).await?;
+    /// # let _ = dead;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub async fn connect_tls(
+        brokers: &str,
+        topic: &str,
+        tls: &crate::tls::Tls,
+    ) -> Result<DeadLetters, DeadLetterError> {
+        tls.warn_if_unverified("Kafka");
+        let settings = tls.kafka_settings();
+        let settings: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        DeadLetters::connect_with(brokers, topic, &settings).await
     }
 
     /// As [`connect`](Self::connect), with librdkafka settings for every
@@ -611,8 +639,10 @@ impl DeadLetters {
     /// `None` when it does not exist. All topics' metadata is asked for, so
     /// that a broker that creates topics on demand does not create it.
     fn partitions(&self, topic: &str) -> Result<Option<Vec<Watermarks>>, BoxError> {
-        let client: BaseConsumer = self.config().create()?;
-        let metadata = client.fetch_metadata(None, TIMEOUT)?;
+        let client: BaseConsumer<Heard> = self.config().create_with_context(Heard::default())?;
+        let metadata = client
+            .fetch_metadata(None, TIMEOUT)
+            .map_err(|e| Heard::explain(&client, e))?;
         let Some(found) = metadata.topics().iter().find(|t| t.name() == topic) else {
             return Ok(None);
         };

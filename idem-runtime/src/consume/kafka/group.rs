@@ -227,17 +227,7 @@ impl ClientContext for Ctx {
     /// librdkafka's log, as tracing events (target `librdkafka`), beside
     /// the consumer's own.
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
-        use rdkafka::config::RDKafkaLogLevel as L;
-        match level {
-            L::Emerg | L::Alert | L::Critical | L::Error => {
-                tracing::error!(target: "librdkafka", facility = fac, "{message}");
-            }
-            L::Warning => tracing::warn!(target: "librdkafka", facility = fac, "{message}"),
-            L::Notice | L::Info => {
-                tracing::info!(target: "librdkafka", facility = fac, "{message}")
-            }
-            L::Debug => tracing::debug!(target: "librdkafka", facility = fac, "{message}"),
-        }
+        super::heard::trace(level, fac, message);
     }
 
     /// librdkafka's statistics (every `statistics.interval.ms`): the lag

@@ -71,9 +71,11 @@ use super::front::Handler;
 use super::front::handler::erase;
 use super::{Broker, CancellationToken, ConsumeError, Meter, Policy, Report, until_ok};
 use crate::BoxError;
+use heard::Heard;
 
 pub mod dead;
 mod group;
+mod heard;
 mod lane;
 mod offsets;
 mod progress;
@@ -283,6 +285,31 @@ impl Consumer {
     /// ```
     pub fn set(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.config.push((key.into(), value.into()));
+        self
+    }
+
+    /// Connects over TLS (`security.protocol=ssl`), verified with `tls`:
+    /// its CA, its client certificate for brokers that ask for one
+    /// (`ssl.client.auth=required`), the brokers' host names checked. Adds
+    /// [`Tls::kafka_settings`](crate::tls::Tls::kafka_settings) to the
+    /// consumer's settings; for SASL over TLS, `.set("security.protocol",
+    /// "sasl_ssl")` after it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::{consume::kafka::Consumer, tls::Tls};
+    ///
+    /// let c = Consumer::new("broker-1:9093", "stock", "orders").tls(&Tls::new());
+    /// # let _ = c;
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls(mut self, tls: &crate::tls::Tls) -> Self {
+        tls.warn_if_unverified("Kafka");
+        for (k, v) in tls.kafka_settings() {
+            self.config.push((k.to_owned(), v));
+        }
         self
     }
 
@@ -582,10 +609,10 @@ impl Consumer {
         // librdkafka's metadata call blocks: off the runtime's workers.
         let described = tokio::task::spawn_blocking(
             move || -> Result<Option<(Option<RDKafkaErrorCode>, usize)>, BoxError> {
-                let admin: AdminClient<DefaultClientContext> = config.create()?;
-                let metadata = admin
-                    .inner()
-                    .fetch_metadata(Some(&topic), Duration::from_secs(10))?;
+                let client: BaseConsumer<Heard> = config.create_with_context(Heard::default())?;
+                let metadata = client
+                    .fetch_metadata(Some(&topic), Duration::from_secs(10))
+                    .map_err(|e| Heard::explain(&client, e))?;
                 Ok(metadata
                     .topics()
                     .iter()

@@ -39,6 +39,7 @@ use async_nats::jetstream::message::StreamMessage;
 use async_nats::jetstream::stream::{RawMessageErrorKind, Stream};
 use async_nats::jetstream::{self, ErrorCode};
 
+use crate::client_tls::{self, ClientTls};
 use crate::consume::Broker;
 use crate::consume::dead::{
     DeadLetter, DeadLetterError, Purged, Replay, Replayed, Selection, Skipped, now_ms, redacted,
@@ -98,13 +99,46 @@ impl DeadLetters {
     ///
     /// See the [module docs](self).
     pub async fn connect(url: &str, stream: &str) -> Result<DeadLetters, DeadLetterError> {
-        let client = async_nats::connect(url)
-            .await
-            .map_err(|e| DeadLetterError::Unreachable {
-                broker: BROKER,
-                at: redacted(url),
-                source: Box::new(e),
-            })?;
+        DeadLetters::connect_over(url, stream, &ClientTls::default()).await
+    }
+
+    /// As [`connect`](Self::connect), with TLS required and verified with
+    /// `tls`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::{consume::nats::dead::DeadLetters, tls::Tls};
+    ///
+    /// let tls = Tls::new().ca_file("/etc/ssl/nats-ca.pem")?;
+    /// let dead = DeadLetters::connect_tls("tls://nats.internal:4222", "ORDERS_DEAD", &tls).await?;
+    /// # let _ = dead;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub async fn connect_tls(
+        url: &str,
+        stream: &str,
+        tls: &crate::tls::Tls,
+    ) -> Result<DeadLetters, DeadLetterError> {
+        DeadLetters::connect_over(url, stream, &ClientTls::new(tls.clone())).await
+    }
+
+    async fn connect_over(
+        url: &str,
+        stream: &str,
+        tls: &ClientTls,
+    ) -> Result<DeadLetters, DeadLetterError> {
+        let client =
+            client_tls::nats(url, tls)
+                .await
+                .map_err(|source| DeadLetterError::Unreachable {
+                    broker: BROKER,
+                    at: redacted(url),
+                    source,
+                })?;
         let js = jetstream::new(client);
         let found = js.get_stream(stream).await.map_err(|e| match e.kind() {
             GetStreamErrorKind::JetStream(api)

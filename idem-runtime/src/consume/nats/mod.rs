@@ -84,6 +84,7 @@ use super::front::Handler;
 use super::front::driver;
 use super::front::transport::Opening;
 use super::{CancellationToken, ConsumeError, Policy, Report};
+use crate::client_tls::{self, ClientTls};
 
 pub mod dead;
 mod transport;
@@ -103,6 +104,7 @@ mod transport;
 #[derive(Debug, Clone)]
 pub struct Consumer {
     url: String,
+    tls: ClientTls,
     stream: String,
     subject: String,
     durable: String,
@@ -150,6 +152,7 @@ impl Consumer {
         Consumer {
             durable,
             url: url.into(),
+            tls: ClientTls::default(),
             stream,
             subject,
             policy: Policy::default(),
@@ -157,6 +160,27 @@ impl Consumer {
             ack_wait: Duration::from_secs(30),
             dead: None,
         }
+    }
+
+    /// Connects with TLS required, verified with `tls`: its CA instead of
+    /// the system's roots, its client certificate for a server whose `tls`
+    /// block says `verify: true`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use idem_runtime::{consume::nats::Consumer, tls::Tls};
+    ///
+    /// let tls = Tls::new().ca_file("/etc/ssl/nats-ca.pem")?;
+    /// let c = Consumer::new("tls://nats.internal:4222", "ORDERS", "orders.>").tls(tls);
+    /// # let _ = c;
+    /// # Ok::<(), idem_runtime::tls::TlsError>(())
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls(mut self, tls: crate::tls::Tls) -> Self {
+        self.tls = ClientTls::new(tls);
+        self
     }
 
     /// Retries, attempts and concurrency.
@@ -343,9 +367,9 @@ impl Consumer {
     /// ```
     pub async fn declare(&self) -> Result<(), ConsumeError> {
         self.check_topology()?;
-        let client = async_nats::connect(self.url.clone())
+        let client = client_tls::nats(&self.url, &self.tls)
             .await
-            .map_err(|e| ConsumeError::Setup(Box::new(e)))?;
+            .map_err(ConsumeError::Setup)?;
         let declared = self.declare_on(&jetstream::new(client.clone())).await;
         let _ = client.flush().await;
         match declared {

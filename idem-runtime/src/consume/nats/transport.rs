@@ -12,6 +12,7 @@ use futures_util::{FutureExt as _, StreamExt as _};
 
 use super::Consumer;
 use crate::BoxError;
+use crate::client_tls;
 use crate::consume::front::transport::{Dead, Opening, Read, Retry, Session, Transport};
 use crate::consume::{Attempts, Broker, ConsumeError, Delivery, Meter, Policy};
 
@@ -35,7 +36,7 @@ impl Transport for Consumer {
     }
 
     async fn connect(&self) -> Result<async_nats::Client, BoxError> {
-        Ok(async_nats::connect(self.url.clone()).await?)
+        client_tls::nats(&self.url, &self.tls).await
     }
 
     async fn open(&self, client: &async_nats::Client, _: &Meter) -> Result<Session<Self>, Opening> {

@@ -48,10 +48,11 @@ use lapin::options::{
     BasicAckOptions, BasicGetOptions, ConfirmSelectOptions, QueueDeclareOptions, QueuePurgeOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Channel, Connection, ConnectionProperties};
+use lapin::{Channel, Connection};
 use sha2::{Digest as _, Sha256};
 
 use super::amqp::Published;
+use crate::client_tls::{self, ClientTls};
 use crate::consume::Broker;
 use crate::consume::dead::{
     DeadLetter, DeadLetterError, Purged, Replay, Replayed, Selection, Skipped, now_ms, redacted,
@@ -137,13 +138,46 @@ impl DeadLetters {
     ///
     /// See the [module docs](self).
     pub async fn connect(url: &str, queue: &str) -> Result<DeadLetters, DeadLetterError> {
-        let conn = Connection::connect(url, ConnectionProperties::default())
-            .await
-            .map_err(|e| DeadLetterError::Unreachable {
-                broker: BROKER,
-                at: redacted(url),
-                source: Box::new(e),
-            })?;
+        DeadLetters::connect_over(url, queue, &ClientTls::default()).await
+    }
+
+    /// As [`connect`](Self::connect), over TLS (an `amqps://` URL) verified
+    /// with `tls`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::{consume::rabbitmq::dead::DeadLetters, tls::Tls};
+    ///
+    /// let tls = Tls::new().ca_file("/etc/ssl/broker-ca.pem")?;
+    /// let dead = DeadLetters::connect_tls("amqps://broker.internal:5671/%2f", "orders.idem.dead", &tls).await?;
+    /// # let _ = dead;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub async fn connect_tls(
+        url: &str,
+        queue: &str,
+        tls: &crate::tls::Tls,
+    ) -> Result<DeadLetters, DeadLetterError> {
+        DeadLetters::connect_over(url, queue, &ClientTls::new(tls.clone())).await
+    }
+
+    async fn connect_over(
+        url: &str,
+        queue: &str,
+        tls: &ClientTls,
+    ) -> Result<DeadLetters, DeadLetterError> {
+        let conn =
+            client_tls::amqp(url, tls)
+                .await
+                .map_err(|source| DeadLetterError::Unreachable {
+                    broker: BROKER,
+                    at: redacted(url),
+                    source,
+                })?;
         let dead = DeadLetters {
             conn,
             queue: queue.to_owned(),

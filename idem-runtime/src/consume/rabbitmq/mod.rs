@@ -78,12 +78,11 @@
 
 use std::time::Duration;
 
-use lapin::{Connection, ConnectionProperties};
-
 use super::front::Handler;
 use super::front::driver;
 use super::tiers;
 use super::{CancellationToken, ConsumeError, Policy, Report};
+use crate::client_tls::{self, ClientTls};
 
 mod amqp;
 mod transport;
@@ -113,6 +112,7 @@ const DUE: &str = "x-idem-due";
 #[derive(Debug, Clone)]
 pub struct Consumer {
     url: String,
+    tls: ClientTls,
     queue: String,
     policy: Policy,
     /// `None`: twice the policy's concurrency.
@@ -140,6 +140,7 @@ impl Consumer {
     pub fn new(url: impl Into<String>, queue: impl Into<String>) -> Self {
         Consumer {
             url: url.into(),
+            tls: ClientTls::default(),
             queue: queue.into(),
             policy: Policy::default(),
             prefetch: None,
@@ -147,6 +148,29 @@ impl Consumer {
             retry_names: None,
             delays: tiers::normalize(RETRY_DELAYS),
         }
+    }
+
+    /// Connects over TLS (an `amqps://` URL), verified with `tls`: its CA
+    /// instead of the public roots, its client certificate for a broker
+    /// that asks for one (`ssl_options.fail_if_no_peer_cert`). A `Tls`
+    /// that does not verify is refused when the consumer connects: lapin
+    /// has no such mode.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use idem_runtime::{consume::rabbitmq::Consumer, tls::Tls};
+    ///
+    /// let tls = Tls::new().ca_file("/etc/ssl/broker-ca.pem")?;
+    /// let c = Consumer::new("amqps://app:secret@broker.internal:5671/%2f", "orders").tls(tls);
+    /// # let _ = c;
+    /// # Ok::<(), idem_runtime::tls::TlsError>(())
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls(mut self, tls: crate::tls::Tls) -> Self {
+        self.tls = ClientTls::new(tls);
+        self
     }
 
     /// Retries, attempts and concurrency.
@@ -360,9 +384,9 @@ impl Consumer {
     pub async fn declare(&self) -> Result<(), ConsumeError> {
         self.check_topology()?;
         let setup = |e: lapin::Error| ConsumeError::Setup(Box::new(e));
-        let conn = Connection::connect(&self.url, ConnectionProperties::default())
+        let conn = client_tls::amqp(&self.url, &self.tls)
             .await
-            .map_err(setup)?;
+            .map_err(ConsumeError::Setup)?;
         let declared = async {
             let channel = conn.create_channel().await?;
             self.declare_on(&conn, &channel).await?;

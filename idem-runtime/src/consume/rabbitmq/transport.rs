@@ -11,11 +11,12 @@ use lapin::options::{
     ConfirmSelectOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString};
-use lapin::{Channel, Connection, ConnectionProperties};
+use lapin::{Channel, Connection};
 
 use super::amqp::{Published, amqp_text, header_u32, header_u64, publish_copy, set, set_text};
 use super::{Consumer, DUE};
 use crate::BoxError;
+use crate::client_tls;
 use crate::consume::front::transport::{Dead, Opening, Read, Retry, Session, Transport};
 use crate::consume::{Attempts, Broker, ConsumeError, Delivery, Meter, Policy, tiers};
 
@@ -39,7 +40,7 @@ impl Transport for Consumer {
     }
 
     async fn connect(&self) -> Result<Connection, BoxError> {
-        Ok(Connection::connect(&self.url, ConnectionProperties::default()).await?)
+        client_tls::amqp(&self.url, &self.tls).await
     }
 
     async fn open(&self, conn: &Connection, meter: &Meter) -> Result<Session<Self>, Opening> {

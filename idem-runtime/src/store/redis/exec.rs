@@ -47,8 +47,7 @@ impl std::fmt::Debug for Conn {
 impl Conn {
     /// Connects to one server (`redis://host:port/db`), with
     /// [`DEFAULT_TIMEOUT`] to connect and for each reply.
-    pub(super) async fn single(url: &str) -> Result<Conn, StoreError> {
-        let client = redis::Client::open(url).map_err(backend)?;
+    pub(super) async fn single(client: redis::Client) -> Result<Conn, StoreError> {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(DEFAULT_TIMEOUT))
             .set_response_timeout(Some(DEFAULT_TIMEOUT))
@@ -61,9 +60,11 @@ impl Conn {
         Ok(Conn::Single(conn))
     }
 
-    /// Connects to a Redis Cluster through any of its `nodes`.
-    pub(super) async fn cluster(nodes: Vec<&str>) -> Result<Conn, StoreError> {
-        let client = redis::cluster::ClusterClient::builder(nodes)
+    /// Connects to a Redis Cluster through any of its nodes.
+    pub(super) async fn cluster(
+        builder: redis::cluster::ClusterClientBuilder,
+    ) -> Result<Conn, StoreError> {
+        let client = builder
             .connection_timeout(DEFAULT_TIMEOUT)
             .response_timeout(DEFAULT_TIMEOUT)
             .retries(3)

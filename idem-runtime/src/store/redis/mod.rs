@@ -41,6 +41,8 @@ mod library;
 mod read;
 mod record;
 mod scripts;
+#[cfg(feature = "tls")]
+mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -136,7 +138,33 @@ impl RedisStore {
     /// ```
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         registry::check()?;
-        Ok(Self::with_conn(Conn::single(url).await?))
+        let client = redis::Client::open(url).map_err(exec::backend)?;
+        Ok(Self::with_conn(Conn::single(client).await?))
+    }
+
+    /// Connects to one server over TLS (`rediss://host:port/db`), verified
+    /// with `tls`: its CA instead of the system's roots, its client
+    /// certificate for a server started with `tls-auth-clients yes`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::{tls::Tls, RedisStore};
+    ///
+    /// let tls = Tls::new()
+    ///     .ca_file("/etc/ssl/cache-ca.pem")?
+    ///     .client_identity_files("/etc/ssl/app.pem", "/etc/ssl/app.key")?;
+    /// let store = RedisStore::connect_tls("rediss://:secret@cache.internal:6380/2", &tls).await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub async fn connect_tls(url: &str, tls: &crate::tls::Tls) -> Result<Self, StoreError> {
+        registry::check()?;
+        let client = tls::client(url, tls)?;
+        Ok(Self::with_conn(Conn::single(client).await?))
     }
 
     /// Connects to a Redis Cluster through any of its nodes.
@@ -158,7 +186,33 @@ impl RedisStore {
     pub async fn connect_cluster<I: AsRef<str>>(nodes: &[I]) -> Result<Self, StoreError> {
         registry::check()?;
         let nodes: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
-        Ok(Self::with_conn(Conn::cluster(nodes).await?))
+        let builder = redis::cluster::ClusterClient::builder(nodes);
+        Ok(Self::with_conn(Conn::cluster(builder).await?))
+    }
+
+    /// Connects to a Redis Cluster over TLS (`rediss://` nodes), verified
+    /// with `tls`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::{tls::Tls, RedisStore};
+    ///
+    /// let tls = Tls::new().ca_file("/etc/ssl/cache-ca.pem")?;
+    /// let store = RedisStore::connect_cluster_tls(&["rediss://10.0.0.1:7000"], &tls).await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub async fn connect_cluster_tls<I: AsRef<str>>(
+        nodes: &[I],
+        tls: &crate::tls::Tls,
+    ) -> Result<Self, StoreError> {
+        registry::check()?;
+        let builder = tls::cluster(nodes, tls)?;
+        Ok(Self::with_conn(Conn::cluster(builder).await?))
     }
 
     fn with_conn(conn: Conn) -> Self {

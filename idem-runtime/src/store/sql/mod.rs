@@ -635,7 +635,7 @@ pub(crate) async fn reach<C: sqlx::Connection>(
             let _ = conn.close().await;
             Ok(())
         }
-        Ok(Err(e @ sqlx::Error::Io(_))) => Err(StoreError::backend(e)),
+        Ok(Err(e @ (sqlx::Error::Io(_) | sqlx::Error::Tls(_)))) => Err(StoreError::backend(e)),
         Ok(Err(_)) => Ok(()),
         Err(_) => Err(StoreError::Timeout(deadline)),
     }

@@ -396,6 +396,31 @@ impl SqlStore<MySql> {
         Self::connect_with(options, MySqlPoolOptions::new()).await
     }
 
+    /// Connects over TLS, verified with `tls` (its CA, its client
+    /// certificate for a server that asks for one), whatever the URL's
+    /// `ssl-mode` says: `VERIFY_IDENTITY`, or `REQUIRED` when `tls` does not
+    /// verify.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::{tls::Tls, MySqlStore};
+    ///
+    /// let tls = Tls::new().ca_file("/etc/ssl/shop-ca.pem")?;
+    /// let store = MySqlStore::connect_tls("mysql://app@db.internal:3306/shop", &tls).await?;
+    /// store.migrate().await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub async fn connect_tls(url: &str, tls: &crate::tls::Tls) -> Result<Self, StoreError> {
+        let options = MySqlConnectOptions::from_str(url).map_err(StoreError::backend)?;
+        tls.warn_if_unverified("MySQL");
+        Self::connect_with(tls.mysql(options), MySqlPoolOptions::new()).await
+    }
+
     /// Connects with explicit sqlx options. Every connection of the pool
     /// sets its session's `innodb_lock_wait_timeout` to 5 s (in the pool's
     /// `after_connect`, replacing one the options had: to run code of your

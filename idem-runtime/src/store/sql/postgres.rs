@@ -418,6 +418,31 @@ impl SqlStore<Postgres> {
         Self::connect_with(options, PgPoolOptions::new()).await
     }
 
+    /// Connects over TLS, verified with `tls` (its CA, its client
+    /// certificate for a server that asks for one), whatever the URL's
+    /// `sslmode` says: `verify-full`, or `require` when `tls` does not
+    /// verify.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::{tls::Tls, PgStore};
+    ///
+    /// let tls = Tls::new().ca_file("/etc/ssl/shop-ca.pem")?;
+    /// let store = PgStore::connect_tls("postgres://app@db.internal:5432/shop", &tls).await?;
+    /// store.migrate().await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub async fn connect_tls(url: &str, tls: &crate::tls::Tls) -> Result<Self, StoreError> {
+        let options = PgConnectOptions::from_str(url).map_err(StoreError::backend)?;
+        tls.warn_if_unverified("PostgreSQL");
+        Self::connect_with(tls.postgres(options), PgPoolOptions::new()).await
+    }
+
     /// Connects with explicit sqlx options; adds `lock_timeout = 5s` to the
     /// connection options.
     ///
