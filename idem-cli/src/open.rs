@@ -194,7 +194,7 @@ impl Target {
         let shown = &self.shown;
         if tls.is_some() && matches!(self.options, Options::Sqlite(_)) {
             return Err(Failure::Usage(
-                "the --tls-* flags are for a store across the network: SQLite is a file".into(),
+                "the --tls-* flags (and IDEM_TLS_* variables) are for a store across the network: SQLite is a file".into(),
             ));
         }
         if let Options::Sqlite(options) = &self.options {
@@ -224,7 +224,7 @@ impl Target {
                         .acquire_timeout(timeout);
                     let options = (**options).clone();
                     let options = match tls {
-                        Some(tls) => tls.postgres(options),
+                        Some(tls) => tls.postgres(options).map_err(StoreError::from)?,
                         None => options,
                     };
                     Store::Postgres(
@@ -239,7 +239,7 @@ impl Target {
                         .acquire_timeout(timeout);
                     let options = (**options).clone();
                     let options = match tls {
-                        Some(tls) => tls.mysql(options),
+                        Some(tls) => tls.mysql(options)?,
                         None => options,
                     };
                     Store::MySql(
@@ -261,10 +261,28 @@ impl Target {
         };
         match tokio::time::timeout(timeout, opened).await {
             Ok(Ok(store)) => Ok(store),
-            Ok(Err(e)) => Err(Failure::Store(format!(
-                "cannot reach the store at `{shown}`: {}",
-                explained(&e)
-            ))),
+            Ok(Err(e)) => {
+                let mut why = explained(&e);
+                if let Options::Redis { nodes, .. } = &self.options
+                    && tls.is_none()
+                    && nodes
+                        .iter()
+                        .any(|n| n.to_ascii_lowercase().starts_with("redis://"))
+                    && [
+                        "reset by peer",
+                        "broken pipe",
+                        "unexpected end",
+                        "connection closed",
+                    ]
+                    .iter()
+                    .any(|sign| why.to_ascii_lowercase().contains(sign))
+                {
+                    why.push_str(" (the server dropped a plain-text client at once: if it takes TLS only, use rediss://)");
+                }
+                Err(Failure::Store(format!(
+                    "cannot reach the store at `{shown}`: {why}"
+                )))
+            }
             Err(_) => Err(Failure::Store(format!(
                 "the store at `{shown}` did not answer within {}s",
                 timeout.as_secs()

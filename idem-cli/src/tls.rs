@@ -13,8 +13,8 @@ use crate::Failure;
 #[derive(Debug, Default, clap::Args)]
 #[command(next_help_heading = "TLS (to the store and to the broker)")]
 pub(crate) struct TlsArgs {
-    /// Trust the CA certificates of this PEM file instead of the public
-    /// roots (and connect over TLS)
+    /// Trust the CA certificates of this PEM file (and connect over TLS):
+    /// instead of the public roots, or besides them on PostgreSQL and MySQL
     #[arg(long, global = true, value_name = "FILE", env = "IDEM_TLS_CA")]
     tls_ca: Option<PathBuf>,
 
@@ -26,6 +26,11 @@ pub(crate) struct TlsArgs {
     /// The private key (PEM) of --tls-cert
     #[arg(long, global = true, value_name = "FILE", env = "IDEM_TLS_KEY")]
     tls_key: Option<PathBuf>,
+
+    /// Verify the server's certificate for this name rather than the URL's
+    /// host (NATS and RabbitMQ; the other clients check the host they dial)
+    #[arg(long, global = true, value_name = "NAME", env = "IDEM_TLS_SERVER_NAME")]
+    tls_server_name: Option<String>,
 
     /// DANGER: encrypt, but accept any certificate from whoever answers
     /// (a test bench's throwaway certificates only)
@@ -56,6 +61,9 @@ impl TlsArgs {
                         .into(),
                 ));
             }
+        }
+        if let Some(name) = &self.tls_server_name {
+            tls = Some(tls.unwrap_or_default().server_name(name).map_err(usage)?);
         }
         if self.tls_danger_accept_invalid_certs {
             // loud, but not a failure: one line on stderr

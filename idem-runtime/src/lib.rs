@@ -67,7 +67,7 @@
 #![warn(missing_docs, unreachable_pub, clippy::unwrap_used)]
 
 mod call;
-#[cfg(any(feature = "rabbitmq", feature = "nats"))]
+#[cfg(feature = "_consume")]
 mod client_tls;
 pub mod clock;
 mod codec;

@@ -88,9 +88,13 @@ pub async fn pg_pool(max_connections: u32) -> Option<sqlx::PgPool> {
     }
 }
 
-/// The MariaDB (or MySQL) URL: `MYSQL_URL`, or the loopback default.
+/// The MariaDB (or MySQL) URL: `MYSQL_URL`, or the loopback default, in
+/// plain text (`ssl-mode=DISABLED`), for the reason [`pg_url`] gives: with
+/// TLS built in, sqlx's default `PREFERRED` would encrypt to a server that
+/// offers TLS (MariaDB 11.4 does by default).
 pub fn mysql_url() -> String {
-    std::env::var("MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+    std::env::var("MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test?ssl-mode=DISABLED".to_owned())
 }
 
 /// A MariaDB pool whose sessions wait at most `lock_wait_secs` on a row lock

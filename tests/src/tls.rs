@@ -30,7 +30,7 @@ mod postgres;
 mod rabbitmq;
 mod redis;
 
-pub use certs::{Certs, MTLS_USER, Pair};
+pub use certs::{Certs, MTLS_USER, Pair, SERVER_NAME};
 pub use daemon::ServerError;
 pub use mariadb::TlsMariaDb;
 pub use nats::TlsNats;

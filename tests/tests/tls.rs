@@ -14,10 +14,11 @@ use std::time::Duration;
 
 use common::AppError;
 use common::broker::{self, Effects, Points, Running};
-use idem_runtime::tls::{Refusal, Tls, refusal};
+use idem_runtime::tls::{Refusal, Tls, TlsError, refusal};
 use idem_runtime::{Outcome, PgTx, idempotent};
 use idem_tests::tls::{
-    Certs, MTLS_USER, Pair, TlsMariaDb, TlsNats, TlsPostgres, TlsRabbitMq, TlsRedis, started,
+    Certs, MTLS_USER, Pair, SERVER_NAME, TlsMariaDb, TlsNats, TlsPostgres, TlsRabbitMq, TlsRedis,
+    started,
 };
 use idem_tests::{or_skip, unique_table};
 
@@ -100,7 +101,11 @@ async fn postgres_over_tls() {
     let none = idem_runtime::PgStore::connect_tls(&mtls, &tls)
         .await
         .expect_err("no client certificate");
-    assert!(none.to_string().contains("certificate"), "{none}");
+    assert!(
+        none.to_string()
+            .contains("requires a valid client certificate"),
+        "{none}"
+    );
     idem_runtime::PgStore::connect_tls(&mtls, &with_client(tls.clone(), &certs.client()))
         .await
         .expect("the test CA's client certificate");
@@ -109,6 +114,18 @@ async fn postgres_over_tls() {
             .await,
         Refusal::ClientCertificateRefused,
         "the second CA's client certificate",
+    );
+
+    // sqlx verifies the host it dials: a server name is refused, not ignored
+    let named = idem_runtime::PgStore::connect_tls(
+        &pg.url(""),
+        &tls.clone().server_name(SERVER_NAME).expect("a name"),
+    )
+    .await
+    .expect_err("a server name on PostgreSQL");
+    assert!(
+        matches!(named, idem_runtime::StoreError::Tls(ref e) if matches!(**e, TlsError::Unsupported { .. })),
+        "{named}"
     );
 
     // Without verification, encrypted to whoever answers.
@@ -163,16 +180,26 @@ async fn mariadb_over_tls() {
         Refusal::UnknownCa,
         "the second CA",
     );
-    // require_secure_transport: a plain-text login is refused.
-    idem_runtime::MySqlStore::connect(&db.url("idem", "ssl-mode=DISABLED"))
+    // require_secure_transport: MariaDB refuses a plain-text login as it
+    // would a wrong password (the same user logged in over TLS above).
+    let plain = idem_runtime::MySqlStore::connect(&db.url("idem", "ssl-mode=DISABLED"))
         .await
         .expect_err("plain text is refused");
+    assert!(
+        plain.to_string().contains("Access denied for user 'idem'"),
+        "{plain}"
+    );
 
     // REQUIRE X509
     let mtls = db.url(MTLS_USER, "");
-    idem_runtime::MySqlStore::connect_tls(&mtls, &tls)
+    let none = idem_runtime::MySqlStore::connect_tls(&mtls, &tls)
         .await
         .expect_err("no client certificate");
+    assert!(
+        none.to_string()
+            .contains("Access denied for user 'idem_mtls'"),
+        "{none}"
+    );
     idem_runtime::MySqlStore::connect_tls(&mtls, &with_client(tls.clone(), &certs.client()))
         .await
         .expect("the test CA's client certificate");
@@ -242,8 +269,16 @@ async fn redis_over_tls() {
         idem_runtime::RedisStore::connect(&redis.url_as("redis", "127.0.0.1")),
     )
     .await
-    .expect("an answer within 20 s");
-    assert!(plain.is_err(), "a plain-text client was let in");
+    .expect("an answer within 20 s")
+    .expect_err("a plain-text client was let in");
+    assert!(plain.to_string().contains("reset by peer"), "{plain}");
+    // redis-rs verifies the host it dials: a server name is refused
+    idem_runtime::RedisStore::connect_tls(
+        &redis.url(),
+        &tls.clone().server_name(SERVER_NAME).expect("a name"),
+    )
+    .await
+    .expect_err("a server name on Redis");
     idem_runtime::RedisStore::connect_tls(&redis.url(), &Tls::new().danger_accept_invalid_certs())
         .await
         .expect("unverified TLS");
@@ -256,9 +291,11 @@ async fn redis_over_tls() {
     );
 
     let mutual = or_skip!(started("Redis over mutual TLS", TlsRedis::mutual(&certs)));
-    idem_runtime::RedisStore::connect_tls(&mutual.url(), &tls)
-        .await
-        .expect_err("no client certificate");
+    refused_as(
+        idem_runtime::RedisStore::connect_tls(&mutual.url(), &tls).await,
+        Refusal::ClientCertificateRequired,
+        "no client certificate",
+    );
     let store = idem_runtime::RedisStore::connect_tls(
         &mutual.url(),
         &with_client(tls.clone(), &certs.client()),
@@ -273,12 +310,15 @@ async fn redis_over_tls() {
         tls_redis_grant(&store, &msg, &effects).await.expect("ran"),
         Outcome::Executed(1)
     );
-    idem_runtime::RedisStore::connect_tls(
-        &mutual.url(),
-        &with_client(tls.clone(), &certs.other_client()),
-    )
-    .await
-    .expect_err("the second CA's client certificate");
+    refused_as(
+        idem_runtime::RedisStore::connect_tls(
+            &mutual.url(),
+            &with_client(tls.clone(), &certs.other_client()),
+        )
+        .await,
+        Refusal::ClientCertificateRefused,
+        "the second CA's client certificate",
+    );
 }
 
 /// Three messages and a poison one, staged through an outbox destination
@@ -301,15 +341,29 @@ async fn publish_four<D: idem_runtime::outbox::Destination>(to: &D, destination:
     }
 }
 
-/// A consumer's handler: grants points on the memory store.
-macro_rules! granting {
-    ($effects:expr) => {{
-        let store = idem_runtime::MemoryStore::new();
-        let effects = Arc::clone(&$effects);
-        move |msg: Points| {
-            let (store, effects) = (store.clone(), Arc::clone(&effects));
-            async move { broker::grant(&store, &msg, &effects).await }
-        }
+/// Runs `$consumer` over TLS on the four messages of [`publish_four`]:
+/// three take effect and are acked, the poison one is dead-lettered, which
+/// `$dead_letters` (an async count of the dead-letter queue) sees.
+macro_rules! three_and_a_dead_letter {
+    ($consumer:expr, $dead_letters:expr) => {{
+        let effects = Arc::new(Effects::default());
+        let handler = {
+            let store = idem_runtime::MemoryStore::new();
+            let effects = Arc::clone(&effects);
+            move |msg: Points| {
+                let (store, effects) = (store.clone(), Arc::clone(&effects));
+                async move { broker::grant(&store, &msg, &effects).await }
+            }
+        };
+        let (stop, signal) = broker::shutdown();
+        let running = Running::new(stop, tokio::spawn($consumer.run(handler, signal)));
+        common::eventually(Duration::from_secs(20), "three effects", || async {
+            effects.total() == 3
+        })
+        .await;
+        common::eventually(Duration::from_secs(20), "a dead letter", $dead_letters).await;
+        let report = running.stop().await;
+        assert_eq!((report.acked, report.dead_lettered), (3, 1), "{report:?}");
     }};
 }
 
@@ -322,58 +376,72 @@ async fn nats_over_tls() {
     let tls = trusting(&certs);
     let stream = unique_table("TLS_NATS").to_uppercase();
     let subject = format!("idem.tls.{stream}");
+    let consumer = |url: String| Consumer::new(url, stream.clone(), subject.clone());
 
-    let consumer = Consumer::new(nats.url(), stream.clone(), subject.clone()).tls(tls.clone());
-    consumer.declare().await.expect("declared over TLS");
+    let verified = consumer(nats.url()).tls(tls.clone());
+    verified.declare().await.expect("declared over TLS");
     let to = NatsDestination::connect_tls(&nats.url(), &tls)
         .await
         .expect("an outbox destination over TLS");
     publish_four(&to, &subject).await;
-    let effects = Arc::new(Effects::default());
-    let (stop, signal) = broker::shutdown();
-    let running = Running::new(
-        stop,
-        tokio::spawn(consumer.clone().run(granting!(effects), signal)),
-    );
-    common::eventually(Duration::from_secs(20), "three effects", || async {
-        effects.total() == 3
-    })
-    .await;
-    let dead = DeadLetters::connect_tls(&nats.url(), &consumer.dead_letter_stream(), &tls)
+    let dead = DeadLetters::connect_tls(&nats.url(), &verified.dead_letter_stream(), &tls)
         .await
         .expect("the dead letters over TLS");
-    common::eventually(Duration::from_secs(20), "a dead letter", || async {
+    three_and_a_dead_letter!(verified.clone(), || async {
         dead.count().await.unwrap_or(0) == 1
-    })
-    .await;
-    let report = running.stop().await;
-    assert_eq!((report.acked, report.dead_lettered), (3, 1), "{report:?}");
+    });
 
-    let other =
-        Consumer::new(nats.url(), stream.clone(), subject.clone()).tls(trusting_other(&certs));
-    refused_as(other.declare().await, Refusal::UnknownCa, "the second CA");
-    // a client that does not ask for TLS: the server requires it
-    Consumer::new(nats.url_as("nats"), stream.clone(), subject.clone())
+    refused_as(
+        consumer(nats.url())
+            .tls(trusting_other(&certs))
+            .declare()
+            .await,
+        Refusal::UnknownCa,
+        "the second CA",
+    );
+    // a client not told of the test CA: the server asks for TLS, and the
+    // client's public roots do not hold the CA
+    refused_as(
+        consumer(nats.url_as("nats")).declare().await,
+        Refusal::UnknownCa,
+        "a client without the test CA",
+    );
+    // the server name verified instead of the address dialled
+    let named = |name: &str| tls.clone().server_name(name).expect("a name");
+    consumer(nats.url())
+        .tls(named(SERVER_NAME))
         .declare()
         .await
-        .expect_err("a client without the test CA");
+        .expect("the certificate's DNS name");
+    refused_as(
+        consumer(nats.url())
+            .tls(named("other.idem.test"))
+            .declare()
+            .await,
+        Refusal::WrongName,
+        "a name the certificate does not hold",
+    );
 
     let mutual = or_skip!(started("NATS over mutual TLS", TlsNats::mutual(&certs)));
-    Consumer::new(mutual.url(), stream.clone(), subject.clone())
-        .tls(tls.clone())
-        .declare()
-        .await
-        .expect_err("no client certificate");
-    Consumer::new(mutual.url(), stream.clone(), subject.clone())
+    // nats-server answers a missing certificate and a foreign one alike
+    refused_as(
+        consumer(mutual.url()).tls(tls.clone()).declare().await,
+        Refusal::ClientCertificateRefused,
+        "no client certificate",
+    );
+    consumer(mutual.url())
         .tls(with_client(tls.clone(), &certs.client()))
         .declare()
         .await
         .expect("the test CA's client certificate");
-    Consumer::new(mutual.url(), stream.clone(), subject.clone())
-        .tls(with_client(tls.clone(), &certs.other_client()))
-        .declare()
-        .await
-        .expect_err("the second CA's client certificate");
+    refused_as(
+        consumer(mutual.url())
+            .tls(with_client(tls.clone(), &certs.other_client()))
+            .declare()
+            .await,
+        Refusal::ClientCertificateRefused,
+        "the second CA's client certificate",
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -384,68 +452,91 @@ async fn rabbitmq_over_tls() {
     let rabbit = or_skip!(started("RabbitMQ over TLS", TlsRabbitMq::start(&certs)));
     let tls = trusting(&certs);
     let queue = unique_table("tls_rabbit");
+    let consumer = |url: String| Consumer::new(url, queue.clone());
 
-    let consumer = Consumer::new(rabbit.url(), queue.clone()).tls(tls.clone());
-    consumer.declare().await.expect("declared over TLS");
+    let verified = consumer(rabbit.url()).tls(tls.clone());
+    verified.declare().await.expect("declared over TLS");
     let to = RabbitMqDestination::connect_tls(&rabbit.url(), &tls)
         .await
         .expect("an outbox destination over TLS");
     publish_four(&to, &queue).await;
-    let effects = Arc::new(Effects::default());
-    let (stop, signal) = broker::shutdown();
-    let running = Running::new(
-        stop,
-        tokio::spawn(consumer.clone().run(granting!(effects), signal)),
-    );
-    common::eventually(Duration::from_secs(20), "three effects", || async {
-        effects.total() == 3
-    })
-    .await;
-    let dead = DeadLetters::connect_tls(&rabbit.url(), &consumer.dead_letter_queue(), &tls)
+    let dead = DeadLetters::connect_tls(&rabbit.url(), &verified.dead_letter_queue(), &tls)
         .await
         .expect("the dead letters over TLS");
-    common::eventually(Duration::from_secs(20), "a dead letter", || async {
+    three_and_a_dead_letter!(verified.clone(), || async {
         dead.count().await.unwrap_or(0) == 1
-    })
-    .await;
-    let report = running.stop().await;
-    assert_eq!((report.acked, report.dead_lettered), (3, 1), "{report:?}");
+    });
 
-    let other = Consumer::new(rabbit.url(), queue.clone()).tls(trusting_other(&certs));
-    refused_as(other.declare().await, Refusal::UnknownCa, "the second CA");
-    let scheme = Consumer::new(rabbit.url_as("amqp"), queue.clone())
+    refused_as(
+        consumer(rabbit.url())
+            .tls(trusting_other(&certs))
+            .declare()
+            .await,
+        Refusal::UnknownCa,
+        "the second CA",
+    );
+    // the CA given is the only one trusted: the public roots are not
+    refused_as(
+        consumer(rabbit.url()).tls(Tls::new()).declare().await,
+        Refusal::UnknownCa,
+        "the public roots",
+    );
+    // TLS settings with amqp://: refused at once, by declare and by run
+    // (which would otherwise retry for ever)
+    let scheme = consumer(rabbit.url_as("amqp"))
         .tls(tls.clone())
         .declare()
         .await
         .expect_err("amqp:// with TLS settings");
     assert!(scheme.to_string().contains("amqps://"), "{scheme}");
-    let plain = tokio::time::timeout(
-        Duration::from_secs(20),
-        Consumer::new(rabbit.url_as("amqp"), queue.clone()).declare(),
+    let run = tokio::time::timeout(
+        Duration::from_secs(10),
+        consumer(rabbit.url_as("amqp")).tls(tls.clone()).run(
+            |_: Points| async { Ok::<_, idem_runtime::Error<AppError>>(Outcome::Executed(0)) },
+            idem_runtime::consume::CancellationToken::new(),
+        ),
     )
     .await
-    .expect("an answer within 20 s");
-    assert!(plain.is_err(), "a plain-text client was let in");
-    let loose = Consumer::new(rabbit.url(), queue.clone())
+    .expect("run refuses at once")
+    .expect_err("amqp:// with TLS settings");
+    assert!(run.to_string().contains("amqps://"), "{run}");
+    // a plain-text client at the TLS listener
+    let plain = tokio::time::timeout(
+        Duration::from_secs(20),
+        consumer(rabbit.url_as("amqp")).declare(),
+    )
+    .await
+    .expect("an answer within 20 s")
+    .expect_err("a plain-text client was let in");
+    assert!(plain.to_string().contains("use amqps://"), "{plain}");
+    let named = |name: &str| tls.clone().server_name(name).expect("a name");
+    consumer(rabbit.url())
+        .tls(named(SERVER_NAME))
+        .declare()
+        .await
+        .expect("the certificate's DNS name");
+    refused_as(
+        consumer(rabbit.url())
+            .tls(named("other.idem.test"))
+            .declare()
+            .await,
+        Refusal::WrongName,
+        "a name the certificate does not hold",
+    );
+    consumer(rabbit.url())
         .tls(Tls::new().danger_accept_invalid_certs())
         .declare()
         .await
-        .expect_err("lapin has no unverified mode");
-    assert!(
-        loose
-            .to_string()
-            .contains("cannot accept an invalid certificate"),
-        "{loose}"
-    );
+        .expect("unverified TLS");
 
     // The broker asks for a client certificate and verifies one given.
-    Consumer::new(rabbit.url(), queue.clone())
+    consumer(rabbit.url())
         .tls(with_client(tls.clone(), &certs.client()))
         .declare()
         .await
         .expect("the test CA's client certificate");
     refused_as(
-        Consumer::new(rabbit.url(), queue.clone())
+        consumer(rabbit.url())
             .tls(with_client(tls.clone(), &certs.other_client()))
             .declare()
             .await,
@@ -471,7 +562,7 @@ async fn kafka_with_tls_to_a_plain_text_broker_is_not_reached() {
     // librdkafka takes every setting (it checks them when the client is made)
     let mut config = rdkafka::ClientConfig::new();
     config.set("bootstrap.servers", kafka.brokers());
-    for (k, v) in tls.kafka_settings() {
+    for (k, v) in tls.kafka_settings().expect("settings") {
         config.set(k, v);
     }
     let made: Result<rdkafka::producer::BaseProducer, _> = config.create();
@@ -484,7 +575,7 @@ async fn kafka_with_tls_to_a_plain_text_broker_is_not_reached() {
     made.extend(plain.retry_topics());
     let _cleanup = idem_tests::brokers::DeleteTopics::new(made);
     let consumer = Consumer::new(kafka.brokers(), topic.clone(), topic.clone())
-        .tls(&tls)
+        .tls(tls.clone())
         .set("socket.connection.setup.timeout.ms", "2000");
     let failed = tokio::time::timeout(Duration::from_secs(60), consumer.declare())
         .await
@@ -493,6 +584,24 @@ async fn kafka_with_tls_to_a_plain_text_broker_is_not_reached() {
     assert!(failed.to_string().contains("brokers are down"), "{failed}");
     // the same topic in plain text is there
     plain.declare().await.expect("declared in plain text");
+    // a server name librdkafka cannot check: refused by run at once, not
+    // retried
+    let named = Consumer::new(kafka.brokers(), topic.clone(), topic.clone())
+        .tls(tls.clone().server_name(SERVER_NAME).expect("a name"));
+    let run = tokio::time::timeout(
+        Duration::from_secs(10),
+        named.run(
+            |_: Points| async { Ok::<_, idem_runtime::Error<AppError>>(Outcome::Executed(0)) },
+            idem_runtime::consume::CancellationToken::new(),
+        ),
+    )
+    .await
+    .expect("run refuses at once")
+    .expect_err("a server name on Kafka");
+    assert!(
+        run.to_string().contains("cannot verify a server name"),
+        "{run}"
+    );
     let dead = DeadLetters::connect_tls(kafka.brokers(), &plain.dead_letter_topic(), &tls).await;
     assert!(
         dead.is_err(),

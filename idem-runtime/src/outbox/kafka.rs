@@ -89,7 +89,7 @@ impl KafkaDestination {
         tls.warn_if_unverified("Kafka");
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", brokers);
-        for (k, v) in tls.kafka_settings() {
+        for (k, v) in tls.kafka_settings()? {
             config.set(k, v);
         }
         KafkaDestination::from_config(config)

@@ -67,7 +67,7 @@ impl RabbitMqDestination {
     /// # Errors
     ///
     /// lapin's, when the broker cannot be reached or its certificate does
-    /// not verify; a `Tls` that does not verify (lapin has no such mode).
+    /// not verify; a URL that is not `amqps://`.
     ///
     /// # Examples
     ///

@@ -30,12 +30,16 @@
 //!
 //! A `Tls` always encrypts and, unless told otherwise, verifies: the
 //! server's certificate must chain to the CA given (or, without one, to the
-//! client's public roots) and name the host of the URL. The name checked is
-//! always the URL's host: none of the five clients lets a connection verify
-//! another name than the one it dialled, so a server reached by address
-//! needs that address in its certificate, or a URL that names it.
-//! [`Tls::danger_accept_invalid_certs`] turns verification off, for a test
-//! bench only; RabbitMQ's client does not offer it.
+//! client's public roots) and name the host of the URL.
+//!
+//! - A CA given is trusted *instead of* the public roots by the clients
+//!   idem configures itself (redis, NATS, RabbitMQ, Kafka), and *besides*
+//!   them by sqlx (PostgreSQL, MySQL), which always loads webpki's roots.
+//! - [`Tls::server_name`] verifies another name than the URL's host, on
+//!   NATS and RabbitMQ; sqlx, redis and librdkafka check only the host they
+//!   dial, so those stores and Kafka refuse it.
+//! - [`Tls::danger_accept_invalid_certs`] turns verification off, for a
+//!   test bench only, and says so in a warning.
 //!
 //! When a certificate does not verify, [`refusal`] reads the reason out of
 //! any error chain (an unknown CA, a wrong host name, an expired
@@ -43,7 +47,7 @@
 
 mod explain;
 mod pem;
-#[cfg(feature = "nats")]
+#[cfg(any(feature = "nats", feature = "rabbitmq"))]
 pub(crate) mod rustls_config;
 
 use std::path::{Path, PathBuf};
@@ -75,6 +79,7 @@ use pem::Pem;
 pub struct Tls {
     pub(crate) ca: Option<Pem>,
     pub(crate) identity: Option<Identity>,
+    pub(crate) server_name: Option<String>,
     verify: bool,
 }
 
@@ -84,8 +89,20 @@ impl Default for Tls {
     }
 }
 
-/// A client certificate chain and its private key, both PEM.
+/// A client certificate chain and its private key, both PEM (read by every
+/// client but SQLite's, which has no TLS).
 #[derive(Clone)]
+#[cfg_attr(
+    not(any(
+        feature = "postgres",
+        feature = "mysql",
+        feature = "redis",
+        feature = "kafka",
+        feature = "nats",
+        feature = "rabbitmq"
+    )),
+    allow(dead_code)
+)]
 pub(crate) struct Identity {
     pub(crate) cert: Pem,
     pub(crate) key: Pem,
@@ -100,6 +117,7 @@ impl std::fmt::Debug for Tls {
                 "client_certificate",
                 &self.identity.as_ref().map(|i| i.cert.origin()),
             )
+            .field("server_name", &self.server_name)
             .field("verify", &self.verify)
             .finish()
     }
@@ -140,6 +158,12 @@ pub enum TlsError {
         /// The scheme that does.
         tls_scheme: &'static str,
     },
+    /// A server name that is neither a DNS name nor an IP address.
+    #[error("{name:?} is not a server name (a DNS name or an IP address)")]
+    ServerName {
+        /// The name given.
+        name: String,
+    },
     /// The client cannot do what the [`Tls`] asks.
     #[error("{client} cannot {what}")]
     Unsupported {
@@ -152,7 +176,7 @@ pub enum TlsError {
 
 impl Tls {
     /// TLS, verified against the client's public roots (each client's own:
-    /// webpki's for sqlx and lapin, the system's for redis and NATS, the
+    /// webpki's for sqlx, the system's for redis, NATS and RabbitMQ, the
     /// system's OpenSSL for Kafka), without a client certificate.
     ///
     /// # Examples
@@ -165,12 +189,14 @@ impl Tls {
         Tls {
             ca: None,
             identity: None,
+            server_name: None,
             verify: true,
         }
     }
 
-    /// Trusts the CA certificates of a PEM file (one or several) instead of
-    /// the public roots.
+    /// Trusts the CA certificates of a PEM file (one or several): instead
+    /// of the public roots, or besides them on PostgreSQL and MySQL (sqlx
+    /// always loads webpki's).
     ///
     /// # Examples
     ///
@@ -185,7 +211,8 @@ impl Tls {
         self.ca_pem_checked(pem)
     }
 
-    /// Trusts the CA certificates of PEM text instead of the public roots.
+    /// Trusts the CA certificates of PEM text, as
+    /// [`ca_file`](Self::ca_file).
     ///
     /// # Examples
     ///
@@ -254,12 +281,56 @@ impl Tls {
         Ok(self)
     }
 
+    /// Verifies the server's certificate for `name` rather than for the
+    /// URL's host: for a server dialled by an address (or through a tunnel)
+    /// whose certificate names it otherwise. NATS and RabbitMQ take it
+    /// (and RabbitMQ sends it as the handshake's SNI); the others' clients
+    /// check only the host they dial, so PostgreSQL, MySQL, Redis and Kafka
+    /// refuse a `Tls` with one ([`TlsError::Unsupported`]): give them a URL
+    /// with that name, which resolves to the server.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::tls::{Tls, TlsError};
+    ///
+    /// let tls = Tls::new().server_name("broker.internal")?;
+    /// assert!(matches!(Tls::new().server_name("not a name"), Err(TlsError::ServerName { .. })));
+    /// # Ok::<(), TlsError>(())
+    /// ```
+    pub fn server_name(mut self, name: impl Into<String>) -> Result<Self, TlsError> {
+        let name = name.into();
+        if rustls::pki_types::ServerName::try_from(name.as_str()).is_err() {
+            return Err(TlsError::ServerName { name });
+        }
+        self.server_name = Some(name);
+        Ok(self)
+    }
+
+    /// Refuses a server name on a client that cannot verify one.
+    #[cfg(any(
+        feature = "postgres",
+        feature = "mysql",
+        feature = "redis",
+        feature = "kafka"
+    ))]
+    pub(crate) fn without_server_name(&self, client: &'static str) -> Result<(), TlsError> {
+        match self.server_name {
+            None => Ok(()),
+            Some(_) => Err(TlsError::Unsupported {
+                client,
+                what: "verify a server name other than the URL's host: connect by that name instead",
+            }),
+        }
+    }
+
     /// **Turns verification off**: the connection is encrypted, but to
     /// whoever answers, whatever its certificate says. For a test bench
     /// whose certificates are throwaway; never where the data matters.
-    /// Every connection made with it logs a warning. RabbitMQ's client has
-    /// no such mode: a consumer given it fails with
-    /// [`TlsError::Unsupported`].
+    /// A warning (target `idem::tls`) is logged when a store's
+    /// `connect_tls`, the dead letters' and destinations' `connect_tls`,
+    /// and a RabbitMQ or NATS consumer connect with it, and when a Kafka
+    /// consumer's `tls` is given it.
     ///
     /// # Examples
     ///
@@ -285,6 +356,17 @@ impl Tls {
     }
 
     /// Logs the loud warning of a connection that does not verify.
+    #[cfg_attr(
+        not(any(
+            feature = "postgres",
+            feature = "mysql",
+            feature = "redis",
+            feature = "kafka",
+            feature = "nats",
+            feature = "rabbitmq"
+        )),
+        allow(dead_code)
+    )]
     pub(crate) fn warn_if_unverified(&self, what: &str) {
         if !self.verifies() {
             tracing::warn!(
@@ -309,14 +391,16 @@ impl Tls {
     /// use idem_runtime::tls::Tls;
     /// use sqlx::postgres::{PgConnectOptions, PgSslMode};
     ///
-    /// let options = Tls::new().postgres(PgConnectOptions::new().host("db.internal"));
+    /// let options = Tls::new().postgres(PgConnectOptions::new().host("db.internal"))?;
     /// assert!(matches!(options.get_ssl_mode(), PgSslMode::VerifyFull));
+    /// # Ok::<(), idem_runtime::tls::TlsError>(())
     /// ```
     pub fn postgres(
         &self,
         options: sqlx::postgres::PgConnectOptions,
-    ) -> sqlx::postgres::PgConnectOptions {
+    ) -> Result<sqlx::postgres::PgConnectOptions, TlsError> {
         use sqlx::postgres::PgSslMode;
+        self.without_server_name("sqlx (PostgreSQL)")?;
         let mut options = options.ssl_mode(if self.verifies() {
             PgSslMode::VerifyFull
         } else {
@@ -330,7 +414,7 @@ impl Tls {
                 .ssl_client_cert_from_pem(id.cert.bytes())
                 .ssl_client_key_from_pem(id.key.bytes());
         }
-        options
+        Ok(options)
     }
 }
 
@@ -347,14 +431,16 @@ impl Tls {
     /// use idem_runtime::tls::Tls;
     /// use sqlx::mysql::{MySqlConnectOptions, MySqlSslMode};
     ///
-    /// let options = Tls::new().mysql(MySqlConnectOptions::new().host("db.internal"));
+    /// let options = Tls::new().mysql(MySqlConnectOptions::new().host("db.internal"))?;
     /// assert!(matches!(options.get_ssl_mode(), MySqlSslMode::VerifyIdentity));
+    /// # Ok::<(), idem_runtime::tls::TlsError>(())
     /// ```
     pub fn mysql(
         &self,
         options: sqlx::mysql::MySqlConnectOptions,
-    ) -> sqlx::mysql::MySqlConnectOptions {
+    ) -> Result<sqlx::mysql::MySqlConnectOptions, TlsError> {
         use sqlx::mysql::MySqlSslMode;
+        self.without_server_name("sqlx (MySQL)")?;
         let mut options = options.ssl_mode(if self.verifies() {
             MySqlSslMode::VerifyIdentity
         } else {
@@ -368,7 +454,7 @@ impl Tls {
                 .ssl_client_cert_from_pem(id.cert.bytes())
                 .ssl_client_key_from_pem(id.key.bytes());
         }
-        options
+        Ok(options)
     }
 }
 
@@ -377,19 +463,24 @@ impl Tls {
     /// The librdkafka settings of this TLS: `security.protocol=ssl`, the
     /// CA, the client certificate, and host name verification (or none of
     /// it, without verification). The Kafka consumer's
-    /// [`tls`](crate::consume::kafka::Consumer::tls) adds them; for SASL
-    /// over TLS, set `security.protocol` to `sasl_ssl` after them.
+    /// [`tls`](crate::consume::kafka::Consumer::tls) starts every client
+    /// from them, under its own settings; where they are set by hand
+    /// (`DeadLetters::connect_with`, `KafkaDestination::from_config`), set
+    /// `security.protocol` to `sasl_ssl` after them for SASL over TLS. A
+    /// server name is refused: librdkafka checks the brokers' own names.
     ///
     /// # Examples
     ///
     /// ```
     /// use idem_runtime::tls::Tls;
     ///
-    /// let settings = Tls::new().kafka_settings();
+    /// let settings = Tls::new().kafka_settings()?;
     /// assert!(settings.contains(&("security.protocol", "ssl".to_owned())));
     /// assert!(settings.contains(&("ssl.endpoint.identification.algorithm", "https".to_owned())));
+    /// # Ok::<(), idem_runtime::tls::TlsError>(())
     /// ```
-    pub fn kafka_settings(&self) -> Vec<(&'static str, String)> {
+    pub fn kafka_settings(&self) -> Result<Vec<(&'static str, String)>, TlsError> {
+        self.without_server_name("librdkafka (Kafka)")?;
         let mut settings = vec![("security.protocol", "ssl".to_owned())];
         if let Some(ca) = &self.ca {
             settings.push(("ssl.ca.pem", ca.text().to_owned()));
@@ -405,29 +496,6 @@ impl Tls {
         };
         settings.push(("enable.ssl.certificate.verification", verify.to_owned()));
         settings.push(("ssl.endpoint.identification.algorithm", names.to_owned()));
-        settings
-    }
-}
-
-#[cfg(feature = "rabbitmq")]
-impl Tls {
-    /// The lapin TLS configuration of this `Tls`, for `amqps://`.
-    pub(crate) fn amqp(&self) -> Result<lapin::tcp::OwnedTLSConfig, TlsError> {
-        if !self.verifies() {
-            return Err(TlsError::Unsupported {
-                client: "RabbitMQ's client (lapin)",
-                what: "accept an invalid certificate: give it the CA that signed the broker's instead",
-            });
-        }
-        Ok(lapin::tcp::OwnedTLSConfig {
-            identity: self
-                .identity
-                .as_ref()
-                .map(|id| lapin::tcp::OwnedIdentity::PKCS8 {
-                    pem: id.cert.bytes().to_vec(),
-                    key: id.key.bytes().to_vec(),
-                }),
-            cert_chain: self.ca.as_ref().map(|ca| ca.text().to_owned()),
-        })
+        Ok(settings)
     }
 }

@@ -39,13 +39,14 @@ impl Pem {
         &self.origin
     }
 
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
     pub(crate) fn bytes(&self) -> &[u8] {
         &self.bytes
     }
 
     /// The PEM as text; PEM is ASCII, and what is not was refused when it
     /// was checked (a certificate or key PEM parses only from ASCII armour).
-    #[cfg(any(feature = "kafka", feature = "rabbitmq"))]
+    #[cfg(feature = "kafka")]
     pub(crate) fn text(&self) -> &str {
         std::str::from_utf8(&self.bytes).unwrap_or_default()
     }
@@ -58,7 +59,7 @@ impl Pem {
     }
 
     /// Its first private key.
-    #[cfg(feature = "nats")]
+    #[cfg(any(feature = "nats", feature = "rabbitmq"))]
     pub(crate) fn private_key(&self) -> Option<PrivateKeyDer<'static>> {
         PrivateKeyDer::from_pem_slice(&self.bytes).ok()
     }

@@ -1,8 +1,9 @@
 //! A rustls client configuration of a [`Tls`], for the clients that take
-//! one (NATS).
+//! one (NATS, and RabbitMQ's connection, which idem makes).
 
 use std::sync::Arc;
 
+use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
@@ -31,7 +32,25 @@ impl Tls {
                     roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
                 }
             }
-            builder.with_root_certificates(roots)
+            match &self.server_name {
+                None => builder.with_root_certificates(roots),
+                Some(name) => {
+                    let webpki = WebPkiServerVerifier::builder_with_provider(
+                        Arc::new(roots),
+                        provider.clone(),
+                    )
+                    .build()
+                    .map_err(|_| TlsError::Unsupported {
+                        client: "rustls",
+                        what: "verify against a CA bundle without a usable certificate",
+                    })?;
+                    let name = ServerName::try_from(name.clone())
+                        .map_err(|_| TlsError::ServerName { name: name.clone() })?;
+                    builder
+                        .dangerous()
+                        .with_custom_certificate_verifier(Arc::new(Named { webpki, name }))
+                }
+            }
         } else {
             builder
                 .dangerous()
@@ -53,6 +72,50 @@ impl Tls {
                     })
             }
         }
+    }
+}
+
+/// Verifies as webpki does, for the server name of the [`Tls`] rather than
+/// the one the client dialled.
+#[derive(Debug)]
+struct Named {
+    webpki: Arc<WebPkiServerVerifier>,
+    name: ServerName<'static>,
+}
+
+impl ServerCertVerifier for Named {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _dialled: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        self.webpki
+            .verify_server_cert(end_entity, intermediates, &self.name, ocsp_response, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.webpki.supported_verify_schemes()
     }
 }
 

@@ -7,6 +7,10 @@ use rcgen::{
     KeyUsagePurpose,
 };
 
+/// The DNS name the server certificates hold besides 127.0.0.1 (no DNS
+/// resolves it: a client dials 127.0.0.1 and verifies this name).
+pub const SERVER_NAME: &str = "tls.idem.test";
+
 /// The database user that must present a client certificate (its common
 /// name) on the servers that ask for one.
 pub const MTLS_USER: &str = "idem_mtls";
@@ -16,8 +20,9 @@ pub const MTLS_USER: &str = "idem_mtls";
 /// the test's own:
 ///
 /// - `ca`: the CA the servers trust and the clients are given;
-/// - `server`: for `127.0.0.1` (only: a client that dials `127.0.0.2`
-///   reaches the server under a name its certificate does not hold);
+/// - `server`: for `127.0.0.1` and [`SERVER_NAME`] (not `127.0.0.2`: a
+///   client that dials it reaches the server under a name its certificate
+///   does not hold);
 /// - `expired`: a server certificate of `ca` that expired in 2021;
 /// - `client`: a client certificate of `ca` for [`MTLS_USER`];
 /// - `other_ca`: the second CA;
@@ -142,7 +147,9 @@ fn leaf(dir: &Path, name: &str, issuer: &Issuer<'static, KeyPair>, kind: Leaf) {
     let key = KeyPair::generate().expect("a key");
     let mut params = match kind {
         Leaf::Server { expired } => {
-            let mut p = CertificateParams::new(vec!["127.0.0.1".to_owned()]).expect("a SAN");
+            let mut p =
+                CertificateParams::new(vec!["127.0.0.1".to_owned(), SERVER_NAME.to_owned()])
+                    .expect("the names");
             p.distinguished_name.push(DnType::CommonName, "127.0.0.1");
             p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
             if expired {

@@ -68,6 +68,7 @@ use crate::consume::dead::{
     DeadLetter, DeadLetterError, Purged, Replay, Replayed, Selection, Skipped, now_ms,
 };
 use crate::consume::kafka::heard::Heard;
+use crate::consume::kafka::settings::Settings;
 use crate::consume::kafka::topics;
 
 /// The header of a replayed copy that counts its replays.
@@ -130,7 +131,7 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 pub struct DeadLetters {
     brokers: String,
     topic: String,
-    settings: Vec<(String, String)>,
+    settings: Settings,
 }
 
 impl DeadLetters {
@@ -186,7 +187,13 @@ impl DeadLetters {
         tls: &crate::tls::Tls,
     ) -> Result<DeadLetters, DeadLetterError> {
         tls.warn_if_unverified("Kafka");
-        let settings = tls.kafka_settings();
+        let settings = tls
+            .kafka_settings()
+            .map_err(|e| DeadLetterError::Unsupported {
+                broker: BROKER,
+                what: "take these TLS settings".to_owned(),
+                why: e.to_string(),
+            })?;
         let settings: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
         DeadLetters::connect_with(brokers, topic, &settings).await
     }
@@ -216,10 +223,12 @@ impl DeadLetters {
         let dead = DeadLetters {
             brokers: brokers.to_owned(),
             topic: topic.to_owned(),
-            settings: settings
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
+            settings: Settings(
+                settings
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            ),
         };
         let probe = dead.clone();
         let found = blocking(move || probe.partitions(&probe.topic))
@@ -474,7 +483,7 @@ impl DeadLetters {
     fn config(&self) -> ClientConfig {
         let mut c = ClientConfig::new();
         c.set("bootstrap.servers", &self.brokers);
-        for (k, v) in &self.settings {
+        for (k, v) in &self.settings.0 {
             c.set(k, v);
         }
         c
@@ -484,7 +493,7 @@ impl DeadLetters {
         let mut c = self.config();
         c.set("acks", "all").set("message.timeout.ms", "30000");
         // The caller's settings win, as in `config`.
-        for (k, v) in &self.settings {
+        for (k, v) in &self.settings.0 {
             c.set(k, v);
         }
         c.create().map_err(|e| DeadLetterError::broker(BROKER, e))

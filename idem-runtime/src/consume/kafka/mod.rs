@@ -71,7 +71,9 @@ use super::front::Handler;
 use super::front::handler::erase;
 use super::{Broker, CancellationToken, ConsumeError, Meter, Policy, Report, until_ok};
 use crate::BoxError;
+use crate::client_tls::ClientTls;
 use heard::Heard;
+use settings::Settings;
 
 pub mod dead;
 mod group;
@@ -79,6 +81,7 @@ mod heard;
 mod lane;
 mod offsets;
 mod progress;
+mod settings;
 mod state;
 pub(crate) mod topics;
 
@@ -149,7 +152,8 @@ pub struct Consumer {
     retries: Retries,
     grace: Duration,
     prefetch: usize,
-    config: Vec<(String, String)>,
+    config: Settings,
+    tls: ClientTls,
     offsets: Option<Offsets>,
     names: topics::Names,
 }
@@ -185,7 +189,8 @@ impl Consumer {
             retries: Retries::Topics,
             grace: Duration::from_secs(10),
             prefetch: 1_000,
-            config: Vec::new(),
+            config: Settings::default(),
+            tls: ClientTls::default(),
             offsets: None,
         }
     }
@@ -284,32 +289,33 @@ impl Consumer {
     /// # let _ = c;
     /// ```
     pub fn set(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.config.push((key.into(), value.into()));
+        self.config.0.push((key.into(), value.into()));
         self
     }
 
     /// Connects over TLS (`security.protocol=ssl`), verified with `tls`:
     /// its CA, its client certificate for brokers that ask for one
-    /// (`ssl.client.auth=required`), the brokers' host names checked. Adds
-    /// [`Tls::kafka_settings`](crate::tls::Tls::kafka_settings) to the
-    /// consumer's settings; for SASL over TLS, `.set("security.protocol",
-    /// "sasl_ssl")` after it.
+    /// (`ssl.client.auth=required`), the brokers' host names checked: every
+    /// client the consumer makes starts from
+    /// [`Tls::kafka_settings`](crate::tls::Tls::kafka_settings), and the
+    /// consumer's own settings ([`set`](Self::set)) come after them, so
+    /// `.set("security.protocol", "sasl_ssl")` makes it SASL over TLS. A
+    /// `Tls` with a server name is refused at `declare` and `run`
+    /// (librdkafka checks the brokers' own names).
     ///
     /// # Examples
     ///
     /// ```
     /// use idem_runtime::{consume::kafka::Consumer, tls::Tls};
     ///
-    /// let c = Consumer::new("broker-1:9093", "stock", "orders").tls(&Tls::new());
+    /// let c = Consumer::new("broker-1:9093", "stock", "orders").tls(Tls::new());
     /// # let _ = c;
     /// ```
     #[cfg(feature = "tls")]
     #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
-    pub fn tls(mut self, tls: &crate::tls::Tls) -> Self {
+    pub fn tls(mut self, tls: crate::tls::Tls) -> Self {
         tls.warn_if_unverified("Kafka");
-        for (k, v) in tls.kafka_settings() {
-            self.config.push((k.to_owned(), v));
-        }
+        self.tls = ClientTls::new(tls);
         self
     }
 
@@ -462,14 +468,16 @@ impl Consumer {
         }
     }
 
-    fn client_config(&self) -> ClientConfig {
+    /// The brokers and the TLS settings, under the consumer's own.
+    fn client_config(&self) -> Result<ClientConfig, BoxError> {
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", &self.brokers);
-        config
+        self.tls.kafka(&mut config)?;
+        Ok(config)
     }
 
     fn with_settings(&self, mut config: ClientConfig) -> ClientConfig {
-        for (k, v) in &self.config {
+        for (k, v) in &self.config.0 {
             config.set(k, v);
         }
         config
@@ -524,6 +532,8 @@ impl Consumer {
                 "offsets in the database need the partitions in order: lanes(1)".into(),
             ));
         }
+        // TLS settings no client can take are refused now, not retried
+        self.client_config().map_err(ConsumeError::Setup)?;
         let setup = until_ok("Kafka", || self.topology(), &shutdown).await;
         let Some(setup) = setup else {
             return Ok(Report::default());
@@ -537,7 +547,7 @@ impl Consumer {
         }
         let producer: FutureProducer = self
             .with_settings({
-                let mut c = self.client_config();
+                let mut c = self.client_config().map_err(ConsumeError::Setup)?;
                 c.set("acks", "all").set("message.timeout.ms", "30000");
                 c
             })
@@ -559,7 +569,7 @@ impl Consumer {
         let group = Arc::new(state::Group::new(settings, call, producer, meter, shutdown));
         let consumer: BaseConsumer<group::Ctx> = self
             .with_settings({
-                let mut c = self.client_config();
+                let mut c = self.client_config().map_err(ConsumeError::Setup)?;
                 c.set("group.id", &self.group)
                     .set("enable.auto.commit", "false")
                     .set("enable.auto.offset.store", "false")
@@ -604,7 +614,7 @@ impl Consumer {
     /// `Ok(Err)` is a refusal; `Err` is worth trying again (the broker is
     /// not up yet).
     async fn topology(&self) -> Result<Result<(), BoxError>, BoxError> {
-        let config = self.with_settings(self.client_config());
+        let config = self.with_settings(self.client_config()?);
         let topic = self.topic.clone();
         // librdkafka's metadata call blocks: off the runtime's workers.
         let described = tokio::task::spawn_blocking(
@@ -639,7 +649,7 @@ impl Consumer {
             return Err(format!("topic {}: {code}", self.topic).into());
         }
         let admin: AdminClient<DefaultClientContext> =
-            self.with_settings(self.client_config()).create()?;
+            self.with_settings(self.client_config()?).create()?;
         let partitions = i32::try_from(partitions).unwrap_or(i32::MAX).max(1);
         let mut wanted = vec![self.dead_letter_topic()];
         if self.retries == Retries::Topics {

@@ -150,11 +150,11 @@ impl Consumer {
         }
     }
 
-    /// Connects over TLS (an `amqps://` URL), verified with `tls`: its CA
-    /// instead of the public roots, its client certificate for a broker
-    /// that asks for one (`ssl_options.fail_if_no_peer_cert`). A `Tls`
-    /// that does not verify is refused when the consumer connects: lapin
-    /// has no such mode.
+    /// Connects over TLS (an `amqps://` URL, or the consumer is refused at
+    /// `declare` and `run`), verified with `tls`: its CA instead of the
+    /// public roots, its server name instead of the URL's host, its client
+    /// certificate for a broker that asks for one (`ssl_options.verify =
+    /// verify_peer`).
     ///
     /// # Examples
     ///

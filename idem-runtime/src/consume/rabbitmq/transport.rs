@@ -36,6 +36,9 @@ impl Transport for Consumer {
     }
 
     fn check(&self) -> Result<(), ConsumeError> {
+        self.tls
+            .check_amqp(&self.url)
+            .map_err(ConsumeError::Setup)?;
         self.check_topology()
     }
 

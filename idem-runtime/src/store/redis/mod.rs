@@ -138,6 +138,8 @@ impl RedisStore {
     /// ```
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         registry::check()?;
+        #[cfg(feature = "tls")]
+        tls::default_provider();
         let client = redis::Client::open(url).map_err(exec::backend)?;
         Ok(Self::with_conn(Conn::single(client).await?))
     }
@@ -186,6 +188,8 @@ impl RedisStore {
     pub async fn connect_cluster<I: AsRef<str>>(nodes: &[I]) -> Result<Self, StoreError> {
         registry::check()?;
         let nodes: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
+        #[cfg(feature = "tls")]
+        tls::default_provider();
         let builder = redis::cluster::ClusterClient::builder(nodes);
         Ok(Self::with_conn(Conn::cluster(builder).await?))
     }

@@ -418,7 +418,7 @@ impl SqlStore<MySql> {
     pub async fn connect_tls(url: &str, tls: &crate::tls::Tls) -> Result<Self, StoreError> {
         let options = MySqlConnectOptions::from_str(url).map_err(StoreError::backend)?;
         tls.warn_if_unverified("MySQL");
-        Self::connect_with(tls.mysql(options), MySqlPoolOptions::new()).await
+        Self::connect_with(tls.mysql(options)?, MySqlPoolOptions::new()).await
     }
 
     /// Connects with explicit sqlx options. Every connection of the pool

@@ -440,7 +440,7 @@ impl SqlStore<Postgres> {
     pub async fn connect_tls(url: &str, tls: &crate::tls::Tls) -> Result<Self, StoreError> {
         let options = PgConnectOptions::from_str(url).map_err(StoreError::backend)?;
         tls.warn_if_unverified("PostgreSQL");
-        Self::connect_with(tls.postgres(options), PgPoolOptions::new()).await
+        Self::connect_with(tls.postgres(options)?, PgPoolOptions::new()).await
     }
 
     /// Connects with explicit sqlx options; adds `lock_timeout = 5s` to the
