@@ -73,9 +73,15 @@ impl Pem {
     }
 
     pub(crate) fn expect_private_key(&self, what: &'static str) -> Result<(), TlsError> {
-        if std::str::from_utf8(&self.bytes).is_ok()
-            && PrivateKeyDer::from_pem_slice(&self.bytes).is_ok()
-        {
+        let text = std::str::from_utf8(&self.bytes).unwrap_or_default();
+        if text.contains("-----BEGIN ENCRYPTED PRIVATE KEY-----") {
+            // rustls reads no encrypted key: say so rather than "none"
+            return Err(self.missing(
+                what,
+                "unencrypted PRIVATE KEY (this one is encrypted: decrypt it, e.g. `openssl pkcs8 -in key.pem -out plain-key.pem`)",
+            ));
+        }
+        if !text.is_empty() && PrivateKeyDer::from_pem_slice(&self.bytes).is_ok() {
             Ok(())
         } else {
             Err(self.missing(what, "PRIVATE KEY"))
@@ -88,5 +94,26 @@ impl Pem {
             origin: self.origin.to_string(),
             expected,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_encrypted_key_is_named_as_such() {
+        let pem = Pem::given(
+            b"-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIB\n-----END ENCRYPTED PRIVATE KEY-----\n",
+        );
+        let err = pem.expect_private_key("client key").unwrap_err();
+        assert!(err.to_string().contains("this one is encrypted"), "{err}");
+        let none = Pem::given(b"nothing")
+            .expect_private_key("client key")
+            .unwrap_err();
+        assert!(
+            none.to_string().ends_with("holds no PEM PRIVATE KEY"),
+            "{none}"
+        );
     }
 }
