@@ -1,5 +1,5 @@
-//! `idem dead`: the consumers' dead letters on RabbitMQ, NATS JetStream or
-//! Kafka, through [`idem_runtime::consume::dead`]: list, show, replay,
+//! `idem dead`: the consumers' dead letters on RabbitMQ, NATS JetStream,
+//! Kafka or RocketMQ, through [`idem_runtime::consume::dead`]: list, show, replay,
 //! purge; as text (tables as `list` writes them) or JSON.
 
 use std::time::Duration;
@@ -11,18 +11,20 @@ use crate::Failure;
 /// `idem dead`'s arguments.
 #[derive(Debug, Args)]
 #[command(after_help = "\
-The broker is one of --rabbitmq URL, --nats URL or --kafka BROKERS, with the
-consumer's --queue, --stream or --topic (its dead letters are QUEUE.idem.dead,
-<stream>_DEAD or <topic>-dlt), or --dead-letters NAME for another name.
+The broker is one of --rabbitmq URL, --nats URL, --kafka BROKERS or --rocketmq
+NAMESRV, with the consumer's --queue, --stream, --topic or --group (its dead
+letters are QUEUE.idem.dead, <stream>_DEAD, <topic>-dlt or %DLQ%<group>), or
+--dead-letters NAME for another name.
 
 Examples:
   idem dead list --rabbitmq amqp://guest:guest@127.0.0.1:5672/%2f --queue orders
   idem dead show 12 --nats nats://127.0.0.1:4222 --stream ORDERS
   idem dead replay --kafka 127.0.0.1:9092 --topic orders --reason 'out of stock' --older-than 10m
   idem dead purge --rabbitmq amqp://127.0.0.1:5672/%2f --queue orders --all
+  idem dead list --rocketmq 127.0.0.1:9876 --group idem-orders
 
 Each broker is a cargo feature of idem-cli, off by default:
-  cargo install idem-cli --features rabbitmq,nats,kafka   (or one of them)
+  cargo install idem-cli --features rabbitmq,nats,kafka,rocketmq   (or one of them)
 
 Exit codes: 0 done, 1 broker error, 2 usage (a replay or purge without a filter
 or --all, a broker this build has no feature for), 3 no such dead letters or id,
@@ -49,7 +51,7 @@ pub(crate) enum Action {
     /// Show one dead letter: what `list` says, its headers and its payload
     Show {
         /// Its id, as `list` shows it (RabbitMQ: a UUID; NATS: the dead
-        /// stream's sequence; Kafka: partition:offset)
+        /// stream's sequence; Kafka: partition:offset; RocketMQ: a UUID)
         id: String,
         #[command(flatten)]
         at: Where,
@@ -90,7 +92,7 @@ pub(crate) enum Action {
 /// topic whose dead letters they are (or their own name).
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Dead letters")]
-#[command(group(ArgGroup::new("broker").required(true).args(["rabbitmq", "nats", "kafka"])))]
+#[command(group(ArgGroup::new("broker").required(true).args(["rabbitmq", "nats", "kafka", "rocketmq"])))]
 pub(crate) struct Where {
     /// A RabbitMQ broker (amqp://user:pass@host:5672/vhost), with --queue
     #[arg(long, value_name = "URL")]
@@ -101,6 +103,9 @@ pub(crate) struct Where {
     /// Kafka brokers (host:port, comma-separated), with --topic
     #[arg(long, value_name = "BROKERS")]
     kafka: Option<String>,
+    /// RocketMQ name servers (host:port, `;`-separated), with --group
+    #[arg(long, value_name = "NAMESRV")]
+    rocketmq: Option<String>,
     /// The consumer's work queue: its dead letters are QUEUE.idem.dead
     #[arg(long, value_name = "QUEUE", requires = "rabbitmq")]
     queue: Option<String>,
@@ -110,6 +115,9 @@ pub(crate) struct Where {
     /// The consumer's topic: its dead letters are TOPIC-dlt
     #[arg(long, value_name = "TOPIC", requires = "kafka")]
     topic: Option<String>,
+    /// The consumer's group: its dead letters are %DLQ%GROUP
+    #[arg(long, value_name = "GROUP", requires = "rocketmq")]
+    group: Option<String>,
     /// The dead-letter queue, stream or topic itself, instead of the one
     /// derived from --queue, --stream or --topic
     #[arg(long, value_name = "NAME")]
@@ -169,13 +177,19 @@ pub(crate) fn age(text: &str) -> Result<Duration, String> {
 /// Which broker, and the dead letters' name there.
 #[derive(Debug)]
 #[cfg_attr(
-    not(all(feature = "rabbitmq", feature = "nats", feature = "kafka")),
+    not(all(
+        feature = "rabbitmq",
+        feature = "nats",
+        feature = "kafka",
+        feature = "rocketmq"
+    )),
     allow(dead_code)
 )]
 enum Target<'a> {
     RabbitMq { url: &'a str, name: String },
     Nats { url: &'a str, name: String },
     Kafka { brokers: &'a str, name: String },
+    RocketMq { name_server: &'a str, name: String },
 }
 
 impl Target<'_> {
@@ -185,6 +199,7 @@ impl Target<'_> {
             Target::RabbitMq { .. } => ("rabbitmq", cfg!(feature = "rabbitmq")),
             Target::Nats { .. } => ("nats", cfg!(feature = "nats")),
             Target::Kafka { .. } => ("kafka", cfg!(feature = "kafka")),
+            Target::RocketMq { .. } => ("rocketmq", cfg!(feature = "rocketmq")),
         }
     }
 
@@ -198,7 +213,7 @@ impl Target<'_> {
         Err(Failure::Usage(format!(
             "this idem was built without the cargo feature `{feature}`, which `idem dead --{feature}` needs: \
              install it with `cargo install idem-cli --features {feature}` \
-             (or --features rabbitmq,nats,kafka for every broker)"
+             (or --features rabbitmq,nats,kafka,rocketmq for every broker)"
         )))
     }
 }
@@ -231,18 +246,33 @@ impl Where {
             let name = named(&self.topic, "--topic TOPIC", |t| format!("{t}-dlt"))?;
             return Ok(Target::Kafka { brokers, name });
         }
+        if let Some(name_server) = &self.rocketmq {
+            let name = named(&self.group, "--group GROUP", |g| format!("%DLQ%{g}"))?;
+            return Ok(Target::RocketMq { name_server, name });
+        }
         Err(Failure::Usage(
-            "which broker? pass --rabbitmq URL, --nats URL or --kafka BROKERS".into(),
+            "which broker? pass --rabbitmq URL, --nats URL, --kafka BROKERS or --rocketmq NAMESRV"
+                .into(),
         ))
     }
 }
 
-#[cfg(any(feature = "rabbitmq", feature = "nats", feature = "kafka"))]
+#[cfg(any(
+    feature = "rabbitmq",
+    feature = "nats",
+    feature = "kafka",
+    feature = "rocketmq"
+))]
 pub(crate) use brokers::run;
 
 /// A build without any broker: `target` refuses every broker, naming the
 /// feature to build with.
-#[cfg(not(any(feature = "rabbitmq", feature = "nats", feature = "kafka")))]
+#[cfg(not(any(
+    feature = "rabbitmq",
+    feature = "nats",
+    feature = "kafka",
+    feature = "rocketmq"
+)))]
 pub(crate) async fn run(
     args: &DeadArgs,
     _json: bool,
@@ -257,7 +287,12 @@ pub(crate) async fn run(
 }
 
 /// The commands, on the brokers this build has.
-#[cfg(any(feature = "rabbitmq", feature = "nats", feature = "kafka"))]
+#[cfg(any(
+    feature = "rabbitmq",
+    feature = "nats",
+    feature = "kafka",
+    feature = "rocketmq"
+))]
 mod brokers {
     use std::time::Duration;
 
@@ -299,7 +334,8 @@ mod brokers {
             match self {
                 Target::RabbitMq { name, .. }
                 | Target::Nats { name, .. }
-                | Target::Kafka { name, .. } => name,
+                | Target::Kafka { name, .. }
+                | Target::RocketMq { name, .. } => name,
             }
         }
 
@@ -309,6 +345,7 @@ mod brokers {
                 Target::RabbitMq { .. } => ("queue", "RabbitMQ"),
                 Target::Nats { .. } => ("stream", "NATS"),
                 Target::Kafka { .. } => ("topic", "Kafka"),
+                Target::RocketMq { .. } => ("topic", "RocketMQ"),
             };
             format!("{kind} `{}` ({broker})", self.name())
         }
@@ -343,6 +380,20 @@ mod brokers {
                         }
                         .map(|d| Opened::Kafka(Box::new(d)))
                     }
+                    #[cfg(feature = "rocketmq")]
+                    Target::RocketMq { name_server, name } => {
+                        use idem_runtime::consume::rocketmq::dead::DeadLetters;
+                        match tls {
+                            Some(_) => Err(DeadLetterError::Unsupported {
+                                broker: idem_runtime::consume::Broker::RocketMq,
+                                what: "be reached over TLS".into(),
+                                why: "idem's RocketMQ client speaks plain TCP; leave out --tls-*"
+                                    .into(),
+                            }),
+                            None => DeadLetters::connect(name_server, name).await,
+                        }
+                        .map(|d| Opened::RocketMq(Box::new(d)))
+                    }
                     #[allow(unreachable_patterns)]
                     other => Err(without(other)),
                 }
@@ -365,6 +416,7 @@ mod brokers {
             Target::RabbitMq { .. } => idem_runtime::consume::Broker::RabbitMq,
             Target::Nats { .. } => idem_runtime::consume::Broker::Nats,
             Target::Kafka { .. } => idem_runtime::consume::Broker::Kafka,
+            Target::RocketMq { .. } => idem_runtime::consume::Broker::RocketMq,
         };
         let (feature, _) = target.feature();
         DeadLetterError::Unsupported {
@@ -384,6 +436,8 @@ mod brokers {
         Nats(Box<idem_runtime::consume::nats::dead::DeadLetters>),
         #[cfg(feature = "kafka")]
         Kafka(Box<idem_runtime::consume::kafka::dead::DeadLetters>),
+        #[cfg(feature = "rocketmq")]
+        RocketMq(Box<idem_runtime::consume::rocketmq::dead::DeadLetters>),
     }
 
     /// Calls the same method on whichever broker's dead letters `opened` is.
@@ -396,6 +450,8 @@ mod brokers {
                 Opened::Nats($d) => $call,
                 #[cfg(feature = "kafka")]
                 Opened::Kafka($d) => $call,
+                #[cfg(feature = "rocketmq")]
+                Opened::RocketMq($d) => $call,
             }
         };
     }
@@ -593,6 +649,7 @@ mod brokers {
             Target::RabbitMq { .. } => "rabbitmq",
             Target::Nats { .. } => "nats",
             Target::Kafka { .. } => "kafka",
+            Target::RocketMq { .. } => "rocketmq",
         }
     }
 

@@ -67,7 +67,7 @@
 #![warn(missing_docs, unreachable_pub, clippy::unwrap_used)]
 
 mod call;
-#[cfg(feature = "_consume")]
+#[cfg(any(feature = "rabbitmq", feature = "nats", feature = "kafka"))]
 mod client_tls;
 pub mod clock;
 mod codec;

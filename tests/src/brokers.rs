@@ -1,10 +1,16 @@
-//! The brokers on loopback: where they are, a connection for a test's own
+//! The brokers on loopback (RabbitMQ, NATS, Kafka, RocketMQ): where they are, a connection for a test's own
 //! publishing and inspecting, and guards that remove a test's queues and
 //! streams when it ends.
 
 use std::time::Duration;
 
 use crate::services::unavailable;
+
+mod rocketmq;
+pub use rocketmq::{
+    ROCKETMQ_DELAY_LEVELS, RocketMq, rocketmq, rocketmq_delay_levels, rocketmq_name_server,
+    rocketmq_program,
+};
 
 /// The RabbitMQ URL: `AMQP_URL`, or the loopback default.
 pub fn amqp_url() -> String {

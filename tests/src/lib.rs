@@ -16,6 +16,10 @@
 //!
 //! The items are re-exported here, so a test writes `idem_tests::pg_pool`.
 
+// rocketmq-client-rust's futures are deep: proving one Send needs more
+// than the default limit.
+#![recursion_limit = "256"]
+
 pub mod brokers;
 pub mod databases;
 pub mod http;

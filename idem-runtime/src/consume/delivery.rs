@@ -23,10 +23,12 @@ pub enum Broker {
     Nats,
     /// Kafka, or a broker that speaks its protocol.
     Kafka,
+    /// RocketMQ.
+    RocketMq,
 }
 
 impl Broker {
-    /// The label: `rabbitmq`, `nats` or `kafka`.
+    /// The label: `rabbitmq`, `nats`, `kafka` or `rocketmq`.
     ///
     /// # Examples
     ///
@@ -38,6 +40,7 @@ impl Broker {
             Broker::RabbitMq => "rabbitmq",
             Broker::Nats => "nats",
             Broker::Kafka => "kafka",
+            Broker::RocketMq => "rocketmq",
         }
     }
 }

@@ -17,7 +17,10 @@ pub(crate) struct Meter {
     queue: Arc<str>,
     /// Warnings that repeat under an outage (settling fails while the
     /// broker is away) are summarised.
-    #[cfg_attr(not(any(feature = "rabbitmq", feature = "nats")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "rabbitmq", feature = "nats", feature = "rocketmq")),
+        allow(dead_code)
+    )]
     settle_failed: Arc<Throttle>,
     /// Since when calls have been failing in the store.
     pub(crate) store: StoreHealth,
@@ -128,7 +131,10 @@ impl Meter {
 
     /// Settling failed (the connection went): a warning, summarised when
     /// they repeat.
-    #[cfg_attr(not(any(feature = "rabbitmq", feature = "nats")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "rabbitmq", feature = "nats", feature = "rocketmq")),
+        allow(dead_code)
+    )]
     pub(crate) fn settle_failed(&self, error: &dyn std::fmt::Display) {
         if let Some(more) = self.settle_failed.admit() {
             tracing::warn!(

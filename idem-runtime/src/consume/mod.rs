@@ -57,6 +57,9 @@ mod policy;
 #[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
 pub mod rabbitmq;
 mod report;
+#[cfg(feature = "rocketmq")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rocketmq")))]
+pub mod rocketmq;
 mod shutdown;
 mod tiers;
 mod verdict;

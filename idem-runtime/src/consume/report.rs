@@ -71,11 +71,17 @@ pub(crate) enum Settled {
     /// wait: no handler call.
     Forwarded,
     /// The binary is misconfigured: the consumer stops.
-    #[cfg_attr(not(any(feature = "rabbitmq", feature = "nats")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "rabbitmq", feature = "nats", feature = "rocketmq")),
+        allow(dead_code)
+    )]
     Stop(String),
     /// The broker could not be told (the connection is gone): the delivery
     /// comes back by itself.
-    #[cfg_attr(not(any(feature = "rabbitmq", feature = "nats")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "rabbitmq", feature = "nats", feature = "rocketmq")),
+        allow(dead_code)
+    )]
     Unsettled,
 }
 

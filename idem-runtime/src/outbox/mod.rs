@@ -89,6 +89,8 @@ mod nats;
 #[cfg(feature = "rabbitmq")]
 mod rabbitmq;
 mod relay;
+#[cfg(feature = "rocketmq")]
+mod rocketmq;
 mod stage;
 
 use std::time::Duration;
@@ -105,6 +107,9 @@ pub use nats::NatsDestination;
 #[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
 pub use rabbitmq::RabbitMqDestination;
 pub use relay::{Destination, Pass, Relay};
+#[cfg(feature = "rocketmq")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rocketmq")))]
+pub use rocketmq::RocketMqDestination;
 pub use stage::{Outbox, StageError};
 
 /// `n` messages of `producer` were committed: counted, and the relays of

@@ -402,10 +402,7 @@ impl Selection {
     }
 
     /// `Err(Unfiltered)` unless [`is_selective`](Self::is_selective).
-    #[cfg_attr(
-        not(any(feature = "rabbitmq", feature = "nats", feature = "kafka")),
-        allow(dead_code)
-    )]
+    #[cfg_attr(not(feature = "_consume"), allow(dead_code))]
     pub(crate) fn check(&self, operation: &'static str) -> Result<(), DeadLetterError> {
         if self.is_selective() {
             Ok(())
@@ -415,10 +412,7 @@ impl Selection {
     }
 
     /// Whether `taken` reached the limit.
-    #[cfg_attr(
-        not(any(feature = "rabbitmq", feature = "nats", feature = "kafka")),
-        allow(dead_code)
-    )]
+    #[cfg_attr(not(feature = "_consume"), allow(dead_code))]
     pub(crate) fn full(&self, taken: usize) -> bool {
         self.limit.is_some_and(|n| taken >= n)
     }
@@ -426,10 +420,7 @@ impl Selection {
     /// Where `dead` goes back to, when this selection takes it at `now_ms`
     /// for a replay; one that is taken but names no `place` to go back to
     /// (its `header` is missing) is noted in `done` as skipped.
-    #[cfg_attr(
-        not(any(feature = "rabbitmq", feature = "nats", feature = "kafka")),
-        allow(dead_code)
-    )]
+    #[cfg_attr(not(feature = "_consume"), allow(dead_code))]
     pub(crate) fn replay_to(
         &self,
         dead: &DeadLetter,
@@ -653,10 +644,7 @@ pub enum DeadLetterError {
 }
 
 impl DeadLetterError {
-    #[cfg_attr(
-        not(any(feature = "rabbitmq", feature = "nats", feature = "kafka")),
-        allow(dead_code)
-    )]
+    #[cfg_attr(not(feature = "_consume"), allow(dead_code))]
     pub(crate) fn broker(broker: Broker, source: impl Into<BoxError>) -> Self {
         DeadLetterError::Broker {
             broker,
@@ -680,10 +668,7 @@ pub(crate) fn redacted(url: &str) -> String {
 }
 
 /// Milliseconds since the Unix epoch, now.
-#[cfg_attr(
-    not(any(feature = "rabbitmq", feature = "nats", feature = "kafka")),
-    allow(dead_code)
-)]
+#[cfg_attr(not(feature = "_consume"), allow(dead_code))]
 pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

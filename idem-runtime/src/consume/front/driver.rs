@@ -19,7 +19,7 @@ use crate::consume::meter::Meter;
 use crate::consume::policy::Attempts;
 use crate::consume::report::{ConsumeError, Report, Settled};
 use crate::consume::shutdown::{CancellationToken, until_ok};
-use crate::consume::tiers::{self, DUE_SLACK};
+use crate::consume::tiers;
 use crate::consume::verdict::Verdict;
 
 /// Consumes from `transport` with `handler` until `shutdown` is cancelled,
@@ -91,6 +91,7 @@ fn broker_name<T: Transport>(transport: &T) -> String {
         crate::consume::Broker::RabbitMq => "RabbitMQ",
         crate::consume::Broker::Nats => "NATS",
         crate::consume::Broker::Kafka => "Kafka",
+        crate::consume::Broker::RocketMq => "RocketMQ",
     };
     format!("{name} ({})", transport.queue())
 }
@@ -261,10 +262,10 @@ async fn settle<T: Transport>(
 ) -> Settled {
     let read = transport.read(&msg);
     // A retry back before its due time waits on in the retry tier for what
-    // is left, without a call; one due within the slack waits here.
+    // is left, without a call; one due within the broker's slack waits here.
     if let Some(due) = read.due {
         let left = tiers::left_until(due);
-        if left > DUE_SLACK {
+        if left > transport.waits_here() {
             tracing::debug!(queue = transport.queue(), ?left, "not due yet: forwarded");
             return match transport.forward(link, &msg, left).await {
                 Ok(()) => Settled::Forwarded,

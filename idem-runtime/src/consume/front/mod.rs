@@ -11,10 +11,10 @@
 //! [`handler::erase`]) and an entry in the shared broker suite
 //! (`tests/tests/common/broker.rs`).
 
-#[cfg(any(feature = "rabbitmq", feature = "nats"))]
+#[cfg(any(feature = "rabbitmq", feature = "nats", feature = "rocketmq"))]
 pub(crate) mod driver;
 pub(crate) mod handler;
-#[cfg(any(feature = "rabbitmq", feature = "nats"))]
+#[cfg(any(feature = "rabbitmq", feature = "nats", feature = "rocketmq"))]
 pub(crate) mod transport;
 
 pub use handler::Handler;

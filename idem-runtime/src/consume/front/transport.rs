@@ -16,6 +16,7 @@ use crate::consume::delivery::{Broker, Delivery};
 use crate::consume::meter::Meter;
 use crate::consume::policy::{Attempts, Policy};
 use crate::consume::report::ConsumeError;
+use crate::consume::tiers::DUE_SLACK;
 
 /// A broker, as the driver ([`run`](super::driver::run)) sees it.
 ///
@@ -97,6 +98,15 @@ pub(crate) trait Transport: Send + Sync + 'static {
         msg: &Self::Message,
         left: Duration,
     ) -> impl Future<Output = Result<(), BoxError>> + Send;
+
+    /// How close to its due time a retry that came back early may be and
+    /// wait out the rest here, holding its slot, rather than be forwarded:
+    /// [`DUE_SLACK`] where the broker's shortest wait is short (RabbitMQ's
+    /// and Kafka's tiers); RocketMQ's shortest delay level, where a forward
+    /// would wait at least that long.
+    fn waits_here(&self) -> Duration {
+        DUE_SLACK
+    }
 
     /// Gives `msg` back unsettled, to be delivered again (after `after`,
     /// where the broker can wait).
