@@ -2,7 +2,8 @@
 //! (a body that fails, a payload that does not decode), and the binary
 //! lists them (text and JSON), shows one, refuses a replay or purge that
 //! names nothing, replays one by id (the copy reaches the consumer with
-//! `x-idem-replays`), and purges (Kafka: all only). Each test on a queue,
+//! `x-idem-replays`), and purges (Kafka: all only). RocketMQ's run on the
+//! broker the tests start. Each test on a queue,
 //! stream or topic of its own, deleted afterwards; a broker that is not
 //! there is a skip, or a failure under `IDEM_REQUIRE_SERVICES=1`.
 
@@ -17,7 +18,7 @@ use idem_runtime::consume::{CancellationToken, ConsumeError, Delivery, Policy, R
 use idem_runtime::{Error, Key, Outcome};
 use idem_tests::brokers::{
     DeleteQueues, DeleteStreams, DeleteTopics, TANSU_ONE_RECORD_A_BATCH, amqp_channel, amqp_url,
-    kafka, kafka_brokers, nats_url,
+    kafka, kafka_brokers, nats_url, rocketmq, rocketmq_delay_levels,
 };
 use idem_tests::{or_skip, unique_table};
 
@@ -432,6 +433,33 @@ async fn kafka_dead_letters_through_the_cli() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rocketmq_dead_letters_through_the_cli() {
+    use idem_runtime::consume::rocketmq::Consumer;
+    let mq = or_skip!(rocketmq().await);
+    let topic = unique_table("cli_dead_rocketmq");
+    let consumer = Consumer::new(mq.name_server(), topic.clone())
+        .delay_levels(rocketmq_delay_levels())
+        .policy(policy());
+    mq.create_topic(&topic, 1).await;
+    for payload in [&br#"{"id":"o-1"}"#[..], br#"{"id": 7}"#] {
+        mq.publish(&topic, payload, None).await;
+    }
+    let at = vec![
+        "--rocketmq".to_owned(),
+        mq.name_server().to_owned(),
+        "--group".to_owned(),
+        consumer.group_name().to_owned(),
+    ];
+    let described = format!("topic `%DLQ%{}` (RocketMQ)", consumer.group_name());
+    scenario(at, &described, true, "x-idem-replays", |handler| {
+        let token = CancellationToken::new();
+        let task = tokio::spawn(consumer.clone().run(handler, token.clone()));
+        (token, task)
+    })
+    .await;
+}
+
 // ---------------------------------------------------------------------------
 // What is said before any broker answers.
 
@@ -441,7 +469,7 @@ fn a_broker_and_a_name_are_needed() {
     assert_eq!(run.code, 2, "{run:?}");
     assert!(
         run.stderr
-            .contains("--rabbitmq <URL>|--nats <URL>|--kafka <BROKERS>"),
+            .contains("--rabbitmq <URL>|--nats <URL>|--kafka <BROKERS>|--rocketmq <NAMESRV>"),
         "{}",
         run.stderr
     );

@@ -83,6 +83,9 @@ pub const REPLAYED_FROM: &str = "x-idem-replayed-from";
 /// The ledger's property: what became of the dead letter its `KEYS` name.
 const SETTLED: &str = "x-idem-settled";
 
+/// What the ledger says of a purged dead letter: gone, for `show` too.
+const PURGED: &str = "purged";
+
 /// What a replayed copy leaves out: the consumer's counts, origin and
 /// dead-letter properties, so that it starts afresh.
 const NOT_REPLAYED: [&str; 11] = [
@@ -236,8 +239,8 @@ impl DeadLetters {
         Ok(found)
     }
 
-    /// The dead letter `id`; if it was replayed or purged,
-    /// [`DeadLetter::replayed_to`] says so.
+    /// The dead letter `id`; if it was replayed, [`DeadLetter::replayed_to`]
+    /// says where to. A purged one is [`DeadLetterError::NotFound`].
     ///
     /// # Examples
     ///
@@ -253,7 +256,7 @@ impl DeadLetters {
         self.read_all()
             .await?
             .into_iter()
-            .find(|d| d.id == id)
+            .find(|d| d.id == id && d.replayed_to.as_deref() != Some(PURGED))
             .ok_or_else(|| DeadLetterError::NotFound {
                 name: self.topic.clone(),
                 id: id.to_owned(),
@@ -321,7 +324,7 @@ impl DeadLetters {
                 break;
             }
             if d.replayed_to.is_none() && filter.matches(&d, now) {
-                self.settle(&d.id, "purged").await?;
+                self.settle(&d.id, PURGED).await?;
                 ids.push(d.id);
             }
         }
