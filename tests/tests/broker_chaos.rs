@@ -1,11 +1,14 @@
-//! Chaos on real brokers: a producer publishes 4,000 messages, a fifth of
-//! them twice; three consumer processes (this test binary, re-run as
+//! Chaos on real brokers (RabbitMQ, NATS JetStream, RocketMQ): a producer
+//! publishes 4,000 messages, a fifth of them twice; three consumer processes (this test binary, re-run as
 //! `chaos_consumer`) apply them through a transaction-mode Postgres handler;
 //! one of them is killed with SIGKILL every 250 ms and started again, and
 //! the consumers' Postgres connections are terminated every half second. At the end the truth is read from the business table:
 //! every message applied exactly once (0 doubled, 0 lost), nothing dead-
 //! lettered, nothing left in the queues or unacknowledged. Bounded to about
 //! a minute per broker; the counts are printed.
+
+// The RocketMQ fixture holds rocketmq-client-rust's types across awaits.
+#![recursion_limit = "256"]
 
 mod chaos;
 mod common;
@@ -16,7 +19,7 @@ use std::process::{Child, Command, Stdio};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use idem_runtime::consume::{CancellationToken, Policy, nats, rabbitmq, shutdown_on};
+use idem_runtime::consume::{CancellationToken, Policy, nats, rabbitmq, rocketmq, shutdown_on};
 use idem_runtime::{ClaimOrder, PgStore, idempotent};
 use idem_tests::brokers::{DeleteQueues, DeleteStreams, amqp_url, nats_url};
 use idem_tests::{DropTables, or_skip, pg_pool, pg_url, unique_table};
@@ -129,6 +132,13 @@ async fn chaos_consumer() {
     let report = match broker.as_str() {
         "rabbitmq" => {
             rabbitmq::Consumer::new(amqp_url(), name)
+                .policy(policy)
+                .run(handler, forever)
+                .await
+        }
+        "rocketmq" => {
+            rocketmq::Consumer::new(idem_tests::brokers::rocketmq_name_server(), name)
+                .delay_levels(idem_tests::brokers::rocketmq_delay_levels())
                 .policy(policy)
                 .run(handler, forever)
                 .await
@@ -460,6 +470,52 @@ impl ChaosBroker for Nats {
     }
 }
 
+struct Rocket {
+    mq: idem_tests::brokers::RocketMq,
+    topic: String,
+    consumer: rocketmq::Consumer,
+}
+
+impl ChaosBroker for Rocket {
+    const NAME: &'static str = "rocketmq";
+
+    async fn publish(&self, payload: Vec<u8>) {
+        self.mq.publish(&self.topic, &payload, None).await;
+    }
+
+    async fn waiting(&self) -> u64 {
+        // The topic, idem's retry topic and the broker's, as the group's
+        // committed offsets say.
+        let group = self.consumer.group_name();
+        let mut n = 0;
+        for topic in [
+            self.topic.clone(),
+            self.consumer.retry_topic(),
+            format!("%RETRY%{group}"),
+        ] {
+            n += self.mq.lag(group, &topic).await;
+        }
+        n
+    }
+
+    async fn dead_letters(&self) -> u64 {
+        self.mq.read(&self.consumer.dead_letter_topic()).await.len() as u64
+    }
+}
+
+/// A RocketMQ topic of the test's own, with 4 queues.
+async fn rocket(prefix: &str) -> Option<Rocket> {
+    let mq = idem_tests::brokers::rocketmq().await?;
+    let topic = unique_table(prefix);
+    mq.create_topic(&topic, 4).await;
+    let consumer = rocketmq::Consumer::new(mq.name_server(), topic.clone());
+    Some(Rocket {
+        mq,
+        topic,
+        consumer,
+    })
+}
+
 async fn run<B: ChaosBroker>(b: &B, name: &str, admin: &sqlx::PgPool, dedup: &str, table: &str) {
     let started = Instant::now();
     let mut counts = Counts {
@@ -677,6 +733,22 @@ async fn exactly_once_on_jetstream_with_consumers_killed_and_connections_dropped
     let (b, _streams) = or_skip!(jetstream("chaos").await);
     let (table, dedup, _tables) = tables(&admin).await;
     run(&b, &b.stream, &admin, &dedup, &table).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_on_rocketmq_with_members_killed_and_connections_dropped() {
+    let admin = or_skip!(pg_pool(4).await);
+    let b = or_skip!(rocket("chaos").await);
+    let (table, dedup, _tables) = tables(&admin).await;
+    run(&b, &b.topic, &admin, &dedup, &table).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_mode_on_rocketmq_with_redis_restarts_doubles_nothing() {
+    let admin = or_skip!(pg_pool(4).await);
+    let b = or_skip!(rocket("chaos_lease").await);
+    let (table, prefix, _tables) = tables(&admin).await;
+    run_lease(&b, &b.topic, &admin, &prefix, &table).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -30,6 +30,7 @@
 //! | [`postgres`], [`mysql`], [`redis`] | each server store: its options, round trips, and what was proven on it |
 //! | [`consumers`] | the RabbitMQ and NATS JetStream consumers: acks, retries, dead letters, chaos runs |
 //! | [`kafka`] | the Kafka consumer: partition order, commits, retry and dead-letter topics, rebalances, offsets in the database |
+//! | [`rocketmq`] | the RocketMQ consumer: its topics, retries at the broker's delay levels, keys from the `KEYS`, what idem sets on the client, dead letters and their ledger |
 //! | [`http`] | the Idempotency-Key header on axum routes: scopes, statuses, transaction and lease mode |
 //! | [`outbox`] | sending messages on from a transaction: staging, derived message ids, relays, what a crash leaves |
 //! | [`operations`] | the `idem` CLI, records, dead letters, the registry, tracing and metrics |
@@ -82,6 +83,10 @@ pub mod consumers {}
 #[cfg(any(doc, all(feature = "kafka", feature = "sqlite")))]
 #[doc = include_str!("kafka.md")]
 pub mod kafka {}
+
+#[cfg(any(doc, feature = "rocketmq"))]
+#[doc = include_str!("rocketmq.md")]
+pub mod rocketmq {}
 
 #[cfg(any(doc, all(feature = "axum", feature = "sqlite")))]
 #[doc = include_str!("http.md")]
