@@ -4,15 +4,17 @@
 //! one:
 //!
 //! ```sh
-//! cargo run -p idem-examples --features rabbitmq,nats,kafka,postgres,redis --example consume
-//! cargo run -p idem-examples --features rabbitmq,nats,kafka,postgres,redis --example consume -- kafka
-//! cargo run -p idem-examples --features rabbitmq,nats,kafka,postgres,redis --example consume -- nats sms
+//! cargo run -p idem-examples --features rabbitmq,nats,kafka,rocketmq,postgres,redis --example consume
+//! cargo run -p idem-examples --features rabbitmq,nats,kafka,rocketmq,postgres,redis --example consume -- kafka
+//! cargo run -p idem-examples --features rabbitmq,nats,kafka,rocketmq,postgres,redis --example consume -- nats sms
 //! ```
 //!
 //! Brokers (in [`idem_examples::broker`], one module each): `rabbitmq`
 //! (`AMQP_URL`, default `amqp://guest:guest@127.0.0.1:5672/%2f`), `nats`
-//! (`NATS_URL`, default `nats://127.0.0.1:4222`, with JetStream) and `kafka`
-//! (`KAFKA_BROKERS`, default `127.0.0.1:9092`; topics of 3 partitions).
+//! (`NATS_URL`, default `nats://127.0.0.1:4222`, with JetStream), `kafka`
+//! (`KAFKA_BROKERS`, default `127.0.0.1:9092`; topics of 3 partitions) and
+//! `rocketmq` (`ROCKETMQ_NAMESRV`, default `127.0.0.1:9876`; topics of 4
+//! queues; the broker the tests start, with their short delay levels).
 //! Scenarios:
 //!
 //! * `stock`: an order line deducts stock (transaction mode, Postgres at
@@ -36,7 +38,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_examples::broker::{BoxError, Broker, kafka, nats, rabbitmq};
+use idem_examples::broker::{BoxError, Broker, kafka, nats, rabbitmq, rocketmq};
 use idem_runtime::consume::{Policy, Report};
 use idem_runtime::{Error, Key, Outcome, PgStore, PgTx, RedisStore, idempotent};
 use serde::{Deserialize, Serialize};
@@ -414,7 +416,7 @@ async fn sms<B: Broker>(broker: &B, store: RedisStore) -> Result<Ran, BoxError> 
 }
 
 /// The brokers and the scenarios, as the command line names them.
-const BROKERS: [&str; 3] = ["rabbitmq", "nats", "kafka"];
+const BROKERS: [&str; 4] = ["rabbitmq", "nats", "kafka", "rocketmq"];
 const SCENARIOS: [&str; 4] = ["stock", "points", "sms", "statistic"];
 
 /// Runs `scenario` on the broker named `kind`.
@@ -422,6 +424,7 @@ async fn on_broker(kind: &str, scenario: &str) -> Result<(), BoxError> {
     match kind {
         "rabbitmq" => on::<rabbitmq::Queue>(scenario).await,
         "nats" => on::<nats::Stream>(scenario).await,
+        "rocketmq" => on::<rocketmq::Topic>(scenario).await,
         _ => on::<kafka::Topic>(scenario).await,
     }
 }
@@ -434,11 +437,13 @@ async fn main() -> Result<(), BoxError> {
         [kind] => (vec![kind.as_str()], SCENARIOS.to_vec()),
         [kind, scenario] => (vec![kind.as_str()], vec![scenario.as_str()]),
         _ => {
-            return Err("usage: consume [rabbitmq|nats|kafka [stock|points|sms|statistic]]".into());
+            return Err(
+                "usage: consume [rabbitmq|nats|kafka|rocketmq [stock|points|sms|statistic]]".into(),
+            );
         }
     };
     if let Some(b) = brokers.iter().find(|b| !BROKERS.contains(b)) {
-        return Err(format!("unknown broker {b:?}: rabbitmq, nats or kafka").into());
+        return Err(format!("unknown broker {b:?}: rabbitmq, nats, kafka or rocketmq").into());
     }
     if let Some(s) = scenarios.iter().find(|s| !SCENARIOS.contains(s)) {
         return Err(format!("unknown scenario {s:?}: stock, points, sms or statistic").into());

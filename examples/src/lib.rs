@@ -4,11 +4,20 @@
 //! example (the module `broker`, built with a broker's feature), and an
 //! HTTP client (the module `http`, with the `http` feature).
 
+// The RocketMQ broker of the `consume` example holds rocketmq-client-rust's
+// producer, whose types are deep.
+#![recursion_limit = "256"]
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-#[cfg(any(feature = "rabbitmq", feature = "nats", feature = "kafka"))]
+#[cfg(any(
+    feature = "rabbitmq",
+    feature = "nats",
+    feature = "kafka",
+    feature = "rocketmq"
+))]
 pub mod broker;
 pub mod cpu;
 pub mod delay_proxy;

@@ -20,7 +20,7 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use idem_runtime::consume::{CancellationToken, Policy, nats, rabbitmq, rocketmq, shutdown_on};
-use idem_runtime::{ClaimOrder, PgStore, idempotent};
+use idem_runtime::{ClaimOrder, MySqlStore, MySqlTx, PgStore, SqliteStore, SqliteTx, idempotent};
 use idem_tests::brokers::{DeleteQueues, DeleteStreams, amqp_url, nats_url};
 use idem_tests::{DropTables, or_skip, pg_pool, pg_url, unique_table};
 use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
@@ -57,6 +57,55 @@ async fn apply_lease(msg: &Applied, pool: &sqlx::PgPool) -> Result<i64, sqlx::Er
         .await
 }
 
+/// Transaction mode on MySQL: the business row in the claim's transaction.
+#[idempotent(
+    key = "message_id",
+    ttl = "1h",
+    store = "mysql",
+    name = "chaos_apply_mysql"
+)]
+async fn apply_mysql(tx: &mut MySqlTx<'_>, msg: &Applied) -> Result<i64, sqlx::Error> {
+    let sql = format!(
+        "INSERT INTO {} (message_id, applied) VALUES (?, 1)
+         ON DUPLICATE KEY UPDATE applied = applied + 1",
+        msg.table
+    );
+    sqlx::query(AssertSqlSafe(sql))
+        .bind(msg.message_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(1)
+}
+
+/// Transaction mode on SQLite: one file shared by the consumer processes.
+#[idempotent(
+    key = "message_id",
+    ttl = "1h",
+    store = "sqlite",
+    name = "chaos_apply_sqlite"
+)]
+async fn apply_sqlite(tx: &mut SqliteTx<'_>, msg: &Applied) -> Result<i64, sqlx::Error> {
+    let sql = format!(
+        "INSERT INTO {} (message_id, applied) VALUES (?, 1)
+         ON CONFLICT (message_id) DO UPDATE SET applied = applied + 1",
+        msg.table
+    );
+    sqlx::query(AssertSqlSafe(sql))
+        .bind(msg.message_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(1)
+}
+
+/// The transaction-mode store of a consumer process
+/// (`IDEM_CHAOS_STORE`: `mysql`, `sqlite:<path>`, or PostgreSQL).
+#[derive(Clone)]
+enum TxStore {
+    Pg(PgStore),
+    MySql(MySqlStore),
+    Sqlite(SqliteStore),
+}
+
 /// The consumer process: runs until it is killed, or until SIGINT, which
 /// shuts it down gracefully.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -88,16 +137,36 @@ async fn chaos_consumer() {
         ),
         Err(_) => None,
     };
-    let store = PgStore::from_pool(pool.clone())
-        .with_table(&dedup)
-        .expect("table")
-        .with_claim_order(ClaimOrder::Last);
+    let store = match std::env::var("IDEM_CHAOS_STORE").ok().as_deref() {
+        Some("mysql") => TxStore::MySql(
+            MySqlStore::connect(&idem_tests::mysql_url())
+                .await
+                .expect("mysql")
+                .with_table(&dedup)
+                .expect("table"),
+        ),
+        Some(spec) if spec.starts_with("sqlite:") => TxStore::Sqlite(
+            SqliteStore::open(&spec["sqlite:".len()..])
+                .await
+                .expect("sqlite")
+                .with_table(&dedup)
+                .expect("table"),
+        ),
+        _ => TxStore::Pg(
+            PgStore::from_pool(pool.clone())
+                .with_table(&dedup)
+                .expect("table")
+                .with_claim_order(ClaimOrder::Last),
+        ),
+    };
     let handler = move |msg: Applied| {
         let (store, redis, pool) = (store.clone(), redis.clone(), pool.clone());
         async move {
-            let result = match &redis {
-                Some(redis) => apply_lease(redis, &msg, &pool).await,
-                None => apply(&store, &msg).await,
+            let result = match (&redis, &store) {
+                (Some(redis), _) => apply_lease(redis, &msg, &pool).await,
+                (None, TxStore::Pg(store)) => apply(store, &msg).await,
+                (None, TxStore::MySql(store)) => apply_mysql(store, &msg).await,
+                (None, TxStore::Sqlite(store)) => apply_sqlite(store, &msg).await,
             };
             // What this delivery came to, for the run's counts (lost when
             // the connection or the process dies first: the counts are a
@@ -160,12 +229,20 @@ struct Consumer {
 }
 
 impl Consumer {
-    fn start(broker: &str, name: &str, dedup: &str) -> Consumer {
-        Self::start_with(broker, name, dedup, None)
+    fn start(broker: &str, name: &str, dedup: &str, store: Option<&str>) -> Consumer {
+        Self::start_with(broker, name, dedup, None, store)
     }
 
-    /// A consumer whose handler runs in lease mode on the Redis at `redis`.
-    fn start_with(broker: &str, name: &str, dedup: &str, redis: Option<&str>) -> Consumer {
+    /// A consumer whose handler runs in lease mode on the Redis at `redis`,
+    /// or in transaction mode on `store` (`IDEM_CHAOS_STORE`; PostgreSQL
+    /// when `None`).
+    fn start_with(
+        broker: &str,
+        name: &str,
+        dedup: &str,
+        redis: Option<&str>,
+        store: Option<&str>,
+    ) -> Consumer {
         let exe = std::env::current_exe().expect("test binary");
         let mut command = Command::new(exe);
         command
@@ -179,6 +256,9 @@ impl Consumer {
             .env("IDEM_CHAOS_BROKER", broker)
             .env("IDEM_CHAOS_NAME", name)
             .env("IDEM_CHAOS_DEDUP", dedup);
+        if let Some(store) = store {
+            command.env("IDEM_CHAOS_STORE", store);
+        }
         if let Some(url) = redis {
             command.env("IDEM_CHAOS_REDIS", url);
         }
@@ -265,6 +345,7 @@ impl End {
         b: &B,
         consumers: Vec<Consumer>,
         admin: &sqlx::PgPool,
+        truth: &Truth,
         table: &str,
     ) -> End {
         for c in consumers {
@@ -273,12 +354,7 @@ impl End {
                 .expect("stop");
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let rows: Vec<(i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT message_id, applied FROM {table}"
-        )))
-        .fetch_all(admin)
-        .await
-        .expect("read the business table");
+        let rows = truth.rows(table).await;
         End {
             seen: Seen::read(admin, table).await,
             applied_rows: rows.len() as i64,
@@ -311,6 +387,37 @@ async fn produce<B: ChaosBroker>(b: &B, table: &str) {
         if id % TWICE_EVERY == 0 {
             b.publish(payload).await;
         }
+    }
+}
+
+/// Where a run's business table is: where its transaction-mode handler
+/// writes, in the claim's transaction.
+enum Truth {
+    Pg(sqlx::PgPool),
+    MySql(sqlx::MySqlPool),
+    /// The pool, and the file the consumer processes share.
+    Sqlite(sqlx::SqlitePool, String),
+}
+
+impl Truth {
+    /// What the consumer processes are told (`IDEM_CHAOS_STORE`).
+    fn spec(&self) -> Option<&str> {
+        match self {
+            Truth::Pg(_) => None,
+            Truth::MySql(_) => Some("mysql"),
+            Truth::Sqlite(_, spec) => Some(spec),
+        }
+    }
+
+    /// The business table's rows: message id, times applied.
+    async fn rows(&self, table: &str) -> Vec<(i64, i64)> {
+        let sql = format!("SELECT message_id, applied FROM {table}");
+        match self {
+            Truth::Pg(p) => sqlx::query_as(AssertSqlSafe(sql)).fetch_all(p).await,
+            Truth::MySql(p) => sqlx::query_as(AssertSqlSafe(sql)).fetch_all(p).await,
+            Truth::Sqlite(p, _) => sqlx::query_as(AssertSqlSafe(sql)).fetch_all(p).await,
+        }
+        .expect("read the business table")
     }
 }
 
@@ -516,7 +623,14 @@ async fn rocket(prefix: &str) -> Option<Rocket> {
     })
 }
 
-async fn run<B: ChaosBroker>(b: &B, name: &str, admin: &sqlx::PgPool, dedup: &str, table: &str) {
+async fn run<B: ChaosBroker>(
+    b: &B,
+    name: &str,
+    admin: &sqlx::PgPool,
+    truth: &Truth,
+    dedup: &str,
+    table: &str,
+) {
     let started = Instant::now();
     let mut counts = Counts {
         published: MESSAGES + PUBLISHED_TWICE,
@@ -524,7 +638,7 @@ async fn run<B: ChaosBroker>(b: &B, name: &str, admin: &sqlx::PgPool, dedup: &st
         ..Counts::default()
     };
     let mut consumers: Vec<Consumer> = (0..CONSUMERS)
-        .map(|_| Consumer::start(B::NAME, name, dedup))
+        .map(|_| Consumer::start(B::NAME, name, dedup, truth.spec()))
         .collect();
 
     let chaos = async {
@@ -533,7 +647,7 @@ async fn run<B: ChaosBroker>(b: &B, name: &str, admin: &sqlx::PgPool, dedup: &st
         loop {
             tokio::time::sleep(Duration::from_millis(250)).await;
             tick += 1;
-            if applied(admin, table).await >= MESSAGES && b.waiting().await == 0 {
+            if truth.rows(table).await.len() as i64 >= MESSAGES && b.waiting().await == 0 {
                 break;
             }
             assert!(
@@ -550,10 +664,12 @@ async fn run<B: ChaosBroker>(b: &B, name: &str, admin: &sqlx::PgPool, dedup: &st
                 counts.kills += 1;
                 next_kill += 1;
                 let (broker, name, dedup) = (B::NAME, name.to_owned(), dedup.to_owned());
-                let fresh =
-                    tokio::task::spawn_blocking(move || Consumer::start(broker, &name, &dedup))
-                        .await
-                        .expect("restart");
+                let spec = truth.spec().map(str::to_owned);
+                let fresh = tokio::task::spawn_blocking(move || {
+                    Consumer::start(broker, &name, &dedup, spec.as_deref())
+                })
+                .await
+                .expect("restart");
                 consumers.push(fresh);
             }
             // Terminate the consumers' Postgres connections.
@@ -571,7 +687,7 @@ async fn run<B: ChaosBroker>(b: &B, name: &str, admin: &sqlx::PgPool, dedup: &st
     };
     // The producer publishes while the chaos runs.
     tokio::join!(produce(b, table), chaos);
-    counts.end = End::after(b, consumers, admin, table).await;
+    counts.end = End::after(b, consumers, admin, truth, table).await;
     println!("{} chaos in {:?}: {counts:?}", B::NAME, started.elapsed());
     counts.end.assert_exactly_once();
     assert!(counts.kills >= 5, "{counts:?}");
@@ -619,7 +735,7 @@ async fn run_lease<B: ChaosBroker>(
     let mut server = or_skip!(idem_tests::RedisServer::start_persistent());
     let redis = server.url();
     let consumers: Vec<Consumer> = (0..CONSUMERS)
-        .map(|_| Consumer::start_with(B::NAME, name, prefix, Some(&redis)))
+        .map(|_| Consumer::start_with(B::NAME, name, prefix, Some(&redis), None))
         .collect();
     let mut restarts = 0u32;
     let chaos = async {
@@ -648,7 +764,7 @@ async fn run_lease<B: ChaosBroker>(
         }
     };
     tokio::join!(produce(b, table), chaos);
-    let end = End::after(b, consumers, admin, table).await;
+    let end = End::after(b, consumers, admin, &Truth::Pg(admin.clone()), table).await;
     println!(
         "{} lease-mode chaos in {:?}: published {}, redis restarts {restarts}, {end:?}",
         B::NAME,
@@ -724,7 +840,15 @@ async fn exactly_once_on_rabbitmq_with_consumers_killed_and_connections_dropped(
     let admin = or_skip!(pg_pool(4).await);
     let (b, _queues) = or_skip!(rabbit("chaos").await);
     let (table, dedup, _tables) = tables(&admin).await;
-    run(&b, &b.queue, &admin, &dedup, &table).await;
+    run(
+        &b,
+        &b.queue,
+        &admin,
+        &Truth::Pg(admin.clone()),
+        &dedup,
+        &table,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -732,7 +856,15 @@ async fn exactly_once_on_jetstream_with_consumers_killed_and_connections_dropped
     let admin = or_skip!(pg_pool(4).await);
     let (b, _streams) = or_skip!(jetstream("chaos").await);
     let (table, dedup, _tables) = tables(&admin).await;
-    run(&b, &b.stream, &admin, &dedup, &table).await;
+    run(
+        &b,
+        &b.stream,
+        &admin,
+        &Truth::Pg(admin.clone()),
+        &dedup,
+        &table,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -740,7 +872,79 @@ async fn exactly_once_on_rocketmq_with_members_killed_and_connections_dropped() 
     let admin = or_skip!(pg_pool(4).await);
     let b = or_skip!(rocket("chaos").await);
     let (table, dedup, _tables) = tables(&admin).await;
-    run(&b, &b.topic, &admin, &dedup, &table).await;
+    run(
+        &b,
+        &b.topic,
+        &admin,
+        &Truth::Pg(admin.clone()),
+        &dedup,
+        &table,
+    )
+    .await;
+}
+
+/// The RocketMQ chaos with the transaction-mode handler on MySQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_on_rocketmq_with_mysql_handlers() {
+    let admin = or_skip!(pg_pool(4).await);
+    let mysql = or_skip!(idem_tests::mysql_pool(4, 5).await);
+    let b = or_skip!(rocket("chaos_mysql").await);
+    let (table, dedup, _tables) = tables(&admin).await;
+    let _mysql_tables = idem_tests::DropMySqlTables::new(&[&table, &dedup]);
+    sqlx::query(AssertSqlSafe(format!(
+        "CREATE TABLE {table} (message_id BIGINT PRIMARY KEY, applied BIGINT NOT NULL)"
+    )))
+    .execute(&mysql)
+    .await
+    .expect("business table");
+    MySqlStore::from_pool(mysql.clone())
+        .with_table(&dedup)
+        .expect("table")
+        .migrate()
+        .await
+        .expect("migrate");
+    run(&b, &b.topic, &admin, &Truth::MySql(mysql), &dedup, &table).await;
+}
+
+/// The RocketMQ chaos with the transaction-mode handler on SQLite: one
+/// file, three consumer processes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_on_rocketmq_with_sqlite_handlers() {
+    let admin = or_skip!(pg_pool(4).await);
+    let b = or_skip!(rocket("chaos_sqlite").await);
+    let (table, dedup, _tables) = tables(&admin).await;
+    let dir = tempfile::tempdir().expect("a directory");
+    let path = dir.path().join("chaos.db");
+    let store = SqliteStore::open(&path)
+        .await
+        .expect("sqlite")
+        .with_table(&dedup)
+        .expect("table");
+    store.migrate().await.expect("migrate");
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .connect_with(
+            sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(&path)
+                .busy_timeout(Duration::from_secs(10)),
+        )
+        .await
+        .expect("a pool");
+    sqlx::query(AssertSqlSafe(format!(
+        "CREATE TABLE {table} (message_id INTEGER PRIMARY KEY, applied INTEGER NOT NULL)"
+    )))
+    .execute(&pool)
+    .await
+    .expect("business table");
+    let spec = format!("sqlite:{}", path.display());
+    run(
+        &b,
+        &b.topic,
+        &admin,
+        &Truth::Sqlite(pool, spec),
+        &dedup,
+        &table,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,6 +16,8 @@ pub mod kafka;
 pub mod nats;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
+#[cfg(feature = "rocketmq")]
+pub mod rocketmq;
 
 /// An error of any kind, as the examples return them.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

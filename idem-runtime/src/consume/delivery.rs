@@ -54,16 +54,16 @@ impl std::fmt::Display for Broker {
 /// One delivery as the broker described it, handed to a handler started
 /// with `run`.
 ///
-/// | field | RabbitMQ | NATS JetStream | Kafka |
-/// | --- | --- | --- | --- |
-/// | `source` | the routing key it was published with | the subject | the topic it was first consumed from |
-/// | `redelivered` | the broker's `redelivered` flag | `delivered > 1` | `false`: Kafka does not say |
-/// | `retries` | `x-idem-retries`: times this consumer handed it back | `delivered - 1`: every redelivery, a `Nak` or an ack wait that ran out | `x-idem-retries` |
-/// | `deliveries` | `1 + retries`, `+ 1` when `redelivered` | `delivered` | `1 + retries` |
-/// | `id` | the `message_id` property | the `Nats-Msg-Id` header | the `x-idem-message-id` header (an outbox relay writes all three) |
-/// | `partition`, `offset` | `None` | `None`, the stream sequence | the partition and offset it was first consumed at |
-/// | `published_at` | the `timestamp` property (whole seconds) | the stream's timestamp | the record's timestamp |
-/// | `headers` | the AMQP headers, values as text | the headers | the record headers |
+/// | field | RabbitMQ | NATS JetStream | Kafka | RocketMQ |
+/// | --- | --- | --- | --- | --- |
+/// | `source` | the routing key it was published with | the subject | the topic it was first consumed from | the topic it was first consumed from (`x-idem-topic` on a retry) |
+/// | `redelivered` | the broker's `redelivered` flag | `delivered > 1` | `false`: Kafka does not say | `deliveries > 1` |
+/// | `retries` | `x-idem-retries`: times this consumer handed it back | `delivered - 1`: every redelivery, a `Nak` or an ack wait that ran out | `x-idem-retries` | `x-idem-retries`, plus the client's `RECONSUME_LATER` sends |
+/// | `deliveries` | `1 + retries`, `+ 1` when `redelivered` | `delivered` | `1 + retries` | `1 + retries` |
+/// | `id` | the `message_id` property | the `Nats-Msg-Id` header | the `x-idem-message-id` header (an outbox relay writes all three) | the `KEYS` (an outbox relay writes the id there), else the client's `UNIQ_KEY` |
+/// | `partition`, `offset` | `None` | `None`, the stream sequence | the partition and offset it was first consumed at | the queue id and queue offset of this delivery |
+/// | `published_at` | the `timestamp` property (whole seconds) | the stream's timestamp | the record's timestamp | the producer's born time (`x-idem-published` on a retry) |
+/// | `headers` | the AMQP headers, values as text | the headers | the record headers | every property (`KEYS`, `TAGS`, `UNIQ_KEY`, the user's) |
 ///
 /// # Examples
 ///

@@ -1,11 +1,12 @@
 //! Consumers on real brokers around any idempotent handler (features
-//! `rabbitmq`, `nats` and `kafka`): decode the payload, call the handler,
+//! `rabbitmq`, `nats`, `kafka` and `rocketmq`): decode the payload, call the handler,
 //! and turn what it returned into the broker's ack (Kafka: a commit up to
 //! it), delayed retry or dead letter.
 //!
 //! A consumer is started in a few lines, with a closure that calls the
 //! rewritten function with its store ([`Handler`]: the message alone, or
-//! the message and its [`Delivery`]): see `rabbitmq`, `nats` and `kafka`.
+//! the message and its [`Delivery`]): see `rabbitmq`, `nats`, `kafka` and
+//! `rocketmq`.
 //! Each broker is a folder (its consumer, its topology, its dead letters)
 //! around one front (`consume/front/`) that every broker shares.
 //!
@@ -29,7 +30,8 @@
 //! Retries never hold a prefetch slot: the delivery is acked and handed back
 //! to the broker with a delay (RabbitMQ: a retry queue whose TTL expires it
 //! back into the work queue; JetStream: `Nak` with a delay; Kafka: a retry
-//! topic, or, for strict order, a wait in place). The wait is the one the
+//! topic, or, for strict order, a wait in place; RocketMQ: a retry topic
+//! at one of the broker's delay levels). The wait is the one the
 //! verdict asked for, not rounded up to a retry queue's or topic's delay
 //! (see [`RETRY_DELAYS`]).
 //!
@@ -37,7 +39,7 @@
 //!
 //! Each consumer declares what it needs (RabbitMQ: retry and dead-letter
 //! queues; NATS: the streams and the durable; Kafka: retry and dead-letter
-//! topics) when it starts, and on its own with `declare()`, for a producer or
+//! topics; RocketMQ: the topic and its retry topic) when it starts, and on its own with `declare()`, for a producer or
 //! a deploy step to run before any message is published. The names and the
 //! retry delays are settings of the consumer, with the defaults in each
 //! module's topology table.

@@ -68,14 +68,19 @@
 //!   lane of the client's runtime, one call per message (batch size 1).
 //!   idem sizes that lane and the consumer's threads to the policy's
 //!   `concurrency`: with the client's defaults (20 threads, a lane of twice
-//!   the cores), calls beyond the lane fail before the listener runs, count
-//!   as failed consumptions and reach `%DLQ%` with the body never run.
+//!   the cores, eight times the cores queued), no more than twice the cores
+//!   run at once, and a call that waits beyond the lane's queue or its
+//!   timeout fails before the listener runs: it counts as a failed
+//!   consumption, is sent back through `%RETRY%` (or, when that fails, by a
+//!   producer's send, which this broker moves to `%DLQ%`), the body never
+//!   run.
 //! - **Stopping.** A stop lets the bodies in flight reach their outcome,
 //!   then shuts the consumer down waiting for the client to commit their
 //!   offsets (the client's default waits for nothing, so what ran was
-//!   delivered again). A message the client handed over after the stop
-//!   began is handed back (`RECONSUME_LATER`: it comes back through the
-//!   retry topic) without a call.
+//!   delivered again). A call the client makes after the stop began waits,
+//!   without running the body, until the consumer is shut down: the offset
+//!   committed stays before its message, which is delivered again to the
+//!   queue's next owner.
 //! - **Rebalancing.** A member that joins or leaves is seen by the others
 //!   at the client's next rebalance, every 20 s: a member that dies leaves
 //!   its queues unread until then (and redelivers what it had not
@@ -289,14 +294,14 @@ impl Consumer {
     /// use idem_runtime::consume::rocketmq::Consumer;
     /// use std::time::Duration;
     ///
-    /// // messageDelayLevel = "100ms 1s 5s 30s"
+    /// // messageDelayLevel = "1s 5s 30s 2m" (whole s, m, h or d each)
     /// let c = Consumer::new("127.0.0.1:9876", "orders").delay_levels([
-    ///     Duration::from_millis(100),
     ///     Duration::from_secs(1),
     ///     Duration::from_secs(5),
     ///     Duration::from_secs(30),
+    ///     Duration::from_secs(120),
     /// ]);
-    /// assert_eq!(c.delay_level(Duration::from_secs(2)), 2);
+    /// assert_eq!(c.delay_level(Duration::from_secs(7)), 2);
     /// ```
     pub fn delay_levels(mut self, levels: impl IntoIterator<Item = Duration>) -> Self {
         self.levels = levels.into_iter().collect();
