@@ -74,13 +74,14 @@ pub struct RocketMq {
 /// A RocketMQ whose broker takes messages, or `None` (after
 /// [`unavailable`]) when none answers. When nothing answers on the
 /// loopback default and the rocketmq-rust binaries are installed, a name
-/// server and a broker are started (see [`start_loopback`]).
+/// server and a broker are started (on 9876 and 10911, with
+/// [`ROCKETMQ_DELAY_LEVELS`], in `$TMPDIR/idem-tests-rocketmq`).
 pub async fn rocketmq() -> Option<RocketMq> {
     let name_server = rocketmq_name_server();
     let reached = RocketMq::connect(&name_server).await;
     let reached = match reached {
         Ok(r) => Ok(r),
-        Err(_) if std::env::var("ROCKETMQ_NAMESRV").is_err() && start_loopback() => {
+        Err(_) if std::env::var("ROCKETMQ_NAMESRV").is_err() && started_once() => {
             let deadline = std::time::Instant::now() + Duration::from_secs(60);
             loop {
                 match RocketMq::connect(&name_server).await {
@@ -99,6 +100,17 @@ pub async fn rocketmq() -> Option<RocketMq> {
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Starts the loopback name server and broker once in this process (the
+/// tests of a binary run on threads of it, and each may find nothing
+/// answering while they start); `true` once they were started here.
+fn started_once() -> bool {
+    static STARTED: std::sync::Mutex<Option<bool>> = std::sync::Mutex::new(None);
+    let mut started = STARTED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    *started.get_or_insert_with(start_loopback)
+}
 
 impl RocketMq {
     /// A producer on `name_server` whose broker stored a message (to the
