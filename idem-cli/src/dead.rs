@@ -119,7 +119,7 @@ pub(crate) struct Where {
     #[arg(long, value_name = "GROUP", requires = "rocketmq")]
     group: Option<String>,
     /// The dead-letter queue, stream or topic itself, instead of the one
-    /// derived from --queue, --stream or --topic
+    /// derived from --queue, --stream, --topic or --group
     #[arg(long, value_name = "NAME")]
     dead_letters: Option<String>,
 }

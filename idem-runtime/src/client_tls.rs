@@ -61,6 +61,8 @@ pub(crate) async fn amqp(url: &str, tls: &ClientTls) -> Result<lapin::Connection
     use lapin::{Connection, ConnectionProperties};
     tls.check_amqp(url)?;
     #[cfg(feature = "tls")]
+    crate::tls::install_ring_default();
+    #[cfg(feature = "tls")]
     if let Some(tls) = &tls.tls {
         return amqps(url, tls).await;
     }
@@ -135,6 +137,10 @@ async fn amqps(url: &str, tls: &crate::tls::Tls) -> Result<lapin::Connection, Bo
 /// client certificate, when there are settings.
 #[cfg(feature = "nats")]
 pub(crate) async fn nats(url: &str, tls: &ClientTls) -> Result<async_nats::Client, BoxError> {
+    // async-nats builds a rustls configuration of its own for a `tls://`
+    // URL, from rustls' process default.
+    #[cfg(feature = "tls")]
+    crate::tls::install_ring_default();
     #[cfg(feature = "tls")]
     if let Some(tls) = &tls.tls {
         tls.warn_if_unverified("NATS");

@@ -79,8 +79,10 @@ impl Broker for Topic {
             .body(payload)
             .build()?;
         let producer = self.producer.clone();
-        Box::pin(async move { producer.send(msg).await }).await?;
-        Ok(())
+        match Box::pin(async move { producer.send(msg).await }).await? {
+            Some(r) if r.send_status == rocketmq_model::result::SendStatus::SendOk => Ok(()),
+            other => Err(format!("the broker did not store the message: {other:?}").into()),
+        }
     }
 
     fn consume<M, T, E, F, Fut>(

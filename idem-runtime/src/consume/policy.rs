@@ -65,7 +65,7 @@ pub struct Policy {
     /// How long a consumer that stops (its shutdown token; on RabbitMQ and
     /// NATS also a lost session, before it reconnects) waits for the bodies
     /// in flight to reach their recorded outcome. idem drops no body
-    /// before that. Past it, RabbitMQ's and NATS's consumers drop the
+    /// before that. Past it, RabbitMQ's, NATS's and RocketMQ's consumers drop the
     /// bodies still running (counted in
     /// [`BODIES_DROPPED`](crate::metric::BODIES_DROPPED)), and their
     /// messages are delivered again; Kafka's commits what is settled and

@@ -121,6 +121,11 @@ impl Destination for RocketMqDestination {
                 .map_err(|e| format!("header {name}: {e}"))?;
         }
         let queue = self.queue_of(&message.destination, &message.lane).await;
-        self.producer.send_to(builder.build()?, queue).await
+        let sent = self.producer.send_to(builder.build()?, queue).await;
+        if sent.is_err() {
+            // The topic's queues may have changed: looked up again next time.
+            lock(&self.queues).remove(&message.destination);
+        }
+        sent
     }
 }

@@ -46,6 +46,17 @@
 //! certificate, a client certificate the server refused).
 
 mod explain;
+
+/// Installs *ring* as rustls' process-wide crypto provider unless one is
+/// installed. The clients that build a rustls configuration of their own
+/// (redis-rs for `rediss://`, async-nats for a `tls://` URL) ask rustls for
+/// that default, and rustls can only pick one by itself when exactly one
+/// provider is built in: a build with the `rocketmq` feature also has
+/// aws-lc-rs (through the RocketMQ client's HTTP client), so without a
+/// default installed they would panic.
+pub(crate) fn install_ring_default() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
 mod pem;
 #[cfg(any(feature = "nats", feature = "rabbitmq"))]
 pub(crate) mod rustls_config;

@@ -109,7 +109,8 @@ pub struct DeadLetter {
     /// Its message id (see the table).
     pub message_id: Option<String>,
     /// Kafka: the id and place of its replay's copy (`topic/partition:offset`)
-    /// when it was replayed already; elsewhere a replayed dead letter is gone.
+    /// when it was replayed already; RocketMQ: `replayed to <topic>` (a
+    /// purged one is not shown); elsewhere a replayed dead letter is gone.
     pub replayed_to: Option<String>,
     /// Its headers, values as text, in order.
     pub headers: Vec<(String, String)>,

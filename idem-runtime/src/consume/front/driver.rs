@@ -186,10 +186,11 @@ async fn drive<T: Transport>(
             }
         }
     }
-    // Take nothing more; let what is in flight finish and settle, for up
-    // to the grace.
-    drop(messages);
+    // Take nothing more (the broker told first, then the messages it had
+    // handed over and were not taken dropped); let what is in flight
+    // finish and settle, for up to the grace.
     stop_taking.await;
+    drop(messages);
     let grace = transport.policy().grace;
     // A grace too long to add is no limit.
     let past_grace = match tokio::time::Instant::now().checked_add(grace) {

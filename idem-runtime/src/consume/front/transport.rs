@@ -102,8 +102,8 @@ pub(crate) trait Transport: Send + Sync + 'static {
     /// How close to its due time a retry that came back early may be and
     /// wait out the rest here, holding its slot, rather than be forwarded:
     /// [`DUE_SLACK`] where the broker's shortest wait is short (RabbitMQ's
-    /// and Kafka's tiers); RocketMQ's shortest delay level, where a forward
-    /// would wait at least that long.
+    /// tiers); RocketMQ's shortest delay level, where a forward would wait
+    /// at least that long.
     fn waits_here(&self) -> Duration {
         DUE_SLACK
     }

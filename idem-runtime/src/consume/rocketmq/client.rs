@@ -4,11 +4,12 @@
 //! push consumer's listener on a blocking lane of that runtime.
 //!
 //! The lane is sized here for the listener calls idem will make: the
-//! client's default lane on a small machine (twice the cores, 16 more
-//! queued) is smaller than its default consumer concurrency (20), and a
-//! call the lane cannot take fails before the listener runs, is counted as
-//! a failed consumption and ends in the dead-letter topic without the body
-//! ever running. The lane's task timeout (30 s by default) is lifted too:
+//! client's default lane (twice the cores, eight times the cores queued)
+//! is smaller than its default consumer concurrency (20) on a small
+//! machine, and a call the lane cannot take fails before the listener
+//! runs, is counted as a failed consumption and is sent back without the
+//! body ever running. The lane's task timeout (30 s by default) is lifted
+//! too, as the consumer lifts the client's `consume_timeout` (15 minutes):
 //! a body that runs longer would otherwise be handed back while it still
 //! runs.
 
@@ -128,6 +129,9 @@ impl Publish for DefaultMQProducer {
     fn ensure_topic<'a>(&'a self, topic: &'a str) -> BoxFuture<'a, Result<(), BoxError>> {
         let mut producer = self.clone();
         Box::pin(async move {
+            // rocketmq-client-rust 1.0.0 words a missing topic as it words
+            // other failures ("Argument is invalid"): any failed look-up is
+            // taken for a missing topic, and one that cannot be made fails.
             if producer.fetch_publish_message_queues(topic).await.is_ok() {
                 return Ok(());
             }

@@ -56,7 +56,7 @@ use rocketmq_model::common::message::message_single::Message;
 
 use super::client::{Client, Producer};
 use super::reader::{Reader, reader};
-use super::transport::property;
+use super::transport::{is_system, property};
 use super::{DEAD_ID, DUE, TOPIC};
 use crate::consume::Broker;
 use crate::consume::dead::{
@@ -334,8 +334,13 @@ impl DeadLetters {
         })
     }
 
-    /// Writes to the ledger that `id` was `what`.
+    /// Writes to the ledger that `id` was `what` (making the ledger topic,
+    /// where it is missing, first).
     async fn settle(&self, id: &str, what: &str) -> Result<(), DeadLetterError> {
+        self.producer
+            .ensure_topic(&DeadLetters::ledger_name(&self.topic))
+            .await
+            .map_err(|e| DeadLetterError::broker(BROKER, e))?;
         let entry = Message::builder()
             .topic(DeadLetters::ledger_name(&self.topic))
             .key(id.to_owned())
@@ -433,7 +438,6 @@ fn replay_copy(
     replays: u32,
     from: &str,
 ) -> Result<Message, crate::BoxError> {
-    use rocketmq_model::common::message::STRING_HASH_SET;
     use rocketmq_model::common::message::message_property::MessagePropertyKey;
     let mut builder = Message::builder()
         .topic(topic.to_owned())
@@ -446,7 +450,7 @@ fn replay_copy(
     }
     for (name, value) in m.properties() {
         let name = name.as_str();
-        if STRING_HASH_SET.contains(name) || NOT_REPLAYED.contains(&name) || value.is_empty() {
+        if is_system(name) || NOT_REPLAYED.contains(&name) || value.is_empty() {
             continue;
         }
         builder = builder.raw_property(name.to_owned(), value.clone())?;

@@ -56,7 +56,8 @@ impl Taken {
 /// the client's process queue, so the offset committed at shutdown stays
 /// before it and the next owner of the queue gets it; answered `Later`
 /// before, it would go through the retry topic, and at once each queued
-/// call after it, until the client stopped calling.
+/// call after it, until the client stopped calling. A call whose message
+/// the driver handed back or dropped at a stop waits the same way.
 #[derive(Debug, Default)]
 pub(crate) struct Gate {
     state: Mutex<State>,
@@ -69,6 +70,16 @@ enum State {
     Open,
     Stopped,
     Closed,
+}
+
+/// Closes its gate when dropped: a consumer whose `run` is dropped before
+/// its shutdown is over releases the calls waiting at the gate.
+pub(crate) struct CloseOnDrop(pub(crate) Arc<Gate>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.close();
+    }
 }
 
 impl Gate {
@@ -89,6 +100,18 @@ impl Gate {
     pub(crate) fn close(&self) {
         *self.lock() = State::Closed;
         self.changed.notify_all();
+    }
+
+    /// Blocks while stopped: returns once the consumer is shut down (or
+    /// at once while open).
+    fn wait_closed(&self) {
+        let mut state = self.lock();
+        while *state == State::Stopped {
+            state = self
+                .changed
+                .wait(state)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
     }
 
     /// Whether a call may hand its message over; blocks while stopped.
@@ -130,10 +153,21 @@ impl Listener {
             answer: Mutex::new(Some(tx)),
         };
         if self.to_driver.send(Ok(taken)).is_err() {
+            self.gate.wait_closed();
             return Answer::Later;
         }
-        // Unanswered (the driver dropped it): back to the client.
-        rx.recv().unwrap_or(Answer::Later)
+        match rx.recv() {
+            Ok(Answer::Consumed) => Answer::Consumed,
+            // Handed back, or dropped unanswered (the driver stopped, or
+            // cut its body past the grace): at a stop, the call waits for
+            // the shutdown, so the message stays in the client's queue and
+            // its offset uncommitted, rather than going through the retry
+            // topic.
+            Ok(Answer::Later) | Err(_) => {
+                self.gate.wait_closed();
+                Answer::Later
+            }
+        }
     }
 }
 

@@ -36,8 +36,9 @@
 //!   publication time (`x-idem-published`) and its due time (`x-idem-due`); the broker stores the copy before the original is
 //!   acked. A copy that comes back before it is due is sent on for what is
 //!   left without a call, or, when what is left is shorter than the
-//!   shortest level, waits it out in the consumer; so the wait is the one
-//!   asked for, not rounded to a level. The levels are the broker's
+//!   shortest level, waits it out in the consumer; so a wait longer than
+//!   the shortest level is the one asked for, not rounded to a level (a
+//!   shorter one waits the shortest level). The levels are the broker's
 //!   `messageDelayLevel`: tell the consumer yours with
 //!   [`Consumer::delay_levels`] (the default is Apache RocketMQ's, 1 s to
 //!   2 h). The retry topic is idem's own, not the group's `%RETRY%` topic,
@@ -440,6 +441,12 @@ impl Consumer {
                 self.levels
             )));
         }
+        if !(1..=1_000).contains(&self.policy.concurrency) {
+            return Err(refuse(format!(
+                "a concurrency of {}: the RocketMQ client runs 1 to 1,000 consumer threads",
+                self.policy.concurrency
+            )));
+        }
         if self.tags.trim().is_empty() {
             return Err(refuse(
                 "an empty tag expression: `*` takes every tag".to_owned(),
@@ -537,6 +544,12 @@ mod tests {
         assert!(refusal(&c().delay_levels(Vec::new())).contains("messageDelayLevel"));
         assert!(refusal(&c().delay_levels([Duration::ZERO])).contains("zero"));
         assert!(refusal(&c().tags(" ")).contains("tag"));
+        let policy = |concurrency| Policy {
+            concurrency,
+            ..Policy::default()
+        };
+        assert!(refusal(&c().policy(policy(0))).contains("1 to 1,000"));
+        assert!(refusal(&c().policy(policy(1_001))).contains("1 to 1,000"));
     }
 
     #[test]

@@ -27,7 +27,7 @@ pub(crate) type Reader = std::sync::Arc<dyn ReadTopic>;
 /// What a reader does.
 pub(crate) trait ReadTopic: Send + Sync {
     /// Every message of `topic`, by queue and offset; `None` when the
-    /// topic does not exist.
+    /// topic does not exist, or its route cannot be looked up.
     fn read<'a>(
         &'a self,
         topic: &'a str,
@@ -67,6 +67,8 @@ fn read_topic<'a>(
     topic: &'a str,
 ) -> BoxFuture<'a, Result<Option<Vec<MessageExt>>, BoxError>> {
     Box::pin(async move {
+        // The client words a missing topic as it words other failures: a
+        // failed look-up is taken for a missing topic.
         let Ok(queues) = consumer.fetch_subscribe_message_queues(topic).await else {
             return Ok(None);
         };

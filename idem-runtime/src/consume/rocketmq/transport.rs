@@ -16,7 +16,7 @@ use rocketmq_model::common::message::message_ext::MessageExt;
 use rocketmq_model::common::message::message_single::Message;
 
 use super::client::{Client, Producer};
-use super::listener::{Answer, Gate, Listener, Taken};
+use super::listener::{Answer, CloseOnDrop, Gate, Listener, Taken};
 use super::{Consumer, DUE, PUBLISHED, TOPIC};
 use crate::BoxError;
 use crate::consume::front::transport::{Dead, Opening, Read, Retry, Session, Transport};
@@ -25,6 +25,9 @@ use crate::consume::{Attempts, Broker, ConsumeError, Delivery, Meter, Policy, ti
 /// How many times the broker would send a message back before moving it to
 /// `%DLQ%` itself: never, in practice; idem moves it first.
 const MAX_RECONSUME: i32 = 10_000;
+
+/// The client's `consume_timeout`, in minutes: a week.
+const NO_CONSUME_TIMEOUT_MINUTES: u64 = 7 * 24 * 60;
 
 /// How long a stopping consumer waits for the client's calls that were
 /// handed a message after the stop (they are handed back once it is shut
@@ -188,6 +191,13 @@ impl Consumer {
                     return Err(e);
                 }
             }
+            // The dead-letter topic too, for a broker that makes no topic
+            // on a send (`autoCreateTopicEnable = false`); one that refuses
+            // to make it is told at the first dead letter.
+            let dead = self.dead_letter_topic();
+            if let Err(e) = producer.ensure_topic(&dead).await {
+                tracing::warn!(topic = %dead, error = %e, "the dead-letter topic could not be made");
+            }
             Ok(Connection { client, producer })
         })
     }
@@ -209,6 +219,9 @@ impl Consumer {
                 .consume_thread_max(threads)
                 .consume_message_batch_max_size(1)
                 .max_reconsume_times(MAX_RECONSUME)
+                // A body's limit is the handler's: the client would otherwise
+                // hand back a message whose body ran 15 minutes, while it runs.
+                .consume_timeout(NO_CONSUME_TIMEOUT_MINUTES)
                 .await_termination_millis_when_shutdown(
                     u64::try_from(PARKED_WAIT.as_millis()).unwrap_or(u64::MAX),
                 )
@@ -235,7 +248,9 @@ impl Consumer {
                     consumer.lock().await.suspend().await;
                 }
             };
+            let closes = CloseOnDrop(Arc::clone(&gate));
             let closing = async move {
+                let _closes = closes;
                 // The calls in flight are settled: shutting down commits their
                 // offsets. Calls handed a message after the stop wait, so the
                 // shutdown leaves their offsets behind them; they are released
@@ -282,7 +297,6 @@ fn copy_of(
     set: &HashMap<&str, String>,
     drop: &[&str],
 ) -> Result<Message, BoxError> {
-    use rocketmq_model::common::message::STRING_HASH_SET;
     use rocketmq_model::common::message::message_property::MessagePropertyKey;
     let mut builder = Message::builder()
         .topic(topic.to_owned())
@@ -295,11 +309,7 @@ fn copy_of(
     }
     for (name, value) in msg.properties() {
         let name = name.as_str();
-        if STRING_HASH_SET.contains(name)
-            || set.contains_key(name)
-            || drop.contains(&name)
-            || value.is_empty()
-        {
+        if is_system(name) || set.contains_key(name) || drop.contains(&name) || value.is_empty() {
             continue;
         }
         builder = builder.raw_property(name.to_owned(), value.clone())?;
@@ -315,13 +325,35 @@ fn copy_of(
 
 /// `value` as a property may hold it: RocketMQ separates properties with
 /// two control characters, so control characters become spaces, and a
-/// reason is cut at 4,000 characters.
+/// value is cut at 4,000 bytes (on a character's boundary): the broker
+/// refuses a message whose properties pass 32 KiB.
 fn clean(value: &str) -> String {
-    value
-        .chars()
-        .take(4_000)
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect()
+    let mut out = String::new();
+    for c in value.chars() {
+        if out.len() + c.len_utf8() > 4_000 {
+            break;
+        }
+        out.push(if c.is_control() { ' ' } else { c });
+    }
+    out
+}
+
+/// Whether `name` is a property of RocketMQ's own, which a copy must not
+/// carry as a user's: the client's list, and the broker's and
+/// transactions' own (`__`-prefixed, the multi-dispatch and trace ones).
+pub(crate) fn is_system(name: &str) -> bool {
+    use rocketmq_model::common::message::STRING_HASH_SET;
+    STRING_HASH_SET.contains(name)
+        || name.starts_with("__")
+        || matches!(
+            name,
+            "INNER_MULTI_DISPATCH"
+                | "INNER_NUM"
+                | "INNER_BASE"
+                | "TRANSACTION_CHECK_TIMES"
+                | "TRACE_CONTEXT"
+                | "REDIRECT"
+        )
 }
 
 /// The property `name` of `msg`.

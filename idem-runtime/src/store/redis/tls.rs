@@ -42,7 +42,7 @@ fn prepare(tls: &Tls) -> Result<(), TlsError> {
 /// Installs *ring* as rustls' process-wide provider unless one is: a
 /// `rediss://` URL makes redis-rs ask rustls for it.
 pub(super) fn default_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crate::tls::install_ring_default();
 }
 
 /// The URL, which must be `rediss://`, marked `#insecure` when `tls` does
