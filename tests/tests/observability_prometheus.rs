@@ -84,10 +84,12 @@ fn build_example() -> PathBuf {
     let began = Instant::now();
     let status = Command::new(cargo)
         .current_dir(root())
-        .args(["build", "--quiet", "-p", "idem-examples"])
+        // The whole workspace's features, as `cargo test --workspace`
+        // resolves them, so that the example reuses what the tests built.
+        .args(["build", "--quiet", "--workspace"])
         .args([
             "--features",
-            "rabbitmq,prometheus",
+            "idem-examples/rabbitmq,idem-examples/prometheus",
             "--example",
             "observability",
         ])
