@@ -5,7 +5,7 @@
 //! `http://127.0.0.1:9464/metrics`.
 //!
 //! ```sh
-//! cargo run -p idem-examples --features rabbitmq,prometheus --example observability -- \
+//! cargo run -p idem-examples --features rabbitmq --example observability -- \
 //!     --storm-after 2m --storm-for 10m --blip-after 1m
 //! # in another shell, from the repository's root:
 //! prometheus --config.file=observability/prometheus.yml --storage.tsdb.path=/tmp/idem-prometheus

@@ -89,7 +89,7 @@ fn build_example() -> PathBuf {
         .args(["build", "--quiet", "--workspace"])
         .args([
             "--features",
-            "idem-examples/rabbitmq,idem-examples/prometheus",
+            "idem-examples/rabbitmq",
             "--example",
             "observability",
         ])
