@@ -232,6 +232,40 @@ pub fn recorded_by_default(status: StatusCode) -> bool {
         || status.is_informational())
 }
 
+/// Whether a response with this status is recorded, as Stripe records
+/// them: every status [`recorded_by_default`] records, and the handler's
+/// own server errors but `503 Service Unavailable` (the handler's way to
+/// say "try again", as `429` is). A retry of the key then gets the server
+/// error back, with `idempotent-replayed: true`, until the ttl ends: the
+/// client must send a new key to try again. In transaction mode a
+/// recorded server error is recorded without the handler's writes (they
+/// roll back, as a final error's do); in lease mode, whatever the handler
+/// did stands. The layer's own answers (a store it cannot reach, a failed
+/// response body) are never recorded.
+///
+/// For [`Idempotency::recorded`]; the guide's
+/// [HTTP chapter](crate::guide::http#server-errors) says when to choose it.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use http::StatusCode;
+/// use idem_runtime::http::{Idempotency, recorded_with_server_errors};
+///
+/// assert!(recorded_with_server_errors(StatusCode::INTERNAL_SERVER_ERROR));
+/// assert!(recorded_with_server_errors(StatusCode::BAD_GATEWAY));
+/// assert!(!recorded_with_server_errors(StatusCode::SERVICE_UNAVAILABLE));
+/// assert!(!recorded_with_server_errors(StatusCode::TOO_MANY_REQUESTS));
+/// let route = Idempotency::unscoped("http_charges", Duration::from_secs(86_400))
+///     .recorded(recorded_with_server_errors);
+/// # let _ = route;
+/// ```
+pub fn recorded_with_server_errors(status: StatusCode) -> bool {
+    recorded_by_default(status)
+        || (status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE)
+}
+
 impl Idempotency {
     #[track_caller]
     fn new(name: &'static str, ttl: Duration, scope: Option<Scope>) -> Self {
@@ -469,7 +503,11 @@ impl Idempotency {
 
     /// Which statuses are recorded; the others release the key, and in
     /// transaction mode roll the handler's writes back
-    /// ([`recorded_by_default`] unless set).
+    /// ([`recorded_by_default`] unless set: the handler's server errors
+    /// are released; [`recorded_with_server_errors`] records them). In
+    /// transaction mode a recorded server error (5xx) is recorded without
+    /// the handler's writes, which roll back; a recorded 2xx, 3xx or 4xx
+    /// commits with them.
     ///
     /// # Examples
     ///

@@ -101,10 +101,10 @@ impl<S: LeaseStore> RouteMode for Lease<S> {
         loop {
             let handler = async {
                 let Some((inner, parts, body)) = pending.take() else {
-                    return Err(super::service::Unrecorded);
+                    return Err(super::service::Unrecorded::Released);
                 };
                 let out = run(inner, parts, body).await;
-                let recorded = verdict(&route.config, &out);
+                let recorded = verdict(&route.config, &out, false);
                 ran = Some(out);
                 recorded
             };

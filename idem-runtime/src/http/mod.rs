@@ -41,6 +41,7 @@
 //! | the store cannot be reached before the handler runs | `503`, `Retry-After: 1` | no |
 //! | a fresh key: the handler's 2xx, 3xx, 4xx (not 408, 409, 425, 429) | the handler's | yes |
 //! | a fresh key: the handler's 5xx, 408, 409, 425, 429, or a failed response body | the handler's | no: released, and in transaction mode rolled back |
+//! | … with [`recorded_with_server_errors`]: the handler's 5xx but 503 | the handler's | yes; in transaction mode without the handler's writes, which roll back |
 //! | the key again with the same request, once recorded | the recorded one, `idempotent-replayed: true` | — |
 //! | … recorded without its body (over [`max_stored_body`](Idempotency::max_stored_body)) | the recorded status and headers, empty body, `idempotent-replayed: body-not-stored` | — |
 //! | the key again with another request (method, path, query, body by default) | `422` | no |
@@ -52,20 +53,24 @@
 //! Stripe for what the handler produced (its 4xx are its answer to this
 //! request, so a retry gets them again) but releases its 5xx: a server
 //! error is taken for a passing one, and in transaction mode nothing of it
-//! is committed, so a retry may run. What failed before the handler ran
-//! (every row of the layer's own answers) releases the key.
+//! is committed, so a retry may run. [`recorded_with_server_errors`]
+//! records them too, as Stripe does, for APIs whose clients must not run
+//! a request again once it failed on the server; in transaction mode such
+//! a record keeps the response, not the handler's writes. What failed
+//! before the handler ran (every row of the layer's own answers) releases
+//! the key.
 //!
 //! The layer reads the request body whole (to fingerprint it) and the
 //! response body whole (to record it): it is for API calls, not for
 //! streams.
 //!
 //! **The claim order decides whether a retry runs its handler.** A
-//! transaction-mode route follows its store's claim order: claiming last
-//! (PostgreSQL's and MySQL's default, `ClaimOrder::Last`), a retry of a
-//! recorded key runs the handler and rolls its writes back before it gets
-//! the recorded response; `ClaimOrder::Checked` answers it before the
-//! handler, and is the usual choice for HTTP routes; SQLite always claims
-//! first. The guide's [HTTP chapter](crate::guide::http) says what each
+//! transaction-mode route follows its store's claim order: under
+//! PostgreSQL's and MySQL's default, `ClaimOrder::Checked`, a retry of a
+//! recorded key is answered before the handler; claiming last
+//! (`ClaimOrder::Last`), it runs the handler and rolls its writes back
+//! before it gets the recorded response; SQLite always claims first. The
+//! guide's [HTTP chapter](crate::guide::http) says what each
 //! order does to a retry that races the first request.
 //!
 //! # Examples
@@ -99,7 +104,10 @@ mod service;
 mod stored;
 mod tx;
 
-pub use config::{DEFAULT_GRACE, Fingerprint, Idempotency, InFlight, recorded_by_default};
+pub use config::{
+    DEFAULT_GRACE, Fingerprint, Idempotency, InFlight, recorded_by_default,
+    recorded_with_server_errors,
+};
 pub use detached::RunningCalls;
 #[cfg(feature = "axum")]
 pub use extract::{NoKey, NotBehindTheLayer};

@@ -22,7 +22,7 @@ use super::problem::Problem;
 use super::stored::Stored;
 use crate::codec::Codec;
 use crate::error::{BoxError, Error};
-use crate::final_error::ErrorCodec;
+use crate::final_error::{ErrorCodec, FinalCodec};
 use crate::key::{DIGEST_PREFIX, Key, KeyBuilder};
 use crate::outcome::Outcome;
 use crate::registry::HandlerSpec;
@@ -273,17 +273,43 @@ pub(crate) enum NoResponse<E> {
     Body,
 }
 
-/// A handler's response that is not recorded: its key is released (in
-/// transaction mode, its writes rolled back).
-#[derive(Debug)]
-pub(crate) struct Unrecorded;
+/// A handler's response that is not recorded as its outcome.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) enum Unrecorded {
+    /// Its key is released (in transaction mode, its writes rolled back):
+    /// a status the route does not record, or a failed service or body.
+    Released,
+    /// A server error the route records (transaction mode): recorded as a
+    /// final failure, so that a retry gets it back, with the handler's
+    /// writes rolled back: a server error claims nothing was done.
+    ServerError(Stored),
+}
+
+impl std::fmt::Display for Unrecorded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unrecorded::Released => {
+                f.write_str("the response's status is not recorded: the key is released")
+            }
+            Unrecorded::ServerError(stored) => write!(
+                f,
+                "the handler's server error ({}) is recorded, its writes rolled back",
+                stored.status()
+            ),
+        }
+    }
+}
+
+impl crate::FinalError for Unrecorded {
+    fn is_final(&self) -> bool {
+        matches!(self, Unrecorded::ServerError(_))
+    }
+}
 
 pub(crate) fn codecs() -> (Codec<Stored>, ErrorCodec<Unrecorded>) {
     (
         Codec::new(),
-        ErrorCodec::new(None, |_| {
-            "the response's status is not recorded: the key is released".to_owned()
-        }),
+        ErrorCodec::new(Some(FinalCodec::new()), Unrecorded::to_string),
     )
 }
 
@@ -494,16 +520,24 @@ where
     }
 }
 
-/// What of `ran` is recorded for the key, or `Unrecorded` to release it.
-pub(crate) fn verdict<E>(config: &Idempotency, ran: &Ran<E>) -> Result<Stored, Unrecorded> {
+/// What of `ran` is recorded for the key as its outcome, or why not.
+/// `rollback_server_errors` (transaction mode) records a server error the
+/// route records as a final failure, without the handler's writes.
+pub(crate) fn verdict<E>(
+    config: &Idempotency,
+    ran: &Ran<E>,
+    rollback_server_errors: bool,
+) -> Result<Stored, Unrecorded> {
     match ran {
-        Ok((parts, body)) if (config.recorded)(parts.status) => Ok(Stored::of(
-            parts,
-            body,
-            &config.stored_headers,
-            config.max_stored_body,
-        )),
-        _ => Err(Unrecorded),
+        Ok((parts, body)) if (config.recorded)(parts.status) => {
+            let stored = Stored::of(parts, body, &config.stored_headers, config.max_stored_body);
+            if rollback_server_errors && parts.status.is_server_error() {
+                Err(Unrecorded::ServerError(stored))
+            } else {
+                Ok(stored)
+            }
+        }
+        _ => Err(Unrecorded::Released),
     }
 }
 
@@ -527,6 +561,13 @@ pub(crate) fn refused(result: Result<Outcome<Stored>, Error<Unrecorded>>) -> Res
                 Problem::Internal("the recorded response does not read back").response()
             })
         }
+        // A server error recorded with its writes rolled back.
+        Err(Error::Failed {
+            error: Unrecorded::ServerError(stored),
+            ..
+        }) => stored.replay().unwrap_or_else(|| {
+            Problem::Internal("the recorded response does not read back").response()
+        }),
         Err(Error::InProgress { retry_after, .. }) => Problem::InFlight(retry_after).response(),
         Err(Error::PayloadMismatch { .. }) => Problem::Reused.response(),
         Err(Error::Store { .. } | Error::Config { .. }) => Problem::Unavailable.response(),

@@ -53,6 +53,11 @@ impl Stored {
         }
     }
 
+    /// The recorded status code.
+    pub(crate) fn status(&self) -> u16 {
+        self.status
+    }
+
     /// The response a retry gets: the recorded one, marked as replayed.
     /// `None` when the record is not one this layer writes.
     pub(crate) fn replay(&self) -> Option<Response<Full<Bytes>>> {

@@ -356,7 +356,7 @@ impl<S: TxStore + 'static> RouteMode for Transaction<S> {
             )
             .response());
         };
-        let recorded = verdict(&route.config, &ran);
+        let recorded = verdict(&route.config, &ran, true);
         let result = tx_finish(
             store,
             spec,
@@ -380,9 +380,15 @@ impl<S: TxStore + 'static> RouteMode for Transaction<S> {
                 sent(ran)
             }
             // Not recorded (a status the route releases, a failed
-            // service): rolled back, and the handler's answer is the
+            // service), or a server error recorded without the handler's
+            // writes: rolled back, and the handler's answer is the
             // request's.
-            Err(Error::Handler { .. }) => match ran {
+            Err(
+                Error::Handler { .. }
+                | Error::Failed {
+                    replayed: false, ..
+                },
+            ) => match ran {
                 Err(NoResponse::Service(e)) => Err(e),
                 other => sent(other),
             },

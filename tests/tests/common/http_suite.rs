@@ -304,6 +304,7 @@ macro_rules! suite {
             concurrent_retries_wait_for_the_first,
             keys_are_scoped_by_the_caller,
             statuses_are_recorded_or_released_by_class,
+            server_errors_recorded_on_request,
             other_methods_pass_through,
             sizes_are_bounded,
             optional_keys_and_the_fingerprint,

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::http::{Fingerprint, Idempotency, InFlight};
+use idem_runtime::http::{Fingerprint, Idempotency, InFlight, recorded_with_server_errors};
 use idem_tests::{HttpClient, Reply, Server};
 use serde_json::json;
 
@@ -289,6 +289,48 @@ pub(crate) async fn statuses_are_recorded_or_released_by_class<F: HttpFixture>(f
         assert_eq!(fx.effects(&app, &order).await, after_first + 1, "{status}");
         assert!(post(&c, key, &order, &[]).await.replayed());
     }
+}
+
+/// A route that records the handler's server errors (Stripe's choice):
+/// every retry gets the first 5xx back, and in transaction mode without
+/// the handler's write, which rolls back; `503` is still released.
+pub(crate) async fn server_errors_recorded_on_request<F: HttpFixture>(fx: Arc<F>) {
+    let (app, _server, c) = serve(&fx, route().recorded(recorded_with_server_errors), 0).await;
+    for (key, status) in [("k-500", "500"), ("k-502", "502")] {
+        let order = format!("o-{status}");
+        let first = post(&c, key, &order, &[("x-status", status)]).await;
+        assert_eq!(first.status.to_string(), status);
+        assert!(!first.replayed());
+        // Transaction mode records the response without the write.
+        let effects = if fx.mode().rolls_back() { 0 } else { 1 };
+        assert_eq!(fx.effects(&app, &order).await, effects, "{status}");
+        for _ in 0..2 {
+            // Unscripted, a run would answer 201: the retry gets the 500.
+            let retry = post(&c, key, &order, &[]).await;
+            assert_eq!(retry.status.to_string(), status, "{}", retry.text());
+            assert!(retry.replayed(), "{status}: {}", retry.text());
+            assert_eq!(retry.text(), first.text(), "the first response, whole");
+            assert_eq!(retry.header("location"), first.header("location"));
+            assert_eq!(fx.effects(&app, &order).await, effects, "{status}");
+        }
+        if !fx.mode().retry_runs_handler() {
+            assert_eq!(app.runs(&order), 1, "{status}: no retry ran the handler");
+        }
+    }
+    // 503 asks for a retry: released, as by default.
+    let first = post(&c, "k-503", "o-503", &[("x-status", "503")]).await;
+    assert_eq!(first.status, 503);
+    let retry = post(&c, "k-503", "o-503", &[]).await;
+    assert_eq!(retry.status, 201, "the retry runs: {}", retry.text());
+    assert!(!retry.replayed());
+    let effects = if fx.mode().rolls_back() { 1 } else { 2 };
+    assert_eq!(fx.effects(&app, "o-503").await, effects);
+    // What the handler answers below 500 is recorded as by default, in
+    // transaction mode with its write.
+    let first = post(&c, "k-402", "o-402", &[("x-status", "402")]).await;
+    assert_eq!(first.status, 402);
+    assert!(post(&c, "k-402", "o-402", &[]).await.replayed());
+    assert_eq!(fx.effects(&app, "o-402").await, 1);
 }
 
 pub(crate) async fn other_methods_pass_through<F: HttpFixture>(fx: Arc<F>) {
