@@ -19,10 +19,11 @@
 //! * `replay`: the same handler behind a layer of its own, every request
 //!   with a key recorded before the rounds (with its request's body):
 //!   each one is answered with the recorded response, `idempotent-replayed:
-//!   true`. With the store's default claim order (`ClaimOrder::Last`) its
+//!   true`. With `CLAIM=last` (the bench's default; `ClaimOrder::Last`) its
 //!   handler runs and its `INSERT` is rolled back when the commit finds the
-//!   key; `CLAIM=checked` reads the key's record first, `CLAIM=first`
-//!   claims it first (both answer a settled key before the handler).
+//!   key; `CLAIM=checked` (the store's default) reads the key's record
+//!   first, `CLAIM=first` claims it first (both answer a settled key before
+//!   the handler).
 //!
 //! `TASKS` clients (default 8), each a hyper client with its connection kept
 //! alive, send one request after another for `SECS` seconds (default 3) per
@@ -356,8 +357,8 @@ async fn statements(
     Ok(statement_log::with_begin(seen))
 }
 
-/// `CLAIM`: the store's claim order (`last`, the default; `checked`;
-/// `first`).
+/// `CLAIM`: the store's claim order (`last`, the bench's default;
+/// `checked`, the store's; `first`).
 fn claim_order() -> Result<ClaimOrder, BoxError> {
     match std::env::var("CLAIM").as_deref() {
         Err(_) | Ok("last") => Ok(ClaimOrder::Last),

@@ -14,7 +14,7 @@
 //! a network (see `bench_postgres`, which runs several delays in one run).
 //!
 //! The business transaction deducts one unit from one of 10,000 stock rows
-//! (`BEGIN; UPDATE ...; COMMIT`). Five variants run interleaved, round
+//! (`BEGIN; UPDATE ...; COMMIT`). Seven variants run interleaved, round
 //! after round, each for `SECS` seconds with `TASKS` concurrent consumers on
 //! a pool of as many connections:
 //!
@@ -27,6 +27,13 @@
 //!   (`RoundTrips::Separate`);
 //! * `idem, merged`: the same, the dedup row riding with the `COMMIT`
 //!   (`RoundTrips::Merged`);
+//! * `idem, checked`: the store's defaults but `ClaimOrder::Checked`: a
+//!   read of the key's record before the body, the cost of turning a
+//!   settled key's duplicate away before its body;
+//! * `idem, checked, merged`: the same with `RoundTrips::Merged`, where the
+//!   read rides in the message of the store's session statement (`SET
+//!   autocommit = 0, ...`), its values written in: no round trip more than
+//!   claiming last;
 //! * `bare, idem's session`: the bare business transaction opened and ended
 //!   as the MySQL store opens and ends a transaction-mode call's (autocommit
 //!   off for the call, and back on at its end; see `BEGIN` and `END` in
@@ -48,14 +55,13 @@ use std::time::Duration;
 use idem_examples::cpu::{Rounds, Watch};
 use idem_examples::delay_proxy::{DelayProxy, added_round_trip, own_latency};
 use idem_examples::{env, messages_per_second, statement_log};
-use idem_runtime::{MySqlStore, MySqlTx, RoundTrips, idempotent};
+use idem_runtime::{ClaimOrder, MySqlStore, MySqlTx, RoundTrips, idempotent};
 use serde::Deserialize;
 use sqlx::MySqlPool;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 
 /// Drops the bench's tables, before and after it.
-const DROP_TABLES: &str =
-    "DROP TABLE IF EXISTS bench_my_inventory, bench_my_extra, bench_my_idem, bench_my_idem_merged";
+const DROP_TABLES: &str = "DROP TABLE IF EXISTS bench_my_inventory, bench_my_extra, bench_my_idem, bench_my_idem_merged, bench_my_idem_checked, bench_my_idem_checked_merged";
 
 #[derive(Debug, Deserialize)]
 struct Deduct {
@@ -118,6 +124,8 @@ enum Variant {
     Extra,
     Idem,
     IdemMerged,
+    IdemChecked,
+    IdemCheckedMerged,
     BareSession,
 }
 
@@ -128,6 +136,8 @@ impl Variant {
             Variant::Extra => "bare + 1 statement",
             Variant::Idem => "idem",
             Variant::IdemMerged => "idem, merged",
+            Variant::IdemChecked => "idem, checked",
+            Variant::IdemCheckedMerged => "idem, checked, merged",
             Variant::BareSession => "bare, idem's session",
         }
     }
@@ -137,7 +147,7 @@ impl Variant {
 async fn run(
     variant: Variant,
     pool: &MySqlPool,
-    stores: &[MySqlStore; 2],
+    stores: &[MySqlStore; 4],
     secs: f64,
     tasks: usize,
     next_id: &Arc<AtomicU64>,
@@ -146,6 +156,8 @@ async fn run(
         let (pool, next_id) = (pool.clone(), next_id.clone());
         let store = match variant {
             Variant::IdemMerged => stores[1].clone(),
+            Variant::IdemChecked => stores[2].clone(),
+            Variant::IdemCheckedMerged => stores[3].clone(),
             _ => stores[0].clone(),
         };
         async move {
@@ -162,7 +174,10 @@ async fn run(
                     Variant::BareSession => {
                         deduct_session(&pool, &msg).await.map_err(|e| e.to_string())
                     }
-                    Variant::Idem | Variant::IdemMerged => deduct_idem(&store, &msg)
+                    Variant::Idem
+                    | Variant::IdemMerged
+                    | Variant::IdemChecked
+                    | Variant::IdemCheckedMerged => deduct_idem(&store, &msg)
                         .await
                         .map(|_| ())
                         .map_err(|e| e.to_string()),
@@ -231,7 +246,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_table("bench_my_idem_merged")?
         .with_round_trips(RoundTrips::Merged);
     merged.migrate().await?;
-    let stores = [store.clone(), merged];
+    let checked = MySqlStore::from_pool(pool.clone())
+        .with_table("bench_my_idem_checked")?
+        .with_claim_order(ClaimOrder::Checked);
+    checked.migrate().await?;
+    let checked_merged = MySqlStore::from_pool(pool.clone())
+        .with_table("bench_my_idem_checked_merged")?
+        .with_claim_order(ClaimOrder::Checked)
+        .with_round_trips(RoundTrips::Merged);
+    checked_merged.migrate().await?;
+    let stores = [store.clone(), merged, checked, checked_merged];
     let next_id = Arc::new(AtomicU64::new(1));
 
     let variants = [
@@ -239,6 +263,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Variant::Extra,
         Variant::Idem,
         Variant::IdemMerged,
+        Variant::IdemChecked,
+        Variant::IdemCheckedMerged,
         Variant::BareSession,
     ];
     println!(
@@ -324,6 +350,46 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     })
     .await;
+    let id = next_id.fetch_add(1, Ordering::Relaxed) as i64;
+    let checked = &stores[2];
+    let checked_fresh_n = statements_of(async {
+        assert!(
+            deduct_idem(checked, &fresh(id))
+                .await
+                .expect("fresh")
+                .is_executed()
+        );
+    })
+    .await;
+    let checked_dup_n = statements_of(async {
+        assert!(
+            deduct_idem(checked, &fresh(id))
+                .await
+                .expect("dup")
+                .is_duplicate()
+        );
+    })
+    .await;
+    let id = next_id.fetch_add(1, Ordering::Relaxed) as i64;
+    let checked_merged = &stores[3];
+    let checked_merged_fresh_n = statements_of(async {
+        assert!(
+            deduct_idem(checked_merged, &fresh(id))
+                .await
+                .expect("fresh")
+                .is_executed()
+        );
+    })
+    .await;
+    let checked_merged_dup_n = statements_of(async {
+        assert!(
+            deduct_idem(checked_merged, &fresh(id))
+                .await
+                .expect("dup")
+                .is_duplicate()
+        );
+    })
+    .await;
     drop(_guard);
     println!("statements (= round trips) per message:");
     for (what, (n, seen)) in [
@@ -331,6 +397,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("bare + 1 statement", extra_n),
         ("idem, fresh", fresh_n),
         ("idem, duplicate", dup_n),
+        ("idem, checked, fresh", checked_fresh_n),
+        ("idem, checked, duplicate", checked_dup_n),
+        ("idem, checked, merged, fresh", checked_merged_fresh_n),
+        ("idem, checked, merged, duplicate", checked_merged_dup_n),
     ] {
         println!("  {what}: {n} ({seen})");
     }
@@ -340,8 +410,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     println!("idem, merged/bare: {:.3}", marks.median(&tps[3]) / bare.all);
     println!(
+        "idem, checked/bare: {:.3} (of idem: {:.3})",
+        marks.median(&tps[4]) / bare.all,
+        marks.median(&tps[4]) / marks.median(&tps[2])
+    );
+    println!(
+        "idem, checked, merged/bare: {:.3} (of idem, merged: {:.3})",
+        marks.median(&tps[5]) / bare.all,
+        marks.median(&tps[5]) / marks.median(&tps[3])
+    );
+    println!(
         "bare in idem's session/bare: {:.3}",
-        marks.median(&tps[4]) / bare.all
+        marks.median(&tps[6]) / bare.all
     );
     let ratio = marks.medians(&tps[2]).ratio(&bare);
     if let Some(quiet) = ratio.quiet {

@@ -81,9 +81,11 @@ pub enum Error<E> {
     /// [`FinalError`](crate::FinalError)): the SKU does not exist, the
     /// account is closed. The error is recorded like an outcome, and every
     /// delivery of the key until the ttl ends gets it back (`replayed` is then
-    /// `true`) without running the body, except in transaction mode claiming
-    /// last (`ClaimOrder::Last`, PostgreSQL's and MySQL's default, or `ClaimOrder::Checked` when the delivery raced the first one's open transaction), where the delivery's body runs before the record is found
-    /// and its writes are rolled back. In transaction mode the failing
+    /// `true`) without running the body, except in transaction mode when the
+    /// delivery's body runs before the record is found: claiming last
+    /// (`ClaimOrder::Last`), or, under the default `ClaimOrder::Checked`, a
+    /// delivery that races the first one's open transaction. Its writes are
+    /// then rolled back. In transaction mode the failing
     /// body's writes were rolled back too. Dead-letter (or ack) the message:
     /// no redelivery can pass.
     #[error("handler `{handler}` failed for good for key {}{}: {error}", .key.shown(), if *.replayed { " (recorded earlier)" } else { "" })]
@@ -104,9 +106,11 @@ pub enum Error<E> {
     /// message) differs between the two deliveries. The same key names two
     /// different messages, a producer's bug or a key expression that misses
     /// a field. The record was left as it is, and nothing of this delivery
-    /// was committed: its body did not run, except in transaction mode
-    /// claiming last (`ClaimOrder::Last`, PostgreSQL's and MySQL's default, or `ClaimOrder::Checked` when the delivery raced the first one's open transaction), where it ran before the record was found and its
-    /// writes were rolled back. Dead-letter the message and alert.
+    /// was committed: its body did not run, except in transaction mode when
+    /// it ran before the record was found: claiming last
+    /// (`ClaimOrder::Last`), or, under the default `ClaimOrder::Checked`, a
+    /// delivery that raced the first one's open transaction. Its writes were
+    /// then rolled back. Dead-letter the message and alert.
     #[error("handler `{handler}`: key {} was recorded with another payload (fingerprint {recorded}, this delivery's {given}); the record was left as it is and nothing of this delivery was committed", .key.shown())]
     PayloadMismatch {
         /// The handler's registered name.
@@ -266,8 +270,10 @@ pub enum Error<E> {
 
     /// A recorded outcome no longer decodes into the handler's return type
     /// (the type changed since it was recorded). Nothing of this delivery was
-    /// committed; its body did not run, except claiming last (`ClaimOrder::Last`, PostgreSQL's and MySQL's default, or `ClaimOrder::Checked` when the delivery raced the first one's open transaction), where it
-    /// ran before the record was found and its writes were rolled back.
+    /// committed; its body did not run, except when its body ran before the
+    /// record was found: claiming last (`ClaimOrder::Last`), or, under the
+    /// default `ClaimOrder::Checked`, a delivery that raced the first one's
+    /// open transaction. Its writes were then rolled back.
     #[error("handler `{handler}`: the recorded outcome for key {} does not decode: {source}", .key.shown())]
     Codec {
         /// The handler's registered name.

@@ -12,11 +12,11 @@ use serde::de::DeserializeOwned;
 /// like an outcome: the call returns [`Error::Failed`](crate::Error::Failed),
 /// and every delivery of the key until the ttl ends gets the same error
 /// back, decoded from the record, without running the body (in transaction
-/// mode claiming last, `ClaimOrder::Last`, PostgreSQL's and MySQL's default,
-/// or `ClaimOrder::Checked` when the delivery races the first one's open
+/// mode claiming last, `ClaimOrder::Last`, or, under the default
+/// `ClaimOrder::Checked`, when the delivery races the first one's open
 /// transaction, a delivery's body runs before the record is found and its
-/// writes roll back). In transaction mode the failing body's writes are rolled back all
-/// the same. An error for which
+/// writes roll back). In transaction mode the failing body's writes are
+/// rolled back all the same. An error for which
 /// [`is_final`](FinalError::is_final) is `false` keeps the usual behaviour:
 /// nothing recorded (or, with `max_attempts`, a failure counted), and a
 /// redelivery runs the body again.

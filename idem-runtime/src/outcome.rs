@@ -26,10 +26,10 @@ pub enum Outcome<T> {
     /// A repeat delivery: nothing was applied again; this is the recorded
     /// result of the delivery that took effect. (In lease mode and in
     /// transaction mode on SQLite, or on PostgreSQL and MySQL with
-    /// `ClaimOrder::First`, the body did not run; with `ClaimOrder::Checked`
-    /// it did not unless the delivery raced the first one's transaction; with
-    /// their default `ClaimOrder::Last` it ran and its transaction was rolled
-    /// back.)
+    /// `ClaimOrder::First`, the body did not run; with their default
+    /// `ClaimOrder::Checked` it did not unless the delivery raced the first
+    /// one's transaction; with `ClaimOrder::Last` it ran and its transaction
+    /// was rolled back.)
     Duplicate(T),
 }
 

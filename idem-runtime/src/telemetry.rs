@@ -75,6 +75,28 @@ pub mod metric {
     /// assert_eq!(q, "increase(idem_bodies_dropped_total[10m]) > 0");
     /// ```
     pub const BODIES_DROPPED: &str = "idem_bodies_dropped_total";
+    /// Counter of transaction-mode bodies that ran for a delivery whose key
+    /// turned out to be taken, and were rolled back, labelled `handler`:
+    /// claiming last (`ClaimOrder::Last`), every duplicate's body runs
+    /// before its insert finds the record; reading first
+    /// (`ClaimOrder::Checked`, the default), only a duplicate that raced the
+    /// first delivery's open transaction. Nothing of such a body commits,
+    /// but whatever it did outside its transaction (a log line, a metric, a
+    /// call to a read-only service) was seen: a rate above zero under
+    /// `Checked` says duplicates arrive while their first delivery runs.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// // the share of duplicate calls whose body ran anyway, in PromQL
+    /// let q = format!(
+    ///     r#"rate({}[5m]) / rate({}{{result="duplicate"}}[5m])"#,
+    ///     idem_runtime::metric::DUPLICATE_BODIES,
+    ///     idem_runtime::metric::CALLS,
+    /// );
+    /// assert!(q.starts_with("rate(idem_duplicate_bodies_total[5m])"));
+    /// ```
+    pub const DUPLICATE_BODIES: &str = "idem_duplicate_bodies_total";
 
     /// Consumers: counter of deliveries taken from the broker, labelled
     /// `broker` (`rabbitmq`, `nats`, `kafka`) and `queue` (the queue, the
@@ -345,6 +367,12 @@ fn count(spec: &HandlerSpec, result: &'static str) {
 pub(crate) fn claim_latency(spec: &HandlerSpec, since: Instant) {
     metrics::histogram!(metric::CLAIM_SECONDS, "handler" => spec.name)
         .record(since.elapsed().as_secs_f64());
+}
+
+/// A transaction-mode body ran for a key that turned out to be taken, and
+/// rolled back ([`metric::DUPLICATE_BODIES`]).
+pub(crate) fn duplicate_body(spec: &HandlerSpec) {
+    metrics::counter!(metric::DUPLICATE_BODIES, "handler" => spec.name).increment(1);
 }
 
 pub(crate) fn body_latency(spec: &HandlerSpec, since: Instant) {

@@ -64,10 +64,13 @@ impl My {
         let table = unique_table(&format!("idem_my_{name}"));
         let ledger = format!("{table}_ledger");
         let drop = DropMySqlTables::new(&[&table, &ledger]);
+        // Claiming last: the transaction-mode tests below are about what
+        // a body that runs before its claim meets.
         let store = MySqlStore::from_pool(pool.clone())
             .with_table(&table)
             .expect("a valid table name")
-            .with_lock_timeout(Duration::from_secs(lock_wait_secs.into()));
+            .with_lock_timeout(Duration::from_secs(lock_wait_secs.into()))
+            .with_claim_order(ClaimOrder::Last);
         store.migrate().await.expect("migrate");
         sqlx::raw_sql(AssertSqlSafe(format!(
             "CREATE TABLE {ledger} (id BIGINT PRIMARY KEY, note VARCHAR(64)) ENGINE = InnoDB"

@@ -21,7 +21,7 @@ mod common;
 use common::tx::StoreKind;
 use idem_runtime::{ClaimOrder, RoundTrips};
 
-/// `ClaimOrder::Last` (the default), the dedup row with the outcome after
+/// `ClaimOrder::Last`, the dedup row with the outcome after
 /// the body, as a statement of its own; a duplicate's body runs and is
 /// rolled back.
 mod claim_last {
@@ -55,13 +55,26 @@ mod claim_first {
     );
 }
 
-/// `ClaimOrder::Checked`: claiming last, with a read of the key's record
-/// before the body; a duplicate of a settled key is turned away before its
-/// body runs, one racing the first delivery runs it and is rolled back.
+/// `ClaimOrder::Checked` (the default): claiming last, with a read of the
+/// key's record before the body; a duplicate of a settled key is turned
+/// away before its body runs, one racing the first delivery runs it and is
+/// rolled back.
 mod claim_checked {
     use super::{ClaimOrder, RoundTrips, StoreKind};
     crate::common::tx::suite!(
         crate::common::MySqlDb,
         StoreKind::MySql(ClaimOrder::Checked, RoundTrips::Separate)
+    );
+}
+
+/// `ClaimOrder::Checked` with `RoundTrips::Merged`: the read rides in the
+/// message of the store's session statement (`SET autocommit = 0, ...;
+/// SELECT ...`, read through the text protocol), the dedup row in the
+/// `COMMIT`'s.
+mod claim_checked_merged {
+    use super::{ClaimOrder, RoundTrips, StoreKind};
+    crate::common::tx::suite!(
+        crate::common::MySqlDb,
+        StoreKind::MySql(ClaimOrder::Checked, RoundTrips::Merged)
     );
 }

@@ -143,3 +143,111 @@ async fn store_faults_are_warned_once_per_window_not_once_per_call() {
         "one warning for 30 store faults"
     );
 }
+
+#[derive(serde::Deserialize)]
+struct Paid {
+    id: String,
+    /// How long the body holds its transaction open.
+    hold_ms: u64,
+}
+
+#[idempotent(
+    key = "id",
+    ttl = "1h",
+    store = "postgres",
+    name = "obs_duplicate_body"
+)]
+async fn record_payment(tx: &mut idem_runtime::PgTx<'_>, msg: &Paid) -> Result<u32, sqlx::Error> {
+    sqlx::query("SELECT 1").execute(&mut **tx).await?;
+    tokio::time::sleep(std::time::Duration::from_millis(msg.hold_ms)).await;
+    Ok(1)
+}
+
+/// Bodies that ran for a duplicate and rolled back are counted: claiming
+/// last every duplicate's; reading first only the one that raced the first
+/// delivery's open transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_that_ran_for_a_duplicate_are_counted() {
+    use idem_runtime::{ClaimOrder, PgStore};
+    let seen = capture();
+    let pool = idem_tests::or_skip!(idem_tests::pg_pool(4).await);
+    let (last_t, checked_t) = (
+        idem_tests::unique_table("obs_dup_last"),
+        idem_tests::unique_table("obs_dup_checked"),
+    );
+    let _drop = idem_tests::DropTables::new(&[&last_t, &checked_t]);
+    let store = |table: &str, order| {
+        PgStore::from_pool(pool.clone())
+            .with_table(table)
+            .expect("a valid table name")
+            .with_claim_order(order)
+    };
+    let (last, checked) = (
+        store(&last_t, ClaimOrder::Last),
+        store(&checked_t, ClaimOrder::Checked),
+    );
+    last.migrate().await.expect("migrate");
+    checked.migrate().await.expect("migrate");
+    let ran = || {
+        seen.sum(
+            metric::DUPLICATE_BODIES,
+            &[("handler", "obs_duplicate_body")],
+        )
+    };
+    let paid = |id: &str, hold_ms| Paid {
+        id: id.into(),
+        hold_ms,
+    };
+
+    // Claiming last: each duplicate of a settled key runs its body.
+    assert!(
+        record_payment(&last, &paid("p-1", 0))
+            .await
+            .unwrap()
+            .is_executed()
+    );
+    for _ in 0..2 {
+        assert!(
+            record_payment(&last, &paid("p-1", 0))
+                .await
+                .unwrap()
+                .is_duplicate()
+        );
+    }
+    assert_eq!(ran(), 2.0, "claiming last, both duplicates' bodies ran");
+
+    // Reading first: a settled key's duplicate is turned away before it.
+    assert!(
+        record_payment(&checked, &paid("p-2", 0))
+            .await
+            .unwrap()
+            .is_executed()
+    );
+    assert!(
+        record_payment(&checked, &paid("p-2", 0))
+            .await
+            .unwrap()
+            .is_duplicate()
+    );
+    assert_eq!(ran(), 2.0, "reading first, no settled duplicate's body ran");
+
+    // Two deliveries at once, neither settled when the other reads: both
+    // bodies run; claiming last, the one that commits second finds the
+    // other's record, and its body's writes roll back.
+    let slow = tokio::spawn({
+        let checked = checked.clone();
+        async move { record_payment(&checked, &paid("p-3", 600)).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    let fast = record_payment(&checked, &paid("p-3", 0)).await.unwrap();
+    let slow = slow.await.unwrap().unwrap();
+    assert!(
+        fast.is_executed() != slow.is_executed() && fast.is_duplicate() != slow.is_duplicate(),
+        "one executed, one duplicate: {fast:?}, {slow:?}"
+    );
+    assert_eq!(
+        ran(),
+        3.0,
+        "the racing duplicate's body ran and rolled back"
+    );
+}

@@ -14,7 +14,7 @@ use crate::key::Key;
 use crate::outcome::Outcome;
 use crate::registry::HandlerSpec;
 use crate::store::contract::{Standing, TxClaim, TxCommit, TxStore};
-use crate::telemetry::{BodyWatch, body_latency, call_span, claim_latency, finish};
+use crate::telemetry::{BodyWatch, body_latency, call_span, claim_latency, duplicate_body, finish};
 
 /// What `tx_begin` found.
 #[doc(hidden)]
@@ -134,7 +134,7 @@ where
                 {
                     TxCommit::Committed => Ok(Outcome::Executed(value)),
                     TxCommit::Refused(standing) => {
-                        refused(spec, key, fingerprint, codec, errors, standing)
+                        refused_after_body(spec, key, fingerprint, codec, errors, standing)
                     }
                 }
             }
@@ -195,6 +195,21 @@ where
     finish(spec, r)
 }
 
+/// What a call whose body ran returns when its key turned out to be taken
+/// (claiming last, or read first and raced): the body's writes rolled
+/// back, counted in [`metric::DUPLICATE_BODIES`](crate::metric::DUPLICATE_BODIES).
+fn refused_after_body<T, E>(
+    spec: &'static HandlerSpec,
+    key: &Key,
+    fingerprint: Option<&str>,
+    codec: Codec<T>,
+    errors: ErrorCodec<E>,
+    standing: Standing,
+) -> Result<Outcome<T>, Error<E>> {
+    duplicate_body(spec);
+    refused(spec, key, fingerprint, codec, errors, standing)
+}
+
 /// What a call whose body failed returns, once its transaction is settled.
 #[allow(clippy::too_many_arguments)]
 fn failed<T, E>(
@@ -210,7 +225,7 @@ fn failed<T, E>(
     match settled {
         // The body failed because it was a duplicate's: what the
         // first delivery recorded is the answer.
-        Ok(Some(standing)) => refused(spec, key, fingerprint, codec, errors, standing),
+        Ok(Some(standing)) => refused_after_body(spec, key, fingerprint, codec, errors, standing),
         Ok(None) => Err(recording.into_error(spec, key, error)),
         // The transaction's connection is gone (the rollback could
         // not even be sent), so the body's error is most likely that
@@ -244,7 +259,7 @@ async fn contended<S: TxStore, T, E>(
 ) -> Result<Outcome<T>, Error<E>> {
     let text = capped((errors.text)(error));
     match store.rollback(tx, spec, key, fingerprint).await {
-        Ok(Some(standing)) => refused(spec, key, fingerprint, codec, errors, standing),
+        Ok(Some(standing)) => refused_after_body(spec, key, fingerprint, codec, errors, standing),
         Ok(None) => {
             tracing::debug!(%kind, error = %text, "the body met contention in its transaction: rolled back, reported as the store's");
             Err(store_err(

@@ -176,11 +176,7 @@ impl<D: Dialect> SqlStore<D> {
     /// [`commit_tx`](Self::commit_tx) or [`rollback_tx`](Self::rollback_tx),
     /// which set the session back where the dialect's `BEGIN` changed it.
     pub(super) async fn begin(&self) -> Result<Transaction<'static, D>, StoreError> {
-        let mut tx = match D::BEGIN {
-            Some(begin) => self.pool.begin_with(begin).await,
-            None => self.pool.begin().await,
-        }
-        .map_err(|e| self.err(e))?;
+        let mut tx = self.begin_bare().await?;
         if let Some(session) = D::CALL_SESSION
             && let Err(e) = D::run_text(&mut tx, session).await
         {
@@ -188,6 +184,17 @@ impl<D: Dialect> SqlStore<D> {
             return Err(self.err(e));
         }
         Ok(tx)
+    }
+
+    /// Opens a transaction with the dialect's `BEGIN`, without the call's
+    /// session statement ([`Dialect::CALL_SESSION`]), which the caller
+    /// sends next.
+    pub(super) async fn begin_bare(&self) -> Result<Transaction<'static, D>, StoreError> {
+        match D::BEGIN {
+            Some(begin) => self.pool.begin_with(begin).await,
+            None => self.pool.begin().await,
+        }
+        .map_err(|e| self.err(e))
     }
 
     /// Commits a transaction-mode call's transaction ([`Dialect::END`]).

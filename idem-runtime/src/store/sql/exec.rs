@@ -43,6 +43,16 @@ pub trait Exec: Database {
         values: &'a Values<'a>,
     ) -> impl Future<Output = Result<Option<Found>, sqlx::Error>> + Send + 'a;
 
+    /// The record the last statement of `message` (statements of this
+    /// crate with their values written in, ending with the store's
+    /// `select`) finds for `values.handler` and `values.key`, read through
+    /// the text protocol in one round trip.
+    fn fetch_message<'a>(
+        conn: &'a mut Self::Connection,
+        message: sqlx::AssertSqlSafe<String>,
+        values: &'a Values<'a>,
+    ) -> impl Future<Output = Result<Option<Found>, sqlx::Error>> + Send + 'a;
+
     /// Runs `sql`, a statement of this crate without parameters, through
     /// the text protocol (unprepared).
     fn run_text<'a>(
@@ -250,6 +260,19 @@ where
             return Ok(None);
         };
         record(&row, 0, values.handler, values.key).map(Some)
+    }
+
+    async fn fetch_message<'a>(
+        conn: &'a mut DB::Connection,
+        message: sqlx::AssertSqlSafe<String>,
+        values: &'a Values<'a>,
+    ) -> Result<Option<Found>, sqlx::Error> {
+        // Every result read, to the message's end: the statements before
+        // the read return none.
+        let rows = sqlx::raw_sql(message).fetch_all(conn).await?;
+        rows.first()
+            .map(|row| record(row, 0, values.handler, values.key))
+            .transpose()
     }
 
     fn run_text<'a>(

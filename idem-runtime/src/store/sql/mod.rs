@@ -155,14 +155,17 @@ const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT idem_body";
 ///
 /// | order | a fresh message | a duplicate of a settled key | a duplicate while the first is open |
 /// | --- | --- | --- | --- |
+/// | [`Checked`](Self::Checked) (default) | 2 statements: a read, the insert (in [`RoundTrips::Merged`] the read rides on MySQL's session statement and the insert on the `COMMIT`) | turned away before its body | its body runs, then waits and rolls back |
 /// | [`Last`](Self::Last) | 1 statement (none more, merged into the `COMMIT`) | its body runs, then rolls back | its body runs, then waits and rolls back |
-/// | [`Checked`](Self::Checked) | 2 statements: a read, the insert | turned away before its body | its body runs, then waits and rolls back |
 /// | [`First`](Self::First) | 2 statements: the claim, the outcome | turned away before its body | waits for the first, its body never runs |
 ///
 /// "Settled" is a recorded outcome, a recorded final error, a record of
 /// another payload (`Error::PayloadMismatch`) or a record that does not
-/// decode. What each costs on this machine is in
-/// [`guide::benchmarks`](crate::guide::benchmarks). A batch handler reads
+/// decode. The default turns a settled key's duplicate away before its body,
+/// as the field's rule asks; `Last` is the faster choice for a body whose
+/// duplicate run costs nothing and shows nothing. Why, and what each order
+/// costs on this machine, is in [`guide::design`](crate::guide::design)
+/// and [`guide::benchmarks`](crate::guide::benchmarks). A batch handler reads
 /// its keys' records before its body whatever the order, and gives the body
 /// only the fresh messages ([`guide::batches`](crate::guide::batches)).
 ///
@@ -171,15 +174,16 @@ const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT idem_body";
 /// ```
 /// // `idem_runtime::ClaimOrder` with the feature `postgres` or `mysql`
 /// use idem_runtime::store::sql::ClaimOrder;
-/// assert_eq!(ClaimOrder::default(), ClaimOrder::Last);
+/// assert_eq!(ClaimOrder::default(), ClaimOrder::Checked);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ClaimOrder {
     /// After the body, in one statement that carries the outcome: one extra
     /// statement a fresh message. A duplicate's body runs and is rolled back
-    /// when the insert finds the row. The default: it is the faster one
+    /// when the insert finds the row. The fast option, for a body whose
+    /// duplicate run neither costs much nor shows outside its transaction:
+    /// it saves a primary-key read a message
     /// ([`guide::benchmarks`](crate::guide::benchmarks)).
-    #[default]
     Last,
     /// After the body, as [`Last`](Self::Last), with a read of the key's
     /// record before it (a `SELECT` by primary key, without a lock): a
@@ -187,7 +191,12 @@ pub enum ClaimOrder {
     /// rebalance, the usual duplicate) is answered before its body runs. One
     /// statement more than `Last` a message, and no lock is held across the
     /// body; only a duplicate that arrives while the first delivery's
-    /// transaction is still open runs its body, which then rolls back.
+    /// transaction is still open runs its body, which then rolls back
+    /// (counted in [`metric::DUPLICATE_BODIES`](crate::metric::DUPLICATE_BODIES)).
+    /// In [`RoundTrips::Merged`] on MySQL the read rides in the message of
+    /// the store's session statement, so it costs no round trip. The
+    /// default.
+    #[default]
     Checked,
     /// Before the body, with the outcome written by an `UPDATE` before the
     /// commit: two extra statements a fresh message, but a duplicate is turned

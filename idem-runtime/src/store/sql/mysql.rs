@@ -100,8 +100,9 @@ const MIGRATE_LOCK_WAIT: Duration = Duration::from_secs(30);
 /// The MySQL / MariaDB store, through sqlx, on an InnoDB table.
 ///
 /// * **Transaction mode** (a handler with `tx: &mut MySqlTx<'_>`): the dedup
-///   row is written in the body's transaction, after the body (the default)
-///   or before it; see [`ClaimOrder`]. Claim, body writes and outcome commit
+///   row is written in the body's transaction, after the body (by default
+///   with a read of the key's record before it) or before it; see
+///   [`ClaimOrder`]. Claim, body writes and outcome commit
 ///   in one InnoDB transaction or not at all. The transaction runs with
 ///   `autocommit` off (set back when it ends), so a statement the body
 ///   sends after InnoDB ended it (a deadlock victim that runs its statement

@@ -98,6 +98,15 @@ pub(crate) struct Statements {
     /// the dialect sends no dedup row with the `COMMIT`
     /// ([`Dialect::WITH_COMMIT`]).
     pub(crate) claim_with_commit: Option<Inline>,
+    /// The dialect's session statement for a call
+    /// ([`Dialect::CALL_SESSION`]) and `select`, in one message with the
+    /// values written in: the read before the body of
+    /// [`ClaimOrder::Checked`](super::ClaimOrder::Checked) riding on a
+    /// round trip the call makes anyway, in
+    /// [`RoundTrips::Merged`](super::RoundTrips::Merged). `None` where the
+    /// dialect has no such statement or writes no values in
+    /// ([`Dialect::WITH_COMMIT`]).
+    pub(crate) session_select: Option<Inline>,
     /// The record of `:handler`, `:key`: the columns
     /// [`super::exec::Exec::fetch`] reads, in its order, and the database's
     /// now.
@@ -240,6 +249,12 @@ impl Statements {
                     inserted(COMPLETED)
                 );
                 Inline::new(&expand::<D>(table, &message), with.literals)
+            }),
+            session_select: D::CALL_SESSION.zip(D::WITH_COMMIT).map(|(session, with)| {
+                Inline::new(
+                    &expand::<D>(table, &format!("{session}; {SELECT}")),
+                    with.literals,
+                )
             }),
             select: render(SELECT),
             select_latest: render(&format!("{SELECT}{}", D::LATEST_READ)),

@@ -117,8 +117,22 @@ impl<D: Dialect> SqlStore<D> {
         fingerprint: Option<&str>,
     ) -> Result<TxClaim<Transaction<'static, D>>, StoreError> {
         let values = self.stamped(spec.name, key, Duration::ZERO)?;
-        let mut tx = self.begin().await?;
-        let found = match D::fetch(&mut tx, &self.sql.select, &values).await {
+        // Sending values written in ([`RoundTrips::Merged`]), the read
+        // rides with the call's session statement where the dialect has one
+        // (MySQL): no round trip more than claiming last.
+        let (tx, read) = match self.merged(&self.sql.session_select) {
+            Some(message) => {
+                let mut tx = self.begin_bare().await?;
+                let read = D::fetch_message(&mut tx, message.text(&values), &values).await;
+                (tx, read)
+            }
+            None => {
+                let mut tx = self.begin().await?;
+                let read = D::fetch(&mut tx, &self.sql.select, &values).await;
+                (tx, read)
+            }
+        };
+        let found = match read {
             Ok(found) => found,
             Err(e) => {
                 let _ = Self::rollback_tx(tx).await;
