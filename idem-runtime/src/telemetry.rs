@@ -76,9 +76,13 @@ pub mod metric {
     /// ```
     pub const BODIES_DROPPED: &str = "idem_bodies_dropped_total";
     /// Counter of transaction-mode bodies that ran for a delivery whose key
-    /// turned out to be taken, and were rolled back, labelled `handler`:
-    /// claiming last (`ClaimOrder::Last`), every duplicate's body runs
-    /// before its insert finds the record; reading first
+    /// turned out to be settled by another delivery (an outcome, a final
+    /// error, another payload, attempts exhausted), and were rolled back,
+    /// labelled `handler`; one that met a lock wait or a deadlock at its
+    /// insert is not counted (the call returns `in_progress`), nor a batch's
+    /// (a batch reads its records before its body). Claiming last
+    /// (`ClaimOrder::Last`), every duplicate's body runs before its insert
+    /// finds the record; reading first
     /// (`ClaimOrder::Checked`, the default), only a duplicate that raced the
     /// first delivery's open transaction. Nothing of such a body commits,
     /// but whatever it did outside its transaction (a log line, a metric, a
@@ -88,13 +92,13 @@ pub mod metric {
     /// # Examples
     ///
     /// ```
-    /// // the share of duplicate calls whose body ran anyway, in PromQL
+    /// // the share of a handler's calls whose body ran for a settled key
     /// let q = format!(
-    ///     r#"rate({}[5m]) / rate({}{{result="duplicate"}}[5m])"#,
+    ///     r#"rate({}{{handler="points"}}[5m]) / rate({}{{handler="points"}}[5m])"#,
     ///     idem_runtime::metric::DUPLICATE_BODIES,
     ///     idem_runtime::metric::CALLS,
     /// );
-    /// assert!(q.starts_with("rate(idem_duplicate_bodies_total[5m])"));
+    /// assert!(q.starts_with("rate(idem_duplicate_bodies_total{"));
     /// ```
     pub const DUPLICATE_BODIES: &str = "idem_duplicate_bodies_total";
 

@@ -197,7 +197,8 @@ where
 
 /// What a call whose body ran returns when its key turned out to be taken
 /// (claiming last, or read first and raced): the body's writes rolled
-/// back, counted in [`metric::DUPLICATE_BODIES`](crate::metric::DUPLICATE_BODIES).
+/// back, counted in [`metric::DUPLICATE_BODIES`](crate::metric::DUPLICATE_BODIES)
+/// when a record settles the key.
 fn refused_after_body<T, E>(
     spec: &'static HandlerSpec,
     key: &Key,
@@ -206,7 +207,12 @@ fn refused_after_body<T, E>(
     errors: ErrorCodec<E>,
     standing: Standing,
 ) -> Result<Outcome<T>, Error<E>> {
-    duplicate_body(spec);
+    // A record that settles the key: the body ran for a duplicate. A wait
+    // at the insert past the lock timeout (or a deadlock) says only that
+    // the key was busy, which may be another key's lock: not counted.
+    if !matches!(standing, Standing::InProgress { .. }) {
+        duplicate_body(spec);
+    }
     refused(spec, key, fingerprint, codec, errors, standing)
 }
 
