@@ -105,13 +105,7 @@ impl Gate {
     /// Blocks while stopped: returns once the consumer is shut down (or
     /// at once while open).
     fn wait_closed(&self) {
-        let mut state = self.lock();
-        while *state == State::Stopped {
-            state = self
-                .changed
-                .wait(state)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-        }
+        let _open = self.admits();
     }
 
     /// Whether a call may hand its message over; blocks while stopped.
