@@ -1,6 +1,7 @@
 //! `idem dead`: the consumers' dead letters on RabbitMQ, NATS JetStream,
-//! Kafka or RocketMQ, through [`idem_runtime::consume::dead`]: list, show, replay,
-//! purge; as text (tables as `list` writes them) or JSON.
+//! Kafka or RocketMQ, through [`idem_runtime::consume::dead`]: list, group
+//! by cause, show, replay (edited, too), purge; as text (tables as `list`
+//! writes them) or JSON.
 
 use std::time::Duration;
 
@@ -18,13 +19,20 @@ letters are QUEUE.idem.dead, <stream>_DEAD, <topic>-dlt or %DLQ%<group>), or
 
 Examples:
   idem dead list --rabbitmq amqp://guest:guest@127.0.0.1:5672/%2f --queue orders
+  idem dead groups --kafka 127.0.0.1:9092 --topic orders
   idem dead show 12 --nats nats://127.0.0.1:4222 --stream ORDERS
   idem dead replay --kafka 127.0.0.1:9092 --topic orders --reason 'out of stock' --older-than 10m
+  idem dead replay --kafka 127.0.0.1:9092 --topic orders --in-group 3f0a9c1e2b4d
+  idem dead replay --nats nats://127.0.0.1:4222 --stream ORDERS --id 12 --payload fixed.json
   idem dead purge --rabbitmq amqp://127.0.0.1:5672/%2f --queue orders --all
   idem dead list --rocketmq 127.0.0.1:9876 --group idem-orders
 
 Each broker is a cargo feature of idem-cli, off by default:
   cargo install idem-cli --features rabbitmq,nats,kafka,rocketmq   (or one of them)
+
+A replay leaves a dead letter older than its handler's ttl where it is and says
+so: a record of its key may have expired, so it would run as a new message.
+--expired replays such dead letters anyway.
 
 Exit codes: 0 done, 1 broker error, 2 usage (a replay or purge without a filter
 or --all, a broker this build has no feature for), 3 no such dead letters or id,
@@ -48,6 +56,16 @@ pub(crate) enum Action {
         #[arg(long, value_name = "N", default_value_t = 100)]
         limit: usize,
     },
+    /// Group the dead letters by cause (handler, error kind and the error
+    /// with numbers and ids taken out), the biggest first: group id,
+    /// messages (copies counted once), dead letters, replays, first and
+    /// last seen, handler, kind, fingerprint
+    Groups {
+        #[command(flatten)]
+        at: Where,
+        #[command(flatten)]
+        filter: FilterArgs,
+    },
     /// Show one dead letter: what `list` says, its headers and its payload
     Show {
         /// Its id, as `list` shows it (RabbitMQ: a UUID; NATS: the dead
@@ -58,19 +76,33 @@ pub(crate) enum Action {
     },
     /// Publish dead letters back to the queue, subject or topic they came
     /// from (confirmed by the broker before the dead letter is removed),
-    /// with their failure counts reset and x-idem-replays one more; needs a
-    /// filter or --all
+    /// with their failure counts reset and x-idem-replays one more; each
+    /// message once (later copies are removed); needs a filter or --all
     Replay {
         #[command(flatten)]
         at: Where,
         #[command(flatten)]
         filter: FilterArgs,
         /// Every dead letter
-        #[arg(long, conflicts_with_all = ["reason", "older_than", "id"])]
+        #[arg(long, conflicts_with_all = ["reason", "older_than", "id", "in_group"])]
         all: bool,
         /// At most this many
         #[arg(long, value_name = "N")]
         limit: Option<usize>,
+        /// Replay dead letters older than their handler's ttl too (they run
+        /// as new messages: a record of their key may have expired)
+        #[arg(long)]
+        expired: bool,
+        /// Replay the one dead letter --id names with this payload instead
+        /// of its own (a file, or - for standard input); the copy carries
+        /// x-idem-edited
+        #[arg(
+            long,
+            value_name = "FILE",
+            requires = "id",
+            conflicts_with_all = ["all", "reason", "older_than", "in_group", "limit"]
+        )]
+        payload: Option<std::path::PathBuf>,
     },
     /// Delete dead letters for good; needs a filter or --all (Kafka: --all
     /// only, where the broker deletes records)
@@ -80,7 +112,7 @@ pub(crate) enum Action {
         #[command(flatten)]
         filter: FilterArgs,
         /// Every dead letter
-        #[arg(long, conflicts_with_all = ["reason", "older_than", "id"])]
+        #[arg(long, conflicts_with_all = ["reason", "older_than", "id", "in_group"])]
         all: bool,
         /// At most this many
         #[arg(long, value_name = "N")]
@@ -138,6 +170,9 @@ pub(crate) struct FilterArgs {
     /// Only this one (repeatable)
     #[arg(long, value_name = "ID")]
     id: Vec<String>,
+    /// Only those of this group, as `groups` shows it (repeatable)
+    #[arg(long, value_name = "GROUP")]
+    in_group: Vec<String>,
 }
 
 /// Reads an age: whole numbers with units `ms`, `s`, `m`, `h`, `d`, one
@@ -280,6 +315,7 @@ pub(crate) async fn run(
     _tls: Option<&idem_runtime::tls::Tls>,
 ) -> Result<String, Failure> {
     let (Action::List { at, .. }
+    | Action::Groups { at, .. }
     | Action::Show { at, .. }
     | Action::Replay { at, .. }
     | Action::Purge { at, .. }) = &args.action;
@@ -296,7 +332,9 @@ pub(crate) async fn run(
 mod brokers {
     use std::time::Duration;
 
-    use idem_runtime::consume::dead::{DeadLetter, DeadLetterError, Purged, Replayed, Selection};
+    use idem_runtime::consume::dead::{
+        DeadLetter, DeadLetterError, Edit, Group, Purged, Replayed, Selection, groups,
+    };
     use serde::Serialize;
 
     use idem_runtime::tls::Tls;
@@ -321,6 +359,9 @@ mod brokers {
             }
             if let Some(age) = self.older_than {
                 f = f.older_than(age);
+            }
+            for group in &self.in_group {
+                f = f.group(group);
             }
             if let Some(n) = limit {
                 f = f.limit(n);
@@ -469,6 +510,9 @@ mod brokers {
         async fn replay(&self, filter: &Selection) -> Result<Replayed, DeadLetterError> {
             on!(self, d => d.replay(filter).await)
         }
+        async fn replay_edited(&self, edit: &Edit) -> Result<Replayed, DeadLetterError> {
+            on!(self, d => d.replay_edited(edit).await)
+        }
         async fn purge(&self, filter: &Selection) -> Result<Purged, DeadLetterError> {
             on!(self, d => d.purge(filter).await)
         }
@@ -506,6 +550,7 @@ mod brokers {
         let now = idem_runtime::clock::Clock::now_millis(&idem_runtime::clock::SystemClock);
         let (at, action) = match &args.action {
             Action::List { at, .. }
+            | Action::Groups { at, .. }
             | Action::Show { at, .. }
             | Action::Replay { at, .. }
             | Action::Purge { at, .. } => (at, &args.action),
@@ -527,10 +572,30 @@ mod brokers {
                         "purge"
                     };
                     return Err(Failure::Usage(format!(
-                        "{verb} takes the dead letters you name: pass --id ID, --reason TEXT or --older-than AGE, or --all for every one"
+                        "{verb} takes the dead letters you name: pass --id ID, --reason TEXT, --older-than AGE or --in-group GROUP, or --all for every one"
                     )));
                 }
                 Some(chosen)
+            }
+            _ => None,
+        };
+        // An edited replay: its payload read before connecting.
+        let edit = match action {
+            Action::Replay {
+                filter,
+                payload: Some(path),
+                expired,
+                ..
+            } => {
+                let [id] = filter.id.as_slice() else {
+                    return Err(Failure::Usage(
+                        "--payload replaces the payload of one dead letter: name it with one --id"
+                            .into(),
+                    ));
+                };
+                let payload = read_payload(path)?;
+                let edit = Edit::new(id.clone(), payload);
+                Some(if *expired { edit.expired() } else { edit })
             }
             _ => None,
         };
@@ -540,14 +605,25 @@ mod brokers {
                 let filter = filter.filter(false, Some(*limit));
                 list(&opened, &target, &filter, *limit, json, now).await
             }
+            Action::Groups { filter, .. } => {
+                let filter = filter.filter(false, None);
+                grouped(&opened, &target, &filter, json, now).await
+            }
             Action::Show { id, .. } => match opened.show(id).await {
                 Ok(d) if json => to_json(&DeadJson::new(&d, now, true)),
                 Ok(d) => Ok(shown(&d, &target, now)),
                 Err(e) => Err(failure(e)),
             },
-            Action::Replay { .. } => {
-                let filter = chosen.unwrap_or_default();
-                match opened.replay(&filter).await {
+            Action::Replay { expired, .. } => {
+                let done = match &edit {
+                    Some(edit) => opened.replay_edited(edit).await,
+                    None => {
+                        let filter = chosen.unwrap_or_default();
+                        let filter = if *expired { filter.expired() } else { filter };
+                        opened.replay(&filter).await
+                    }
+                };
+                match done {
                     Ok(done) => replayed(&done, &target, json),
                     Err(e) => Err(failure(e)),
                 }
@@ -607,6 +683,7 @@ mod brokers {
             .map(|d| {
                 vec![
                     d.id.clone(),
+                    d.group(),
                     d.dead_at_ms.map_or("-".to_owned(), |at| relative(at, now)),
                     number(d.attempts),
                     d.replays.to_string(),
@@ -628,6 +705,7 @@ mod brokers {
         out.push_str(&table(
             &[
                 "ID",
+                "GROUP",
                 "DEAD-LETTERED",
                 "ATTEMPTS",
                 "REPLAYS",
@@ -641,6 +719,116 @@ mod brokers {
         if found.len() == limit {
             out.push_str(&format!("(the first {limit}; --limit N for more)\n"));
         }
+        Ok(out)
+    }
+
+    /// `idem dead groups`: the dead letters `filter` selects, by cause.
+    async fn grouped(
+        opened: &Opened,
+        target: &Target<'_>,
+        filter: &Selection,
+        json: bool,
+        now: i64,
+    ) -> Result<String, Failure> {
+        let found = opened.list(filter).await.map_err(failure)?;
+        let found = groups(&found);
+        if json {
+            #[derive(Serialize)]
+            struct GroupJson<'a> {
+                id: &'a str,
+                handler: Option<&'a str>,
+                kind: Option<&'a str>,
+                fingerprint: &'a str,
+                messages: u64,
+                dead_letters: u64,
+                replays: u64,
+                first_seen_ms: Option<i64>,
+                last_seen_ms: Option<i64>,
+                first_seen: Option<String>,
+                last_seen: Option<String>,
+                example: &'a str,
+                example_reason: Option<&'a str>,
+            }
+            #[derive(Serialize)]
+            struct Groups<'a> {
+                broker: &'static str,
+                dead_letters: &'a str,
+                count: usize,
+                groups: Vec<GroupJson<'a>>,
+            }
+            fn item(g: &Group) -> GroupJson<'_> {
+                GroupJson {
+                    id: &g.id,
+                    handler: g.handler.as_deref(),
+                    kind: g.kind.as_deref(),
+                    fingerprint: &g.fingerprint,
+                    messages: g.messages,
+                    dead_letters: g.dead_letters,
+                    replays: g.replays,
+                    first_seen_ms: g.first_seen_ms,
+                    last_seen_ms: g.last_seen_ms,
+                    first_seen: g.first_seen_ms.map(crate::render::utc),
+                    last_seen: g.last_seen_ms.map(crate::render::utc),
+                    example: &g.example,
+                    example_reason: g.example_reason.as_deref(),
+                }
+            }
+            return to_json(&Groups {
+                broker: broker_name(target),
+                dead_letters: target.name(),
+                count: found.len(),
+                groups: found.iter().map(item).collect(),
+            });
+        }
+        if found.is_empty() {
+            return Ok(format!(
+                "no dead letters{} in {}\n",
+                if filter.is_selective() {
+                    " matching"
+                } else {
+                    ""
+                },
+                target.described()
+            ));
+        }
+        let seen = |at: Option<i64>| at.map_or("-".to_owned(), |at| relative(at, now));
+        let rows: Vec<Vec<String>> = found
+            .iter()
+            .map(|g| {
+                vec![
+                    g.id.clone(),
+                    g.messages.to_string(),
+                    g.dead_letters.to_string(),
+                    g.replays.to_string(),
+                    seen(g.first_seen_ms),
+                    seen(g.last_seen_ms),
+                    g.handler.as_deref().map_or("-".to_owned(), |h| cut(h, 24)),
+                    g.kind.as_deref().unwrap_or("-").to_owned(),
+                    cut(&g.fingerprint, 60),
+                ]
+            })
+            .collect();
+        let n = found.len();
+        let mut out = format!(
+            "{n} group{} of dead letters in {}, the biggest first:\n",
+            if n == 1 { "" } else { "s" },
+            target.described()
+        );
+        out.push_str(&table(
+            &[
+                "GROUP",
+                "MESSAGES",
+                "DEAD LETTERS",
+                "REPLAYS",
+                "FIRST SEEN",
+                "LAST SEEN",
+                "HANDLER",
+                "KIND",
+                "ERROR",
+            ],
+            &rows,
+        ));
+        out.push_str("(replay or purge one with --in-group GROUP)\n");
         Ok(out)
     }
 
@@ -674,9 +862,31 @@ mod brokers {
             ("retries", number(d.retries)),
             ("replays", d.replays.to_string()),
             ("last error", dash(d.last_error.as_deref())),
+            ("group", d.group()),
+            ("handler", dash(d.handler.as_deref())),
+            ("error kind", dash(d.error_kind.as_deref())),
+            ("error", dash(d.error.as_deref())),
+            ("key", dash(d.key.as_deref())),
+            (
+                "ttl",
+                d.ttl.map_or("-".to_owned(), |t| {
+                    let note = if d.expired(now) {
+                        " (it is older: a record of its key may have expired)"
+                    } else {
+                        ""
+                    };
+                    format!("{}s{note}", t.as_secs())
+                }),
+            ),
             ("message id", dash(d.message_id.as_deref())),
             ("size", format!("{} bytes", d.size())),
         ];
+        if let Some(replaced) = &d.edited {
+            lines.push((
+                "edited",
+                format!("replayed with an edited payload (it replaced {replaced})"),
+            ));
+        }
         if let Some(to) = &d.replayed_to {
             lines.push(("replayed to", to.clone()));
         }
@@ -703,6 +913,7 @@ mod brokers {
                 id: &'a str,
                 to: &'a str,
                 replays: u32,
+                edited: bool,
             }
             #[derive(Serialize)]
             struct Skip<'a> {
@@ -710,11 +921,17 @@ mod brokers {
                 why: &'a str,
             }
             #[derive(Serialize)]
+            struct Copy<'a> {
+                id: &'a str,
+                of: &'a str,
+            }
+            #[derive(Serialize)]
             struct Done<'a> {
                 broker: &'static str,
                 dead_letters: &'a str,
                 count: usize,
                 replayed: Vec<Replay<'a>>,
+                copies: Vec<Copy<'a>>,
                 skipped: Vec<Skip<'a>>,
             }
             return to_json(&Done {
@@ -728,6 +945,15 @@ mod brokers {
                         id: &r.id,
                         to: &r.to,
                         replays: r.replays,
+                        edited: r.edited,
+                    })
+                    .collect(),
+                copies: done
+                    .copies
+                    .iter()
+                    .map(|c| Copy {
+                        id: &c.id,
+                        of: &c.of,
                     })
                     .collect(),
                 skipped: done
@@ -747,7 +973,17 @@ mod brokers {
             target.described()
         );
         for r in &done.replayed {
-            out.push_str(&format!("  {} -> {} (replay {})\n", r.id, r.to, r.replays));
+            let edited = if r.edited { ", edited" } else { "" };
+            out.push_str(&format!(
+                "  {} -> {} (replay {}{edited})\n",
+                r.id, r.to, r.replays
+            ));
+        }
+        for c in &done.copies {
+            out.push_str(&format!(
+                "removed {}: a copy of {}, replayed once\n",
+                c.id, c.of
+            ));
         }
         for s in &done.skipped {
             out.push_str(&format!("left {}: {}\n", s.id, s.why));
@@ -799,6 +1035,14 @@ mod brokers {
         message_id: Option<&'a str>,
         size: usize,
         replayed_to: Option<&'a str>,
+        group: String,
+        handler: Option<&'a str>,
+        error_kind: Option<&'a str>,
+        error: Option<&'a str>,
+        key: Option<&'a str>,
+        ttl_ms: Option<u128>,
+        expired: bool,
+        edited: Option<&'a str>,
         #[serde(skip_serializing_if = "Option::is_none")]
         headers: Option<Vec<[&'a str; 2]>>,
         /// The payload as JSON if it is, else as text.
@@ -822,6 +1066,14 @@ mod brokers {
                 message_id: d.message_id.as_deref(),
                 size: d.size(),
                 replayed_to: d.replayed_to.as_deref(),
+                group: d.group(),
+                handler: d.handler.as_deref(),
+                error_kind: d.error_kind.as_deref(),
+                error: d.error.as_deref(),
+                key: d.key.as_deref(),
+                ttl_ms: d.ttl.map(|t| t.as_millis()),
+                expired: d.expired(now),
+                edited: d.edited.as_deref(),
                 headers: whole.then(|| {
                     d.headers
                         .iter()
@@ -835,6 +1087,18 @@ mod brokers {
                 }),
             }
         }
+    }
+
+    /// The payload of an edited replay: the file `path`, or standard input
+    /// for `-`.
+    fn read_payload(path: &std::path::Path) -> Result<Vec<u8>, Failure> {
+        let read = if path == std::path::Path::new("-") {
+            let mut all = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut all).map(|_| all)
+        } else {
+            std::fs::read(path)
+        };
+        read.map_err(|e| Failure::Usage(format!("cannot read the payload {}: {e}", path.display())))
     }
 
     /// `value` as pretty JSON and a newline.

@@ -152,9 +152,9 @@ pub(crate) struct Cli {
 pub(crate) enum Top {
     #[command(flatten)]
     Records(Command),
-    /// The consumers' dead letters on RabbitMQ, NATS JetStream or Kafka:
-    /// list, show, replay, purge (no store needed)
-    Dead(dead::DeadArgs),
+    /// The consumers' dead letters on RabbitMQ, NATS JetStream, Kafka or
+    /// RocketMQ: list, group by cause, show, replay, purge (no store needed)
+    Dead(Box<dead::DeadArgs>),
     /// The messages staged in a SQL store's outbox and not yet published:
     /// stats, list, show, send now, delete
     Outbox(outbox::OutboxArgs),

@@ -3,13 +3,15 @@
 //! One API on each broker, beside its consumer (`rabbitmq::dead`,
 //! `nats::dead`, `kafka::dead`, each behind its feature), and the `idem
 //! dead` commands of the CLI on top of it. This module holds what they
-//! share: the dead letter, the filter, what a replay or a purge did.
+//! share: the dead letter, the filter, the groups by cause
+//! ([`group`](self#groups)), what a replay or a purge did.
 //!
 //! | broker | dead letters | id | where a replay goes |
 //! | --- | --- | --- | --- |
 //! | RabbitMQ | the queue `<queue>.idem.dead` | the `x-idem-dead-id` header (a UUID the consumer writes) | the default exchange, routing key `x-idem-queue` |
 //! | NATS JetStream | the stream `<stream>_DEAD` | the dead stream's sequence | the subject `Idem-Subject` |
 //! | Kafka | the topic `<topic>-dlt` | `partition:offset` in the dead-letter topic | the topic `x-idem-topic` |
+//! | RocketMQ | the topic `%DLQ%<group>` | `x-idem-dead-id` (a UUID) | the topic `x-idem-topic` |
 //!
 //! Each API takes the name of the dead letters itself (a queue, a stream, a
 //! topic), so that a consumer whose dead letters are named otherwise is
@@ -34,9 +36,56 @@
 //! letter's count plus one, so a message replayed and dead-lettered again
 //! says how often it was.
 //!
+//! # Groups
+//!
+//! Beside the reason, the consumer writes the handler, the error's kind,
+//! the error alone, the key and the handler's ttl on each dead letter
+//! (the headers are listed in [`cause`](self#cause-headers)). [`groups`]
+//! puts dead letters of one handler, kind and [`fingerprint`] (the error
+//! with numbers and ids taken out) in one [`Group`], with its counts and
+//! when it was first and last seen; [`Selection::group`] selects one for
+//! a replay or a purge. Copies of one message (the same origin and
+//! payload, dead-lettered twice by a consumer killed in between, or sent
+//! twice by its producer) count once as messages, and a replay runs each
+//! message once: it removes the later copies without publishing them
+//! ([`Replayed::copies`]).
+//!
+//! # Expired keys
+//!
+//! A dead letter older than its handler's ttl is one whose key's record,
+//! and that of a copy that took effect meanwhile, may have expired: its
+//! replay would run as a new message, not as a duplicate. A replay leaves
+//! such a dead letter where it is, saying so in [`Replayed::skipped`],
+//! unless the selection says [`Selection::expired`]; `idem dead replay`
+//! lists them before it runs and takes `--expired` to replay them anyway.
+//!
+//! # Edited replays
+//!
+//! `replay_edited` (on each broker) replays one dead letter with a
+//! corrected payload. The copy carries `x-idem-edited` (NATS:
+//! `Idem-Edited`), the digest of the payload it replaced, for good (a dead
+//! letter of it shows it as [`DeadLetter::edited`]); Kafka's and
+//! RocketMQ's ledgers say `edited`. The consumer handles it as any
+//! delivery: its key is derived from the new payload, and a handler with a
+//! `fingerprint` compares it with the record of that key like any other
+//! delivery's, so an edit that changes a fingerprinted field of a key that
+//! has a record is refused as `PayloadMismatch`.
+//!
+//! # Cause headers
+//!
+//! | header (RabbitMQ, Kafka, RocketMQ) | NATS | holds |
+//! | --- | --- | --- |
+//! | `x-idem-handler` | `Idem-Handler` | the handler's registered name |
+//! | `x-idem-error-kind` | `Idem-Error-Kind` | [`Error::kind`](crate::Error::kind), or `decode`, `panic` |
+//! | `x-idem-error` | `Idem-Error` | the error without the handler or key |
+//! | `x-idem-key` | `Idem-Key` | the key, as [`Key::shown`](crate::Key::shown) writes it |
+//! | `x-idem-ttl-ms` | `Idem-Ttl-Ms` | the handler's ttl, in ms |
+//! | `x-idem-edited` | `Idem-Edited` | on an edited replay's copy: the digest of the payload it replaced |
+//!
 //! # Filters
 //!
-//! [`Selection`] selects by ids, by a reason's text, by age, at most so many.
+//! [`Selection`] selects by ids, by a reason's text, by age, by group, at
+//! most so many.
 //! A replay or a purge must be given a filter that names something, or
 //! [`Selection::all`]: an empty filter is [`DeadLetterError::Unfiltered`], so a
 //! slip never replays or deletes everything.
@@ -54,7 +103,14 @@
 //! and [`DeadLetterError::Unsupported`] says so where it does not; a purge
 //! of some is always `Unsupported`.
 
+pub(crate) mod cause;
+mod group;
+
+use std::collections::HashMap;
 use std::time::Duration;
+
+pub(crate) use cause::Cause;
+pub use group::{Group, fingerprint, groups};
 
 use super::Broker;
 use crate::BoxError;
@@ -70,6 +126,9 @@ use crate::BoxError;
 /// | `dead_at_ms` | `x-idem-dead-at` | the stream's timestamp | the record's timestamp |
 /// | `origin` | `x-idem-queue` | `Idem-Subject` | `x-idem-topic` |
 /// | `message_id` | the `message_id` property | `Idem-Original-Msg-Id` | the record key, as text |
+/// | `handler`, `error_kind`, `error`, `key`, `ttl`, `edited` | `x-idem-handler`, ... | `Idem-Handler`, ... | `x-idem-handler`, ... |
+///
+/// (RocketMQ: as Kafka, in its properties; `id` is `x-idem-dead-id`.)
 ///
 /// # Examples
 ///
@@ -108,6 +167,21 @@ pub struct DeadLetter {
     pub origin: Option<String>,
     /// Its message id (see the table).
     pub message_id: Option<String>,
+    /// The handler that dead-lettered it, where the consumer wrote it
+    /// (none for a payload that did not decode).
+    pub handler: Option<String>,
+    /// The error's kind: [`Error::kind`](crate::Error::kind) (`handler_error`,
+    /// `failed`, `payload_mismatch`, ...), or `decode`, `panic`.
+    pub error_kind: Option<String>,
+    /// The error alone, without the handler or the key.
+    pub error: Option<String>,
+    /// Its key, as [`Key::shown`](crate::Key::shown) writes it.
+    pub key: Option<String>,
+    /// Its handler's ttl: how long a record of its key lives.
+    pub ttl: Option<Duration>,
+    /// On a message replayed with a corrected payload: the digest of the
+    /// payload it replaced.
+    pub edited: Option<String>,
     /// Kafka: the id and place of its replay's copy (`topic/partition:offset`)
     /// when it was replayed already; RocketMQ: `replayed to <topic>` (a
     /// purged one is not shown); elsewhere a replayed dead letter is gone.
@@ -141,6 +215,12 @@ impl DeadLetter {
             dead_at_ms: None,
             origin: None,
             message_id: None,
+            handler: None,
+            error_kind: None,
+            error: None,
+            key: None,
+            ttl: None,
+            edited: None,
             replayed_to: None,
             headers: Vec::new(),
             payload,
@@ -177,6 +257,30 @@ impl DeadLetter {
             .map(|at| u64::try_from(now_ms.saturating_sub(at)).unwrap_or(0))
     }
 
+    /// Whether it is older, at `now_ms`, than its handler's ttl: a record
+    /// of its key written before it was dead-lettered has expired, so a
+    /// replay runs it as a new message. `false` when its time or ttl is not
+    /// known.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::consume::{Broker, dead::DeadLetter};
+    /// use std::time::Duration;
+    /// let mut d = DeadLetter::new(Broker::Nats, "1", Vec::new());
+    /// d.dead_at_ms = Some(0);
+    /// assert!(!d.expired(10_000));
+    /// d.ttl = Some(Duration::from_secs(5));
+    /// assert!(d.expired(10_000));
+    /// assert!(!d.expired(4_000));
+    /// ```
+    pub fn expired(&self, now_ms: i64) -> bool {
+        match (self.age_ms(now_ms), self.ttl) {
+            (Some(age), Some(ttl)) => u128::from(age) >= ttl.as_millis(),
+            _ => false,
+        }
+    }
+
     /// The last header named `name` (names compared ignoring case).
     ///
     /// # Examples
@@ -210,8 +314,8 @@ impl DeadLetter {
 }
 
 /// Which dead letters an operation takes: ids, a reason's text, an age,
-/// together (all must hold), at most [`limit`](Self::limit) of them, oldest
-/// first as the broker keeps them.
+/// groups, together (all must hold), at most [`limit`](Self::limit) of
+/// them, oldest first as the broker keeps them.
 ///
 /// A filter that names nothing selects everything when listing, and is
 /// refused by a replay or a purge ([`DeadLetterError::Unfiltered`]) unless
@@ -241,6 +345,8 @@ pub struct Selection {
     ids: Vec<String>,
     reason: Option<String>,
     older_than: Option<Duration>,
+    groups: Vec<String>,
+    expired: bool,
     limit: Option<usize>,
 }
 
@@ -313,6 +419,46 @@ impl Selection {
         self
     }
 
+    /// Also the dead letters of the group `id` ([`Group::id`]; groups add
+    /// up: any of them).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::consume::{Broker, dead::{DeadLetter, Selection}};
+    /// let mut d = DeadLetter::new(Broker::Nats, "1", Vec::new());
+    /// d.error = Some("out of stock for o-1".into());
+    /// assert!(Selection::new().group(d.group()).matches(&d, 0));
+    /// assert!(!Selection::new().group("000000000000").matches(&d, 0));
+    /// ```
+    pub fn group(mut self, id: impl Into<String>) -> Self {
+        self.groups.push(id.into());
+        self
+    }
+
+    /// Lets a replay take dead letters older than their handler's ttl
+    /// ([`DeadLetter::expired`]), which it otherwise leaves, saying why.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let f = idem_runtime::consume::dead::Selection::all().expired();
+    /// assert!(f.takes_expired());
+    /// ```
+    pub fn expired(mut self) -> Self {
+        self.expired = true;
+        self
+    }
+
+    /// Whether a replay takes dead letters older than their handler's ttl.
+    ///
+    /// # Examples
+    ///
+    /// See [`Selection::expired`].
+    pub fn takes_expired(&self) -> bool {
+        self.expired
+    }
+
     /// At most `n` of them, the oldest first.
     ///
     /// # Examples
@@ -345,7 +491,7 @@ impl Selection {
     }
 
     /// Whether this is [`Selection::all`] with nothing else (no id, reason,
-    /// age or limit): every dead letter.
+    /// age, group or limit): every dead letter.
     ///
     /// # Examples
     ///
@@ -360,10 +506,11 @@ impl Selection {
             && self.ids.is_empty()
             && self.reason.is_none()
             && self.older_than.is_none()
+            && self.groups.is_empty()
             && self.limit.is_none()
     }
 
-    /// Whether it names something (ids, a reason, an age) or is
+    /// Whether it names something (ids, a reason, an age, a group) or is
     /// [`Selection::all`]: what a replay or a purge needs.
     ///
     /// # Examples
@@ -374,7 +521,11 @@ impl Selection {
     /// assert!(!Selection::new().limit(3).is_selective());
     /// ```
     pub fn is_selective(&self) -> bool {
-        self.all || !self.ids.is_empty() || self.reason.is_some() || self.older_than.is_some()
+        self.all
+            || !self.ids.is_empty()
+            || self.reason.is_some()
+            || self.older_than.is_some()
+            || !self.groups.is_empty()
     }
 
     /// Whether `dead` is selected at `now_ms` (ms since the epoch); the
@@ -399,6 +550,9 @@ impl Selection {
                 return false;
             }
         }
+        if !self.groups.is_empty() && !self.groups.contains(&dead.group()) {
+            return false;
+        }
         true
     }
 
@@ -418,28 +572,63 @@ impl Selection {
         self.limit.is_some_and(|n| taken >= n)
     }
 
-    /// Where `dead` goes back to, when this selection takes it at `now_ms`
-    /// for a replay; one that is taken but names no `place` to go back to
-    /// (its `header` is missing) is noted in `done` as skipped.
+    /// What a replay does with `dead` at `now_ms`, given what it did so
+    /// far (`done`): nothing when this selection does not take it; remove
+    /// it as a copy of a message this replay replayed; publish it back to
+    /// its origin. One taken but left (it names no `place` to go back to,
+    /// its `header` is missing; it is older than its handler's ttl) is
+    /// noted in `done` as skipped.
     #[cfg_attr(not(feature = "_consume"), allow(dead_code))]
-    pub(crate) fn replay_to(
+    pub(crate) fn take(
         &self,
         dead: &DeadLetter,
         now_ms: i64,
         (place, header): (&str, &str),
         done: &mut Replayed,
-    ) -> Option<String> {
+    ) -> Option<Take> {
         if !self.matches(dead, now_ms) {
             return None;
         }
-        if dead.origin.is_none() {
+        if let Some(of) = done.replayed_as.get(&dead.message_digest()) {
+            return Some(Take::Copy { of: of.clone() });
+        }
+        let Some(origin) = dead.origin.clone() else {
             done.skipped.push(Skipped::new(
                 dead.id.clone(),
                 format!("it names no {place} to go back to ({header})"),
             ));
+            return None;
+        };
+        if dead.expired(now_ms) && !self.expired {
+            let ttl = dead.ttl.unwrap_or_default();
+            done.skipped.push(Skipped::new(
+                dead.id.clone(),
+                format!(
+                    "it is older than its handler's ttl ({}s): a record of its key may have expired, and a replay would run it as a new message; replay it with --expired (Selection::expired) to run it anyway",
+                    ttl.as_secs()
+                ),
+            ));
+            return None;
         }
-        dead.origin.clone()
+        Some(Take::Replay { to: origin })
     }
+}
+
+/// What a replay does with one dead letter [`Selection::take`] takes.
+#[cfg_attr(not(feature = "_consume"), allow(dead_code))]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Take {
+    /// Publish a copy to `to`, then remove it (or note it replayed).
+    Replay {
+        /// The queue, subject or topic it came from.
+        to: String,
+    },
+    /// Remove it without publishing: a copy of the dead letter `of`, which
+    /// this replay replayed.
+    Copy {
+        /// The dead letter replayed.
+        of: String,
+    },
 }
 
 /// One dead letter replayed: its id, where its copy went, and the copy's
@@ -461,6 +650,8 @@ pub struct Replay {
     pub to: String,
     /// The copy's `x-idem-replays` (`Idem-Replays`).
     pub replays: u32,
+    /// Whether the copy carries a corrected payload (`replay_edited`).
+    pub edited: bool,
 }
 
 impl Replay {
@@ -474,6 +665,7 @@ impl Replay {
             id: id.into(),
             to: to.into(),
             replays,
+            edited: false,
         }
     }
 }
@@ -511,6 +703,39 @@ impl Skipped {
     }
 }
 
+/// A dead letter a replay removed without publishing it: a copy of one
+/// it replayed (the same origin and payload, see [`groups`]).
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::consume::dead::CopyOf;
+/// let c = CopyOf::new("0:7", "0:3");
+/// assert_eq!((c.id.as_str(), c.of.as_str()), ("0:7", "0:3"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CopyOf {
+    /// The copy's id.
+    pub id: String,
+    /// The id of the dead letter replayed in its place.
+    pub of: String,
+}
+
+impl CopyOf {
+    /// `id`, a copy of `of`.
+    ///
+    /// # Examples
+    ///
+    /// See [`CopyOf`].
+    pub fn new(id: impl Into<String>, of: impl Into<String>) -> Self {
+        CopyOf {
+            id: id.into(),
+            of: of.into(),
+        }
+    }
+}
+
 /// What a replay did.
 ///
 /// # Examples
@@ -527,11 +752,26 @@ impl Skipped {
 pub struct Replayed {
     /// The dead letters replayed, in the order they were.
     pub replayed: Vec<Replay>,
+    /// The ones removed as copies of a message replayed (each message runs
+    /// once).
+    pub copies: Vec<CopyOf>,
     /// The ones selected but left.
     pub skipped: Vec<Skipped>,
+    /// The message digests replayed, with the dead letter each was
+    /// replayed as.
+    replayed_as: HashMap<String, String>,
 }
 
 impl Replayed {
+    /// Notes that `dead` was replayed as `replay`.
+    #[cfg_attr(not(feature = "_consume"), allow(dead_code))]
+    pub(crate) fn note(&mut self, dead: &DeadLetter, replay: Replay) {
+        self.replayed_as
+            .entry(dead.message_digest())
+            .or_insert_with(|| dead.id.clone());
+        self.replayed.push(replay);
+    }
+
     /// How many were replayed.
     ///
     /// # Examples
@@ -540,6 +780,112 @@ impl Replayed {
     pub fn count(&self) -> usize {
         self.replayed.len()
     }
+}
+
+/// One dead letter to replay with a corrected payload, for
+/// `replay_edited` on each broker (see the [module docs](self#edited-replays)).
+///
+/// # Examples
+///
+/// ```
+/// use idem_runtime::consume::dead::Edit;
+/// let edit = Edit::new("0:4", br#"{"id":"o-7","qty":2}"#.to_vec());
+/// assert_eq!(edit.id(), "0:4");
+/// assert!(!edit.selection().takes_expired());
+/// assert!(edit.expired().selection().takes_expired());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Edit {
+    id: String,
+    payload: Vec<u8>,
+    expired: bool,
+}
+
+impl Edit {
+    /// The dead letter `id`, to be replayed with `payload` instead of its
+    /// own.
+    ///
+    /// # Examples
+    ///
+    /// See [`Edit`].
+    pub fn new(id: impl Into<String>, payload: Vec<u8>) -> Self {
+        Edit {
+            id: id.into(),
+            payload,
+            expired: false,
+        }
+    }
+
+    /// Replays it even when it is older than its handler's ttl
+    /// ([`Selection::expired`]).
+    ///
+    /// # Examples
+    ///
+    /// See [`Edit`].
+    pub fn expired(mut self) -> Self {
+        self.expired = true;
+        self
+    }
+
+    /// The dead letter's id.
+    ///
+    /// # Examples
+    ///
+    /// See [`Edit`].
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The corrected payload.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let edit = idem_runtime::consume::dead::Edit::new("3", b"{}".to_vec());
+    /// assert_eq!(edit.payload(), b"{}");
+    /// ```
+    pub fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+
+    /// The selection of its dead letter: its id, one at most.
+    ///
+    /// # Examples
+    ///
+    /// See [`Edit`].
+    pub fn selection(&self) -> Selection {
+        let one = Selection::new().id(self.id.clone()).limit(1);
+        if self.expired { one.expired() } else { one }
+    }
+
+    /// `done`, or [`DeadLetterError::NotFound`] when the replay found no
+    /// dead letter `id` in `name`.
+    #[cfg_attr(not(feature = "_consume"), allow(dead_code))]
+    pub(crate) fn found(&self, done: Replayed, name: &str) -> Result<Replayed, DeadLetterError> {
+        if done.replayed.is_empty() && done.skipped.is_empty() && done.copies.is_empty() {
+            return Err(DeadLetterError::NotFound {
+                name: name.to_owned(),
+                id: self.id.clone(),
+            });
+        }
+        Ok(done)
+    }
+}
+
+/// How a payload an edited replay replaced is named in `x-idem-edited`:
+/// `sha256:` and 16 hex digits of its SHA-256.
+///
+/// # Examples
+///
+/// ```
+/// let named = idem_runtime::consume::dead::payload_digest(b"{}");
+/// assert!(named.starts_with("sha256:") && named.len() == 23);
+/// ```
+pub fn payload_digest(payload: &[u8]) -> String {
+    use sha2::{Digest as _, Sha256};
+    let hash = Sha256::digest(payload);
+    let hex: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
 }
 
 /// What a purge did: how many dead letters it removed, and their ids when

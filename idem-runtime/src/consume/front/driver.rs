@@ -11,7 +11,7 @@ use futures_util::stream::StreamExt;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use super::handler::{Call, Handler, erase};
+use super::handler::{Call, Handled, Handler, erase};
 use super::transport::{Dead, Opening, Retry, Session, Transport};
 use crate::BoxError;
 use crate::consume::lock;
@@ -312,15 +312,7 @@ async fn settle<T: Transport>(
         // (counted by the call), and its message goes back.
         () = cut.cancelled() => return handed_back(transport, &msg).await,
     };
-    let told = tell(
-        transport,
-        link,
-        &msg,
-        &handled.verdict,
-        handled.duplicate,
-        attempts,
-    )
-    .await;
+    let told = tell(transport, link, &msg, &handled, attempts).await;
     let settled = match told {
         Ok(settled) => settled,
         Err(e) => unsettled(transport, &msg, meter, &e).await,
@@ -341,12 +333,12 @@ async fn tell<T: Transport>(
     transport: &T,
     link: &T::Link,
     msg: &T::Message,
-    verdict: &Verdict,
-    duplicate: bool,
+    handled: &Handled,
     attempts: Attempts,
 ) -> Result<Settled, BoxError> {
     let queue = transport.queue();
-    Ok(match verdict {
+    let duplicate = handled.duplicate;
+    Ok(match &handled.verdict {
         Verdict::Ack { alert } => {
             if let Some(alert) = alert {
                 tracing::error!(queue, "acked, but look: {alert}");
@@ -377,6 +369,7 @@ async fn tell<T: Transport>(
             let dead = Dead {
                 reason,
                 failures: attempts.failures.saturating_add(u32::from(*failed)),
+                cause: handled.dead.as_ref(),
             };
             transport.dead_letter(link, msg, dead).await?;
             Settled::DeadLettered

@@ -11,6 +11,7 @@ use std::time::Instant;
 use futures_util::future::{BoxFuture, FutureExt};
 use serde::de::DeserializeOwned;
 
+use crate::consume::dead::Cause;
 use crate::consume::delivery::Delivery;
 use crate::consume::meter::Meter;
 use crate::consume::policy::{Attempts, Policy};
@@ -117,6 +118,9 @@ pub(crate) struct Handled {
     /// What the call returned, for the metrics' `result` and `reason`:
     /// `executed`, `duplicate`, an [`Error::kind`], `decode` or `panic`.
     pub(crate) cause: &'static str,
+    /// Why, for the dead letter's headers, when the verdict is a dead
+    /// letter.
+    pub(crate) dead: Option<Cause>,
 }
 
 /// A handler with its types erased: the payload, what the broker said of
@@ -144,6 +148,7 @@ where
             Box::pin(async move {
                 let handled = match msg {
                     Err(reason) => Handled {
+                        dead: Some(Cause::undecodable(&reason)),
                         verdict: Verdict::DeadLetter {
                             reason,
                             failed: false,
@@ -203,11 +208,17 @@ fn judge<T, E: Display>(
                     attempts
                 }
             };
+            let verdict = Verdict::of(&result, attempts, policy);
+            let dead = match (&verdict, &result) {
+                (Verdict::DeadLetter { .. }, Err(e)) => Some(Cause::of(e)),
+                _ => None,
+            };
             Handled {
-                verdict: Verdict::of(&result, attempts, policy),
+                verdict,
                 duplicate: matches!(result, Ok(Outcome::Duplicate(_))),
                 handler,
                 cause,
+                dead,
             }
         }
         Err(panic) => {
@@ -218,11 +229,15 @@ fn judge<T, E: Display>(
                 .unwrap_or_else(|| "a panic".to_owned());
             let reason = format!("the handler panicked: {what}");
             tracing::error!(%reason, "a handler panicked");
+            let verdict = Verdict::body_failed(&reason, attempts.failures, policy);
+            let dead = matches!(verdict, Verdict::DeadLetter { .. })
+                .then(|| Cause::panicked(handler, what));
             Handled {
-                verdict: Verdict::body_failed(&reason, attempts.failures, policy),
+                verdict,
                 duplicate: false,
                 handler,
                 cause: "panic",
+                dead,
             }
         }
     }

@@ -12,6 +12,7 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
 
 use crate::BoxError;
+use crate::consume::dead::Cause;
 use crate::consume::delivery::{Broker, Delivery};
 use crate::consume::meter::Meter;
 use crate::consume::policy::{Attempts, Policy};
@@ -184,4 +185,7 @@ pub(crate) struct Dead<'a> {
     pub(crate) reason: &'a str,
     /// Failed runs of the body so far, this call's included if it failed.
     pub(crate) failures: u32,
+    /// The handler, the error's kind and the error alone, for the cause
+    /// headers (`consume::dead`'s groups).
+    pub(crate) cause: Option<&'a Cause>,
 }

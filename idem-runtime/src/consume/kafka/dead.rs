@@ -64,8 +64,10 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use crate::BoxError;
 use crate::consume::Broker;
+use crate::consume::dead::cause::HEADERS;
 use crate::consume::dead::{
-    DeadLetter, DeadLetterError, Purged, Replay, Replayed, Selection, Skipped, now_ms,
+    CopyOf, DeadLetter, DeadLetterError, Edit, Purged, Replay, Replayed, Selection, Skipped, Take,
+    now_ms, payload_digest,
 };
 use crate::consume::kafka::heard::Heard;
 use crate::consume::kafka::settings::Settings;
@@ -367,11 +369,44 @@ impl DeadLetters {
     ///
     /// See the [module docs](self).
     pub async fn replay(&self, filter: &Selection) -> Result<Replayed, DeadLetterError> {
+        self.replay_with(filter, None).await
+    }
+
+    /// Replays the dead letter [`Edit::id`] with the corrected
+    /// [`Edit::payload`]; see the [edited replays](crate::consume::dead#edited-replays).
+    /// The ledger's entry says `"edited": true`.
+    /// [`DeadLetterError::NotFound`] when there is no such dead letter.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::consume::{dead::Edit, kafka::dead::DeadLetters};
+    /// let dead = DeadLetters::connect("127.0.0.1:9092", "orders-dlt").await?;
+    /// let fixed = br#"{"order_id":"o-7","sku":"PEAR-1","qty":2}"#.to_vec();
+    /// let done = dead.replay_edited(&Edit::new("0:12", fixed)).await?;
+    /// assert!(done.replayed.iter().all(|r| r.edited));
+    /// # Ok(()) }
+    /// ```
+    pub async fn replay_edited(&self, edit: &Edit) -> Result<Replayed, DeadLetterError> {
+        let done = self
+            .replay_with(&edit.selection(), Some(edit.payload()))
+            .await?;
+        edit.found(done, &self.topic)
+    }
+
+    async fn replay_with(
+        &self,
+        filter: &Selection,
+        edit: Option<&[u8]>,
+    ) -> Result<Replayed, DeadLetterError> {
         filter.check("replay")?;
         let now = now_ms();
         let dead = self.read_all().await?;
         let mut done = Replayed::default();
         let mut producer: Option<FutureProducer> = None;
+        // Where each replayed dead letter's copy went, for its copies' entries.
+        let mut copied_to: HashMap<String, String> = HashMap::new();
         for (d, message) in dead {
             if filter.full(done.count()) {
                 break;
@@ -383,7 +418,7 @@ impl DeadLetters {
                 }
                 continue;
             }
-            let Some(to) = filter.replay_to(&d, now, ("topic", "x-idem-topic"), &mut done) else {
+            let Some(take) = filter.take(&d, now, ("topic", "x-idem-topic"), &mut done) else {
                 continue;
             };
             let producer = match &producer {
@@ -393,12 +428,21 @@ impl DeadLetters {
                     producer.insert(self.producer()?)
                 }
             };
+            let to = match take {
+                Take::Copy { of } => {
+                    let to = copied_to.get(&of).cloned().unwrap_or_default();
+                    let entry = serde_json::json!({ "to": to, "copy_of": of, "at_ms": now_ms() });
+                    self.write_ledger(producer, &d.id, &entry).await?;
+                    done.copies.push(CopyOf::new(d.id, of));
+                    continue;
+                }
+                Take::Replay { to } => to,
+            };
             let replays = d.replays.saturating_add(1);
             let from = format!("{}/{}", self.topic, d.id);
-            let headers = copy_headers(&message, replays, &from);
-            let mut record = FutureRecord::to(&to)
-                .payload(message.payload().unwrap_or_default())
-                .headers(headers);
+            let headers = copy_headers(&message, replays, &from, edit.is_some());
+            let payload = edit.unwrap_or(message.payload().unwrap_or_default());
+            let mut record = FutureRecord::to(&to).payload(payload).headers(headers);
             if let Some(key) = message.key() {
                 record = record.key(key);
             }
@@ -406,22 +450,35 @@ impl DeadLetters {
                 .send(record, TIMEOUT)
                 .await
                 .map_err(|(e, _)| DeadLetterError::broker(BROKER, e))?;
-            let entry = serde_json::json!({
-                "to": format!("{to}/{}:{}", copy.partition, copy.offset),
-                "at_ms": now_ms(),
-            })
-            .to_string();
-            let ledger = DeadLetters::ledger_name(&self.topic);
-            producer
-                .send(
-                    FutureRecord::to(&ledger).key(d.id.as_str()).payload(&entry),
-                    TIMEOUT,
-                )
-                .await
-                .map_err(|(e, _)| DeadLetterError::broker(BROKER, e))?;
-            done.replayed.push(Replay::new(d.id, to, replays));
+            let at = format!("{to}/{}:{}", copy.partition, copy.offset);
+            let entry = if edit.is_some() {
+                serde_json::json!({ "to": at, "at_ms": now_ms(), "edited": true })
+            } else {
+                serde_json::json!({ "to": at, "at_ms": now_ms() })
+            };
+            self.write_ledger(producer, &d.id, &entry).await?;
+            copied_to.insert(d.id.clone(), at);
+            let mut replay = Replay::new(d.id.clone(), to, replays);
+            replay.edited = edit.is_some();
+            done.note(&d, replay);
         }
         Ok(done)
+    }
+
+    /// Writes `entry` for the dead letter `id` to the ledger.
+    async fn write_ledger(
+        &self,
+        producer: &FutureProducer,
+        id: &str,
+        entry: &serde_json::Value,
+    ) -> Result<(), DeadLetterError> {
+        let ledger = DeadLetters::ledger_name(&self.topic);
+        let entry = entry.to_string();
+        producer
+            .send(FutureRecord::to(&ledger).key(id).payload(&entry), TIMEOUT)
+            .await
+            .map(|_| ())
+            .map_err(|(e, _)| DeadLetterError::broker(BROKER, e))
     }
 
     /// Deletes every dead letter: [`Selection::all`] alone, where the broker
@@ -778,15 +835,27 @@ fn read(m: &OwnedMessage, ledger: &HashMap<String, String>) -> DeadLetter {
     dead.origin = dead.text(topics::TOPIC);
     dead.message_id = m.key().map(|k| String::from_utf8_lossy(k).into_owned());
     dead.replayed_to = ledger.get(&dead.id).cloned();
+    dead.read_cause(HEADERS);
     dead
 }
 
-/// The headers of `m`'s replayed copy.
-fn copy_headers(m: &OwnedMessage, replays: u32, from: &str) -> OwnedHeaders {
+/// The headers of `m`'s replayed copy (`edited`: with another payload).
+fn copy_headers(m: &OwnedMessage, replays: u32, from: &str, edited: bool) -> OwnedHeaders {
     let mut out = OwnedHeaders::new();
+    if edited {
+        let replaced = payload_digest(m.payload().unwrap_or_default());
+        out = out.insert(Header {
+            key: HEADERS.edited,
+            value: Some(replaced.as_bytes()),
+        });
+    }
     if let Some(headers) = m.headers() {
         for h in headers.iter() {
-            if !NOT_REPLAYED.contains(&h.key) {
+            let dropped = edited && h.key == HEADERS.edited;
+            if !NOT_REPLAYED.contains(&h.key)
+                && !HEADERS.not_replayed().contains(&h.key)
+                && !dropped
+            {
                 out = out.insert(Header {
                     key: h.key,
                     value: h.value,

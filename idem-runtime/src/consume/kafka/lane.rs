@@ -14,6 +14,7 @@ use super::lock_std;
 use super::state::{Group, Part};
 use super::topics::{self, HeaderList, now_ms};
 use super::{Retries, offsets};
+use crate::consume::dead::cause::HEADERS;
 use crate::consume::tiers::{self, DUE_SLACK};
 use crate::consume::{Attempts, Broker, Delivery, Handled, Settled, Verdict, lock};
 
@@ -315,6 +316,10 @@ async fn settle_calls(
                 headers.set_text(topics::REASON, &reason);
                 headers.set_text(topics::DLT_MESSAGE, &reason);
                 headers.set(topics::DLT_GROUP, &group.group);
+                let cause = last.as_ref().and_then(|h| h.dead.as_ref());
+                for (name, value) in cause.map(|c| c.headers(HEADERS)).unwrap_or_default() {
+                    headers.set_text(name, &value);
+                }
                 let to = group.names.dead_letter_topic();
                 tracing::warn!(topic = %part.topic, partition = part.partition, offset = msg.offset(), %reason, "dead-lettered");
                 publish(group, &to, msg, &headers, revoked).await?;

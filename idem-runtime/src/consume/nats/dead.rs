@@ -41,8 +41,10 @@ use async_nats::jetstream::{self, ErrorCode};
 
 use crate::client_tls::{self, ClientTls};
 use crate::consume::Broker;
+use crate::consume::dead::cause::NATS_HEADERS;
 use crate::consume::dead::{
-    DeadLetter, DeadLetterError, Purged, Replay, Replayed, Selection, Skipped, now_ms, redacted,
+    CopyOf, DeadLetter, DeadLetterError, Edit, Purged, Replay, Replayed, Selection, Skipped, Take,
+    now_ms, payload_digest, redacted,
 };
 
 /// The header of a replayed copy that counts its replays.
@@ -243,6 +245,36 @@ impl DeadLetters {
     ///
     /// See the [module docs](self).
     pub async fn replay(&self, filter: &Selection) -> Result<Replayed, DeadLetterError> {
+        self.replay_with(filter, None).await
+    }
+
+    /// Replays the dead letter [`Edit::id`] with the corrected
+    /// [`Edit::payload`]; see the [edited replays](crate::consume::dead#edited-replays).
+    /// [`DeadLetterError::NotFound`] when there is no such dead letter.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::consume::{dead::Edit, nats::dead::DeadLetters};
+    /// let dead = DeadLetters::connect("nats://127.0.0.1:4222", "ORDERS_DEAD").await?;
+    /// let fixed = br#"{"order_id":"o-7","sku":"PEAR-1","qty":2}"#.to_vec();
+    /// let done = dead.replay_edited(&Edit::new("12", fixed)).await?;
+    /// assert!(done.replayed.iter().all(|r| r.edited));
+    /// # Ok(()) }
+    /// ```
+    pub async fn replay_edited(&self, edit: &Edit) -> Result<Replayed, DeadLetterError> {
+        let done = self
+            .replay_with(&edit.selection(), Some(edit.payload()))
+            .await?;
+        edit.found(done, &self.name)
+    }
+
+    async fn replay_with(
+        &self,
+        filter: &Selection,
+        edit: Option<&[u8]>,
+    ) -> Result<Replayed, DeadLetterError> {
         filter.check("replay")?;
         let now = now_ms();
         let mut done = Replayed::default();
@@ -251,21 +283,31 @@ impl DeadLetters {
             let Some(dead) = pass.next(self).await? else {
                 break;
             };
-            let Some(to) = filter.replay_to(&dead, now, ("subject", "Idem-Subject"), &mut done)
-            else {
-                continue;
+            let to = match filter.take(&dead, now, ("subject", "Idem-Subject"), &mut done) {
+                None => continue,
+                Some(Take::Copy { of }) => {
+                    self.delete(&dead.id).await?;
+                    done.copies.push(CopyOf::new(dead.id, of));
+                    continue;
+                }
+                Some(Take::Replay { to }) => to,
             };
             let replays = dead.replays.saturating_add(1);
             let mut headers = HeaderMap::new();
             for (name, value) in &dead.headers {
-                if !NOT_REPLAYED.contains(&name.as_str()) {
-                    headers.append(name.as_str(), value.as_str());
+                let name = name.as_str();
+                if !NOT_REPLAYED.contains(&name) && !NATS_HEADERS.not_replayed().contains(&name) {
+                    headers.append(name, value.as_str());
                 }
             }
             headers.insert(REPLAYS, replays.to_string().as_str());
+            if edit.is_some() {
+                headers.insert(NATS_HEADERS.edited, payload_digest(&dead.payload).as_str());
+            }
+            let payload = edit.map_or_else(|| dead.payload.clone(), <[u8]>::to_vec);
             let published = match self
                 .js
-                .publish_with_headers(to.clone(), headers, dead.payload.clone().into())
+                .publish_with_headers(to.clone(), headers, payload.into())
                 .await
             {
                 Ok(ack) => ack.await,
@@ -290,7 +332,9 @@ impl DeadLetters {
                 Err(e) => return Err(DeadLetterError::broker(BROKER, e)),
             }
             self.delete(&dead.id).await?;
-            done.replayed.push(Replay::new(dead.id, to, replays));
+            let mut replay = Replay::new(dead.id.clone(), to, replays);
+            replay.edited = edit.is_some();
+            done.note(&dead, replay);
         }
         Ok(done)
     }
@@ -432,6 +476,7 @@ fn read(message: &StreamMessage) -> DeadLetter {
     dead.origin = dead.text("Idem-Subject");
     dead.message_id = dead.text("Idem-Original-Msg-Id");
     dead.dead_at_ms = i64::try_from(message.time.unix_timestamp_nanos() / 1_000_000).ok();
+    dead.read_cause(NATS_HEADERS);
     dead
 }
 

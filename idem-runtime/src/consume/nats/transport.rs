@@ -13,6 +13,7 @@ use futures_util::{FutureExt as _, StreamExt as _};
 use super::Consumer;
 use crate::BoxError;
 use crate::client_tls;
+use crate::consume::dead::cause::NATS_HEADERS;
 use crate::consume::front::transport::{Dead, Opening, Read, Retry, Session, Transport};
 use crate::consume::{Attempts, Broker, ConsumeError, Delivery, Meter, Policy};
 
@@ -134,6 +135,13 @@ impl Transport for Consumer {
         headers.insert("Idem-Deliveries", delivered.to_string().as_str());
         headers.insert("Idem-Stream", self.stream.as_str());
         headers.insert("Idem-Subject", msg.subject.as_str());
+        for (name, value) in dead
+            .cause
+            .map(|c| c.headers(NATS_HEADERS))
+            .unwrap_or_default()
+        {
+            headers.insert(name, value.as_str());
+        }
         js.publish_with_headers(self.dead_letter_subject(), headers, msg.payload.clone())
             .await?
             .await?;

@@ -27,6 +27,7 @@ pub(super) async fn publish_copy(
     delivery: &lapin::message::Delivery,
     to: &str,
     headers: FieldTable,
+    payload: &[u8],
 ) -> Result<Published, lapin::Error> {
     let mut kept = FieldTable::default();
     for (name, value) in headers.inner() {
@@ -44,7 +45,7 @@ pub(super) async fn publish_copy(
             ShortString::from(""),
             to.into(),
             mandatory,
-            &delivery.data,
+            payload,
             properties,
         )
         .await?

@@ -54,8 +54,10 @@ use sha2::{Digest as _, Sha256};
 use super::amqp::Published;
 use crate::client_tls::{self, ClientTls};
 use crate::consume::Broker;
+use crate::consume::dead::cause::HEADERS;
 use crate::consume::dead::{
-    DeadLetter, DeadLetterError, Purged, Replay, Replayed, Selection, Skipped, now_ms, redacted,
+    CopyOf, DeadLetter, DeadLetterError, Edit, Purged, Replay, Replayed, Selection, Skipped, Take,
+    now_ms, payload_digest, redacted,
 };
 
 /// The header the consumer writes a dead letter's id in.
@@ -288,6 +290,36 @@ impl DeadLetters {
     ///
     /// See the [module docs](self).
     pub async fn replay(&self, filter: &Selection) -> Result<Replayed, DeadLetterError> {
+        self.replay_with(filter, None).await
+    }
+
+    /// Replays the dead letter [`Edit::id`] with the corrected
+    /// [`Edit::payload`]; see the [edited replays](crate::consume::dead#edited-replays).
+    /// [`DeadLetterError::NotFound`] when there is no such dead letter.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::consume::{dead::Edit, rabbitmq::dead::DeadLetters};
+    /// let dead = DeadLetters::connect("amqp://127.0.0.1:5672/%2f", "orders.idem.dead").await?;
+    /// let fixed = br#"{"order_id":"o-7","sku":"PEAR-1","qty":2}"#.to_vec();
+    /// let done = dead.replay_edited(&Edit::new("5b0e1c9e-4d1f-4a51-9a37-0e3c8b5d2f10", fixed)).await?;
+    /// assert!(done.replayed.iter().all(|r| r.edited));
+    /// # Ok(()) }
+    /// ```
+    pub async fn replay_edited(&self, edit: &Edit) -> Result<Replayed, DeadLetterError> {
+        let done = self
+            .replay_with(&edit.selection(), Some(edit.payload()))
+            .await?;
+        edit.found(done, &self.queue)
+    }
+
+    async fn replay_with(
+        &self,
+        filter: &Selection,
+        edit: Option<&[u8]>,
+    ) -> Result<Replayed, DeadLetterError> {
         filter.check("replay")?;
         let now = now_ms();
         let mut scan = self.scan(true).await?;
@@ -298,23 +330,27 @@ impl DeadLetters {
                     break;
                 };
                 let dead = read(&delivery);
-                let Some(to) = filter.replay_to(&dead, now, ("queue", "x-idem-queue"), &mut done)
-                else {
-                    continue;
+                let to = match filter.take(&dead, now, ("queue", "x-idem-queue"), &mut done) {
+                    None => continue,
+                    Some(Take::Copy { of }) => {
+                        ack(&delivery).await?;
+                        done.copies.push(CopyOf::new(dead.id, of));
+                        continue;
+                    }
+                    Some(Take::Replay { to }) => to,
                 };
                 let replays = dead.replays.saturating_add(1);
-                if !publish_copy(&scan.channel, &delivery, &to, replays).await? {
+                if !publish_copy(&scan.channel, &delivery, &to, replays, edit).await? {
                     done.skipped.push(Skipped::new(
                         dead.id,
                         format!("the broker could not route it to queue `{to}`"),
                     ));
                     continue;
                 }
-                delivery
-                    .ack(BasicAckOptions::default())
-                    .await
-                    .map_err(|e| DeadLetterError::broker(BROKER, e))?;
-                done.replayed.push(Replay::new(dead.id, to, replays));
+                ack(&delivery).await?;
+                let mut replay = Replay::new(dead.id.clone(), to, replays);
+                replay.edited = edit.is_some();
+                done.note(&dead, replay);
             }
             Ok::<_, DeadLetterError>(())
         }
@@ -361,10 +397,7 @@ impl DeadLetters {
                 };
                 let dead = read(&delivery);
                 if filter.matches(&dead, now) {
-                    delivery
-                        .ack(BasicAckOptions::default())
-                        .await
-                        .map_err(|e| DeadLetterError::broker(BROKER, e))?;
+                    ack(&delivery).await?;
                     done.ids.push(dead.id);
                     done.purged += 1;
                 }
@@ -467,7 +500,17 @@ fn read(delivery: &Delivery) -> DeadLetter {
         .as_ref()
         .map(|id| id.to_string());
     dead.headers = headers;
+    dead.read_cause(HEADERS);
     dead
+}
+
+/// Acknowledges a dead letter taken: it leaves the queue.
+async fn ack(delivery: &Delivery) -> Result<(), DeadLetterError> {
+    delivery
+        .ack(BasicAckOptions::default())
+        .await
+        .map(|_| ())
+        .map_err(|e| DeadLetterError::broker(BROKER, e))
 }
 
 /// A header value as text: strings as they are, numbers in decimal,
@@ -533,26 +576,36 @@ fn digest(headers: &[(String, String)], payload: &[u8]) -> String {
     format!("sha256:{hex}")
 }
 
-/// Publishes the replayed copy of `delivery` to queue `to` and waits for
-/// the broker's confirm: `false` when the broker returned it unrouted.
+/// Publishes the replayed copy of `delivery` to queue `to`, with the
+/// payload `edit` where given, and waits for the broker's confirm: `false`
+/// when the broker returned it unrouted.
 async fn publish_copy(
     channel: &Channel,
     delivery: &Delivery,
     to: &str,
     replays: u32,
+    edit: Option<&[u8]>,
 ) -> Result<bool, DeadLetterError> {
     let mut headers = FieldTable::default();
     if let Some(fields) = delivery.properties.headers() {
         for (name, value) in fields.inner() {
-            if !NOT_REPLAYED.contains(&name.as_str()) {
+            let name_str = name.as_str();
+            if !NOT_REPLAYED.contains(&name_str) && !HEADERS.not_replayed().contains(&name_str) {
                 headers.insert(name.clone(), value.clone());
             }
         }
     }
     headers.insert(REPLAYS.into(), AMQPValue::LongLongInt(i64::from(replays)));
+    if edit.is_some() {
+        headers.insert(
+            HEADERS.edited.into(),
+            AMQPValue::LongString(payload_digest(&delivery.data).into()),
+        );
+    }
     // The message's identity is kept; `expiration` is not (it would drop the
     // copy again).
-    match super::amqp::publish_copy(channel, delivery, to, headers)
+    let payload = edit.unwrap_or(&delivery.data);
+    match super::amqp::publish_copy(channel, delivery, to, headers, payload)
         .await
         .map_err(|e| DeadLetterError::broker(BROKER, e))?
     {

@@ -17,6 +17,7 @@ use super::amqp::{Published, amqp_text, header_u32, header_u64, publish_copy, se
 use super::{Consumer, DUE};
 use crate::BoxError;
 use crate::client_tls;
+use crate::consume::dead::cause::HEADERS;
 use crate::consume::front::transport::{Dead, Opening, Read, Retry, Session, Transport};
 use crate::consume::{Attempts, Broker, ConsumeError, Delivery, Meter, Policy, tiers};
 
@@ -107,6 +108,9 @@ impl Transport for Consumer {
     ) -> Result<(), BoxError> {
         let mut headers = msg.properties.headers().clone().unwrap_or_default();
         set_text(&mut headers, "x-idem-reason", dead.reason);
+        for (name, value) in dead.cause.map(|c| c.headers(HEADERS)).unwrap_or_default() {
+            set_text(&mut headers, name, &value);
+        }
         set_text(&mut headers, "x-idem-queue", &self.queue);
         set(&mut headers, "x-idem-failures", u64::from(dead.failures));
         // An id and a time for `consume::dead`: a queue has neither.
@@ -293,7 +297,7 @@ impl Consumer {
         to: &str,
         headers: FieldTable,
     ) -> Result<(), BoxError> {
-        if publish_copy(channel, delivery, to, headers).await? != Published::Taken {
+        if publish_copy(channel, delivery, to, headers, &delivery.data).await? != Published::Taken {
             return Err(format!("the broker did not take the message for {to}").into());
         }
         delivery.ack(BasicAckOptions::default()).await?;

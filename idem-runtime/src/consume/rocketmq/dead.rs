@@ -59,8 +59,10 @@ use super::reader::{Reader, reader};
 use super::transport::{is_system, property};
 use super::{DEAD_ID, DUE, TOPIC};
 use crate::consume::Broker;
+use crate::consume::dead::cause::HEADERS;
 use crate::consume::dead::{
-    DeadLetter, DeadLetterError, Purged, Replay, Replayed, Selection, Skipped, now_ms,
+    CopyOf, DeadLetter, DeadLetterError, Edit, Purged, Replay, Replayed, Selection, Skipped, Take,
+    now_ms, payload_digest,
 };
 
 /// The property of a replayed copy that counts its replays.
@@ -272,6 +274,37 @@ impl DeadLetters {
     ///
     /// See the [module docs](self).
     pub async fn replay(&self, filter: &Selection) -> Result<Replayed, DeadLetterError> {
+        self.replay_with(filter, None).await
+    }
+
+    /// Replays the dead letter [`Edit::id`] with the corrected
+    /// [`Edit::payload`]; see the [edited replays](crate::consume::dead#edited-replays).
+    /// The ledger says `replayed to <topic>, edited`.
+    /// [`DeadLetterError::NotFound`] when there is no such dead letter.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::consume::{dead::Edit, rocketmq::dead::DeadLetters};
+    /// let dead = DeadLetters::connect("127.0.0.1:9876", "%DLQ%idem-orders").await?;
+    /// let fixed = br#"{"order_id":"o-7","sku":"PEAR-1","qty":2}"#.to_vec();
+    /// let done = dead.replay_edited(&Edit::new("5b0e1c9e-4d1f-4a51-9a37-0e3c8b5d2f10", fixed)).await?;
+    /// assert!(done.replayed.iter().all(|r| r.edited));
+    /// # Ok(()) }
+    /// ```
+    pub async fn replay_edited(&self, edit: &Edit) -> Result<Replayed, DeadLetterError> {
+        let done = self
+            .replay_with(&edit.selection(), Some(edit.payload()))
+            .await?;
+        edit.found(done, &self.topic)
+    }
+
+    async fn replay_with(
+        &self,
+        filter: &Selection,
+        edit: Option<&[u8]>,
+    ) -> Result<Replayed, DeadLetterError> {
         filter.check("replay")?;
         let now = now_ms();
         let mut done = Replayed::default();
@@ -285,18 +318,30 @@ impl DeadLetters {
                 }
                 continue;
             }
-            let Some(to) = filter.replay_to(&d, now, ("topic", TOPIC), &mut done) else {
-                continue;
+            let to = match filter.take(&d, now, ("topic", TOPIC), &mut done) {
+                None => continue,
+                Some(Take::Copy { of }) => {
+                    self.settle(&d.id, &format!("a copy of {of}, replayed"))
+                        .await?;
+                    done.copies.push(CopyOf::new(d.id, of));
+                    continue;
+                }
+                Some(Take::Replay { to }) => to,
             };
             let replays = d.replays.saturating_add(1);
-            let copy = replay_copy(&msg, &to, replays, &format!("{}/{}", self.topic, d.id))
+            let from = format!("{}/{}", self.topic, d.id);
+            let copy = replay_copy(&msg, &to, replays, &from, edit)
                 .map_err(|e| DeadLetterError::broker(BROKER, e))?;
             self.producer
                 .send(copy)
                 .await
                 .map_err(|e| DeadLetterError::broker(BROKER, e))?;
-            self.settle(&d.id, &format!("replayed to {to}")).await?;
-            done.replayed.push(Replay::new(d.id, to, replays));
+            let edited = if edit.is_some() { ", edited" } else { "" };
+            self.settle(&d.id, &format!("replayed to {to}{edited}"))
+                .await?;
+            let mut replay = Replay::new(d.id.clone(), to, replays);
+            replay.edited = edit.is_some();
+            done.note(&d, replay);
         }
         Ok(done)
     }
@@ -428,20 +473,25 @@ fn read(m: &MessageExt) -> DeadLetter {
     dead.message_id = property(m, "KEYS")
         .or_else(|| property(m, "UNIQ_KEY"))
         .map(str::to_owned);
+    dead.read_cause(HEADERS);
     dead
 }
 
-/// The replayed copy of `m` for `topic`.
+/// The replayed copy of `m` for `topic`, with the payload `edit` where
+/// given.
 fn replay_copy(
     m: &MessageExt,
     topic: &str,
     replays: u32,
     from: &str,
+    edit: Option<&[u8]>,
 ) -> Result<Message, crate::BoxError> {
     use rocketmq_model::common::message::message_property::MessagePropertyKey;
-    let mut builder = Message::builder()
-        .topic(topic.to_owned())
-        .body(m.message.body().unwrap_or_default());
+    let builder = Message::builder().topic(topic.to_owned());
+    let mut builder = match edit {
+        Some(payload) => builder.body_slice(payload),
+        None => builder.body(m.message.body().unwrap_or_default()),
+    };
     if let Some(tags) = m.get_tags() {
         builder = builder.tags(tags);
     }
@@ -450,7 +500,12 @@ fn replay_copy(
     }
     for (name, value) in m.properties() {
         let name = name.as_str();
-        if is_system(name) || NOT_REPLAYED.contains(&name) || value.is_empty() {
+        if is_system(name)
+            || NOT_REPLAYED.contains(&name)
+            || HEADERS.not_replayed().contains(&name)
+            || (edit.is_some() && name == HEADERS.edited)
+            || value.is_empty()
+        {
             continue;
         }
         builder = builder.raw_property(name.to_owned(), value.clone())?;
@@ -458,5 +513,9 @@ fn replay_copy(
     builder = builder
         .raw_property(REPLAYS, replays.to_string())?
         .raw_property(REPLAYED_FROM, from.to_owned())?;
+    if edit.is_some() {
+        let replaced = payload_digest(&m.message.body().unwrap_or_default());
+        builder = builder.raw_property(HEADERS.edited, replaced)?;
+    }
     Ok(builder.build()?)
 }

@@ -19,6 +19,7 @@ use super::client::{Client, Producer};
 use super::listener::{Answer, CloseOnDrop, Gate, Listener, Taken};
 use super::{Consumer, DUE, PUBLISHED, TOPIC};
 use crate::BoxError;
+use crate::consume::dead::cause::HEADERS;
 use crate::consume::front::transport::{Dead, Opening, Read, Retry, Session, Transport};
 use crate::consume::{Attempts, Broker, ConsumeError, Delivery, Meter, Policy, tiers};
 
@@ -126,6 +127,9 @@ impl Transport for Consumer {
         set.insert("x-idem-reason", dead.reason.to_owned());
         set.insert(TOPIC, self.topic.clone());
         set.insert("x-idem-failures", dead.failures.to_string());
+        for (name, value) in dead.cause.map(|c| c.headers(HEADERS)).unwrap_or_default() {
+            set.insert(name, value);
+        }
         set.insert(super::DEAD_ID, uuid::Uuid::new_v4().to_string());
         set.insert(
             "x-idem-dead-at",
