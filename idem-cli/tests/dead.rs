@@ -740,7 +740,14 @@ fn group_of<'g>(groups: &'g serde_json::Value, handler: Option<&str>) -> &'g ser
         .unwrap_or_else(|| panic!("no group of {handler:?}: {groups}"))
 }
 
-async fn groups_scenario(at: Vec<String>, edited: &'static str, start: StockStart<'_>) {
+/// `remembers`: the broker's ledger remembers what earlier replays ran
+/// (Kafka, RocketMQ), so a copy of one is removed by a later replay.
+async fn groups_scenario(
+    at: Vec<String>,
+    edited: &'static str,
+    remembers: bool,
+    start: StockStart<'_>,
+) {
     let store = MemoryStore::new();
     // Every delivery fails once and is dead-lettered.
     let handed: Handed = Arc::default();
@@ -853,14 +860,33 @@ async fn groups_scenario(at: Vec<String>, edited: &'static str, start: StockStar
     assert!(text.contains("--expired"), "{text}");
     listed(&at, 5).await;
 
-    // The stock group replayed: each message once, the copy removed.
+    // The stock group replayed: each message once, the copy removed. Where
+    // the ledger remembers, o-2 is replayed first on its own, and the group's
+    // replay then removes its copy all the same.
+    let mut replayed = 0;
+    if remembers {
+        let first_o2 = listing["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["key"] == "o-2")
+            .unwrap_or_else(|| panic!("{listing}"))["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let done = idem_async(args(&at, &["--json", "dead", "replay", "--id", &first_o2]))
+            .await
+            .json();
+        assert_eq!(done["count"], 1, "{done}");
+        replayed = 1;
+    }
     let done = idem_async(args(
         &at,
         &["--json", "dead", "replay", "--in-group", &stock_id],
     ))
     .await
     .json();
-    assert_eq!(done["count"], 2, "{done}");
+    assert_eq!(done["count"], 2 - replayed, "{done}");
     assert_eq!(done["copies"].as_array().map(Vec::len), Some(1), "{done}");
     listed(&at, 2).await;
     let (report, handed) = consume_until(start, &store, true, edited, |h| h.len() == 2).await;
@@ -968,23 +994,23 @@ async fn groups_scenario(at: Vec<String>, edited: &'static str, start: StockStar
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_dead_letters_by_cause() {
     let on = or_skip!(on_rabbitmq("cli_groups_rmq", &STOCK_PAYLOADS).await);
-    groups_scenario(on.at.clone(), "x-idem-edited", &starts!(on.consumer)).await;
+    groups_scenario(on.at.clone(), "x-idem-edited", false, &starts!(on.consumer)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_dead_letters_by_cause() {
     let on = or_skip!(on_nats("cli_groups_nats", &STOCK_PAYLOADS, false).await);
-    groups_scenario(on.at.clone(), "Idem-Edited", &starts!(on.consumer)).await;
+    groups_scenario(on.at.clone(), "Idem-Edited", false, &starts!(on.consumer)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_dead_letters_by_cause() {
     let on = or_skip!(on_kafka("cli_groups_kafka", &STOCK_PAYLOADS).await);
-    groups_scenario(on.at.clone(), "x-idem-edited", &starts!(on.consumer)).await;
+    groups_scenario(on.at.clone(), "x-idem-edited", true, &starts!(on.consumer)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rocketmq_dead_letters_by_cause() {
     let on = or_skip!(on_rocketmq("cli_groups_rocketmq", &STOCK_PAYLOADS).await);
-    groups_scenario(on.at.clone(), "x-idem-edited", &starts!(on.consumer)).await;
+    groups_scenario(on.at.clone(), "x-idem-edited", true, &starts!(on.consumer)).await;
 }

@@ -11,11 +11,13 @@
 //! A dead letter can arrive twice: a consumer killed between writing it and
 //! settling the message writes it again when the message comes back, and a
 //! producer that retried sends the message twice. Two dead letters from the
-//! same queue, subject or topic with the same payload are one message
-//! ([`DeadLetter::message_digest`]): idem derives a key from the payload
-//! alone, so the second is a duplicate of the first whatever happens. A
-//! group counts both its dead letters and its messages, and a replay runs
-//! each message once (see [`Replayed::copies`](super::Replayed::copies)).
+//! same queue, subject or topic with the same payload and replay count are
+//! one message ([`DeadLetter::message_digest`]): idem derives a key from
+//! the payload alone, so the second is a duplicate of the first whatever
+//! happens. (A message that came back after a replay has one replay more,
+//! and is a dead letter of its own.) A group counts both its dead letters
+//! and its messages, and a replay runs each message once (see
+//! [`Replayed::copies`](super::Replayed::copies)).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -172,9 +174,10 @@ impl DeadLetter {
     }
 
     /// What makes two dead letters one message: 16 hex digits of the
-    /// SHA-256 of where it came from ([`origin`](Self::origin)) and its
-    /// payload. Two dead letters with one digest are copies (see the
-    /// [module docs](self)).
+    /// SHA-256 of where it came from ([`origin`](Self::origin)), its
+    /// [`replays`](Self::replays) and its payload. Two dead letters with one
+    /// digest are copies of one message (see the [groups](super#groups)); a
+    /// message that came back after a replay is another.
     ///
     /// # Examples
     ///
@@ -187,11 +190,15 @@ impl DeadLetter {
     /// assert_eq!(a.message_digest(), b.message_digest());
     /// b.origin = Some("refunds".into());
     /// assert_ne!(a.message_digest(), b.message_digest());
+    /// b.origin = a.origin.clone();
+    /// b.replays = 1; // it came back after a replay
+    /// assert_ne!(a.message_digest(), b.message_digest());
     /// ```
     pub fn message_digest(&self) -> String {
         let mut hash = Sha256::new();
         hash.update(self.origin.as_deref().unwrap_or_default().as_bytes());
         hash.update([0]);
+        hash.update(self.replays.to_be_bytes());
         hash.update(&self.payload);
         hash.finalize()[..8]
             .iter()

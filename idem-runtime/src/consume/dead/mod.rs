@@ -48,7 +48,9 @@
 //! payload, dead-lettered twice by a consumer killed in between, or sent
 //! twice by its producer) count once as messages, and a replay runs each
 //! message once: it removes the later copies without publishing them
-//! ([`Replayed::copies`]).
+//! ([`Replayed::copies`]). On Kafka and RocketMQ, whose ledgers remember
+//! what was replayed, a copy of a message an earlier replay ran is removed
+//! too.
 //!
 //! # Expired keys
 //!
@@ -764,12 +766,18 @@ pub struct Replayed {
 
 impl Replayed {
     /// Notes that `dead` was replayed as `replay`.
-    #[cfg_attr(not(feature = "_consume"), allow(dead_code))]
     pub(crate) fn note(&mut self, dead: &DeadLetter, replay: Replay) {
+        self.replayed_before(dead);
+        self.replayed.push(replay);
+    }
+
+    /// Notes that `dead` was replayed by an earlier replay (Kafka's and
+    /// RocketMQ's ledgers keep them), so that a copy of it left behind is
+    /// removed rather than run again.
+    pub(crate) fn replayed_before(&mut self, dead: &DeadLetter) {
         self.replayed_as
             .entry(dead.message_digest())
             .or_insert_with(|| dead.id.clone());
-        self.replayed.push(replay);
     }
 
     /// How many were replayed.

@@ -407,6 +407,9 @@ impl DeadLetters {
         let mut producer: Option<FutureProducer> = None;
         // Where each replayed dead letter's copy went, for its copies' entries.
         let mut copied_to: HashMap<String, String> = HashMap::new();
+        for (d, _) in dead.iter().filter(|(d, _)| d.replayed_to.is_some()) {
+            done.replayed_before(d);
+        }
         for (d, message) in dead {
             if filter.full(done.count()) {
                 break;

@@ -308,7 +308,14 @@ impl DeadLetters {
         filter.check("replay")?;
         let now = now_ms();
         let mut done = Replayed::default();
-        for (d, msg) in self.read_messages().await? {
+        let dead = self.read_messages().await?;
+        let replayed = dead
+            .iter()
+            .filter(|(d, _)| d.replayed_to.as_deref().is_some_and(|to| to != PURGED));
+        for (d, _) in replayed {
+            done.replayed_before(d);
+        }
+        for (d, msg) in dead {
             if filter.full(done.count()) {
                 break;
             }
