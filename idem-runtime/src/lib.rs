@@ -100,6 +100,9 @@ mod telemetry;
 #[cfg(feature = "tls")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
 pub mod tls;
+#[cfg(feature = "otel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
+pub mod trace;
 
 pub use error::{BoxError, Contention, Error, StoreError};
 pub use final_error::FinalError;

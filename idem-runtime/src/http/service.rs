@@ -367,7 +367,16 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let layer = self.layer.clone();
-        Box::pin(async move {
+        let span = tracing::info_span!("idem.http", route = layer.route.config.name);
+        #[cfg(feature = "otel")]
+        crate::trace::adopt(
+            &span,
+            request
+                .headers()
+                .iter()
+                .map(|(name, value)| (name.as_str(), value.as_bytes())),
+        );
+        let call = async move {
             let route = &layer.route;
             let request = match prepare(&route.config, request).await {
                 Ok(prepared) => prepared,
@@ -387,7 +396,8 @@ where
                 Ok(response) => Ok(response?.map(Either::Right)),
                 Err(detached::Gone) => Ok(Problem::Stopped.response().map(Either::Right)),
             }
-        })
+        };
+        Box::pin(tracing::Instrument::instrument(call, span))
     }
 }
 

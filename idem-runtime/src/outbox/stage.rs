@@ -143,7 +143,10 @@ impl Outbox {
     /// Stages `message` in `tx`: one row in the outbox table, published by
     /// a relay once `tx` commits. Returns the message's id, which the
     /// relay hands the broker in its own field (AMQP `message_id`, NATS
-    /// `Nats-Msg-Id`, the Kafka header `x-idem-message-id`).
+    /// `Nats-Msg-Id`, the Kafka header `x-idem-message-id`). With the
+    /// feature `otel`, a message without a `traceparent` of its own carries
+    /// the current span's (see `idem_runtime::trace`), so that its
+    /// consumer continues the trace.
     ///
     /// # Errors
     ///
@@ -168,6 +171,8 @@ impl Outbox {
                 given: D::STORE,
             });
         }
+        #[cfg(feature = "otel")]
+        let message = crate::trace::stamped(message);
         if let Err(reason) = message.check() {
             return Err(StageError::Invalid {
                 producer: self.ids.handler().to_owned(),

@@ -148,7 +148,7 @@ impl RocketMq {
                 runtime,
                 _owner: Arc::new(owner),
             };
-            r.try_publish("idem-tests-ping", b"ping", None).await?;
+            r.try_publish("idem-tests-ping", b"ping", None, &[]).await?;
             Ok(r)
         })
     }
@@ -178,13 +178,18 @@ impl RocketMq {
         topic: &str,
         body: &[u8],
         keys: Option<&str>,
+        properties: &[(String, String)],
     ) -> BoxFuture<'static, Result<(), BoxError>> {
         let mut builder = Message::builder().topic(topic.to_owned()).body_slice(body);
         if let Some(keys) = keys {
             builder = builder.key(keys.to_owned());
         }
+        let properties = properties.to_vec();
         let producer = self.producer.clone();
         Box::pin(async move {
+            for (name, value) in properties {
+                builder = builder.raw_property(name, value)?;
+            }
             let msg = builder.build()?;
             match producer.send(msg).await? {
                 Some(r) if r.send_status == rocketmq_model::result::SendStatus::SendOk => Ok(()),
@@ -195,7 +200,19 @@ impl RocketMq {
 
     /// Publishes `body` to `topic`, with `keys` as its `KEYS`.
     pub async fn publish(&self, topic: &str, body: &[u8], keys: Option<&str>) {
-        self.try_publish(topic, body, keys)
+        self.publish_with(topic, body, keys, &[]).await;
+    }
+
+    /// Publishes `body` to `topic`, with `keys` as its `KEYS` and user
+    /// `properties` (a trace context, say).
+    pub async fn publish_with(
+        &self,
+        topic: &str,
+        body: &[u8],
+        keys: Option<&str>,
+        properties: &[(String, String)],
+    ) {
+        self.try_publish(topic, body, keys, properties)
             .await
             .unwrap_or_else(|e| panic!("publish to {topic}: {e}"));
     }

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use futures_util::future::{BoxFuture, FutureExt};
 use serde::de::DeserializeOwned;
+use tracing::Instrument as _;
 
 use crate::consume::dead::Cause;
 use crate::consume::delivery::Delivery;
@@ -145,7 +146,8 @@ where
             let msg = decode_payload::<H::Message>(payload);
             let (handler, policy, meter) =
                 (Arc::clone(&handler), Arc::clone(&policy), meter.clone());
-            Box::pin(async move {
+            let span = consume_span(&delivery);
+            let call = async move {
                 let handled = match msg {
                     Err(reason) => Handled {
                         dead: Some(Cause::undecodable(&reason)),
@@ -178,9 +180,23 @@ where
                 };
                 meter.handled(&handled, began);
                 handled
-            })
+            };
+            Box::pin(call.instrument(span))
         },
     )
+}
+
+/// The span of one message's call: its broker and source, and (feature
+/// `otel`) the trace context its headers carry as its parent.
+fn consume_span(delivery: &Delivery) -> tracing::Span {
+    let span = tracing::info_span!(
+        "idem.consume",
+        broker = delivery.broker.map_or("", |b| b.as_str()),
+        source = %delivery.source,
+    );
+    #[cfg(feature = "otel")]
+    crate::trace::adopt(&span, delivery.headers.iter().map(|(n, v)| (n.as_str(), v)));
+    span
 }
 
 /// The verdict on a call that returned (or panicked).
