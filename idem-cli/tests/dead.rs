@@ -863,17 +863,17 @@ async fn groups_scenario(
     // The stock group replayed: each message once, the copy removed. Where
     // the ledger remembers, o-2 is replayed first on its own, and the group's
     // replay then removes its copy all the same.
+    let first_o2 = listing["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["key"] == "o-2")
+        .unwrap_or_else(|| panic!("{listing}"))["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let mut replayed = 0;
     if remembers {
-        let first_o2 = listing["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|d| d["key"] == "o-2")
-            .unwrap_or_else(|| panic!("{listing}"))["id"]
-            .as_str()
-            .unwrap()
-            .to_owned();
         let done = idem_async(args(&at, &["--json", "dead", "replay", "--id", &first_o2]))
             .await
             .json();
@@ -888,6 +888,7 @@ async fn groups_scenario(
     .json();
     assert_eq!(done["count"], 2 - replayed, "{done}");
     assert_eq!(done["copies"].as_array().map(Vec::len), Some(1), "{done}");
+    assert_eq!(done["copies"][0]["of"], first_o2.as_str(), "{done}");
     listed(&at, 2).await;
     let (report, handed) = consume_until(start, &store, true, edited, |h| h.len() == 2).await;
     let mut ids: Vec<&str> = handed.iter().map(|(id, _, _)| id.as_str()).collect();

@@ -5,7 +5,7 @@
 //! | hop | what idem does |
 //! | --- | --- |
 //! | a consumer (RabbitMQ, NATS, Kafka, RocketMQ) takes a message | its `idem.consume` span, and so the handler's `idempotent` span, is a child of the `traceparent` (and `tracestate`) in the message's headers |
-//! | an HTTP route with the `Idempotency-Key` layer takes a request | its `idem.http` span is a child of the request's `traceparent` |
+//! | an HTTP route with the `Idempotency-Key` layer takes a request | its `idem.http` span is a child of the request's `traceparent`, or of the application's server span where a layer before it continued the trace already |
 //! | a handler stages an outbox message | the message carries the staging span's `traceparent` and `tracestate` (unless it has a `traceparent` of its own), which the relay publishes with it |
 //! | a consumer retries or dead-letters a message | the copy keeps the message's headers, its `traceparent` included: every attempt and the dead letter belong to the trace the message came with |
 //!
@@ -15,7 +15,8 @@
 //! (`opentelemetry_sdk`'s `TraceContextPropagator`), whatever propagator is
 //! installed globally: it is the one every broker client and HTTP stack of
 //! the field reads. A message without a `traceparent`, or with one that
-//! does not parse, starts a trace of its own.
+//! does not parse, starts a trace of its own: `idem.consume` is a root
+//! span, not a child of the span the consumer runs in.
 //!
 //! # Examples
 //!
@@ -131,14 +132,23 @@ where
 ///
 /// See the [module docs](self).
 pub fn current_headers() -> Vec<(String, String)> {
-    let cx = tracing::Span::current().context();
-    if !cx.span().span_context().is_valid() {
+    if !in_trace() {
         return Vec::new();
     }
+    let cx = tracing::Span::current().context();
     let mut written = Written(Vec::new());
     TraceContextPropagator::new().inject_context(&cx, &mut written);
     written.0.retain(|(_, value)| !value.is_empty());
     written.0
+}
+
+/// Whether the current span is in an OpenTelemetry trace.
+pub(crate) fn in_trace() -> bool {
+    tracing::Span::current()
+        .context()
+        .span()
+        .span_context()
+        .is_valid()
 }
 
 /// `message` with the current span's trace context, unless it carries a

@@ -8,7 +8,11 @@
 //! set drains what is left (see `chaos` for why). At the end the truth is
 //! read from the business table (every message applied exactly once: 0
 //! doubled, 0 lost) and from the broker (every partition of the topic and of
-//! its retry topics committed at its end, nothing dead-lettered). Run twice:
+//! its retry topics committed at its end). Three poison messages among them
+//! are dead-lettered, some maybe twice (a member killed between a dead
+//! letter's forward and its offset's commit writes it again): their dead
+//! letters make one group of three messages, and the group's replay runs
+//! each once and removes the copies. Run twice:
 //! offsets in the broker, then in the handler's transaction (`offsets_in`).
 //! Each run is bounded to 120 s; the counts are printed, with the seed
 //! (`IDEM_KCHAOS_SEED` replays one). `RUST_LOG` (`warn`,
@@ -44,6 +48,10 @@ use sqlx::AssertSqlSafe;
 const MESSAGES: i64 = 3_000;
 const TWICE_EVERY: i64 = 5;
 const PUBLISHED_TWICE: i64 = (MESSAGES + TWICE_EVERY - 1) / TWICE_EVERY;
+/// Messages that do not decode, published among the others (in these
+/// slices of 100) and dead-lettered.
+const POISON_SLICES: [usize; 3] = [3, 10, 20];
+const POISON: i64 = POISON_SLICES.len() as i64;
 const PARTITIONS: i32 = 4;
 const MEMBERS: usize = 3;
 /// Members killed in a run; the group settles and drains after the last.
@@ -266,7 +274,11 @@ impl Run {
         let group = format!("{topic}-group");
         let names = kafka::Consumer::new(kafka_brokers(), group.clone(), topic.clone());
         let (retry_topics, dead_letter_topic) = (names.retry_topics(), names.dead_letter_topic());
-        let mut all = vec![topic.clone(), dead_letter_topic.clone()];
+        let mut all = vec![
+            topic.clone(),
+            dead_letter_topic.clone(),
+            kafka::dead::DeadLetters::ledger_name(&dead_letter_topic),
+        ];
         all.extend(retry_topics.iter().cloned());
         let topics = DeleteTopics::new(all);
         let (table, dedup) = (unique_table("kchaos_effects"), unique_table("kchaos_dedup"));
@@ -333,8 +345,14 @@ impl Run {
             .create()
             .expect("a producer");
         let ids: Vec<i64> = (0..MESSAGES).collect();
-        for slice in ids.chunks(100) {
+        for (n, slice) in ids.chunks(100).enumerate() {
             let mut records = Vec::new();
+            if POISON_SLICES.contains(&n) {
+                records.push((
+                    format!("poison-{n}"),
+                    format!(r#"{{"poison":{n}}}"#).into_bytes(),
+                ));
+            }
             for id in slice {
                 let payload = serde_json::to_vec(&Applied {
                     message_id: *id,

@@ -183,7 +183,8 @@ async fn across_a_broker(
     let id = unique_table("trace_ping");
     publish(format!(r#"{{"id":"{id}"}}"#).into_bytes(), headers).await;
     let (token, task) = start(handler());
-    let spans = finished(trace, "idempotent", 2).await;
+    // `idem.consume` closes after the call under it.
+    let spans = finished(trace, "idem.consume", 2).await;
     token.cancel();
     let report = tokio::time::timeout(Duration::from_secs(30), task)
         .await

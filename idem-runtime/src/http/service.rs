@@ -368,14 +368,18 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let layer = self.layer.clone();
         let span = tracing::info_span!("idem.http", route = layer.route.config.name);
+        // The request's trace context, unless a layer before this one (a
+        // server span of the application's) continued it already.
         #[cfg(feature = "otel")]
-        crate::trace::adopt(
-            &span,
-            request
-                .headers()
-                .iter()
-                .map(|(name, value)| (name.as_str(), value.as_bytes())),
-        );
+        if !crate::trace::in_trace() {
+            crate::trace::adopt(
+                &span,
+                request
+                    .headers()
+                    .iter()
+                    .map(|(name, value)| (name.as_str(), value.as_bytes())),
+            );
+        }
         let call = async move {
             let route = &layer.route;
             let request = match prepare(&route.config, request).await {

@@ -9,9 +9,13 @@ use std::time::{Duration, Instant};
 use idem_tests::or_skip;
 use sqlx::AssertSqlSafe;
 
+use idem_runtime::consume::dead::{Selection, groups};
+use idem_runtime::consume::kafka::dead::DeadLetters;
+use idem_tests::brokers::kafka_brokers;
+
 use super::{
-    DEADLINE, Ends, Heard, KILLS, MEMBERS, MESSAGES, Member, PARTITIONS, PUBLISHED_TWICE, Rng, Run,
-    SERIAL, SESSION_TIMEOUT, Seen, stop_all,
+    DEADLINE, Ends, Heard, KILLS, MEMBERS, MESSAGES, Member, PARTITIONS, POISON, PUBLISHED_TWICE,
+    Rng, Run, SERIAL, SESSION_TIMEOUT, Seen, stop_all,
 };
 
 async fn chaos(offsets_in_db: bool) {
@@ -193,7 +197,36 @@ async fn chaos(offsets_in_db: bool) {
     );
     assert_eq!(doubled, 0, "messages applied twice");
     assert_eq!(lost, 0, "messages never applied");
-    assert_eq!(dead_lettered, 0, "nothing here deserves a dead letter");
+    // The poison messages: each dead-lettered, some maybe twice; one group
+    // of POISON messages, whose replay runs each once and removes the copies.
+    assert!(
+        dead_lettered >= POISON,
+        "{dead_lettered} dead letters of {POISON} poison messages"
+    );
+    let dead = DeadLetters::connect(&kafka_brokers(), &run.dead_letter_topic)
+        .await
+        .expect("the dead letters");
+    let listed = dead.list(&Selection::new()).await.expect("listed");
+    assert_eq!(listed.len() as i64, dead_lettered, "{listed:?}");
+    let found = groups(&listed);
+    assert_eq!(found.len(), 1, "one cause: {found:?}");
+    assert_eq!(found[0].kind.as_deref(), Some("decode"), "{found:?}");
+    assert_eq!(
+        (found[0].messages as i64, found[0].dead_letters as i64),
+        (POISON, dead_lettered),
+        "{found:?}"
+    );
+    let done = dead
+        .replay(&Selection::new().group(found[0].id.clone()))
+        .await
+        .expect("the group replayed");
+    println!(
+        "kafka chaos: {dead_lettered} dead letters of {POISON} poison messages; the group's replay ran {} and removed {} copies",
+        done.count(),
+        done.copies.len()
+    );
+    assert_eq!(done.count() as i64, POISON, "{done:?}");
+    assert_eq!(done.copies.len() as i64, dead_lettered - POISON, "{done:?}");
     if offsets_in_db {
         // The offsets that count are the database's; the broker's are a
         // copy, committed after them, and stay behind where a member died

@@ -78,13 +78,13 @@ pub fn fingerprint(text: &str) -> String {
             '`' | '"' => {
                 // A quoted value: its content goes, its quotes stay; an
                 // unclosed quote is kept as written.
-                let rest: String = chars.clone().collect();
-                match rest.find(c) {
-                    Some(end) => {
+                match chars.clone().position(|x| x == c) {
+                    Some(inside) => {
                         out.push(c);
                         out.push('…');
                         out.push(c);
-                        for _ in 0..=rest[..end].chars().count() {
+                        // The quoted characters and the closing quote.
+                        for _ in 0..=inside {
                             chars.next();
                         }
                     }

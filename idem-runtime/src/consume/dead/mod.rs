@@ -50,7 +50,10 @@
 //! message once: it removes the later copies without publishing them
 //! ([`Replayed::copies`]). On Kafka and RocketMQ, whose ledgers remember
 //! what was replayed, a copy of a message an earlier replay ran is removed
-//! too.
+//! too. A replay's limit counts what it replays: a copy further on than
+//! the limit takes it is left for the next replay (which, on RabbitMQ and
+//! NATS, publishes it, and its key answers it as a duplicate). An edited
+//! replay publishes its dead letter whatever was replayed before.
 //!
 //! # Expired keys
 //!
@@ -59,7 +62,8 @@
 //! replay would run as a new message, not as a duplicate. A replay leaves
 //! such a dead letter where it is, saying so in [`Replayed::skipped`],
 //! unless the selection says [`Selection::expired`]; `idem dead replay`
-//! lists them before it runs and takes `--expired` to replay them anyway.
+//! reports them (`left ID: ...`) and takes `--expired` to replay them
+//! anyway.
 //!
 //! # Edited replays
 //!
@@ -349,6 +353,9 @@ pub struct Selection {
     older_than: Option<Duration>,
     groups: Vec<String>,
     expired: bool,
+    /// An edited replay's: its one dead letter is published with its new
+    /// payload, never removed as a copy.
+    edit: bool,
     limit: Option<usize>,
 }
 
@@ -591,7 +598,9 @@ impl Selection {
         if !self.matches(dead, now_ms) {
             return None;
         }
-        if let Some(of) = done.replayed_as.get(&dead.message_digest()) {
+        if let Some(of) = done.replayed_as.get(&dead.message_digest())
+            && !self.edit
+        {
             return Some(Take::Copy { of: of.clone() });
         }
         let Some(origin) = dead.origin.clone() else {
@@ -862,7 +871,8 @@ impl Edit {
     ///
     /// See [`Edit`].
     pub fn selection(&self) -> Selection {
-        let one = Selection::new().id(self.id.clone()).limit(1);
+        let mut one = Selection::new().id(self.id.clone()).limit(1);
+        one.edit = true;
         if self.expired { one.expired() } else { one }
     }
 
@@ -1052,6 +1062,31 @@ mod tests {
         assert!(Selection::new().reason("x").check("purge").is_ok());
         assert!(Selection::new().limit(2).full(2));
         assert!(!Selection::new().full(1_000_000));
+    }
+
+    #[test]
+    fn an_edited_replay_is_never_taken_for_a_copy() {
+        let mut a = DeadLetter::new(Broker::Kafka, "0:1", b"{}".to_vec());
+        a.origin = Some("orders".into());
+        let b = DeadLetter {
+            id: "0:2".into(),
+            ..a.clone()
+        };
+        let mut done = Replayed::default();
+        done.replayed_before(&a);
+        let place = ("topic", "x-idem-topic");
+        assert_eq!(
+            Selection::all().take(&b, 0, place, &mut done),
+            Some(Take::Copy { of: "0:1".into() })
+        );
+        assert_eq!(
+            Edit::new("0:2", b"{\"fixed\":1}".to_vec())
+                .selection()
+                .take(&b, 0, place, &mut done),
+            Some(Take::Replay {
+                to: "orders".into()
+            })
+        );
     }
 
     #[test]

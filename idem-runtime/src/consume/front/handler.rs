@@ -186,16 +186,22 @@ where
     )
 }
 
-/// The span of one message's call: its broker and source, and (feature
-/// `otel`) the trace context its headers carry as its parent.
+/// The span of one message's call: its broker and source. With the
+/// feature `otel` it is a root, made a child of the trace context the
+/// message's headers carry, if any: each message is in the trace it came
+/// with, or starts its own, never in the span the consumer runs in (which
+/// would make one endless trace of everything it consumes).
 fn consume_span(delivery: &Delivery) -> tracing::Span {
-    let span = tracing::info_span!(
-        "idem.consume",
-        broker = delivery.broker.map_or("", |b| b.as_str()),
-        source = %delivery.source,
-    );
+    let broker = delivery.broker.map_or("", |b| b.as_str());
+    #[cfg(not(feature = "otel"))]
+    let span = tracing::info_span!("idem.consume", broker, source = %delivery.source);
     #[cfg(feature = "otel")]
-    crate::trace::adopt(&span, delivery.headers.iter().map(|(n, v)| (n.as_str(), v)));
+    let span = {
+        let span =
+            tracing::info_span!(parent: None, "idem.consume", broker, source = %delivery.source);
+        crate::trace::adopt(&span, delivery.headers.iter().map(|(n, v)| (n.as_str(), v)));
+        span
+    };
     span
 }
 

@@ -15,7 +15,9 @@
 //! to the topic it came from (`x-idem-topic`), waits for `acks=all`, and then
 //! writes its id to the ledger topic `<dead-letter topic>-replayed` (one
 //! partition, created on the first replay; record key the id, value
-//! `{"to": "<topic>/<partition>:<offset>", "at_ms": ...}`). A Kafka topic
+//! `{"to": "<topic>/<partition>:<offset>", "at_ms": ...}`, with
+//! `"edited": true` for an edited replay, and `"copy_of": "<id>"` for a copy
+//! removed in place of the dead letter replayed, whose `to` it names). A Kafka topic
 //! cannot drop one record, so the ledger is what removes a dead letter:
 //! [`list`](DeadLetters::list) leaves the ones in it out,
 //! [`show`](DeadLetters::show) says where their copy went
@@ -407,8 +409,11 @@ impl DeadLetters {
         let mut producer: Option<FutureProducer> = None;
         // Where each replayed dead letter's copy went, for its copies' entries.
         let mut copied_to: HashMap<String, String> = HashMap::new();
-        for (d, _) in dead.iter().filter(|(d, _)| d.replayed_to.is_some()) {
-            done.replayed_before(d);
+        for (d, _) in dead.iter() {
+            if let Some(to) = &d.replayed_to {
+                done.replayed_before(d);
+                copied_to.insert(d.id.clone(), to.clone());
+            }
         }
         for (d, message) in dead {
             if filter.full(done.count()) {

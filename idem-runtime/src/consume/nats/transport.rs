@@ -130,7 +130,13 @@ impl Transport for Consumer {
                 }
             }
         }
-        let reason: String = dead.reason.chars().take(4_000).collect();
+        // One line: a NATS header value cannot hold a line break.
+        let reason: String = dead
+            .reason
+            .chars()
+            .take(4_000)
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
         headers.insert("Idem-Reason", reason.as_str());
         headers.insert("Idem-Deliveries", delivered.to_string().as_str());
         headers.insert("Idem-Stream", self.stream.as_str());
