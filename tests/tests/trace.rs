@@ -398,3 +398,67 @@ async fn a_trace_crosses_an_http_route_into_the_outbox() {
         "{traceparent} names none of {request_spans:?}"
     );
 }
+
+/// The application's own server span, continued from the request's
+/// `traceparent` by a layer before idem's (as tower-http's `TraceLayer`
+/// with OpenTelemetry does).
+async fn server_span(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use tracing::Instrument as _;
+    let span = tracing::info_span!("server");
+    idem_runtime::trace::adopt(
+        &span,
+        request
+            .headers()
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_bytes())),
+    );
+    next.run(request).instrument(span).await
+}
+
+/// Behind a layer that continued the trace already, `idem.http` is a child
+/// of that layer's span, not a sibling of it under the remote parent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_route_behind_a_traced_layer_stays_under_its_span() {
+    use idem_runtime::http::Idempotency;
+
+    let (trace, publisher, headers) = publishing();
+    let layer = Idempotency::unscoped("trace_http_behind", Duration::from_secs(60))
+        .lease(MemoryStore::new())
+        .expect("a name of its own");
+    let router = axum::Router::new()
+        .route(
+            "/notify",
+            axum::routing::post(|| async { "sent" }).route_layer(layer),
+        )
+        .layer(axum::middleware::from_fn(server_span));
+    let server = Server::start(router).await;
+    let mut sent: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    sent.push(("idempotency-key", "\"k-behind\""));
+    let reply = HttpClient::new(server.addr)
+        .send("POST", "/notify", &sent, "")
+        .await
+        .expect("an answer");
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let spans = finished(trace, "server", 1).await;
+    eprintln!("trace {trace}:\n{}", tree(&spans));
+    let server = spans
+        .iter()
+        .find(|s| s.name == "server")
+        .expect("the server span");
+    assert_eq!(server.parent_span_id, publisher, "{server:?}");
+    let http = spans
+        .iter()
+        .find(|s| s.name == "idem.http")
+        .expect("the route's span");
+    assert_eq!(
+        http.parent_span_id,
+        server.span_context.span_id(),
+        "{http:?}"
+    );
+}
