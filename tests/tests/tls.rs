@@ -535,14 +535,24 @@ async fn rabbitmq_over_tls() {
         .declare()
         .await
         .expect("the test CA's client certificate");
-    refused_as(
-        consumer(rabbit.url())
-            .tls(with_client(tls.clone(), &certs.other_client()))
-            .declare()
-            .await,
-        Refusal::ClientCertificateRefused,
-        "the second CA's client certificate",
-    );
+    // TLS 1.3: RabbitMQ checks a client's certificate after the client has
+    // finished its side of the handshake, then sends its alert and closes;
+    // a client already writing its AMQP header may read the reset before
+    // the alert. Either way the connection is refused.
+    match consumer(rabbit.url())
+        .tls(with_client(tls.clone(), &certs.other_client()))
+        .declare()
+        .await
+    {
+        Ok(_) => panic!("the second CA's client certificate: connected"),
+        Err(e) => {
+            let reset = e.to_string().contains("Connection reset by peer");
+            assert!(
+                reset || refusal(&e) == Some(Refusal::ClientCertificateRefused),
+                "the second CA's client certificate: {e}"
+            );
+        }
+    }
 }
 
 /// tansu, the Kafka-API broker of the tests, takes no TLS (0.6 parses
