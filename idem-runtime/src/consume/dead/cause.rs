@@ -120,26 +120,29 @@ impl Cause {
     /// The headers to write, named as on the broker: those known, their
     /// texts cut to 4,000 characters.
     pub(crate) fn headers(&self, names: Names) -> Vec<(&'static str, String)> {
-        // Cut, and on one line: a header is no place for a whole report.
-        let cut = |t: &str| {
-            t.chars()
-                .take(4_000)
-                .map(|c| if c.is_control() { ' ' } else { c })
-                .collect::<String>()
-        };
         let mut out = vec![(names.kind, self.kind.to_owned())];
         if let Some(handler) = self.handler {
             out.push((names.handler, handler.to_owned()));
         }
-        out.push((names.error, cut(&self.error)));
+        out.push((names.error, header_text(&self.error)));
         if let Some(key) = &self.key {
-            out.push((names.key, cut(key)));
+            out.push((names.key, header_text(key)));
         }
         if let Some(ttl) = self.ttl {
             out.push((names.ttl, ttl.as_millis().to_string()));
         }
         out
     }
+}
+
+/// `text` as a header's value: cut to 4,000 characters, and on one line
+/// (a header is no place for a whole report, and a NATS header value
+/// cannot hold a line break).
+pub(crate) fn header_text(text: &str) -> String {
+    text.chars()
+        .take(4_000)
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
 }
 
 /// The ttl of the handler registered as `name`, if it is linked in.

@@ -13,7 +13,7 @@ use futures_util::{FutureExt as _, StreamExt as _};
 use super::Consumer;
 use crate::BoxError;
 use crate::client_tls;
-use crate::consume::dead::cause::NATS_HEADERS;
+use crate::consume::dead::cause::{NATS_HEADERS, header_text};
 use crate::consume::front::transport::{Dead, Opening, Read, Retry, Session, Transport};
 use crate::consume::{Attempts, Broker, ConsumeError, Delivery, Meter, Policy};
 
@@ -130,13 +130,7 @@ impl Transport for Consumer {
                 }
             }
         }
-        // One line: a NATS header value cannot hold a line break.
-        let reason: String = dead
-            .reason
-            .chars()
-            .take(4_000)
-            .map(|c| if c.is_control() { ' ' } else { c })
-            .collect();
+        let reason = header_text(dead.reason);
         headers.insert("Idem-Reason", reason.as_str());
         headers.insert("Idem-Deliveries", delivered.to_string().as_str());
         headers.insert("Idem-Stream", self.stream.as_str());
