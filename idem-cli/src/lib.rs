@@ -48,7 +48,9 @@
 //! settled because of it, or `null`),
 //! `attempts`, `failures`, `last_error`, `fingerprint`, `token` (the lease
 //! holder; a completed record keeps the token of the claim that completed
-//! it), `created_at_ms`, `updated_at_ms`, `expires_at_ms` (ms since the
+//! it), `trace` and `trace_id` (the W3C `traceparent` of the execution that
+//! settled the record, and its trace id, or `null`), `created_at_ms`,
+//! `updated_at_ms`, `expires_at_ms` (ms since the
 //! epoch), `created_at`, `updated_at`, `expires_at` (UTC, RFC 3339) and
 //! `expired`.
 //!

@@ -154,6 +154,10 @@ pub(crate) struct RecordJson<'r> {
     last_error: Option<&'r str>,
     fingerprint: Option<&'r str>,
     token: Option<&'r str>,
+    /// The `traceparent` of the execution that settled the record.
+    trace: Option<&'r str>,
+    /// Its trace id.
+    trace_id: Option<&'r str>,
     created_at_ms: i64,
     updated_at_ms: i64,
     expires_at_ms: i64,
@@ -184,6 +188,8 @@ impl<'r> RecordJson<'r> {
             last_error: record.last_error.as_deref(),
             fingerprint: record.fingerprint.as_deref(),
             token: record.token.as_deref(),
+            trace: record.trace.as_deref(),
+            trace_id: record.trace_id(),
             created_at_ms: record.created_at_ms,
             updated_at_ms: record.updated_at_ms,
             expires_at_ms: record.expires_at_ms,
@@ -247,6 +253,15 @@ pub(crate) fn record_text(record: &Record, now_ms: i64) -> String {
         ("created", when(record.created_at_ms, now_ms)),
         ("updated", when(record.updated_at_ms, now_ms)),
         (ends, when(record.expires_at_ms, now_ms)),
+        // The execution that settled the record: its trace, and its span
+        // within it.
+        (
+            "settled in",
+            match (record.trace_id(), record.trace.as_deref()) {
+                (Some(id), Some(parent)) => format!("trace {id}  ({parent})"),
+                _ => "-".to_owned(),
+            },
+        ),
     ];
     let mut out = String::new();
     for (label, value) in lines {

@@ -142,6 +142,41 @@ pub fn current_headers() -> Vec<(String, String)> {
     written.0
 }
 
+/// The current span's `traceparent` (`00-<trace id>-<span id>-<flags>`),
+/// or `None` when it is in no OpenTelemetry trace.
+///
+/// # Examples
+///
+/// ```
+/// // No OpenTelemetry layer here.
+/// assert_eq!(idem_runtime::trace::current_traceparent(), None);
+/// ```
+pub fn current_traceparent() -> Option<String> {
+    let cx = tracing::Span::current().context();
+    let span = cx.span();
+    let sc = span.span_context();
+    sc.is_valid().then(|| {
+        format!(
+            "00-{}-{}-{:02x}",
+            sc.trace_id(),
+            sc.span_id(),
+            sc.trace_flags().to_u8()
+        )
+    })
+}
+
+/// Links the current span to the execution whose `traceparent` is
+/// `settled_by` (a duplicate's span to the span that settled its key);
+/// nothing when it does not parse.
+pub(crate) fn link_settled(settled_by: &str) {
+    let remote = context_of([(TRACEPARENT, settled_by.as_bytes())]);
+    let span = remote.span();
+    let sc = span.span_context();
+    if sc.is_valid() {
+        tracing::Span::current().add_link(sc.clone());
+    }
+}
+
 /// Whether the current span is in an OpenTelemetry trace.
 #[cfg_attr(not(feature = "http"), allow(dead_code))]
 pub(crate) fn in_trace() -> bool {

@@ -12,7 +12,9 @@
 //! * [`http`]: an axum server on a loopback port and a client of it, for
 //!   the Idempotency-Key tests;
 //! * [`links`]: a network link a test breaks on purpose (a proxy that loses
-//!   the reply to one request).
+//!   the reply to one request);
+//! * [`otel`]: spans as OpenTelemetry exports them, for the tests of trace
+//!   context.
 //!
 //! The items are re-exported here, so a test writes `idem_tests::pg_pool`.
 
@@ -24,6 +26,7 @@ pub mod brokers;
 pub mod databases;
 pub mod http;
 pub mod links;
+pub mod otel;
 pub mod processes;
 pub mod services;
 pub mod tls;

@@ -108,7 +108,13 @@ impl TxStore for Ledger {
         }
         state.open.remove(&id);
         let outcome = outcome.to_owned();
-        state.records.insert(id, Standing::Completed { outcome });
+        state.records.insert(
+            id,
+            Standing::Completed {
+                outcome,
+                trace: idem_runtime::store::settling_trace(),
+            },
+        );
         Ok(TxCommit::Committed)
     }
 
@@ -129,7 +135,13 @@ impl TxStore for Ledger {
         count.1 = failure.text().to_owned();
         if let Failure::Final { encoded, .. } = failure {
             let error = encoded.to_owned();
-            state.records.insert(id, Standing::Failed { error });
+            state.records.insert(
+                id,
+                Standing::Failed {
+                    error,
+                    trace: idem_runtime::store::settling_trace(),
+                },
+            );
         }
         Ok(TxCommit::Committed)
     }

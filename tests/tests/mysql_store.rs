@@ -181,7 +181,8 @@ async fn lease_tokens_guard_extension_release_and_completion() {
     assert_eq!(
         store.claim(&LEASE, &k, None).await.unwrap(),
         Claim::Refused(Standing::Completed {
-            outcome: "42".into()
+            outcome: "42".into(),
+            trace: None
         })
     );
 }
@@ -266,7 +267,8 @@ async fn tx_claim_last_a_failed_duplicate_gets_the_recorded_outcome() {
     assert_eq!(
         store.rollback(tx, &TX, &k, None).await.unwrap(),
         Some(Standing::Completed {
-            outcome: "7".to_owned()
+            outcome: "7".to_owned(),
+            trace: None
         })
     );
 }
@@ -317,7 +319,8 @@ async fn claim_last_reads_back_the_row_that_beat_it_not_its_snapshot() {
                 .await
                 .unwrap(),
             TxCommit::Refused(Standing::Completed {
-                outcome: "\"new\"".to_owned()
+                outcome: "\"new\"".to_owned(),
+                trace: None
             }),
             "{k}"
         );
@@ -416,7 +419,7 @@ async fn a_concurrent_duplicate_waits_on_the_row_lock_then_is_in_progress() {
         TxCommit::Committed
     );
     match first.begin_claim(&TX, &k, None).await.unwrap() {
-        TxClaim::Refused(Standing::Completed { outcome }) => assert_eq!(outcome, "1"),
+        TxClaim::Refused(Standing::Completed { outcome, .. }) => assert_eq!(outcome, "1"),
         other => panic!("the first delivery's outcome stands: {other:?}"),
     }
 }

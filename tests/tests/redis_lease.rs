@@ -492,7 +492,8 @@ async fn records_of_the_first_release_are_read_and_still_suppress_duplicates() {
             .await
             .unwrap(),
         Claim::Refused(Standing::Completed {
-            outcome: "{\"points\":5}".into()
+            outcome: "{\"points\":5}".into(),
+            trace: None,
         })
     );
     // The old claim's lease holds, measured by its TTL.
@@ -513,7 +514,8 @@ async fn records_of_the_first_release_are_read_and_still_suppress_duplicates() {
     assert_eq!(
         store.claim(&SPEC, &key("busy"), None).await.unwrap(),
         Claim::Refused(Standing::Completed {
-            outcome: "7".into()
+            outcome: "7".into(),
+            trace: None
         })
     );
 }

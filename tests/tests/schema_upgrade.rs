@@ -245,7 +245,8 @@ async fn upgrade_under_load<T: OldTable>(old: Arc<T>) {
         assert_eq!(
             store.claim(&SPEC, &key(i), None).await.unwrap(),
             Claim::Refused(Standing::Completed {
-                outcome: format!("{{\"granted\":{i}}}")
+                outcome: format!("{{\"granted\":{i}}}"),
+                trace: None,
             }),
             "record {i} suppresses its duplicate"
         );

@@ -9,8 +9,11 @@
 //! subscriber serves the binary; each test reads the spans of its own
 //! trace.
 
+#[path = "trace/records.rs"]
+mod records;
+
 use std::collections::BTreeSet;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -20,56 +23,11 @@ use idem_tests::brokers::{
     DeleteQueues, DeleteStreams, DeleteTopics, TANSU_ONE_RECORD_A_BATCH, amqp_channel, amqp_url,
     kafka, kafka_brokers, nats_url, rocketmq, rocketmq_delay_levels,
 };
+use idem_tests::otel::{exporter, finished, spans_of};
 use idem_tests::{HttpClient, Server, or_skip, unique_table};
-use opentelemetry::trace::{SpanId, TraceContextExt as _, TraceId, TracerProvider as _};
-use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
+use opentelemetry::trace::{SpanId, TraceContextExt as _, TraceId};
+use opentelemetry_sdk::trace::SpanData;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-use tracing_subscriber::layer::SubscriberExt as _;
-
-/// The binary's exporter, under its one global subscriber.
-fn exporter() -> &'static InMemorySpanExporter {
-    static EXPORTER: OnceLock<(InMemorySpanExporter, SdkTracerProvider)> = OnceLock::new();
-    &EXPORTER
-        .get_or_init(|| {
-            let exporter = InMemorySpanExporter::default();
-            let provider = SdkTracerProvider::builder()
-                .with_simple_exporter(exporter.clone())
-                .build();
-            let tracer = provider.tracer("idem-tests");
-            let subscriber = tracing_subscriber::registry()
-                .with(tracing_opentelemetry::layer().with_tracer(tracer));
-            tracing::subscriber::set_global_default(subscriber).expect("one subscriber");
-            (exporter, provider)
-        })
-        .0
-}
-
-/// The finished spans of `trace`.
-fn spans_of(trace: TraceId) -> Vec<SpanData> {
-    exporter()
-        .get_finished_spans()
-        .expect("the exporter's spans")
-        .into_iter()
-        .filter(|s| s.span_context.trace_id() == trace)
-        .collect()
-}
-
-/// Waits until `trace` has `n` finished spans named `name`; its spans.
-async fn finished(trace: TraceId, name: &str, n: usize) -> Vec<SpanData> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let spans = spans_of(trace);
-        if spans.iter().filter(|s| s.name == name).count() >= n {
-            return spans;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{n} `{name}` spans were not finished in trace {trace}: {:?}",
-            spans.iter().map(|s| &s.name).collect::<Vec<_>>()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 /// `spans` as a tree, one line a span (name, span id, fields), children
 /// indented under their parent: what a failure prints, and the guide shows.

@@ -60,9 +60,22 @@ pub(crate) fn refused<T, E>(
     errors: ErrorCodec<E>,
     standing: Standing,
 ) -> Result<Outcome<T>, Error<E>> {
+    #[cfg(feature = "otel")]
+    if let Standing::Completed {
+        trace: Some(settled_by),
+        ..
+    }
+    | Standing::Failed {
+        trace: Some(settled_by),
+        ..
+    } = &standing
+    {
+        // The duplicate's span links to the execution whose result it gets.
+        crate::trace::link_settled(settled_by);
+    }
     match standing {
-        Standing::Completed { outcome } => decode(spec, key, codec, &outcome),
-        Standing::Failed { error } => match unrecordable_reason(&error) {
+        Standing::Completed { outcome, .. } => decode(spec, key, codec, &outcome),
+        Standing::Failed { error, .. } => match unrecordable_reason(&error) {
             // The body took effect but its value could not be recorded:
             // what the record says of it, whatever the handler's error type.
             Some(why) => Err(Error::Unrecordable {

@@ -166,12 +166,16 @@ pub(super) fn answer<T, E>(
     let repeats: Vec<Option<Standing>> = fates
         .iter()
         .map(|f| match f {
+            // A repeat within the batch is in the batch's own span: no
+            // trace to link to.
             Fate::Ran(_, outcome) => Some(Standing::Completed {
                 outcome: outcome.clone(),
+                trace: None,
             }),
             Fate::Refused(standing) => Some(standing.clone()),
             Fate::Unrecordable(_, recorded) => Some(Standing::Failed {
                 error: recorded.clone(),
+                trace: None,
             }),
             Fate::Lost => None,
         })

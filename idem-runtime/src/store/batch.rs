@@ -68,7 +68,7 @@ pub struct Held<'a> {
 ///
 /// let found: TxBatch<()> = TxBatch {
 ///     tx: (),
-///     standings: vec![None, Some(Standing::Completed { outcome: "7".into() })],
+///     standings: vec![None, Some(Standing::Completed { outcome: "7".into(), trace: None })],
 /// };
 /// let fresh = found.standings.iter().filter(|s| s.is_none()).count();
 /// assert_eq!(fresh, 1);

@@ -302,6 +302,7 @@ impl LeaseStore for MemoryStore {
         token: &str,
         outcome: &str,
     ) -> Result<bool, StoreError> {
+        let trace = crate::store::settling_trace();
         Ok(self.with_entry(spec, key, |slot, now| {
             if completed_by(slot, token) {
                 return true;
@@ -313,6 +314,7 @@ impl LeaseStore for MemoryStore {
                 // The record keeps the token of the claim that completed it.
                 e.status = Status::Completed;
                 e.outcome = Some(outcome.to_owned());
+                e.trace = trace;
                 e.updated_at_ms = now;
                 e.expires_at_ms = expiry(now, spec.ttl);
             }
@@ -327,6 +329,7 @@ impl LeaseStore for MemoryStore {
         token: &str,
         failure: Failure<'_>,
     ) -> Result<bool, StoreError> {
+        let trace = crate::store::settling_trace();
         Ok(self.with_entry(spec, key, |slot, now| {
             if !settles(slot, token) {
                 return false;
@@ -337,6 +340,7 @@ impl LeaseStore for MemoryStore {
                 e.token = None;
                 e.failures += 1;
                 e.last_error = Some(failure.text().to_owned());
+                e.trace = trace;
                 e.updated_at_ms = now;
                 e.expires_at_ms = expiry(now, spec.ttl);
             }

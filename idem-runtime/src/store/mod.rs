@@ -198,3 +198,29 @@ pub use ops::{Record, Status};
 pub(crate) use ops::{unrecordable_encoding, unrecordable_reason};
 pub use rules::LEASE_RAN_OUT;
 pub use sweep::Sweep;
+
+/// The W3C `traceparent` of the current span, for a store to keep with the
+/// outcome or failure it records ([`Record::trace`]): the runtime completes
+/// and fails a claim inside the handler's `idempotent` span (the HTTP
+/// layer, inside its `idem.http` span), so this is the execution that
+/// settled the key. A duplicate's [`Standing::Completed`] or
+/// [`Standing::Failed`] hands it back, and the duplicate's span links to
+/// it. `None` without the `otel` feature, and when the current span is in
+/// no OpenTelemetry trace; a store that keeps nothing loses only the link.
+///
+/// # Examples
+///
+/// ```
+/// // No OpenTelemetry layer here: no trace to keep.
+/// assert_eq!(idem_runtime::store::settling_trace(), None);
+/// ```
+pub fn settling_trace() -> Option<String> {
+    #[cfg(feature = "otel")]
+    {
+        crate::trace::current_traceparent()
+    }
+    #[cfg(not(feature = "otel"))]
+    {
+        None
+    }
+}

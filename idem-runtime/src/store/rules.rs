@@ -141,9 +141,11 @@ impl Standing {
         match record.status {
             Status::Completed => Some(Standing::Completed {
                 outcome: record.outcome.clone().unwrap_or_default(),
+                trace: record.trace.clone(),
             }),
             Status::Failed => Some(Standing::Failed {
                 error: record.outcome.clone().unwrap_or_default(),
+                trace: record.trace.clone(),
             }),
             Status::InProgress => Some(Standing::InProgress { retry_after }),
             Status::Retry => match spec.max_attempts {

@@ -124,7 +124,8 @@ pub(crate) async fn a_batch_of_fresh_keys_is_claimed_completed_and_replayed(fx: 
         assert_eq!(
             *claim,
             Claim::Refused(Standing::Completed {
-                outcome: outcomes[i].clone()
+                outcome: outcomes[i].clone(),
+                trace: None
             }),
             "key {i}"
         );
@@ -192,7 +193,8 @@ pub(crate) async fn a_batch_mixes_recorded_live_and_fresh_keys(fx: &RedisFx) {
     assert_eq!(
         claims[0],
         Claim::Refused(Standing::Completed {
-            outcome: "1".into()
+            outcome: "1".into(),
+            trace: None
         })
     );
     match &claims[1] {
@@ -216,7 +218,8 @@ pub(crate) async fn a_batch_mixes_recorded_live_and_fresh_keys(fx: &RedisFx) {
     assert_eq!(
         claims[5],
         Claim::Refused(Standing::Failed {
-            error: "\"gone\"".into()
+            error: "\"gone\"".into(),
+            trace: None
         })
     );
 
@@ -504,7 +507,8 @@ pub(crate) async fn hashes_of_the_previous_release_are_read_and_honoured(fx: &Re
     assert_eq!(
         store.claim(&OLD, &done, Some("f1")).await.unwrap(),
         Claim::Refused(Standing::Completed {
-            outcome: "{\"points\":5}".into()
+            outcome: "{\"points\":5}".into(),
+            trace: None,
         })
     );
     assert_eq!(
@@ -525,7 +529,8 @@ pub(crate) async fn hashes_of_the_previous_release_are_read_and_honoured(fx: &Re
     assert_eq!(
         store.claim(&OLD, &gone, None).await.unwrap(),
         Claim::Refused(Standing::Failed {
-            error: "\"gone\"".into()
+            error: "\"gone\"".into(),
+            trace: None
         })
     );
     let batch = [done.clone(), k("beside")];
@@ -536,7 +541,8 @@ pub(crate) async fn hashes_of_the_previous_release_are_read_and_honoured(fx: &Re
     assert_eq!(
         claims[0],
         Claim::Refused(Standing::Completed {
-            outcome: "{\"points\":5}".into()
+            outcome: "{\"points\":5}".into(),
+            trace: None,
         })
     );
     let beside = token(&claims[1]).to_owned();
@@ -551,7 +557,8 @@ pub(crate) async fn hashes_of_the_previous_release_are_read_and_honoured(fx: &Re
     assert_eq!(
         store.claim(&OLD, &busy, None).await.unwrap(),
         Claim::Refused(Standing::Completed {
-            outcome: "7".into()
+            outcome: "7".into(),
+            trace: None
         })
     );
 

@@ -2,6 +2,7 @@
 //! [`populate`](super::populate).
 
 use idem_runtime::store::Failure;
+use idem_tests::otel::{in_a_trace, traceparent};
 use serde_json::{Value, json};
 
 use super::{Population, T0, on, orders, populate, sans_expired, written_at};
@@ -25,6 +26,7 @@ pub(crate) async fn show_prints_every_field_of_a_record<F: StoreFx>(fx: &F) {
         "last error   -\n",
         "fingerprint  -\n",
         "lease holder -\n",
+        "settled in   -\n",
         "created      2023-11-14T22:13:2",
         "updated      2023-11-14T22:13:2",
     ] {
@@ -69,6 +71,20 @@ pub(crate) async fn show_prints_every_field_of_a_record<F: StoreFx>(fx: &F) {
         let expires_at = shown["expires_at"].as_str().unwrap();
         assert!(expires_at.starts_with("2023-11-14T23:13:2"), "{expires_at}");
     }
+
+    assert_eq!(shown["trace"], Value::Null);
+
+    // A record settled inside an OpenTelemetry trace keeps the span that
+    // settled it.
+    let traced = key("T-1", "apple");
+    let ((), span) = in_a_trace("delivery", complete(fx.store(), &ORDERS_SPEC, &traced, "1")).await;
+    let (trace_id, parent) = (span.span_context.trace_id().to_string(), traceparent(&span));
+    let text = on(fx, &["show", ORDERS, "T-1", "apple"]).ok().stdout;
+    let line = format!("settled in   trace {trace_id}  ({parent})\n");
+    assert!(text.contains(&line), "{line:?} is not in:\n{text}");
+    let shown_traced = on(fx, &["--json", "show", ORDERS, "T-1", "apple"]).json();
+    assert_eq!(shown_traced["trace"], parent.as_str());
+    assert_eq!(shown_traced["trace_id"], trace_id.as_str());
 
     // The stored form names the same record, and so does IDEM_STORE_URL.
     let mut args = fx.args();

@@ -51,12 +51,19 @@ pub enum Standing {
     Completed {
         /// The outcome as the store keeps it (JSON).
         outcome: String,
+        /// The `traceparent` of the execution that recorded it
+        /// ([`Record::trace`](crate::store::Record::trace)), where the
+        /// store keeps one: the duplicate's span links to it.
+        trace: Option<String>,
     },
     /// A final failure is recorded: `error` is the body's error, serialized
     /// (JSON); duplicates get it back until the ttl ends.
     Failed {
         /// The error as the store keeps it (JSON).
         error: String,
+        /// The `traceparent` of the execution that recorded it, as for
+        /// [`Completed`](Standing::Completed).
+        trace: Option<String>,
     },
     /// Another delivery holds the key: a live lease (lease mode), or a
     /// transaction holding the key past the lock timeout (transaction mode).
@@ -114,7 +121,7 @@ pub enum Standing {
 /// // the next delivery gets the recorded result
 /// assert_eq!(
 ///     store.claim(&SPEC, &key, None).await?,
-///     Claim::Refused(Standing::Completed { outcome: "42".into() })
+///     Claim::Refused(Standing::Completed { outcome: "42".into(), trace: None })
 /// );
 /// # Ok(()) }
 /// ```

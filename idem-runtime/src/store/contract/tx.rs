@@ -41,7 +41,7 @@ use super::{BatchItem, Failure, Standing, TxBatch, TxBatchCommit};
 /// }
 /// assert!(matches!(
 ///     store.begin_claim(&SPEC, &key, None).await?,
-///     TxClaim::Refused(Standing::Completed { outcome }) if outcome == "7"
+///     TxClaim::Refused(Standing::Completed { outcome, .. }) if outcome == "7"
 /// ));
 /// # Ok(()) }
 /// ```

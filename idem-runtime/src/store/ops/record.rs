@@ -153,6 +153,14 @@ pub struct Record {
     /// ([`is_exhausted`](Record::is_exhausted)); the claim rules read the
     /// limit from the handler itself.
     pub max_attempts: Option<u32>,
+    /// The W3C `traceparent` (`00-<trace id>-<span id>-<flags>`) of the
+    /// execution that settled the record: the handler's `idempotent` span
+    /// (or the HTTP layer's `idem.http` span) whose body completed or
+    /// failed it. A duplicate's span links to it, and `idem show` prints
+    /// it. `None` while a claim is in progress, without the `otel` feature
+    /// or an OpenTelemetry layer, and where the store does not keep it (a
+    /// SQL table before schema version 4, a store of your own).
+    pub trace: Option<String>,
 }
 
 impl Record {
@@ -187,7 +195,24 @@ impl Record {
             updated_at_ms: created_at_ms,
             expires_at_ms,
             max_attempts: None,
+            trace: None,
         }
+    }
+
+    /// The trace id of the execution that settled the record: the second
+    /// field of its [`trace`](Record::trace), `None` where it keeps none.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idem_runtime::store::{Record, Status};
+    /// let mut r = Record::new("notify", "3:m-1", Status::Completed, 0, 60_000);
+    /// assert_eq!(r.trace_id(), None);
+    /// r.trace = Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into());
+    /// assert_eq!(r.trace_id(), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
+    /// ```
+    pub fn trace_id(&self) -> Option<&str> {
+        self.trace.as_deref().and_then(trace_id_of)
     }
 
     /// Whether the record has expired at `now_ms` (a lease run out, a
@@ -264,6 +289,14 @@ impl Record {
                 .max_attempts
                 .is_some_and(|max| self.failures >= i64::from(max))
     }
+}
+
+/// The trace id in a `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`), if it
+/// has that shape.
+pub(crate) fn trace_id_of(traceparent: &str) -> Option<&str> {
+    let mut parts = traceparent.split('-');
+    let (_version, id, span, _flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    (id.len() == 32 && span.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit())).then_some(id)
 }
 
 /// The member of the one-member JSON object recorded, as a final error, for

@@ -226,6 +226,7 @@ impl<'a> Claiming<'a> {
             last_error,
             outcome: "",
             max_attempts: self.spec.max_attempts,
+            trace: None,
         }
         .encode()
     }
@@ -367,8 +368,10 @@ impl<'a> Claiming<'a> {
         };
         let standing = match int_tagged(&reply) {
             Some((1, [])) => return Ok(Step::Done(self.acquired())),
+            // A hash of an earlier release keeps no trace.
             Some((2, [outcome])) => Standing::Completed {
                 outcome: text(outcome)?,
+                trace: None,
             },
             Some((3, [left])) => Standing::InProgress {
                 retry_after: Duration::from_millis(u64::try_from(int(left)?).unwrap_or(0)),
@@ -378,6 +381,7 @@ impl<'a> Claiming<'a> {
             },
             Some((5, [error])) => Standing::Failed {
                 error: text(error)?,
+                trace: None,
             },
             Some((6, [failures, rest @ ..])) if rest.len() <= 1 => Standing::Exhausted {
                 failures: u32::try_from(int(failures)?).unwrap_or(u32::MAX),

@@ -22,7 +22,8 @@ impl RedisStore {
         cmd.arg(token)
             .arg(outcome)
             .arg(millis(spec.ttl).max(1))
-            .arg(self.clock.now_millis());
+            .arg(self.clock.now_millis())
+            .arg(crate::store::settling_trace().unwrap_or_default());
         cmd
     }
 
@@ -123,7 +124,8 @@ impl LeaseStore for RedisStore {
             .arg(failure.recorded().unwrap_or_default())
             .arg(failure.text())
             .arg(millis(spec.ttl).max(1))
-            .arg(self.clock.now_millis());
+            .arg(self.clock.now_millis())
+            .arg(crate::store::settling_trace().unwrap_or_default());
         one(self.call(&cmd).await?)
     }
 
@@ -206,19 +208,21 @@ impl LeaseStore for RedisStore {
         let groups = self.groups(&rkeys, COMPLETE_AT_ONCE);
         let ttl = millis(spec.ttl).max(1);
         let now = self.clock.now_millis();
+        let trace = crate::store::settling_trace().unwrap_or_default();
         let cmds: Vec<Cmd> = groups
             .iter()
             .map(|group| {
-                let bytes = group
+                let bytes: usize = group
                     .iter()
                     .map(|&i| rkeys[i].len() + done[i].0.token.len() + done[i].1.len() + 16)
                     .sum();
                 let keys = group.iter().map(|&i| rkeys[i].as_str());
-                let mut cmd = self
-                    .library
-                    .complete_many
-                    .on_keys(keys, 2 + 2 * group.len(), bytes);
-                cmd.arg(ttl).arg(now);
+                let mut cmd = self.library.complete_many.on_keys(
+                    keys,
+                    3 + 2 * group.len(),
+                    bytes + trace.len(),
+                );
+                cmd.arg(ttl).arg(now).arg(&trace);
                 for &i in group {
                     let (held, outcome) = &done[i];
                     cmd.arg(held.token).arg(*outcome);

@@ -21,6 +21,13 @@
 //! `max_attempts` in decimal, or empty (a handler without it, or a record
 //! written before it was kept there: readers that predate it ignore it).
 //!
+//! A record settled inside an OpenTelemetry trace (feature `otel`) keeps
+//! the `traceparent` of the execution that settled it, in format 3:
+//! `3|<traceparent>|`, then the record as format 2 writes it after its
+//! `2|`. Only completions and failures write it; a claim writes format 2.
+//! A release before format 3 cannot read such a record: turn on `otel`
+//! once every consumer of the key space runs a release that reads it.
+//!
 //! What a claim changes (status, update, end, token) comes first; what it
 //! keeps follows the token. A claim has no outcome yet, so a completion
 //! checks the token and writes a new head (the same token, which the
@@ -32,6 +39,11 @@ use crate::store::{Record, Status};
 
 /// The first bytes of every string record of this format.
 pub(crate) const TAG: &str = "2|";
+
+/// The first bytes of a record that keeps the `traceparent` of the
+/// execution that settled it: `3|<traceparent>|`, then the record as
+/// format 2 writes it after its tag.
+pub(crate) const TRACED_TAG: &str = "3|";
 
 /// The letter a status is written as.
 pub(crate) fn status_letter(status: Status) -> char {
@@ -110,6 +122,9 @@ pub(crate) struct Parts<'a> {
     /// The handler's `max_attempts`, kept by a record in progress or
     /// waiting for a retry.
     pub(crate) max_attempts: Option<u32>,
+    /// The `traceparent` of the execution that settled the record: written
+    /// in format 3 when there is one (and it holds no `|`).
+    pub(crate) trace: Option<&'a str>,
 }
 
 impl Parts<'_> {
@@ -119,9 +134,17 @@ impl Parts<'_> {
             64 + self.token.len()
                 + self.fingerprint.len()
                 + self.last_error.map_or(0, str::len)
-                + self.outcome.len(),
+                + self.outcome.len()
+                + self.trace.map_or(0, str::len),
         );
-        out.push_str(TAG);
+        match self.trace.filter(|t| !t.is_empty() && !t.contains('|')) {
+            Some(trace) => {
+                out.push_str(TRACED_TAG);
+                out.push_str(trace);
+                out.push('|');
+            }
+            None => out.push_str(TAG),
+        }
         out.push(status_letter(self.status));
         out.push('|');
         push_int(&mut out, self.updated);
@@ -169,6 +192,7 @@ impl Parts<'_> {
             last_error: record.last_error.as_deref(),
             outcome: record.outcome.as_deref().unwrap_or_default(),
             max_attempts: record.max_attempts,
+            trace: record.trace.as_deref(),
         }
     }
 }
@@ -195,9 +219,23 @@ pub(crate) fn decode(
     value: &[u8],
     unwritten_end: i64,
 ) -> Result<Record, StoreError> {
-    let body = value
-        .strip_prefix(TAG.as_bytes())
-        .ok_or_else(|| malformed("no format tag"))?;
+    let (trace, body) = match value.strip_prefix(TRACED_TAG.as_bytes()) {
+        Some(traced) => {
+            let end = traced
+                .iter()
+                .position(|b| *b == b'|')
+                .ok_or_else(|| malformed("a trace with no end"))?;
+            let trace = std::str::from_utf8(&traced[..end])
+                .map_err(|_| malformed("a trace that is not UTF-8"))?;
+            (Some(trace.to_owned()), &traced[end + 1..])
+        }
+        None => (
+            None,
+            value
+                .strip_prefix(TAG.as_bytes())
+                .ok_or_else(|| malformed("no format tag"))?,
+        ),
+    };
     let number = |field: &[u8]| -> Result<i64, StoreError> {
         std::str::from_utf8(field)
             .ok()
@@ -261,6 +299,7 @@ pub(crate) fn decode(
     record.token = (!token.is_empty()).then_some(token);
     record.fingerprint = (!fingerprint.is_empty()).then_some(fingerprint);
     record.last_error = last_error;
+    record.trace = trace;
     if has_outcome(status) {
         record.outcome = Some(rest);
     } else if !rest.is_empty() {
@@ -373,6 +412,22 @@ mod tests {
         done.max_attempts = Some(3);
         let back = decode("h", "3:k-1", Parts::of(&done).encode().as_bytes(), 5).unwrap();
         assert_eq!((back.outcome, back.max_attempts), (sample().outcome, None));
+
+        // A settled record with its trace: format 3, the rest as format 2.
+        let mut traced = sample();
+        traced.trace = Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into());
+        let value = Parts::of(&traced).encode();
+        let untraced = Parts::of(&sample()).encode();
+        assert_eq!(
+            value,
+            format!(
+                "3|00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01|{}",
+                &untraced[2..]
+            )
+        );
+        assert_eq!(decode("h", "3:k-1", value.as_bytes(), 99).unwrap(), traced);
+        assert!(decode("h", "k", b"3|00-4bf9", 0).is_err());
+        assert!(decode("h", "k", b"3|00-4bf9|", 0).is_err());
 
         // An empty last error is one, and differs from none.
         let mut empty = sample();

@@ -31,9 +31,19 @@
 /// and failures, numbers), `e` (last error or `nil`), `p` (fingerprint,
 /// `''` when none), `o` (outcome or `nil`) and `m` (the handler's
 /// `max_attempts` as text, or `nil`: the rest of a record in progress or
-/// waiting for a retry, which has no outcome).
+/// waiting for a retry, which has no outcome) and `tr` (the `traceparent`
+/// of a record in format 3, or `nil`). `untraced(v, k)` is a record's value
+/// in format 2 and its trace, if any.
 pub(crate) const PRELUDE: &str = r"
+local function untraced(v, k)
+  if string.sub(v, 1, 2) ~= '3|' then return v, nil end
+  local tr, at = string.match(v, '^3|([^|]*)|()')
+  if not tr then error('idem: the value of ' .. k .. ' is not a record') end
+  return '2|' .. string.sub(v, at), tr
+end
 local function parse(v, k)
+  local tr
+  v, tr = untraced(v, k)
   local s, u, l, tl, at = string.match(v, '^2|(%a)|([^|]*)|([^|]*)|([^|]*)|()')
   tl = tonumber(tl)
   if not tl then error('idem: the value of ' .. k .. ' is not a record') end
@@ -43,7 +53,7 @@ local function parse(v, k)
   if not (s and a and f and pl) then
     error('idem: the value of ' .. k .. ' is not a record')
   end
-  local r = {s = s, u = u, t = t, c = c, a = a, f = f}
+  local r = {s = s, u = u, t = t, c = c, a = a, f = f, tr = tr}
   if l ~= '' then r.l = l end
   r.p = string.sub(v, bt, bt + pl - 1)
   bt = bt + pl
@@ -87,7 +97,9 @@ local function encode(r)
   local e = r.e
   local rest = r.m
   if r.s == 'c' or r.s == 'f' then rest = r.o end
-  return '2|' .. r.s .. '|' .. r.u .. '|' .. (r.l or '') .. '|' .. #r.t .. '|' .. r.t ..
+  local tag = '2|'
+  if r.tr and r.tr ~= '' then tag = '3|' .. r.tr .. '|' end
+  return tag .. r.s .. '|' .. r.u .. '|' .. (r.l or '') .. '|' .. #r.t .. '|' .. r.t ..
     r.c .. '|' .. string.format('%d|%d|%d|', r.a, r.f, #r.p) .. (e and #e or '') .. '|' ..
     r.p .. (e or '') .. (rest or '')
 end
@@ -105,6 +117,9 @@ if type(v) == 'table' then return {2} end
 if (v or '') ~= ARGV[1] then return {0, v} end
 if ARGV[4] == '1' then
   local head, tail = string.match(ARGV[2], '^(2|%a|[^|]*|)[^|]*(|.*)$')
+  if not head then
+    head, tail = string.match(ARGV[2], '^(3|[^|]*|%a|[^|]*|)[^|]*(|.*)$')
+  end
   if not head then error('idem: not a record: ' .. ARGV[2]) end
   local e = expiring(ARGV[3])
   redis.call('SET', KEYS[1], head .. e .. tail, 'PXAT', e)
@@ -115,7 +130,8 @@ return {1}
 ";
 
 /// Completes the claim of token `ARGV[1]` with outcome `ARGV[2]`, kept for
-/// `ARGV[3]` ms; `ARGV[4]` is now. The record is written with its end,
+/// `ARGV[3]` ms; `ARGV[4]` is now, `ARGV[5]` the `traceparent` of the
+/// execution (empty: none; the record is then written in format 2). The record is written with its end,
 /// the moment Redis expires it (by the server's clock, `expiring`), and
 /// the key is set to expire then (`PXAT`). Returns 1, or 0 when another claim holds
 /// the key or completed it. A key that expired with nobody taking it over
@@ -136,7 +152,7 @@ if r then
 else
   r = {c = ARGV[4], a = 1, f = 0, p = ''}
 end
-r.s, r.t, r.u, r.l, r.o = 'c', ARGV[1], ARGV[4], expiring(ARGV[3]), ARGV[2]
+r.s, r.t, r.u, r.l, r.o, r.tr = 'c', ARGV[1], ARGV[4], expiring(ARGV[3]), ARGV[2], ARGV[5]
 redis.call('SET', KEYS[1], encode(r), 'PXAT', r.l)
 return 1
 ";
@@ -149,11 +165,13 @@ return 1
 /// handler's `max_attempts`, which a completed record does not keep), and
 /// the outcome. A record this token completed already answers 1 as it is.
 /// The record's end is `e`, or, when `nil`, `ttl` ms from the server's
-/// now. The library's local function `complete_string(k, v, token,
-/// outcome, ttl, now, e)`; a completion calls it for a string record, and
-/// [`COMPLETE`] for an absent key or a hash.
+/// now. `tr` is the execution's `traceparent` (empty: none), written as
+/// format 3 writes it. The library's local function `complete_string(k,
+/// v, token, outcome, ttl, now, e, tr)`; a completion calls it for a
+/// string record, and [`COMPLETE`] for an absent key or a hash.
 pub(crate) const COMPLETE_STRING: &str = r"
-local function complete_string(k, v, token, outcome, ttl, now, e)
+local function complete_string(k, v, token, outcome, ttl, now, e, tr)
+  v = untraced(v, k)
   local s, ts, tl, at = string.match(v, '^2|(%a)|[^|]*|[^|]*|()(%d+)|()')
   if not tl then error('idem: the value of ' .. k .. ' is not a record') end
   tl = tonumber(tl)
@@ -164,7 +182,9 @@ local function complete_string(k, v, token, outcome, ttl, now, e)
   if not pl then error('idem: the value of ' .. k .. ' is not a record') end
   local ends = bt + tonumber(pl) + (tonumber(el) or 0) - 1
   e = e or expiring(ttl)
-  redis.call('SET', k, '2|c|' .. now .. '|' .. e .. '|' .. string.sub(v, ts, ends) .. outcome,
+  local tag = '2|'
+  if tr and tr ~= '' then tag = '3|' .. tr .. '|' end
+  redis.call('SET', k, tag .. 'c|' .. now .. '|' .. e .. '|' .. string.sub(v, ts, ends) .. outcome,
     'PXAT', e)
   return 1
 end
@@ -176,7 +196,7 @@ end
 pub(crate) const COMPLETE_KEY: &str = r"
 local v = redis.pcall('GET', KEYS[1])
 if type(v) == 'string' then
-  return complete_string(KEYS[1], v, ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+  return complete_string(KEYS[1], v, ARGV[1], ARGV[2], ARGV[3], ARGV[4], nil, ARGV[5])
 end
 ";
 
@@ -187,21 +207,22 @@ return complete(KEYS, ARGV)
 
 /// The completions of a batch, one call for its keys (`KEYS`, all of them
 /// in one slot on a cluster): `ARGV[1]` is how long each completed record
-/// is kept, in ms, `ARGV[2]` now, then the token and the outcome of each
+/// is kept, in ms, `ARGV[2]` now, `ARGV[3]` the execution's
+/// `traceparent` (empty: none), then the token and the outcome of each
 /// key in turn. Each key is completed as [`COMPLETE`] completes one, the
 /// records' end read from the server's clock once for all of them (the
 /// call runs at one moment); replies each one's answer, in order.
 pub(crate) const COMPLETE_MANY: &str = r"
-local ttl, now = ARGV[1], ARGV[2]
+local ttl, now, tr = ARGV[1], ARGV[2], ARGV[3]
 local e = expiring(ttl)
 local done = {}
 for i = 1, #KEYS do
   local k = KEYS[i]
   local v = redis.pcall('GET', k)
   if type(v) == 'string' then
-    done[i] = complete_string(k, v, ARGV[2 * i + 1], ARGV[2 * i + 2], ttl, now, e)
+    done[i] = complete_string(k, v, ARGV[2 * i + 2], ARGV[2 * i + 3], ttl, now, e, tr)
   else
-    done[i] = complete({k}, {ARGV[2 * i + 1], ARGV[2 * i + 2], ttl, now})
+    done[i] = complete({k}, {ARGV[2 * i + 2], ARGV[2 * i + 3], ttl, now, tr})
   end
 end
 return done
@@ -210,7 +231,8 @@ return done
 /// Records a failure under the claim of token `ARGV[1]`: status letter
 /// `ARGV[2]` (`r` retry or `f` failed), recorded error `ARGV[3]` (JSON, or
 /// empty), text `ARGV[4]`, kept for `ARGV[5]` ms (its end written, and
-/// the key expiring then, as a completion's); `ARGV[6]` is now. Returns 1, or 0 when the token no longer holds the key (a completed
+/// the key expiring then, as a completion's); `ARGV[6]` is now, `ARGV[7]`
+/// the execution's `traceparent` (empty: none). Returns 1, or 0 when the token no longer holds the key (a completed
 /// record keeps the token of the claim that completed it: no failure is
 /// recorded over it).
 pub(crate) const FAIL: &str = r"
@@ -218,6 +240,7 @@ local r = load(KEYS[1], ARGV[6])
 if not r or r.t ~= ARGV[1] or (r.s ~= 'p' and r.s ~= 'r') then return 0 end
 r.s, r.t, r.u, r.l, r.f, r.e = ARGV[2], '', ARGV[6], expiring(ARGV[5]), r.f + 1, ARGV[4]
 if ARGV[3] ~= '' then r.o = ARGV[3] else r.o = nil end
+r.tr = ARGV[7]
 redis.call('SET', KEYS[1], encode(r), 'PXAT', r.l)
 return 1
 ";

@@ -235,12 +235,16 @@ impl<D: Dialect> SqlStore<D> {
         rows: &[Row<'_>],
         hold: Duration,
         status: &'static str,
+        trace: Option<&str>,
     ) -> Result<Vec<bool>, StoreError> {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
         let bound = Bound::new::<D>(rows)?;
-        let values = self.batch_values(spec, &bound, hold)?;
+        let values = Values {
+            trace,
+            ..self.batch_values(spec, &bound, hold)?
+        };
         let wrote = self.write(statement, &values, None).await?;
         if wrote == rows.len() as u64 {
             return Ok(vec![true; rows.len()]);
@@ -355,8 +359,16 @@ impl<D: Dialect> SqlStore<D> {
             .iter()
             .map(|(h, outcome)| [Some(h.key.as_str()), None, Some(*outcome), Some(h.token)])
             .collect();
-        self.fenced(spec, &self.sql.batch.complete, &rows, spec.ttl, "completed")
-            .await
+        let trace = crate::store::settling_trace();
+        self.fenced(
+            spec,
+            &self.sql.batch.complete,
+            &rows,
+            spec.ttl,
+            "completed",
+            trace.as_deref(),
+        )
+        .await
     }
 
     pub(crate) async fn extend_rows(
@@ -374,6 +386,7 @@ impl<D: Dialect> SqlStore<D> {
             &rows,
             spec.lease,
             "in_progress",
+            None,
         )
         .await
     }
@@ -489,8 +502,10 @@ impl<D: Dialect> SqlStore<D> {
             })
             .collect();
         let bound = Bound::new::<D>(&rows).map_err(protocol)?;
+        let trace = crate::store::settling_trace();
         let values = Values {
             token: Some(&token),
+            trace: trace.as_deref(),
             ..self
                 .batch_values(spec, &bound, spec.ttl)
                 .map_err(protocol)?
@@ -513,6 +528,7 @@ impl<D: Dialect> SqlStore<D> {
             }
             let values = Values {
                 outcome: Some(outcome),
+                trace: trace.as_deref(),
                 ..self
                     .claim_values(spec, item.key, item.fingerprint, spec.ttl)
                     .map_err(protocol)?

@@ -227,8 +227,10 @@ impl<D: Dialect> SqlStore<D> {
         fingerprint: Option<&str>,
         outcome: &str,
     ) -> Result<TxCommit, StoreError> {
+        let trace = crate::store::settling_trace();
         let values = Values {
             outcome: Some(outcome),
+            trace: trace.as_deref(),
             ..self.claim_values(spec, key, fingerprint, spec.ttl)?
         };
         let taken = match self.order_for(spec) {

@@ -169,9 +169,10 @@ where
         .map(u32::try_from)
         .transpose()
         .map_err(|_| sqlx::Error::Decode(format!("max_attempts {max:?} out of range").into()))?;
+    record.trace = row.try_get(at + 11)?;
     Ok(Found {
         record,
-        now: row.try_get(at + 11)?,
+        now: row.try_get(at + 12)?,
     })
 }
 
@@ -221,6 +222,7 @@ where
                 Param::Max => query.bind(values.max),
                 Param::Status => query.bind(values.status),
                 Param::Error => query.bind(values.error),
+                Param::Trace => query.bind(values.trace),
                 Param::Ttl => query.bind(values.ttl),
                 Param::Rows => query.bind(values.rows),
                 Param::Keys => DB::bind_column(query, values.keys),

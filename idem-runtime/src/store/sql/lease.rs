@@ -82,9 +82,11 @@ impl<D: Dialect> LeaseStore for SqlStore<D> {
         token: &str,
         outcome: &str,
     ) -> Result<bool, StoreError> {
+        let trace = crate::store::settling_trace();
         let values = Values {
             token: Some(token),
             outcome: Some(outcome),
+            trace: trace.as_deref(),
             ..self.stamped(spec.name, key, spec.ttl)?
         };
         if self.write(&self.sql.complete_lease, &values, None).await? == 1 {
@@ -105,8 +107,10 @@ impl<D: Dialect> LeaseStore for SqlStore<D> {
         token: &str,
         failure: Failure<'_>,
     ) -> Result<bool, StoreError> {
+        let trace = crate::store::settling_trace();
         let values = Values {
             token: Some(token),
+            trace: trace.as_deref(),
             status: failure.status().as_str(),
             outcome: failure.recorded(),
             error: Some(failure.text()),

@@ -102,7 +102,9 @@ use template::Values;
 /// The version of the dedup table this release writes and reads: 1 was
 /// the first release's; 2 added `failures`, `last_error` and `fingerprint`;
 /// 3 added `max_attempts` (the handler's limit, as each claim writes it, so
-/// that operators' tools can tell a key that used up its attempts).
+/// that operators' tools can tell a key that used up its attempts); 4
+/// added `traceparent` (the W3C trace context of the execution that
+/// settled a row, [`Record::trace`](crate::store::Record::trace)).
 /// `migrate()` adds what a table of an earlier version lacks.
 ///
 /// # Examples
@@ -121,7 +123,7 @@ use template::Values;
 /// assert_eq!(store.schema_version().await?, Some(SCHEMA_VERSION));
 /// # Ok(()) }
 /// ```
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// How often a lease claim retries when the record it lost to vanished
 /// before it could be read (released or swept in between), or when the

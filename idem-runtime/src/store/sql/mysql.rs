@@ -246,6 +246,11 @@ impl Dialect for MySql {
             "CHAR(32) CHARACTER SET ascii COLLATE ascii_bin NULL",
         ),
         (3, "max_attempts", "BIGINT NULL"),
+        (
+            4,
+            "traceparent",
+            "VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NULL",
+        ),
     ];
 
     fn columns(t: &str) -> String {
@@ -277,6 +282,7 @@ impl Dialect for MySql {
                 updated_at BIGINT NOT NULL,
                 expires_at BIGINT NOT NULL,
                 max_attempts BIGINT NULL,
+                traceparent VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NULL,
                 PRIMARY KEY (handler, `key`),
                 KEY idem_expires_at (expires_at)
             ) ENGINE = InnoDB"

@@ -192,6 +192,7 @@ impl Dialect for Postgres {
         (2, "last_error", "TEXT"),
         (2, "fingerprint", "TEXT"),
         (3, "max_attempts", "BIGINT"),
+        (4, "traceparent", "TEXT"),
     ];
 
     fn columns(t: &str) -> String {
@@ -336,7 +337,7 @@ impl super::exec::BindColumn for Postgres {
 const COLUMN_TYPES: &str = "handler TEXT NOT NULL, key TEXT NOT NULL, status TEXT NOT NULL,
     token TEXT, outcome TEXT, attempts BIGINT NOT NULL, failures BIGINT NOT NULL DEFAULT 0,
     last_error TEXT, fingerprint TEXT, created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL,
-    expires_at BIGINT NOT NULL, max_attempts BIGINT";
+    expires_at BIGINT NOT NULL, max_attempts BIGINT, traceparent TEXT";
 
 /// The lookup of a batch row `r`'s record: `columns` of it, as `alias`,
 /// from one search of the primary key's index for `:handler` and the key,

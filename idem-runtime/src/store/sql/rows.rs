@@ -21,6 +21,9 @@ pub struct NewRow {
     /// The delivery's payload fingerprint (`:fingerprint`, or a batch row's
     /// column).
     pub fingerprint: &'static str,
+    /// The `traceparent` column: the execution that settled the row
+    /// (`:trace`), `NULL` for a claim in progress.
+    pub trace: &'static str,
 }
 
 /// A claim in progress, carrying its fencing token (lease mode, and
@@ -32,6 +35,7 @@ pub(crate) const CLAIMED: NewRow = NewRow {
     failures: "0",
     last_error: "NULL",
     fingerprint: ":fingerprint",
+    trace: "NULL",
 };
 
 /// A claim written with its outcome (transaction mode claiming last).
@@ -42,6 +46,7 @@ pub(crate) const COMPLETED: NewRow = NewRow {
     failures: "0",
     last_error: "NULL",
     fingerprint: ":fingerprint",
+    trace: ":trace",
 };
 
 /// A claim written with a final failure (transaction mode, once the body's
@@ -53,19 +58,20 @@ pub(crate) const FAILED: NewRow = NewRow {
     failures: "1",
     last_error: ":error",
     fingerprint: ":fingerprint",
+    trace: ":trace",
 };
 
 /// The columns of the dedup table, in the order claims insert them. Every
 /// claim writes the handler's `max_attempts` (`:max`, NULL without it).
 pub(crate) const COLUMNS: &str = "handler, {key}, status, token, outcome, attempts, failures, \
-     last_error, fingerprint, created_at, updated_at, expires_at, max_attempts";
+     last_error, fingerprint, created_at, updated_at, expires_at, max_attempts, traceparent";
 
 /// The columns of a record, in the order [`super::exec::Exec::fetch`]
 /// reads them, and last the database's now as the statement reads it: what
 /// the store decides from a record (expired? how long is left?) it
 /// decides at the database's time, in the same statement.
 pub(crate) const RECORD: &str = "status, outcome, attempts, created_at, updated_at, expires_at, \
-     failures, last_error, fingerprint, token, max_attempts, {now}";
+     failures, last_error, fingerprint, token, max_attempts, traceparent, {now}";
 
 /// The values a claim inserts, in [`COLUMNS`]' order.
 pub(crate) fn inserted(row: NewRow) -> String {
@@ -82,10 +88,11 @@ pub(crate) fn values_of(row: NewRow, key: &str) -> String {
         failures,
         last_error,
         fingerprint,
+        trace,
     } = row;
     format!(
         ":handler, {key}, {status}, {token}, {outcome}, 1, {failures}, {last_error}, \
-          {fingerprint}, {{now}}, {{now}}, {{until}}, :max"
+          {fingerprint}, {{now}}, {{now}}, {{until}}, :max, {trace}"
     )
 }
 
@@ -120,6 +127,7 @@ pub(crate) fn take_over_assignments(cur: &str, row: NewRow) -> String {
         failures,
         last_error,
         fingerprint,
+        trace,
     } = row;
     let retrying = format!("({cur}status = 'retry' AND {cur}expires_at > {{now}})");
     let ran_out = format!("({cur}status = 'in_progress' AND {cur}expires_at > {{since}})");
@@ -132,7 +140,8 @@ pub(crate) fn take_over_assignments(cur: &str, row: NewRow) -> String {
                            WHEN {ran_out} THEN COALESCE({last_error}, '{lease_ran_out}')
                            ELSE {last_error} END,
          status = {status}, token = {token}, outcome = {outcome}, fingerprint = {fingerprint},
-         created_at = {{now}}, updated_at = {{now}}, expires_at = {{until}}, max_attempts = :max"
+         created_at = {{now}}, updated_at = {{now}}, expires_at = {{until}}, max_attempts = :max,
+         traceparent = {trace}"
     )
 }
 

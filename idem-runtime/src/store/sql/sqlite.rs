@@ -188,6 +188,7 @@ impl Dialect for Sqlite {
         (2, "last_error", "TEXT"),
         (2, "fingerprint", "TEXT"),
         (3, "max_attempts", "INTEGER"),
+        (4, "traceparent", "TEXT"),
     ];
 
     fn columns(t: &str) -> String {
@@ -216,6 +217,7 @@ impl Dialect for Sqlite {
                 updated_at INTEGER NOT NULL,
                 expires_at INTEGER NOT NULL,
                 max_attempts INTEGER,
+                traceparent TEXT,
                 PRIMARY KEY (handler, key)
             ) WITHOUT ROWID;
             CREATE INDEX IF NOT EXISTS {schema}{bare}_expires_at ON {bare} (expires_at);"

@@ -151,7 +151,7 @@ pub(crate) struct Statements {
 
 /// Records a failure: the `WHERE` says whose claim.
 const FAIL: &str = "UPDATE {t} SET status = :status, token = NULL, outcome = :outcome,
-                    failures = failures + 1, last_error = :error,
+                    failures = failures + 1, last_error = :error, traceparent = :trace,
                     updated_at = {now}, expires_at = {until}";
 
 /// Which row a claiming-first transaction holds: its claim, `in_progress`
@@ -164,7 +164,7 @@ const HELD_BY_TX: &str =
 
 /// Records `:outcome` under the claim this transaction holds.
 const COMPLETE_TX: &str = "UPDATE {t} SET status = 'completed', token = NULL, outcome = :outcome,
-                                   updated_at = {now}, expires_at = {until}
+                                   traceparent = :trace, updated_at = {now}, expires_at = {until}
                            WHERE ";
 
 /// Set before the dedup row sent with the `COMMIT` ([`WithCommit::savepoint`](super::WithCommit)).
@@ -260,7 +260,7 @@ impl Statements {
             select_latest: render(&format!("{SELECT}{}", D::LATEST_READ)),
             complete_tx: render(&format!("{COMPLETE_TX}{HELD_BY_TX}")),
             complete_lease: render(&format!(
-                "UPDATE {{t}} SET status = 'completed', outcome = :outcome,
+                "UPDATE {{t}} SET status = 'completed', outcome = :outcome, traceparent = :trace,
                                   updated_at = {{now}}, expires_at = {{until}}
                  WHERE {token_settles}"
             )),
@@ -361,7 +361,8 @@ impl BatchStatements {
             insert_claims: insert(BATCH_CLAIMED),
             insert_completed: insert(BATCH_COMPLETED),
             complete: render(&D::update_from_rows(
-                "status = 'completed', outcome = r.o, updated_at = {now}, expires_at = {until}",
+                "status = 'completed', outcome = r.o, traceparent = :trace,
+                 updated_at = {now}, expires_at = {until}",
                 "cur.token = r.t AND cur.status IN ('in_progress', 'retry')",
             )),
             extend: render(&D::update_from_rows(

@@ -52,6 +52,9 @@ pub(crate) enum Param {
     Status,
     /// The text of a failure (text or NULL).
     Error,
+    /// The `traceparent` of the execution that settles a row (text or
+    /// NULL).
+    Trace,
     /// The handler's ttl, in ms: `{since}`, the start of the handler's
     /// current window, is the database's now less this; a stalled claim
     /// whose lease ended before it no longer counts.
@@ -94,7 +97,7 @@ pub(crate) enum Param {
 }
 
 impl Param {
-    const ALL: [(&'static str, Param); 28] = [
+    const ALL: [(&'static str, Param); 29] = [
         ("handler", Param::Handler),
         ("key", Param::Key),
         ("token", Param::Token),
@@ -106,6 +109,7 @@ impl Param {
         ("max", Param::Max),
         ("status", Param::Status),
         ("error", Param::Error),
+        ("trace", Param::Trace),
         ("ttl", Param::Ttl),
         ("rows", Param::Rows),
         ("keys", Param::Keys),
@@ -152,6 +156,8 @@ pub struct Values<'a> {
     pub status: &'a str,
     /// [`Param::Error`].
     pub error: Option<&'a str>,
+    /// [`Param::Trace`].
+    pub trace: Option<&'a str>,
     /// [`Param::Ttl`].
     pub ttl: i64,
     /// [`Param::Rows`].
@@ -337,6 +343,7 @@ impl Inline {
                 Param::Fingerprint => text(values.fingerprint),
                 Param::Status => text(Some(values.status)),
                 Param::Error => text(values.error),
+                Param::Trace => text(values.trace),
                 Param::Rows => text(Some(values.rows)),
                 Param::Consumer => text(Some(values.consumer)),
                 Param::Stream => text(Some(values.stream)),

@@ -247,7 +247,9 @@ impl<D: Dialect> TxStore for SqlStore<D> {
         fingerprint: Option<&str>,
         failure: Failure<'_>,
     ) -> Result<TxCommit, StoreError> {
+        let trace = crate::store::settling_trace();
         let values = Values {
+            trace: trace.as_deref(),
             status: failure.status().as_str(),
             outcome: failure.recorded(),
             error: Some(failure.text()),
