@@ -166,7 +166,7 @@ pub(crate) enum Top {
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Show one record: status, outcome, attempts, failures, last error,
-    /// fingerprint, times and the lease holder
+    /// fingerprint, times, the lease holder and the trace that settled it
     Show(KeyArgs),
     /// List a handler's records, oldest claim first
     List(ListArgs),

@@ -172,7 +172,16 @@ pub(super) fn answer<T, E>(
                 outcome: outcome.clone(),
                 trace: None,
             }),
-            Fate::Refused(standing) => Some(standing.clone()),
+            // The first message of the key links the span to the trace
+            // that settled it; its repeats add the link no second time.
+            Fate::Refused(standing) => Some(match standing.clone() {
+                Standing::Completed { outcome, .. } => Standing::Completed {
+                    outcome,
+                    trace: None,
+                },
+                Standing::Failed { error, .. } => Standing::Failed { error, trace: None },
+                other => other,
+            }),
             Fate::Unrecordable(_, recorded) => Some(Standing::Failed {
                 error: recorded.clone(),
                 trace: None,

@@ -124,12 +124,13 @@ pub(crate) async fn schema_reports_the_table_s_version<F: StoreFx>(fx: &F) {
     }
     let table = fx.args()[3].clone();
     assert_eq!(schema["table"], table.as_str());
-    assert_eq!(schema["version"], 3);
-    assert_eq!(schema["current"], 3);
+    let current = idem_runtime::store::sql::SCHEMA_VERSION;
+    assert_eq!(schema["version"], current);
+    assert_eq!(schema["current"], current);
     let text = on(fx, &["schema"]).ok().stdout;
     assert_eq!(
         text,
-        format!("table `{table}`: schema version 3 (this release's is 3)\n")
+        format!("table `{table}`: schema version {current} (this release's is {current})\n")
     );
     let mut args = fx.args_on("idem_cli_never_made");
     args.push("schema".into());

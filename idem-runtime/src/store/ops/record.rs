@@ -154,9 +154,10 @@ pub struct Record {
     /// limit from the handler itself.
     pub max_attempts: Option<u32>,
     /// The W3C `traceparent` (`00-<trace id>-<span id>-<flags>`) of the
-    /// execution that settled the record: the handler's `idempotent` span
-    /// (or the HTTP layer's `idem.http` span) whose body completed or
-    /// failed it. A duplicate's span links to it, and `idem show` prints
+    /// execution that settled the record: the handler's `idempotent` (or
+    /// `idempotent_batch`) span whose body completed it or failed (for
+    /// good, or counted for a retry); under the HTTP layer that span is a
+    /// child of `idem.http`. A duplicate's span links to it, and `idem show` prints
     /// it. `None` while a claim is in progress, without the `otel` feature
     /// or an OpenTelemetry layer, and where the store does not keep it (a
     /// SQL table before schema version 4, a store of your own).

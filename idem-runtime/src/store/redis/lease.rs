@@ -23,7 +23,7 @@ impl RedisStore {
             .arg(outcome)
             .arg(millis(spec.ttl).max(1))
             .arg(self.clock.now_millis())
-            .arg(crate::store::settling_trace().unwrap_or_default());
+            .arg(record::settling_trace_arg());
         cmd
     }
 
@@ -125,7 +125,7 @@ impl LeaseStore for RedisStore {
             .arg(failure.text())
             .arg(millis(spec.ttl).max(1))
             .arg(self.clock.now_millis())
-            .arg(crate::store::settling_trace().unwrap_or_default());
+            .arg(record::settling_trace_arg());
         one(self.call(&cmd).await?)
     }
 
@@ -208,7 +208,7 @@ impl LeaseStore for RedisStore {
         let groups = self.groups(&rkeys, COMPLETE_AT_ONCE);
         let ttl = millis(spec.ttl).max(1);
         let now = self.clock.now_millis();
-        let trace = crate::store::settling_trace().unwrap_or_default();
+        let trace = record::settling_trace_arg();
         let cmds: Vec<Cmd> = groups
             .iter()
             .map(|group| {

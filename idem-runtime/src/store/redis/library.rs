@@ -14,9 +14,10 @@ pub(super) struct Lua {
 
 impl Lua {
     /// `FCALL <name> 1 key`, for the arguments to follow (room made for
-    /// eight in all, and the usual sizes, so the command is not grown).
+    /// eleven in all, a failure's, and the usual sizes with a
+    /// `traceparent`, so the command is not grown).
     pub(super) fn on(&self, key: &str) -> Cmd {
-        let mut cmd = Cmd::with_capacity(8, 160 + self.name.len() + key.len());
+        let mut cmd = Cmd::with_capacity(11, 224 + self.name.len() + key.len());
         cmd.arg("FCALL").arg(&self.name).arg(1).arg(key);
         cmd
     }

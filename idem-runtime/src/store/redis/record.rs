@@ -45,6 +45,20 @@ pub(crate) const TAG: &str = "2|";
 /// format 2 writes it after its tag.
 pub(crate) const TRACED_TAG: &str = "3|";
 
+/// Whether `trace` can be written in format 3: not empty, and no `|` (a
+/// `traceparent` is hex digits and dashes).
+fn writable_trace(trace: &str) -> bool {
+    !trace.is_empty() && !trace.contains('|')
+}
+
+/// The current span's `traceparent` as the store's functions take it: the
+/// trace a completion or failure writes (format 3), or empty (format 2).
+pub(crate) fn settling_trace_arg() -> String {
+    crate::store::settling_trace()
+        .filter(|t| writable_trace(t))
+        .unwrap_or_default()
+}
+
 /// The letter a status is written as.
 pub(crate) fn status_letter(status: Status) -> char {
     match status {
@@ -137,7 +151,7 @@ impl Parts<'_> {
                 + self.outcome.len()
                 + self.trace.map_or(0, str::len),
         );
-        match self.trace.filter(|t| !t.is_empty() && !t.contains('|')) {
+        match self.trace.filter(|t| writable_trace(t)) {
             Some(trace) => {
                 out.push_str(TRACED_TAG);
                 out.push_str(trace);
@@ -227,7 +241,10 @@ pub(crate) fn decode(
                 .ok_or_else(|| malformed("a trace with no end"))?;
             let trace = std::str::from_utf8(&traced[..end])
                 .map_err(|_| malformed("a trace that is not UTF-8"))?;
-            (Some(trace.to_owned()), &traced[end + 1..])
+            (
+                (!trace.is_empty()).then(|| trace.to_owned()),
+                &traced[end + 1..],
+            )
         }
         None => (
             None,
@@ -426,6 +443,8 @@ mod tests {
             )
         );
         assert_eq!(decode("h", "3:k-1", value.as_bytes(), 99).unwrap(), traced);
+        let empty = format!("3||{}", &untraced[2..]);
+        assert_eq!(decode("h", "3:k-1", empty.as_bytes(), 99).unwrap(), sample());
         assert!(decode("h", "k", b"3|00-4bf9", 0).is_err());
         assert!(decode("h", "k", b"3|00-4bf9|", 0).is_err());
 

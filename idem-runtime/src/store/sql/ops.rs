@@ -152,7 +152,8 @@ impl<D: Dialect> SqlStore<D> {
 
     /// The version of this store's table: [`SCHEMA_VERSION`] once
     /// migrated by this release; an earlier one (1 for a table of the first
-    /// release, 2 for one without `max_attempts`), which `migrate` upgrades
+    /// release, 2 for one without `max_attempts`, 3 for one without
+    /// `traceparent`), which `migrate` upgrades
     /// in place; `None` when there is no table.
     ///
     /// # Examples
