@@ -444,7 +444,10 @@ mod tests {
         );
         assert_eq!(decode("h", "3:k-1", value.as_bytes(), 99).unwrap(), traced);
         let empty = format!("3||{}", &untraced[2..]);
-        assert_eq!(decode("h", "3:k-1", empty.as_bytes(), 99).unwrap(), sample());
+        assert_eq!(
+            decode("h", "3:k-1", empty.as_bytes(), 99).unwrap(),
+            sample()
+        );
         assert!(decode("h", "k", b"3|00-4bf9", 0).is_err());
         assert!(decode("h", "k", b"3|00-4bf9|", 0).is_err());
 
