@@ -21,6 +21,12 @@
 //!   id and a text, into a table of its own) before the `COMMIT`;
 //! * `pg-idem`: the same body in a transaction-mode `#[idempotent]`
 //!   handler on a `PgStore` with its defaults for a server on loopback;
+//! * `pgbatch-raw`: one `INSERT ... SELECT ... FROM unnest(...)` of a batch
+//!   of 100 rows as idem writes them (status, outcome, times) into a copy
+//!   of idem's table, the limit of `bench_batch_postgres`;
+//! * `pgbatch-idem`: a transaction-mode batch handler with an empty body
+//!   over the same 100 messages (figures are a message's, a hundredth of a
+//!   batch);
 //! * `redis-raw`: `SET key 1 NX PX ttl`, the dedup step written by hand;
 //! * `redis-two`: that and a second `SET key <outcome> XX PX ttl`, two
 //!   round trips;
@@ -38,7 +44,7 @@ use serde::Deserialize;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Executor as _, PgPool};
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 struct Deduct {
     message_id: i64,
     sku: i64,
@@ -62,6 +68,21 @@ async fn deduct_idem(tx: &mut PgTx<'_>, msg: &Deduct) -> Result<i64, sqlx::Error
     deduct(tx, msg.sku).await?;
     Ok(msg.sku)
 }
+
+#[idempotent(
+    key = "message_id",
+    ttl = "24h",
+    store = "postgres",
+    name = "count_batch"
+)]
+async fn batch_idem(tx: &mut PgTx<'_>, msgs: &[Deduct]) -> Result<Vec<i64>, sqlx::Error> {
+    let _ = tx;
+    Ok(msgs.iter().map(|m| m.message_id).collect())
+}
+
+/// Messages a batch: `MESSAGES` and the warm-up are counted in messages,
+/// and run as batches of this many.
+const BATCH: u64 = 100;
 
 #[derive(Debug, Deserialize)]
 struct Ping {
@@ -110,12 +131,28 @@ async fn postgres(variant: &str, messages: u64) -> Result<(), Failure> {
     .await?;
     let store = PgStore::from_pool(pool.clone()).with_table(&dedup)?;
     store.migrate().await?;
+    let rows = format!("count_rows_{suffix}");
+    pool.execute(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {rows} (LIKE {dedup} INCLUDING ALL)"
+    )))
+    .await?;
     let insert = format!("INSERT INTO {extra} (id, note) VALUES ($1, $2)");
+    let insert_rows = format!(
+        "INSERT INTO {rows} (handler, key, status, outcome, attempts, failures, created_at,
+                             updated_at, expires_at)
+         SELECT 'count_batch', k, 'completed', o, 1, 0, 1, 1, 86400001
+         FROM unnest($1::text[], $2::text[]) AS r(k, o) ON CONFLICT DO NOTHING"
+    );
+    let step = if variant.starts_with("pgbatch") {
+        BATCH
+    } else {
+        1
+    };
     let result = async {
         let mut before = None;
-        for i in 0..WARM_UP + messages {
+        for i in (0..WARM_UP + messages).step_by(step as usize) {
             if i == WARM_UP {
-                before = Some(server(&pool, &[&extra, &dedup]).await?);
+                before = Some(server(&pool, &[&extra, &dedup, &rows]).await?);
             }
             let msg = Deduct {
                 message_id: i as i64,
@@ -141,11 +178,31 @@ async fn postgres(variant: &str, messages: u64) -> Result<(), Failure> {
                     let outcome = deduct_idem(&store, &msg).await?;
                     assert_eq!(outcome, Outcome::Executed(msg.sku));
                 }
+                "pgbatch-raw" => {
+                    let keys: Vec<String> = (i..i + step).map(|id| format!("m-{id}")).collect();
+                    let outcomes: Vec<String> = (i..i + step).map(|id| id.to_string()).collect();
+                    sqlx::query(sqlx::AssertSqlSafe(insert_rows.as_str()))
+                        .bind(&keys)
+                        .bind(&outcomes)
+                        .execute(&pool)
+                        .await?;
+                }
+                "pgbatch-idem" => {
+                    let msgs: Vec<Deduct> = (i..i + step)
+                        .map(|id| Deduct {
+                            message_id: id as i64,
+                            sku: 1,
+                        })
+                        .collect();
+                    for answer in batch_idem(&store, &msgs).await? {
+                        assert!(answer?.is_executed());
+                    }
+                }
                 other => return Err(format!("unknown variant {other}").into()),
             }
         }
         if let Some(before) = before {
-            let after = server(&pool, &[&extra, &dedup]).await?;
+            let after = server(&pool, &[&extra, &dedup, &rows]).await?;
             let per = |a: i64, b: i64| (a - b) as f64 / messages as f64;
             // What the server wrote for a message: on stderr, which the
             // counting script reads back.
@@ -162,7 +219,7 @@ async fn postgres(variant: &str, messages: u64) -> Result<(), Failure> {
     }
     .await;
     pool.execute(sqlx::AssertSqlSafe(format!(
-        "DROP TABLE IF EXISTS {extra}, {dedup}, {dedup}_outbox"
+        "DROP TABLE IF EXISTS {extra}, {rows}, {dedup}, {dedup}_outbox"
     )))
     .await?;
     result
@@ -290,7 +347,7 @@ fn main() -> Result<(), Failure> {
         .build()?;
     runtime.block_on(async {
         match variant.split('-').next() {
-            Some("pg") => postgres(variant, messages).await,
+            Some("pg" | "pgbatch") => postgres(variant, messages).await,
             Some("redis") => redis(variant, messages).await,
             _ => Err(format!("unknown variant {variant}").into()),
         }

@@ -674,7 +674,8 @@ pub(crate) async fn migrate_from_many_connections_at_once<F: StressHandlers>() {
             "created_at",
             "updated_at",
             "expires_at",
-            "max_attempts"
+            "max_attempts",
+            "traceparent"
         ]
     );
     let store = fx.store_on_admin(&dedup, Way::LAST);
