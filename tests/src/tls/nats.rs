@@ -37,7 +37,7 @@ impl TlsNats {
             format!(
                 "host: 127.0.0.1\nport: {port}\n\
                  jetstream {{ store_dir: {:?} }}\n\
-                 tls {{ cert_file: {:?}\n key_file: {:?}\n ca_file: {:?}\n verify: {verify}\n timeout: 2 }}\n",
+                 tls {{ cert_file: {:?}\n key_file: {:?}\n ca_file: {:?}\n verify: {verify}\n timeout: 10 }}\n",
                 dir.0.join("js").display().to_string(),
                 server.cert.display().to_string(),
                 server.key.display().to_string(),
@@ -45,6 +45,9 @@ impl TlsNats {
             ),
         )
         .map_err(|e| format!("nats.conf: {e}"))?;
+        // `timeout` is the TLS handshake's, in seconds: 10, not 2, so that
+        // a debug build's handshake on a busy 2-core machine has time (a
+        // CI run saw the server reset a test's first connection).
         let mut c = Command::new("nats-server");
         c.arg("-c").arg(&conf);
         let daemon = Daemon::spawn("nats-server", dir, c, None, port, Duration::from_secs(10))?;
