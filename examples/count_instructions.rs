@@ -312,25 +312,8 @@ async fn redis(variant: &str, messages: u64) -> Result<(), Failure> {
         Ok::<(), Failure>(())
     }
     .await;
-    // The program's keys, whatever the variant wrote.
-    let mut cursor = 0u64;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("*{prefix}*"))
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await?;
-        if !keys.is_empty() {
-            let _: u64 = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await?;
-        }
-        if next == 0 {
-            break;
-        }
-        cursor = next;
-    }
+    // The program's keys (its own, and the store's under the same prefix).
+    idem_examples::delete_redis_prefix(&url, &prefix).await?;
     result
 }
 
