@@ -79,35 +79,25 @@ fn status_of(letter: &[u8]) -> Option<Status> {
     }
 }
 
-/// Appends `n` in decimal (no formatting machinery: this runs for every
-/// record and key written).
+/// Appends `n` in decimal (`itoa`: no formatting machinery, and the
+/// digits pushed as one slice; this runs for every number of every record
+/// and key written).
 pub(crate) fn push_int(out: &mut String, n: i64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    let mut rest = n.unsigned_abs();
-    loop {
-        at -= 1;
-        // `rest % 10` is below 10.
-        digits[at] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    if n < 0 {
-        out.push('-');
-    }
-    for d in &digits[at..] {
-        out.push(char::from(*d));
-    }
+    out.push_str(itoa::Buffer::new().format(n));
 }
 
 /// Appends `n` as 16 lowercase hex digits.
 pub(crate) fn push_hex(out: &mut String, n: u64) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    for shift in (0..16).rev() {
+    let mut digits = [0u8; 16];
+    for (i, digit) in digits.iter_mut().enumerate() {
         // A nibble indexes the 16 digits.
-        out.push(char::from(HEX[((n >> (shift * 4)) & 0xf) as usize]));
+        *digit = HEX[((n >> ((15 - i) * 4)) & 0xf) as usize];
+    }
+    // Hex digits are ASCII, so the check always passes: pushed as one
+    // slice, not a char at a time.
+    if let Ok(digits) = std::str::from_utf8(&digits) {
+        out.push_str(digits);
     }
 }
 

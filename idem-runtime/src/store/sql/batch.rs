@@ -37,6 +37,7 @@ use std::time::Duration;
 use sqlx::Transaction;
 
 use super::exec::Found;
+use super::pool;
 use super::template::{Statement, Values};
 use super::{Dialect, Fault, Race, SqlStore, fault};
 use crate::clock::millis;
@@ -185,7 +186,7 @@ impl<D: Dialect> SqlStore<D> {
             status,
             ..self.values()
         });
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let mut conn = pool::acquire(&self.pool).await.map_err(|e| self.err(e))?;
         let cells = D::cells(&mut conn, &self.sql.batch.held, &values, 1)
             .await
             .map_err(|e| self.err(e))?;
@@ -323,7 +324,7 @@ impl<D: Dialect> SqlStore<D> {
         claims: &mut Vec<Claim>,
     ) -> Result<(), StoreError> {
         let records = {
-            let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+            let mut conn = pool::acquire(&self.pool).await.map_err(|e| self.err(e))?;
             self.batch_records(&mut conn, spec, items)
                 .await
                 .map_err(|e| self.err(e))?

@@ -15,6 +15,7 @@ use crate::store::rules::{live_standing, may_take};
 
 use super::dialect::Fault;
 use super::exec::Found;
+use super::pool;
 use super::statements::Take;
 use super::template::{Statement, Values};
 use super::{ClaimOrder, DEADLOCK_RETRIES, Dialect, Race, SqlStore, fault};
@@ -95,11 +96,11 @@ impl<D: Dialect> SqlStore<D> {
         let mut tries = 0;
         loop {
             let done = match begin {
-                None => match self.pool.acquire().await {
+                None => match pool::acquire(&self.pool).await {
                     Ok(mut conn) => D::run(&mut conn, statement, values).await,
                     Err(e) => Err(e),
                 },
-                Some(begin) => match self.pool.begin_with(begin).await {
+                Some(begin) => match pool::begin(&self.pool, Some(begin)).await {
                     Ok(mut tx) => match D::run(&mut tx, statement, values).await {
                         Ok(done) => tx.commit().await.map(|()| done),
                         Err(e) => {
@@ -190,11 +191,9 @@ impl<D: Dialect> SqlStore<D> {
     /// session statement ([`Dialect::CALL_SESSION`]), which the caller
     /// sends next.
     pub(super) async fn begin_bare(&self) -> Result<Transaction<'static, D>, StoreError> {
-        match D::BEGIN {
-            Some(begin) => self.pool.begin_with(begin).await,
-            None => self.pool.begin().await,
-        }
-        .map_err(|e| self.err(e))
+        pool::begin(&self.pool, D::BEGIN)
+            .await
+            .map_err(|e| self.err(e))
     }
 
     /// Commits a transaction-mode call's transaction ([`Dialect::END`]).

@@ -9,6 +9,7 @@ use crate::error::StoreError;
 use crate::store::ops::{Filter, Forgot, Inspect, Order, Query, Schema, Stats, Swept, sweep_all};
 use crate::store::{Record, Status};
 
+use super::pool;
 use super::statements::render;
 use super::template::{Statement, Values};
 use super::{Dialect, SqlStore};
@@ -79,7 +80,7 @@ impl<D: Dialect> SqlStore<D> {
         key: &str,
     ) -> Result<Option<super::exec::Found>, StoreError> {
         let values = self.at_now(handler, key);
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let mut conn = pool::acquire(&self.pool).await.map_err(|e| self.err(e))?;
         D::fetch(&mut conn, &self.sql.select, &values)
             .await
             .map_err(|e| self.err(e))
@@ -112,7 +113,7 @@ impl<D: Dialect> Inspect for SqlStore<D> {
             batch: i64::from(query.limit),
             ..self.at_now(handler, "")
         };
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let mut conn = pool::acquire(&self.pool).await.map_err(|e| self.err(e))?;
         let found = D::records(&mut conn, &statement, &values)
             .await
             .map_err(|e| self.err(e))?;
@@ -121,7 +122,7 @@ impl<D: Dialect> Inspect for SqlStore<D> {
 
     async fn stats(&self) -> Result<Stats, StoreError> {
         let values = self.at_now("", "");
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let mut conn = pool::acquire(&self.pool).await.map_err(|e| self.err(e))?;
         let rows = D::cells(&mut conn, &self.statement(STATS), &values, 2)
             .await
             .map_err(|e| self.err(e))?;
@@ -179,7 +180,7 @@ impl<D: Dialect> Inspect for SqlStore<D> {
     }
 
     async fn handlers(&self) -> Result<Vec<String>, StoreError> {
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let mut conn = pool::acquire(&self.pool).await.map_err(|e| self.err(e))?;
         let rows = D::cells(&mut conn, &self.statement(HANDLERS), &self.values(), 1)
             .await
             .map_err(|e| self.err(e))?;

@@ -10,6 +10,7 @@ use crate::store::Status;
 use crate::store::contract::{BatchItem, Claim, Failure, Held, LeaseStore, Standing};
 
 use super::dialect::Fault;
+use super::pool;
 use super::template::Values;
 use super::{CLAIM_RETRIES, Dialect, Race, SqlStore, fault};
 
@@ -30,7 +31,7 @@ impl<D: Dialect> LeaseStore for SqlStore<D> {
                 token: Some(&token),
                 ..self.claim_values(spec, key, fingerprint, spec.lease)?
             };
-            let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+            let mut conn = pool::acquire(&self.pool).await.map_err(|e| self.err(e))?;
             match self.take(&mut conn, &self.sql.claim, spec, &values).await {
                 Ok(Race::Won) => return Ok(Claim::Fresh { token }),
                 Ok(Race::Lost(found)) => {

@@ -76,6 +76,7 @@ mod offsets;
 mod ops;
 pub(crate) mod outbox;
 mod partitions;
+mod pool;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;

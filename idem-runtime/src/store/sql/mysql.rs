@@ -26,6 +26,7 @@ use sqlx::{AssertSqlSafe, Executor as _, MySql, Transaction};
 
 use super::ClaimOrder;
 use super::dialect::{Fault, TxEnd, WithCommit};
+use super::pool;
 use super::rows::{COLUMNS, NewRow};
 use super::statements::insert_then_take_over;
 use super::template::{Literals, Placeholders};
@@ -521,7 +522,7 @@ impl SqlStore<MySql> {
     /// ```
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let lock = migrate_lock_name(self.table());
-        let mut conn = self.pool().acquire().await.map_err(|e| self.err(e))?;
+        let mut conn = pool::acquire(self.pool()).await.map_err(|e| self.err(e))?;
         // The named lock belongs to the session: should this call be
         // dropped while it holds it, the connection must close rather than
         // go back to the pool with it.

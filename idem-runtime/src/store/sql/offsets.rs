@@ -19,6 +19,7 @@ use sqlx::{Pool, Transaction};
 
 use crate::error::StoreError;
 
+use super::pool;
 use super::rider::{self, Rider};
 use super::statements::render;
 use super::template::{Statement, Values};
@@ -126,7 +127,9 @@ impl<D: Dialect> OffsetTable<D> {
                 self.name
             )));
         }
-        let mut conn = self.pool.acquire().await.map_err(StoreError::backend)?;
+        let mut conn = pool::acquire(&self.pool)
+            .await
+            .map_err(StoreError::backend)?;
         D::run(&mut *conn, &self.create, &Values::default())
             .await
             .map_err(StoreError::backend)?;
@@ -143,7 +146,9 @@ impl<D: Dialect> OffsetTable<D> {
             consumer,
             ..Values::default()
         };
-        let mut conn = self.pool.acquire().await.map_err(StoreError::backend)?;
+        let mut conn = pool::acquire(&self.pool)
+            .await
+            .map_err(StoreError::backend)?;
         let rows = D::cells(&mut *conn, &self.load, &values, 1)
             .await
             .map_err(StoreError::backend)?;
@@ -177,7 +182,9 @@ impl<D: Dialect> OffsetTable<D> {
         consumer: &str,
         rows: &[(String, i32, i64)],
     ) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await.map_err(StoreError::backend)?;
+        let mut tx = pool::begin(&self.pool, None)
+            .await
+            .map_err(StoreError::backend)?;
         for (stream, partition, next) in rows {
             let values = Values {
                 consumer,

@@ -8,6 +8,7 @@ use crate::key::Key;
 use crate::store::{Record, Sweep};
 
 use super::exec::Found;
+use super::pool;
 use super::statements::Sweeping;
 use super::template::{Statement, Values};
 use super::{Dialect, MAINTENANCE_STEPS, SCHEMA_VERSION, SqlStore};
@@ -62,7 +63,7 @@ impl<D: Dialect> SqlStore<D> {
             Sweeping::Delete(_) => Ok(false),
             Sweeping::Maintain(_) => Ok(true),
             Sweeping::Either { partitioned, .. } => {
-                let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+                let mut conn = pool::acquire(&self.pool).await.map_err(|e| self.err(e))?;
                 let answer = D::number(&mut conn, partitioned, &self.values())
                     .await
                     .map_err(|e| self.err(e))?;
@@ -78,7 +79,7 @@ impl<D: Dialect> SqlStore<D> {
         call: &Statement,
         values: &Values<'_>,
     ) -> Result<u64, StoreError> {
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let mut conn = pool::acquire(&self.pool).await.map_err(|e| self.err(e))?;
         // Each step is a statement, and so a transaction, of its own: a
         // partition made or dropped releases the table's lock before the
         // next step. A bound on the steps keeps a call short (a partition
@@ -124,7 +125,7 @@ impl<D: Dialect> SqlStore<D> {
         key: &Key,
     ) -> Result<Option<Found>, StoreError> {
         let values = self.stamped(handler, key, Duration::ZERO)?;
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let mut conn = pool::acquire(&self.pool).await.map_err(|e| self.err(e))?;
         D::fetch(&mut conn, &self.sql.select, &values)
             .await
             .map_err(|e| self.err(e))
@@ -144,7 +145,7 @@ impl<D: Dialect> SqlStore<D> {
     /// # Ok(()) }
     /// ```
     pub async fn count(&self) -> Result<i64, StoreError> {
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let mut conn = pool::acquire(&self.pool).await.map_err(|e| self.err(e))?;
         D::number(&mut conn, &self.sql.count, &Values::default())
             .await
             .map_err(|e| self.err(e))
@@ -171,7 +172,7 @@ impl<D: Dialect> SqlStore<D> {
     /// # Ok(()) }
     /// ```
     pub async fn schema_version(&self) -> Result<Option<u32>, StoreError> {
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let mut conn = pool::acquire(&self.pool).await.map_err(|e| self.err(e))?;
         let columns = D::texts(&mut conn, &self.sql.columns)
             .await
             .map_err(|e| self.err(e))?;

@@ -19,6 +19,7 @@ use sqlx::{Pool, Transaction};
 use crate::error::StoreError;
 use crate::outbox::{Backlog, Outbox, Outgoing};
 
+use super::pool;
 use super::statements::render;
 use super::table::{bare, derived_name};
 use super::template::{Statement, Values};
@@ -232,7 +233,9 @@ impl<D: Dialect> OutboxTable<D> {
     ///
     /// See [`OutboxTable`].
     pub async fn backlog(&self) -> Result<Backlog, StoreError> {
-        let mut conn = self.pool.acquire().await.map_err(StoreError::backend)?;
+        let mut conn = pool::acquire(&self.pool)
+            .await
+            .map_err(StoreError::backend)?;
         let rows = D::cells(&mut *conn, &self.sql.backlog, &Values::default(), 0)
             .await
             .map_err(StoreError::backend)?;
@@ -264,7 +267,9 @@ impl<D: Dialect> OutboxTable<D> {
             batch: i64::from(limit),
             ..Values::default()
         };
-        let mut conn = self.pool.acquire().await.map_err(StoreError::backend)?;
+        let mut conn = pool::acquire(&self.pool)
+            .await
+            .map_err(StoreError::backend)?;
         D::outgoing(&mut *conn, &self.sql.list, &values)
             .await
             .map_err(StoreError::backend)
@@ -300,7 +305,9 @@ impl<D: Dialect> OutboxTable<D> {
             id: id.as_str(),
             ..Values::default()
         };
-        let mut conn = self.pool.acquire().await.map_err(StoreError::backend)?;
+        let mut conn = pool::acquire(&self.pool)
+            .await
+            .map_err(StoreError::backend)?;
         D::outgoing(&mut *conn, &self.sql.find, &values)
             .await
             .map_err(StoreError::backend)
@@ -321,7 +328,9 @@ impl<D: Dialect> OutboxTable<D> {
             id: id.as_str(),
             ..Values::default()
         };
-        let mut conn = self.pool.acquire().await.map_err(StoreError::backend)?;
+        let mut conn = pool::acquire(&self.pool)
+            .await
+            .map_err(StoreError::backend)?;
         let done = D::run(&mut *conn, &self.sql.delete, &values)
             .await
             .map_err(StoreError::backend)?;
@@ -355,10 +364,7 @@ impl<D: Dialect> OutboxTable<D> {
             ..Values::default()
         };
         if D::OUTBOX_HOLDS {
-            let mut tx = match D::RELAY_BEGIN {
-                Some(begin) => self.pool.begin_with(begin).await?,
-                None => self.pool.begin().await?,
-            };
+            let mut tx = pool::begin(&self.pool, D::RELAY_BEGIN).await?;
             let mut rows = D::outgoing(&mut *tx, &self.sql.take, &values).await?;
             if D::OUTBOX_RECHECK && !rows.is_empty() {
                 // Locked rows that a row committed meanwhile puts behind:
@@ -381,7 +387,7 @@ impl<D: Dialect> OutboxTable<D> {
             }
             Ok(Taken { tx: Some(tx), rows })
         } else {
-            let mut conn = self.pool.acquire().await?;
+            let mut conn = pool::acquire(&self.pool).await?;
             let rows = D::outgoing(&mut *conn, &self.sql.take, &values).await?;
             Ok(Taken { tx: None, rows })
         }
@@ -402,7 +408,7 @@ impl<D: Dialect> OutboxTable<D> {
                 tx.commit().await
             }
             None => {
-                let mut conn = self.pool.acquire().await?;
+                let mut conn = pool::acquire(&self.pool).await?;
                 self.write_settled(&mut conn, sent, failed).await
             }
         }

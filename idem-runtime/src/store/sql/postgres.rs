@@ -24,6 +24,7 @@ use sqlx::{AssertSqlSafe, Postgres, Transaction};
 
 use super::dialect::{Fault, WithCommit};
 use super::partitions::{PartitionedSql, Partitions, Upkeep};
+use super::pool;
 use super::rows::{COLUMNS, NewRow, insert_or_take_over};
 use super::table::derived_name;
 use super::template::{Literals, Placeholders, unicode_escapes};
@@ -530,7 +531,9 @@ impl SqlStore<Postgres> {
     /// # Ok(()) }
     /// ```
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        let mut tx = self.pool().begin().await.map_err(|e| self.err(e))?;
+        let mut tx = pool::begin(self.pool(), None)
+            .await
+            .map_err(|e| self.err(e))?;
         self.lock_migration(&mut tx).await?;
         self.check_layout(&mut tx).await?;
         sqlx::raw_sql(AssertSqlSafe(self.create_sql().clone()))
@@ -636,7 +639,7 @@ impl SqlStore<Postgres> {
             )));
         };
         let sql = partitioned(self.table(), partitions);
-        let mut conn = self.pool().acquire().await.map_err(|e| self.err(e))?;
+        let mut conn = pool::acquire(self.pool()).await.map_err(|e| self.err(e))?;
         let kind = self.relkind(&mut conn).await?;
         match kind.as_deref() {
             None => return self.migrate().await,
@@ -653,7 +656,9 @@ impl SqlStore<Postgres> {
                 .map_err(|e| self.err(e))?;
         }
         drop(conn);
-        let mut tx = self.pool().begin().await.map_err(|e| self.err(e))?;
+        let mut tx = pool::begin(self.pool(), None)
+            .await
+            .map_err(|e| self.err(e))?;
         self.lock_migration(&mut tx).await?;
         let kind = self.relkind(&mut tx).await?;
         if kind.as_deref() == Some("r") {

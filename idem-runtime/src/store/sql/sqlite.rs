@@ -25,6 +25,7 @@ use sqlx::sqlite::{
 use sqlx::{AssertSqlSafe, Sqlite, Transaction};
 
 use super::dialect::Fault;
+use super::pool;
 use super::rows::{COLUMNS, NewRow, insert_or_take_over};
 use super::template::Placeholders;
 use super::{ClaimOrder, Dialect, SqlStore};
@@ -463,9 +464,7 @@ impl SqlStore<Sqlite> {
             .map_err(|e| self.err(e))?;
         // The write lock, taken at once, serialises upgrades between
         // processes: a second one finds the columns added.
-        let mut tx = self
-            .pool()
-            .begin_with("BEGIN IMMEDIATE")
+        let mut tx = pool::begin(self.pool(), Some("BEGIN IMMEDIATE"))
             .await
             .map_err(|e| self.err(e))?;
         self.upgrade(&mut tx).await?;

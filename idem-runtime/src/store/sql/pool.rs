@@ -1,0 +1,34 @@
+//! The pool's futures, boxed. sqlx's `acquire` and `begin` futures are
+//! large: 14 KB on PostgreSQL with sqlx 0.9, the pool's wait for a
+//! connection, its timeout and its checks inside them. A future that
+//! awaits one holds it inline, and so does every future around that one
+//! (the store's claim, the runtime's call, the user's handler), each moved
+//! by value from one await to the next. The SQL stores take the
+//! connections and transactions of their calls here (statements sent to
+//! the pool itself, as migrations send some, need none): the 14 KB are
+//! built once on the heap (one allocation a call), and the futures around
+//! them hold a pointer.
+//! The benchmarks chapter's instruction counts show what it saved (the
+//! copies were half of what a transaction-mode message cost the client).
+
+use sqlx::pool::PoolConnection;
+use sqlx::{Pool, Transaction};
+
+use super::Dialect;
+
+/// A connection of `pool`.
+pub(super) async fn acquire<D: Dialect>(pool: &Pool<D>) -> Result<PoolConnection<D>, sqlx::Error> {
+    Box::pin(pool.acquire()).await
+}
+
+/// A transaction of `pool`, opened with `statement` (the dialect's
+/// `BEGIN`, when it has its own) or sqlx's `BEGIN`.
+pub(super) async fn begin<D: Dialect>(
+    pool: &Pool<D>,
+    statement: Option<&'static str>,
+) -> Result<Transaction<'static, D>, sqlx::Error> {
+    match statement {
+        Some(statement) => Box::pin(pool.begin_with(statement)).await,
+        None => Box::pin(pool.begin()).await,
+    }
+}
