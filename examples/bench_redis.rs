@@ -1,20 +1,30 @@
 //! Messages per second through an idempotent Redis handler against raw
-//! `SET NX PX` round trips at the same concurrency, interleaved in one run.
+//! round trips at the same concurrency, interleaved in one run.
 //!
 //! ```text
 //! cargo run --release -p idem-examples --features redis --example bench_redis
 //! REDIS_URL=redis://... SECS=3 ROUNDS=5 TASKS=8 cargo run --release -p idem-examples --features redis --example bench_redis
 //! ```
 //!
-//! Both variants use one multiplexed connection and `TASKS` concurrent
+//! Every variant uses one multiplexed connection and `TASKS` concurrent
 //! consumers, every message fresh. Each round starts without the keys of
 //! the rounds before (deleted between rounds, outside the timing), so no
-//! variant pays for a keyspace the other grew. `raw` is the bare dedup step many
-//! consumers write by hand (`SET key 1 NX PX ttl`, one round trip, no
-//! recorded outcome, no lease); `idem` is a lease-mode handler with an empty
-//! body (claim with a fencing token, then record the outcome).
+//! variant pays for a keyspace another grew. The variants:
 //!
-//! Each round (both variants) prints its rates and what the machine did
+//! * `raw`: the bare dedup step many consumers write by hand (`SET key 1
+//!   NX PX ttl`, one round trip, no recorded outcome, no lease);
+//! * `two`: that, then `SET key <outcome> XX PX ttl`: the two round trips
+//!   a recorded outcome takes, without a fencing token (a consumer whose
+//!   lease ran out would overwrite the next one's claim);
+//! * `fenced`: `SET key <token> NX PX ttl`, then a function of this
+//!   benchmark's own that writes the outcome only if the key still holds
+//!   the token (Redis 7.0 has no compare-and-set command): the least a
+//!   lease with a fencing token and a recorded outcome costs, the limit of
+//!   idem's lease mode;
+//! * `idem`: a lease-mode handler with an empty body (claim with a fencing
+//!   token, then record the outcome).
+//!
+//! Each round (all variants) prints its rates and what the machine did
 //! meanwhile: busy, idle and steal shares from `/proc/stat`, marked
 //! `STOLEN` above 5 % steal (see `examples/src/cpu.rs`); the medians are
 //! given over all rounds and over the unmarked ones.
@@ -48,8 +58,58 @@ async fn handle(msg: &Msg) -> Result<u64, std::io::Error> {
     Ok(msg.id)
 }
 
+/// What a round runs for each message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    Raw,
+    Two,
+    Fenced,
+    Idem,
+}
+
+impl Variant {
+    const ALL: [Variant; 4] = [Variant::Raw, Variant::Two, Variant::Fenced, Variant::Idem];
+
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Raw => "raw",
+            Variant::Two => "two",
+            Variant::Fenced => "fenced",
+            Variant::Idem => "idem",
+        }
+    }
+}
+
+/// The `fenced` variant's completion: writes `ARGV[2]` for `ARGV[3]` ms
+/// if the key still holds the token `ARGV[1]`; 1 written, 0 not.
+const FENCED_LIBRARY: &str = "#!lua name=idem_bench_fenced
+redis.register_function('idem_bench_fenced', function(keys, argv)
+  if redis.call('GET', keys[1]) ~= argv[1] then return 0 end
+  redis.call('SET', keys[1], argv[2], 'PX', argv[3])
+  return 1
+end)";
+
+/// `SET key value <condition> PX 600000`: whether it was set.
+async fn set(
+    conn: &mut redis::aio::ConnectionManager,
+    key: &str,
+    value: &str,
+    condition: &str,
+) -> bool {
+    let set: Option<String> = redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .arg(condition)
+        .arg("PX")
+        .arg(600_000)
+        .query_async(conn)
+        .await
+        .expect("SET");
+    set.is_some()
+}
+
 async fn run(
-    idem: bool,
+    variant: Variant,
     store: &RedisStore,
     raw: &redis::aio::ConnectionManager,
     prefix: &str,
@@ -63,20 +123,33 @@ async fn run(
         async move {
             while round.going() {
                 let id = next.fetch_add(1, Ordering::Relaxed);
-                if idem {
-                    let outcome = handle(&store, &Msg { id }).await.expect("idem call");
-                    assert!(outcome.is_executed());
-                } else {
-                    let set: Option<String> = redis::cmd("SET")
-                        .arg(format!("{prefix}:raw:{id}"))
-                        .arg(1)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(600_000)
-                        .query_async(&mut raw)
-                        .await
-                        .expect("raw SET NX");
-                    assert!(set.is_some());
+                let key = format!("{prefix}:raw:{id}");
+                match variant {
+                    Variant::Idem => {
+                        let outcome = handle(&store, &Msg { id }).await.expect("idem call");
+                        assert!(outcome.is_executed());
+                    }
+                    Variant::Raw => assert!(set(&mut raw, &key, "1", "NX").await),
+                    Variant::Two => {
+                        assert!(set(&mut raw, &key, "1", "NX").await);
+                        assert!(set(&mut raw, &key, &id.to_string(), "XX").await);
+                    }
+                    Variant::Fenced => {
+                        // A token per message, as a lease's.
+                        let token = format!("{id:032x}");
+                        assert!(set(&mut raw, &key, &token, "NX").await);
+                        let written: i64 = redis::cmd("FCALL")
+                            .arg("idem_bench_fenced")
+                            .arg(1)
+                            .arg(&key)
+                            .arg(&token)
+                            .arg(id)
+                            .arg(600_000)
+                            .query_async(&mut raw)
+                            .await
+                            .expect("FCALL idem_bench_fenced");
+                        assert_eq!(written, 1);
+                    }
                 }
                 round.handled();
             }
@@ -243,25 +316,33 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let mut admin = client.get_connection_manager().await?;
     let next = Arc::new(AtomicU64::new(1));
 
+    let mut library = client.get_connection_manager().await?;
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(FENCED_LIBRARY)
+        .query_async(&mut library)
+        .await?;
+
     println!(
         "{tasks} consumers, {rounds} rounds of {secs} s per variant, interleaved; load average {}",
         load_average()
     );
-    run(false, &store, &raw, &prefix, 1.0, tasks, &next).await;
-    run(true, &store, &raw, &prefix, 1.0, tasks, &next).await;
+    for variant in Variant::ALL {
+        run(variant, &store, &raw, &prefix, 1.0, tasks, &next).await;
+    }
     idem_examples::delete_redis_prefix(&url, &prefix).await?;
-    let (mut raw_tps, mut idem_tps) = (Vec::new(), Vec::new());
-    let (mut raw_costs, mut idem_costs) = (Costs::default(), Costs::default());
+    let n = Variant::ALL.len();
+    let mut tps: Vec<Vec<f64>> = vec![Vec::new(); n];
+    let mut costs: Vec<Costs> = vec![Costs::default(); n];
     let mut marks = Rounds::default();
     for round in 0..rounds {
         let watch = Watch::start()?;
-        for idem in if round % 2 == 0 {
-            [false, true]
-        } else {
-            [true, false]
-        } {
+        // Each round starts with another variant, in turn.
+        for i in 0..n {
+            let v = (round + i) % n;
             let (before, first) = (Costs::now(&mut admin).await, next.load(Ordering::SeqCst));
-            let t = run(idem, &store, &raw, &prefix, secs, tasks, &next).await;
+            let t = run(Variant::ALL[v], &store, &raw, &prefix, secs, tasks, &next).await;
             let spent = Costs::now(&mut admin)
                 .await
                 .since(&before, next.load(Ordering::SeqCst) - first);
@@ -269,50 +350,54 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             // round's keys (a few hundred thousand), which would make the
             // later rounds pay for a bigger keyspace (and its rehashing).
             idem_examples::delete_redis_prefix(&url, &prefix).await?;
-            if idem {
-                idem_tps.push(t);
-                idem_costs.add(&spent);
-            } else {
-                raw_tps.push(t);
-                raw_costs.add(&spent);
-            }
+            tps[v].push(t);
+            costs[v].add(&spent);
         }
         let cpu = marks.push(watch.stop()?);
-        println!(
-            "round {}: raw {:.0} msg/s, idem {:.0} msg/s ({cpu})",
-            round + 1,
-            raw_tps[round],
-            idem_tps[round]
-        );
+        let rates: Vec<String> = Variant::ALL
+            .iter()
+            .zip(&tps)
+            .map(|(variant, t)| format!("{} {:.0}", variant.name(), t[round]))
+            .collect();
+        println!("round {}: {} msg/s ({cpu})", round + 1, rates.join(", "));
     }
     println!("{}", marks.summary());
-    let (r, i) = (marks.medians(&raw_tps), marks.medians(&idem_tps));
-    println!("raw SET NX  median {r} msg/s");
-    println!("idem        median {i} msg/s");
+    let medians: Vec<_> = tps.iter().map(|t| marks.medians(t)).collect();
+    for (variant, m) in Variant::ALL.iter().zip(&medians) {
+        println!(
+            "{:<7} median {m} msg/s, of raw over all rounds and unmarked ones: {:.3}",
+            variant.name(),
+            m.ratio(&medians[0])
+        );
+    }
+    let fenced = Variant::Fenced as usize;
+    let idem = Variant::Idem as usize;
     println!(
-        "idem/raw over all rounds and unmarked ones: {:.3}",
-        i.ratio(&r)
+        "idem/fenced (the limit of a fenced lease with a recorded outcome) over all rounds and unmarked ones: {:.3}",
+        medians[idem].ratio(&medians[fenced])
     );
 
     // Where the time goes, per message, over every timed round.
-    let (raw_server, raw_client, raw_cmds) = raw_costs.per_message();
-    let (idem_server, idem_client, idem_cmds) = idem_costs.per_message();
     println!(
-        "server CPU per message (redis-server user+sys, INFO cpu): raw {raw_server:.2} µs, idem {idem_server:.2} µs"
+        "per message, server CPU (redis-server user+sys, INFO cpu) and client CPU (this process user+sys, /proc/self/stat):"
     );
-    println!(
-        "client CPU per message (this process user+sys, /proc/self/stat): raw {raw_client:.2} µs, idem {idem_client:.2} µs"
-    );
+    let per: Vec<_> = costs.iter().map(Costs::per_message).collect();
+    for (variant, (server, client, _)) in Variant::ALL.iter().zip(&per) {
+        println!(
+            "  {:<7} server {server:.2} µs, client {client:.2} µs",
+            variant.name()
+        );
+    }
     println!(
         "server command time per message (INFO commandstats: calls, µs; a script's µs include the commands it runs, listed too):"
     );
-    for (name, cmds) in [("raw", &raw_cmds), ("idem", &idem_cmds)] {
+    for (variant, (_, _, cmds)) in Variant::ALL.iter().zip(&per) {
         let shown: Vec<String> = cmds
             .iter()
             .filter(|(_, calls, _)| *calls >= 0.001)
             .map(|(cmd, calls, us)| format!("{cmd} {calls:.2} {us:.2} µs"))
             .collect();
-        println!("  {name:<5} {}", shown.join(" | "));
+        println!("  {:<7} {}", variant.name(), shown.join(" | "));
     }
 
     let id = next.fetch_add(1, Ordering::Relaxed);
@@ -346,12 +431,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         );
     }
     println!(
-        "round trips per message: raw 1; idem fresh {}, duplicate {} (from MONITOR)",
+        "round trips per message: raw 1, two 2, fenced 2; idem fresh {}, duplicate {} (from MONITOR)",
         fresh.0.len(),
         duplicate.0.len()
     );
 
     idem_examples::delete_redis_prefix(&url, &prefix).await?;
-    println!("idem/raw: {:.3}", i.all / r.all);
+    let _: () = redis::cmd("FUNCTION")
+        .arg("DELETE")
+        .arg("idem_bench_fenced")
+        .query_async(&mut library)
+        .await?;
+    println!("idem/raw: {:.3}", medians[idem].all / medians[0].all);
     Ok(())
 }
