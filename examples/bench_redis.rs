@@ -80,14 +80,20 @@ impl Variant {
     }
 }
 
-/// The `fenced` variant's completion: writes `ARGV[2]` for `ARGV[3]` ms
-/// if the key still holds the token `ARGV[1]`; 1 written, 0 not.
-const FENCED_LIBRARY: &str = "#!lua name=idem_bench_fenced
-redis.register_function('idem_bench_fenced', function(keys, argv)
+/// The `fenced` variant's completion, a library and function named `name`
+/// (this process's own, so that two runs on one server keep out of each
+/// other's way): writes `ARGV[2]` for `ARGV[3]` ms if the key still holds
+/// the token `ARGV[1]`; 1 written, 0 not.
+fn fenced_library(name: &str) -> String {
+    format!(
+        "#!lua name={name}
+redis.register_function('{name}', function(keys, argv)
   if redis.call('GET', keys[1]) ~= argv[1] then return 0 end
   redis.call('SET', keys[1], argv[2], 'PX', argv[3])
   return 1
-end)";
+end)"
+    )
+}
 
 /// `SET key value <condition> PX 600000`: whether it was set.
 async fn set(
@@ -108,8 +114,11 @@ async fn set(
     set.is_some()
 }
 
+// One argument each: what a round needs.
+#[allow(clippy::too_many_arguments)]
 async fn run(
     variant: Variant,
+    fenced: &str,
     store: &RedisStore,
     raw: &redis::aio::ConnectionManager,
     prefix: &str,
@@ -119,27 +128,30 @@ async fn run(
 ) -> f64 {
     messages_per_second(secs, tasks, |_, round| {
         let (store, mut raw, next) = (store.clone(), raw.clone(), next.clone());
-        let prefix = prefix.to_owned();
+        let (prefix, fenced) = (prefix.to_owned(), fenced.to_owned());
         async move {
             while round.going() {
                 let id = next.fetch_add(1, Ordering::Relaxed);
-                let key = format!("{prefix}:raw:{id}");
+                // Only the raw variants make their key here: idem's is the
+                // store's to make.
+                let key = || format!("{prefix}:raw:{id}");
                 match variant {
                     Variant::Idem => {
                         let outcome = handle(&store, &Msg { id }).await.expect("idem call");
                         assert!(outcome.is_executed());
                     }
-                    Variant::Raw => assert!(set(&mut raw, &key, "1", "NX").await),
+                    Variant::Raw => assert!(set(&mut raw, &key(), "1", "NX").await),
                     Variant::Two => {
+                        let key = key();
                         assert!(set(&mut raw, &key, "1", "NX").await);
                         assert!(set(&mut raw, &key, &id.to_string(), "XX").await);
                     }
                     Variant::Fenced => {
                         // A token per message, as a lease's.
-                        let token = format!("{id:032x}");
+                        let (key, token) = (key(), format!("{id:032x}"));
                         assert!(set(&mut raw, &key, &token, "NX").await);
                         let written: i64 = redis::cmd("FCALL")
-                            .arg("idem_bench_fenced")
+                            .arg(&fenced)
                             .arg(1)
                             .arg(&key)
                             .arg(&token)
@@ -147,7 +159,7 @@ async fn run(
                             .arg(600_000)
                             .query_async(&mut raw)
                             .await
-                            .expect("FCALL idem_bench_fenced");
+                            .expect("FCALL of the fenced completion");
                         assert_eq!(written, 1);
                     }
                 }
@@ -316,132 +328,148 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let mut admin = client.get_connection_manager().await?;
     let next = Arc::new(AtomicU64::new(1));
 
+    let fenced = format!("idem_bench_fenced_{}", std::process::id());
     let mut library = client.get_connection_manager().await?;
     let _: String = redis::cmd("FUNCTION")
         .arg("LOAD")
         .arg("REPLACE")
-        .arg(FENCED_LIBRARY)
+        .arg(fenced_library(&fenced))
         .query_async(&mut library)
         .await?;
-
-    println!(
-        "{tasks} consumers, {rounds} rounds of {secs} s per variant, interleaved; load average {}",
-        load_average()
-    );
-    for variant in Variant::ALL {
-        run(variant, &store, &raw, &prefix, 1.0, tasks, &next).await;
-    }
-    idem_examples::delete_redis_prefix(&url, &prefix).await?;
-    let n = Variant::ALL.len();
-    let mut tps: Vec<Vec<f64>> = vec![Vec::new(); n];
-    let mut costs: Vec<Costs> = vec![Costs::default(); n];
-    let mut marks = Rounds::default();
-    for round in 0..rounds {
-        let watch = Watch::start()?;
-        // Each round starts with another variant, in turn.
-        for i in 0..n {
-            let v = (round + i) % n;
-            let (before, first) = (Costs::now(&mut admin).await, next.load(Ordering::SeqCst));
-            let t = run(Variant::ALL[v], &store, &raw, &prefix, secs, tasks, &next).await;
-            let spent = Costs::now(&mut admin)
-                .await
-                .since(&before, next.load(Ordering::SeqCst) - first);
-            // Every round starts on the same server: without the last
-            // round's keys (a few hundred thousand), which would make the
-            // later rounds pay for a bigger keyspace (and its rehashing).
-            idem_examples::delete_redis_prefix(&url, &prefix).await?;
-            tps[v].push(t);
-            costs[v].add(&spent);
+    // Whatever happens below, the library and the keys go afterwards.
+    let measured = async {
+        println!(
+            "{tasks} consumers, {rounds} rounds of {secs} s per variant, interleaved; load average {}",
+            load_average()
+        );
+        for variant in Variant::ALL {
+            run(variant, &fenced, &store, &raw, &prefix, 1.0, tasks, &next).await;
         }
-        let cpu = marks.push(watch.stop()?);
-        let rates: Vec<String> = Variant::ALL
-            .iter()
-            .zip(&tps)
-            .map(|(variant, t)| format!("{} {:.0}", variant.name(), t[round]))
-            .collect();
-        println!("round {}: {} msg/s ({cpu})", round + 1, rates.join(", "));
-    }
-    println!("{}", marks.summary());
-    let medians: Vec<_> = tps.iter().map(|t| marks.medians(t)).collect();
-    for (variant, m) in Variant::ALL.iter().zip(&medians) {
-        println!(
-            "{:<7} median {m} msg/s, of raw over all rounds and unmarked ones: {:.3}",
-            variant.name(),
-            m.ratio(&medians[0])
-        );
-    }
-    let fenced = Variant::Fenced as usize;
-    let idem = Variant::Idem as usize;
-    println!(
-        "idem/fenced (the limit of a fenced lease with a recorded outcome) over all rounds and unmarked ones: {:.3}",
-        medians[idem].ratio(&medians[fenced])
-    );
-
-    // Where the time goes, per message, over every timed round.
-    println!(
-        "per message, server CPU (redis-server user+sys, INFO cpu) and client CPU (this process user+sys, /proc/self/stat):"
-    );
-    let per: Vec<_> = costs.iter().map(Costs::per_message).collect();
-    for (variant, (server, client, _)) in Variant::ALL.iter().zip(&per) {
-        println!(
-            "  {:<7} server {server:.2} µs, client {client:.2} µs",
-            variant.name()
-        );
-    }
-    println!(
-        "server command time per message (INFO commandstats: calls, µs; a script's µs include the commands it runs, listed too):"
-    );
-    for (variant, (_, _, cmds)) in Variant::ALL.iter().zip(&per) {
-        let shown: Vec<String> = cmds
-            .iter()
-            .filter(|(_, calls, _)| *calls >= 0.001)
-            .map(|(cmd, calls, us)| format!("{cmd} {calls:.2} {us:.2} µs"))
-            .collect();
-        println!("  {:<7} {}", variant.name(), shown.join(" | "));
-    }
-
-    let id = next.fetch_add(1, Ordering::Relaxed);
-    let fresh = commands_of(&url, &prefix, async {
-        assert!(
-            handle(&store, &Msg { id })
-                .await
-                .expect("fresh")
-                .is_executed()
-        );
-    })
-    .await;
-    let duplicate = commands_of(&url, &prefix, async {
-        assert!(
-            handle(&store, &Msg { id })
-                .await
-                .expect("dup")
-                .is_duplicate()
-        );
-    })
-    .await;
-    for (what, (sent, scripted)) in [("fresh", &fresh), ("duplicate", &duplicate)] {
-        println!(
-            "idem {what}: sent {} (scripts ran {})",
-            sent.join(", "),
-            if scripted.is_empty() {
-                "nothing".to_owned()
-            } else {
-                scripted.join(", ")
+        idem_examples::delete_redis_prefix(&url, &prefix).await?;
+        let n = Variant::ALL.len();
+        let mut tps: Vec<Vec<f64>> = vec![Vec::new(); n];
+        let mut costs: Vec<Costs> = vec![Costs::default(); n];
+        let mut marks = Rounds::default();
+        for round in 0..rounds {
+            let watch = Watch::start()?;
+            // Each round starts with another variant, in turn.
+            for i in 0..n {
+                let v = (round + i) % n;
+                let (before, first) = (Costs::now(&mut admin).await, next.load(Ordering::SeqCst));
+                let t = run(
+                    Variant::ALL[v],
+                    &fenced,
+                    &store,
+                    &raw,
+                    &prefix,
+                    secs,
+                    tasks,
+                    &next,
+                )
+                .await;
+                let spent = Costs::now(&mut admin)
+                    .await
+                    .since(&before, next.load(Ordering::SeqCst) - first);
+                // Every round starts on the same server: without the last
+                // round's keys (a few hundred thousand), which would make the
+                // later rounds pay for a bigger keyspace (and its rehashing).
+                idem_examples::delete_redis_prefix(&url, &prefix).await?;
+                tps[v].push(t);
+                costs[v].add(&spent);
             }
+            let cpu = marks.push(watch.stop()?);
+            let rates: Vec<String> = Variant::ALL
+                .iter()
+                .zip(&tps)
+                .map(|(variant, t)| format!("{} {:.0}", variant.name(), t[round]))
+                .collect();
+            println!("round {}: {} msg/s ({cpu})", round + 1, rates.join(", "));
+        }
+        println!("{}", marks.summary());
+        let medians: Vec<_> = tps.iter().map(|t| marks.medians(t)).collect();
+        let at = |variant| Variant::ALL.iter().position(|v| *v == variant).unwrap_or(0);
+        let (raw_at, fenced_at, idem_at) = (at(Variant::Raw), at(Variant::Fenced), at(Variant::Idem));
+        for (variant, m) in Variant::ALL.iter().zip(&medians) {
+            println!(
+                "{:<7} median {m} msg/s, of raw over all rounds and unmarked ones: {:.3}",
+                variant.name(),
+                m.ratio(&medians[raw_at])
+            );
+        }
+        println!(
+            "idem/fenced (the limit of a fenced lease with a recorded outcome) over all rounds and unmarked ones: {:.3}",
+            medians[idem_at].ratio(&medians[fenced_at])
         );
-    }
-    println!(
-        "round trips per message: raw 1, two 2, fenced 2; idem fresh {}, duplicate {} (from MONITOR)",
-        fresh.0.len(),
-        duplicate.0.len()
-    );
 
+        // Where the time goes, per message, over every timed round.
+        println!(
+            "per message, server CPU (redis-server user+sys, INFO cpu) and client CPU (this process user+sys, /proc/self/stat):"
+        );
+        let per: Vec<_> = costs.iter().map(Costs::per_message).collect();
+        for (variant, (server, client, _)) in Variant::ALL.iter().zip(&per) {
+            println!(
+                "  {:<7} server {server:.2} µs, client {client:.2} µs",
+                variant.name()
+            );
+        }
+        println!(
+            "server command time per message (INFO commandstats: calls, µs; a script's µs include the commands it runs, listed too):"
+        );
+        for (variant, (_, _, cmds)) in Variant::ALL.iter().zip(&per) {
+            let shown: Vec<String> = cmds
+                .iter()
+                .filter(|(_, calls, _)| *calls >= 0.001)
+                .map(|(cmd, calls, us)| format!("{cmd} {calls:.2} {us:.2} µs"))
+                .collect();
+            println!("  {:<7} {}", variant.name(), shown.join(" | "));
+        }
+
+        let id = next.fetch_add(1, Ordering::Relaxed);
+        let fresh = commands_of(&url, &prefix, async {
+            assert!(
+                handle(&store, &Msg { id })
+                    .await
+                    .expect("fresh")
+                    .is_executed()
+            );
+        })
+        .await;
+        let duplicate = commands_of(&url, &prefix, async {
+            assert!(
+                handle(&store, &Msg { id })
+                    .await
+                    .expect("dup")
+                    .is_duplicate()
+            );
+        })
+        .await;
+        for (what, (sent, scripted)) in [("fresh", &fresh), ("duplicate", &duplicate)] {
+            println!(
+                "idem {what}: sent {} (scripts ran {})",
+                sent.join(", "),
+                if scripted.is_empty() {
+                    "nothing".to_owned()
+                } else {
+                    scripted.join(", ")
+                }
+            );
+        }
+        println!(
+            "round trips per message: raw 1, two 2, fenced 2; idem fresh {}, duplicate {} (from MONITOR)",
+            fresh.0.len(),
+            duplicate.0.len()
+        );
+
+        let ratio = medians[idem_at].all / medians[raw_at].all;
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(ratio)
+    }
+    .await;
     idem_examples::delete_redis_prefix(&url, &prefix).await?;
     let _: () = redis::cmd("FUNCTION")
         .arg("DELETE")
-        .arg("idem_bench_fenced")
+        .arg(&fenced)
         .query_async(&mut library)
         .await?;
-    println!("idem/raw: {:.3}", medians[idem].all / medians[0].all);
+    println!("idem/raw: {:.3}", measured?);
     Ok(())
 }

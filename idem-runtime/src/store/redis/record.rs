@@ -89,15 +89,10 @@ pub(crate) fn push_int(out: &mut String, n: i64) {
 /// Appends `n` as 16 lowercase hex digits.
 pub(crate) fn push_hex(out: &mut String, n: u64) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut digits = [0u8; 16];
-    for (i, digit) in digits.iter_mut().enumerate() {
+    out.reserve(16);
+    for shift in (0..16).rev() {
         // A nibble indexes the 16 digits.
-        *digit = HEX[((n >> ((15 - i) * 4)) & 0xf) as usize];
-    }
-    // Hex digits are ASCII, so the check always passes: pushed as one
-    // slice, not a char at a time.
-    if let Ok(digits) = std::str::from_utf8(&digits) {
-        out.push_str(digits);
+        out.push(char::from(HEX[((n >> (shift * 4)) & 0xf) as usize]));
     }
 }
 

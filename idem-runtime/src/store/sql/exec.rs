@@ -9,8 +9,8 @@
 //! decodes what it returns; the store asks only for `D: Dialect`, which
 //! implies `Exec`.
 //!
-//! Every call takes a connection (`&mut *pool.acquire().await?`, or `&mut
-//! *tx`), so no bound on the pool's own executor is needed either.
+//! Every call takes a connection (`&mut *pool::acquire(&pool).await?`, or
+//! `&mut *tx`), so no bound on the pool's own executor is needed either.
 
 use std::future::Future;
 

@@ -1,6 +1,6 @@
-//! The pool's futures, boxed. sqlx's `acquire` and `begin` futures are
-//! large: 14 KB on PostgreSQL with sqlx 0.9, the pool's wait for a
-//! connection, its timeout and its checks inside them. A future that
+//! The pool's futures, boxed. sqlx's `begin` future is large: 14 KB on
+//! PostgreSQL with sqlx 0.9, the pool's `acquire` (its wait for a
+//! connection, its timeout and its checks) inside it. A future that
 //! awaits one holds it inline, and so does every future around that one
 //! (the store's claim, the runtime's call, the user's handler), each moved
 //! by value from one await to the next. The SQL stores take the
@@ -9,7 +9,8 @@
 //! built once on the heap (one allocation a call), and the futures around
 //! them hold a pointer.
 //! The benchmarks chapter's instruction counts show what it saved (the
-//! copies were half of what a transaction-mode message cost the client).
+//! copies were a third of what a transaction-mode message cost the
+//! client).
 
 use sqlx::pool::PoolConnection;
 use sqlx::{Pool, Transaction};
