@@ -110,7 +110,7 @@ impl Variant {
 const TABLE: &str = "bench_batch_keys";
 
 async fn drop_tables(pool: &PgPool) -> Result<(), sqlx::Error> {
-    sqlx::query("DROP TABLE IF EXISTS bench_batch_raw, bench_batch_raw_rows, bench_batch_keys")
+    sqlx::query("DROP TABLE IF EXISTS bench_batch_raw, bench_batch_raw_rows, bench_batch_keys, bench_batch_keys_outbox")
         .execute(pool)
         .await?;
     Ok(())

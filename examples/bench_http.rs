@@ -401,7 +401,7 @@ async fn main() -> Result<(), BoxError> {
     )
     .await;
     sqlx::raw_sql(AssertSqlSafe(format!(
-        "DROP TABLE IF EXISTS {payments}, {dedup}"
+        "DROP TABLE IF EXISTS {payments}, {dedup}, {dedup}_outbox"
     )))
     .execute(&pool)
     .await?;

@@ -534,8 +534,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
 
-    let mut tables = vec!["bench_inventory"];
-    tables.extend(IDEM.iter().map(|v| v.table));
+    // Each dedup table, and the outbox table its store's migration makes.
+    let mut tables = vec!["bench_inventory".to_owned()];
+    for v in IDEM.iter() {
+        tables.push(v.table.to_owned());
+        tables.push(format!("{}_outbox", v.table));
+    }
     sqlx::raw_sql(AssertSqlSafe(format!(
         "DROP TABLE IF EXISTS {}",
         tables.join(", ")
