@@ -351,7 +351,7 @@ async fn main() -> Result<(), BoxError> {
         }
     }
     let _ = sqlx::query(AssertSqlSafe(format!(
-        "DROP TABLE IF EXISTS {orders}, {dedup}, {offsets}"
+        "DROP TABLE IF EXISTS {orders}, {dedup}, {dedup}_outbox, {offsets}"
     )))
     .execute(&pool)
     .await;

@@ -63,7 +63,7 @@ use sqlx::MySqlPool;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 
 /// Drops the bench's tables, before and after it.
-const DROP_TABLES: &str = "DROP TABLE IF EXISTS bench_my_inventory, bench_my_extra, bench_my_idem, bench_my_idem_merged, bench_my_idem_checked, bench_my_idem_checked_merged";
+const DROP_TABLES: &str = "DROP TABLE IF EXISTS bench_my_inventory, bench_my_extra, bench_my_idem, bench_my_idem_merged, bench_my_idem_checked, bench_my_idem_checked_merged, bench_my_idem_outbox, bench_my_idem_merged_outbox, bench_my_idem_checked_outbox, bench_my_idem_checked_merged_outbox";
 
 #[derive(Debug, Deserialize)]
 struct Deduct {

@@ -648,7 +648,7 @@ async fn main() -> Result<(), BoxError> {
     .await;
     let over_run = started.stop()?;
     let _ = sqlx::query(AssertSqlSafe(format!(
-        "DROP TABLE IF EXISTS {orders}, {dedup}"
+        "DROP TABLE IF EXISTS {orders}, {dedup}, {dedup}_outbox"
     )))
     .execute(&pool)
     .await;

@@ -250,7 +250,7 @@ async fn main() -> Result<(), BoxError> {
     }
     let _ = conn.close(200, "done".into()).await;
     let _ = sqlx::query(AssertSqlSafe(format!(
-        "DROP TABLE IF EXISTS {inventory}, {dedup}"
+        "DROP TABLE IF EXISTS {inventory}, {dedup}, {dedup}_outbox"
     )))
     .execute(&pool)
     .await;

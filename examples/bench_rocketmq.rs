@@ -318,7 +318,9 @@ async fn main() -> Result<(), BoxError> {
     println!("idem/glue: {:.3}", i.ratio(&g));
 
     Box::pin(async move { producer.shutdown().await }).await;
-    for table in [&inventory, &dedup] {
+    // The outbox table is the one the store's migration makes.
+    let outbox = format!("{dedup}_outbox");
+    for table in [&inventory, &dedup, &outbox] {
         let _ = sqlx::query(AssertSqlSafe(format!("DROP TABLE IF EXISTS {table}")))
             .execute(&pool)
             .await;
