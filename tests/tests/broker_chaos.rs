@@ -33,8 +33,10 @@ const MESSAGES: i64 = 4_000;
 const TWICE_EVERY: i64 = 5;
 const PUBLISHED_TWICE: i64 = (MESSAGES + TWICE_EVERY - 1) / TWICE_EVERY;
 const CONSUMERS: usize = 3;
-/// How long the whole run may take before it fails.
-const DEADLINE: Duration = Duration::from_secs(90);
+/// How long the whole run may take before it fails. A run takes about 50 s
+/// alone on 2 cores; the SQLite one, whose consumers share one writer,
+/// went past 90 s on a slow machine while another chaos run shared the cores.
+const DEADLINE: Duration = Duration::from_secs(180);
 
 /// Lease mode: the same effect, written outside any idem transaction (as an
 /// SMS or an HTTP call would be), with the claim and the record in Redis.
