@@ -6,6 +6,8 @@
 // aliases, and parameters beside the batch. No warning either (the file
 // denies them).
 #![deny(warnings)]
+// The rewritten results spelled out in full, as the compiler checks them.
+#![allow(clippy::type_complexity)]
 
 use idem_runtime::{Error, MemoryStore, Outcome, SqliteStore, SqliteTx, idempotent};
 use serde::{Deserialize, Serialize};
@@ -46,7 +48,10 @@ type Lefts = Vec<i64>;
     fingerprint = "qty + price"
 )]
 async fn notify(msgs: &[OrderPlaced]) -> Result<Vec<String>, std::io::Error> {
-    Ok(msgs.iter().map(|m| format!("{} x{}", m.sku, m.qty)).collect())
+    Ok(msgs
+        .iter()
+        .map(|m| format!("{} x{}", m.sku, m.qty))
+        .collect())
 }
 
 // Lease mode, parameters beside the batch (a key part read once for every

@@ -23,7 +23,12 @@ struct Meta {
     tenant: String,
 }
 
-#[idempotent(key = "order_id", ttl = "24h", store = "memory", fingerprint = "price + coupon + lines.0.qty")]
+#[idempotent(
+    key = "order_id",
+    ttl = "24h",
+    store = "memory",
+    fingerprint = "price + coupon + lines.0.qty"
+)]
 async fn parts(msg: &OrderPlaced) -> Result<f64, std::io::Error> {
     Ok(msg.price)
 }
@@ -33,7 +38,13 @@ async fn one_part(msg: &OrderPlaced) -> Result<f64, std::io::Error> {
     Ok(msg.price)
 }
 
-#[idempotent(key = "order_id", ttl = "24h", store = "memory", fingerprint = "*", max_attempts = 3)]
+#[idempotent(
+    key = "order_id",
+    ttl = "24h",
+    store = "memory",
+    fingerprint = "*",
+    max_attempts = 3
+)]
 async fn whole_by_reference(msg: &OrderPlaced) -> Result<u64, std::io::Error> {
     Ok(msg.order_id)
 }
@@ -43,7 +54,12 @@ async fn whole_by_value(msg: OrderPlaced) -> Result<String, std::io::Error> {
     Ok(msg.lines.1.sku)
 }
 
-#[idempotent(key = "msg.order_id", ttl = "24h", store = "memory", fingerprint = "msg + meta.tenant")]
+#[idempotent(
+    key = "msg.order_id",
+    ttl = "24h",
+    store = "memory",
+    fingerprint = "msg + meta.tenant"
+)]
 async fn several(msg: &OrderPlaced, meta: &Meta) -> Result<u64, std::io::Error> {
     Ok(msg.order_id + meta.tenant.len() as u64)
 }
@@ -60,7 +76,12 @@ struct Shop {
 }
 
 impl Shop {
-    #[idempotent(key = "order_id", ttl = "24h", store = "memory", fingerprint = "self.region + msg.price")]
+    #[idempotent(
+        key = "order_id",
+        ttl = "24h",
+        store = "memory",
+        fingerprint = "self.region + msg.price"
+    )]
     async fn method(&self, msg: &OrderPlaced) -> Result<usize, std::io::Error> {
         Ok(self.region.len())
     }
@@ -71,7 +92,13 @@ impl Shop {
     }
 }
 
-#[idempotent(key = "order_id", ttl = "24h", store = "sqlite", fingerprint = "price + coupon", max_attempts = 4294967295)]
+#[idempotent(
+    key = "order_id",
+    ttl = "24h",
+    store = "sqlite",
+    fingerprint = "price + coupon",
+    max_attempts = 4294967295
+)]
 async fn in_transaction(tx: &mut SqliteTx<'_>, msg: &OrderPlaced) -> Result<u64, sqlx::Error> {
     sqlx::query("INSERT INTO orders (id) VALUES (?)")
         .bind(msg.order_id as i64)
@@ -87,13 +114,18 @@ async fn attempts_only(msg: &OrderPlaced) -> Result<u64, std::io::Error> {
 
 // Never run: it only has to compile against the rewritten signature.
 async fn call(store: &MemoryStore, sqlite: &SqliteStore, msg: OrderPlaced) {
-    let meta = Meta { tenant: "acme".into() };
+    let meta = Meta {
+        tenant: "acme".into(),
+    };
     let _: Result<Outcome<f64>, Error<std::io::Error>> = parts(store, &msg).await;
     let _: Result<Outcome<f64>, Error<std::io::Error>> = one_part(store, &msg).await;
     let _: Result<Outcome<u64>, Error<std::io::Error>> = whole_by_reference(store, &msg).await;
     let _: Result<Outcome<u64>, Error<std::io::Error>> = several(store, &msg, &meta).await;
-    let _: Result<Outcome<usize>, Error<std::io::Error>> = with_state(store, &msg, &mut Vec::new()).await;
-    let shop = Shop { region: "eu".into() };
+    let _: Result<Outcome<usize>, Error<std::io::Error>> =
+        with_state(store, &msg, &mut Vec::new()).await;
+    let shop = Shop {
+        region: "eu".into(),
+    };
     let _: Result<Outcome<usize>, Error<std::io::Error>> = shop.method(store, &msg).await;
     let _: Result<Outcome<usize>, Error<std::io::Error>> = shop.method_whole(store, &msg).await;
     let _: Result<Outcome<u64>, Error<sqlx::Error>> = in_transaction(sqlite, &msg).await;

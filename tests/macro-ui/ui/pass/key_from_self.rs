@@ -16,7 +16,12 @@ impl Service {
         Ok(msg.id)
     }
 
-    #[idempotent(key = "self.tenant + id", ttl = "1h", store = "memory", name = "handle_short")]
+    #[idempotent(
+        key = "self.tenant + id",
+        ttl = "1h",
+        store = "memory",
+        name = "handle_short"
+    )]
     async fn handle_short(&self, msg: &Msg) -> Result<u64, std::io::Error> {
         Ok(msg.id)
     }
@@ -24,7 +29,9 @@ impl Service {
 
 // Never run: it only has to compile against the rewritten signature.
 async fn call(store: &MemoryStore) {
-    let service = Service { tenant: "acme".into() };
+    let service = Service {
+        tenant: "acme".into(),
+    };
     let msg = Msg { id: 7 };
     let _: Result<Outcome<u64>, Error<std::io::Error>> = service.handle(store, &msg).await;
     let _: Result<Outcome<u64>, Error<std::io::Error>> = service.handle_short(store, &msg).await;

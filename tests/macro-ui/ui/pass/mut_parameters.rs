@@ -3,11 +3,13 @@
 // object and a type holding `impl Trait`. No warning either (the file
 // denies them).
 #![deny(warnings)]
+// `&mut Vec` as a user writes it, which clippy would make a slice.
+#![allow(clippy::ptr_arg)]
 
 use std::any::Any;
 use std::fmt::Display;
 
-use idem_runtime::{idempotent, MemoryStore};
+use idem_runtime::{MemoryStore, idempotent};
 
 struct Msg {
     id: u64,
@@ -39,11 +41,21 @@ async fn trait_objects(
 async fn main() {
     let store = std::sync::Arc::new(MemoryStore::new());
     let mut seen = Vec::new();
-    assert!(with_state(&store, &Msg { id: 1 }, &mut seen).await.unwrap().is_executed());
+    assert!(
+        with_state(&store, &Msg { id: 1 }, &mut seen)
+            .await
+            .unwrap()
+            .is_executed()
+    );
     assert_eq!(seen, [1]);
     let mut msg = Msg { id: 7 };
     assert_eq!(only_mut(&store, &mut msg).await.unwrap().into_inner(), 8);
     let mut any = 5u8;
     let mut shown = vec!["a"];
-    assert!(trait_objects(&*store, &Msg { id: 3 }, &mut any, &mut shown).await.unwrap().is_executed());
+    assert!(
+        trait_objects(&*store, &Msg { id: 3 }, &mut any, &mut shown)
+            .await
+            .unwrap()
+            .is_executed()
+    );
 }

@@ -1,5 +1,7 @@
 // The expansion names everything by absolute paths: it compiles in a module
 // without the prelude, next to a renamed runtime.
+// `pub` items in private modules, as users write them.
+#![allow(unreachable_pub)]
 extern crate idem_runtime as my_idem;
 
 #[no_implicit_prelude]

@@ -1,5 +1,7 @@
 // An alias whose error type is a defaulted parameter, as `anyhow::Result<T>`
 // is (`type Result<T, E = anyhow::Error>`): written with one argument.
+// `pub` items in private modules, as users write them.
+#![allow(unreachable_pub)]
 use idem_runtime::{Error, MemoryStore, Outcome, idempotent};
 
 mod anyhow {

@@ -1,6 +1,8 @@
 // Aliases named `Result` whose parameters mean something else, and a
 // parenthesised return type: the parts are named by the runtime, not read
 // by position.
+// `pub` items in private modules, as users write them.
+#![allow(unreachable_pub)]
 use idem_runtime::{Error, MemoryStore, Outcome, idempotent};
 
 #[derive(Debug)]

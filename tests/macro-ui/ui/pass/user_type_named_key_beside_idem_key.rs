@@ -24,9 +24,7 @@ async fn revoke(msg: &Key, meta: &Meta) -> Result<u64, std::io::Error> {
 // Never run: it only has to compile against the rewritten signature.
 async fn call(store: &MemoryStore) {
     let msg = Key { id: 7 };
-    let meta = Meta {
-        tenant: "t".into(),
-    };
+    let meta = Meta { tenant: "t".into() };
     let _: Result<Outcome<String>, Error<std::io::Error>> = rotate(store, &msg).await;
     let _: Result<Outcome<u64>, Error<std::io::Error>> = revoke(store, &msg, &meta).await;
 }
