@@ -115,7 +115,12 @@ fn check_mixed(answers: &Answers, first: bool) {
 
 static LEASE_SEEN: Mutex<Vec<Vec<u64>>> = Mutex::new(Vec::new());
 
-#[idempotent(key = "order_id + region", ttl = "1h", store = "memory")]
+#[idempotent(
+    key = "order_id + region",
+    ttl = "1h",
+    store = "memory",
+    name = "batch_lease_reserve"
+)]
 async fn lease_reserve(msgs: &[Order]) -> Result<Vec<u32>, ShopError> {
     saw(&LEASE_SEEN, msgs);
     Ok(msgs.iter().map(|m| m.qty * 10).collect())

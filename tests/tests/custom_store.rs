@@ -1,5 +1,5 @@
 //! The store boundary is open: a store written outside idem runs handlers
-//! through the public traits, named by its path (`store = "crate::Ledger"`),
+//! through the public traits, named by its path (`store = "crate::custom_store::Ledger"`),
 //! and a lease-mode handler runs on any lease store, whatever store its
 //! attribute names.
 
@@ -171,7 +171,7 @@ struct Payment {
 
 static BODY_RUNS: AtomicUsize = AtomicUsize::new(0);
 
-#[idempotent(key = "payment_id", ttl = "1h", store = "crate::Ledger")]
+#[idempotent(key = "payment_id", ttl = "1h", store = "crate::custom_store::Ledger")]
 async fn credit(tx: &mut LedgerTx, msg: &Payment) -> Result<i64, Refused> {
     BODY_RUNS.fetch_add(1, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -305,7 +305,7 @@ struct Shipped {
     order_id: u64,
 }
 
-#[idempotent(key = "order_id", ttl = "1h", store = "crate::Counted")]
+#[idempotent(key = "order_id", ttl = "1h", store = "crate::custom_store::Counted")]
 async fn notify(msg: &Shipped) -> Result<String, Refused> {
     Ok(format!("order {} shipped", msg.order_id))
 }

@@ -8,7 +8,7 @@
 //! a [`Fixture`] and run on RabbitMQ, NATS JetStream and Kafka, each test on
 //! queues, streams or topics of its own, deleted afterwards.
 
-mod common;
+use crate::common;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};

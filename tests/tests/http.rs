@@ -4,7 +4,7 @@
 //! is not a store's: a store that cannot be reached, and a route named as
 //! an `#[idempotent]` handler.
 
-mod common;
+use crate::common;
 
 use std::str::FromStr;
 use std::time::Duration;

@@ -403,7 +403,7 @@ impl Fx {
     async fn serve(&self) -> Server {
         let port = free_port().expect("a free port");
         let mut process = ChildTest::spawn(
-            "http_crash_server",
+            "http_crash::http_crash_server",
             &[
                 ("IDEM_HTTP_CRASH_KIND", self.kind.name()),
                 ("IDEM_HTTP_CRASH_PORT", &port.to_string()),

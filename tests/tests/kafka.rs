@@ -4,7 +4,7 @@
 //! rebalances between two members, offsets in the database. Each test on
 //! topics and a group of its own, the topics deleted afterwards.
 
-mod common;
+use crate::common;
 
 #[path = "kafka/members.rs"]
 mod members;

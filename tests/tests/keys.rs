@@ -3,7 +3,7 @@
 //! look-ups, that the encoding keeps different parts apart, that long keys are
 //! stored as a digest, and that handler names scope keys.
 
-mod common;
+use crate::common;
 
 use common::{AppError, Db, Probe};
 use idem_runtime::store::Status;

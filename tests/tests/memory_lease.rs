@@ -2,7 +2,7 @@
 //! each test on a store of its own; the bodies' effects are counted next to
 //! it.
 
-mod common;
+use crate::common;
 
 common::lease::suite!(common::MemoryFx);
 common::lease::clock_suite!(common::MemoryFx);

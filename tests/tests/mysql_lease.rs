@@ -4,7 +4,7 @@
 //! read and a conditional takeover); the body's effect is a `ledger` row in
 //! MariaDB written through the pool, outside any idem transaction.
 
-mod common;
+use crate::common;
 
 common::lease::suite!(common::MySqlDb);
 common::lease::clock_suite!(common::MySqlDb);

@@ -16,7 +16,7 @@
 //! deadlock victim. Only the scenario built on the lock timeout differs: 1 s
 //! (MySQL counts whole seconds) and, claiming last, MySQL's error 1205.
 
-mod common;
+use crate::common;
 
 use common::tx::StoreKind;
 use idem_runtime::{ClaimOrder, RoundTrips};

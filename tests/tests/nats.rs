@@ -2,7 +2,7 @@
 //! stream and subject of its own (and the dead-letter stream the consumer
 //! declares for it), deleted afterwards.
 
-mod common;
+use crate::common;
 
 use std::future::Future;
 

@@ -1,7 +1,7 @@
 //! The metrics a consumer's dashboard reads: calls by result, claim and body
 //! latency. Own binary, because it installs the process-wide recorder.
 
-mod common;
+use crate::common;
 
 use common::recorder::capture;
 use idem_runtime::{Error, MemoryStore, idempotent, metric};

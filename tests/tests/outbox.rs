@@ -530,7 +530,7 @@ macro_rules! suite {
                 let never = AtomicU32::new(0);
                 let _ = place(&fx.store, &order("K-1", "fig", 1), &never).await.unwrap();
                 let mut child = super::ChildTest::spawn(
-                    concat!(stringify!($m), "::child_relay_that_hangs_after_publishing"),
+                    concat!("outbox::", stringify!($m), "::child_relay_that_hangs_after_publishing"),
                     &[("OUTBOX_STORE", &fx.locator)],
                 );
                 let first = child.line("PUBLISHED ", Duration::from_secs(60)).await;

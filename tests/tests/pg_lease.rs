@@ -4,7 +4,7 @@
 //! the body's effect is a `ledger` row in Postgres written through the pool,
 //! outside any idem transaction.
 
-mod common;
+use crate::common;
 
 common::lease::suite!(common::PgDb);
 common::lease::clock_suite!(common::PgDb);

@@ -5,7 +5,7 @@
 //! live in Postgres and the bodies write them through the handler's
 //! transaction; each test has its own tables and drops them.
 
-mod common;
+use crate::common;
 
 use common::tx::StoreKind;
 use idem_runtime::{ClaimOrder, RoundTrips};

@@ -2,7 +2,7 @@
 //! queue of its own (and the retry and dead-letter queues the consumer
 //! declares for it), deleted afterwards.
 
-mod common;
+use crate::common;
 
 use std::future::Future;
 

@@ -7,7 +7,7 @@
 //! the run; the scenarios run one after the other, each under a key prefix
 //! of its own.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::future::Future;

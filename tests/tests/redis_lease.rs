@@ -3,7 +3,7 @@
 //! prefix of its own that is deleted afterwards; and a restart of a
 //! throw-away `redis-server` in the middle of a run.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

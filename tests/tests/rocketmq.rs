@@ -5,9 +5,8 @@
 // The fixture holds rocketmq-client-rust's producer and pull consumer,
 // whose types are deep (idem's own consumer hides them behind trait
 // objects; a test's fixture need not).
-#![recursion_limit = "256"]
 
-mod common;
+use crate::common;
 
 use std::future::Future;
 

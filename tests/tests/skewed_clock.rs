@@ -467,7 +467,7 @@ impl Fx {
     /// `skew` off; returns once it has shown that its clock is.
     async fn child(&self, role: &str, id: &str, skew: &str) -> ChildTest {
         let mut child = ChildTest::spawn(
-            "skewed_consumer",
+            "skewed_clock::skewed_consumer",
             &[
                 ("LD_PRELOAD", LIBFAKETIME),
                 ("FAKETIME", skew),

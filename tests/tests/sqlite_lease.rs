@@ -3,7 +3,7 @@
 //! body's effect is a `ledger` row written through the pool, outside any
 //! idem transaction, as an external effect would be.
 
-mod common;
+use crate::common;
 
 common::lease::suite!(common::Db);
 common::lease::clock_suite!(common::Db);

@@ -1,7 +1,7 @@
 //! Setting up the SQLite store: `migrate()`, custom table names, and what a
 //! handler does on a store that was never migrated.
 
-mod common;
+use crate::common;
 
 use common::{AppError, Db, Probe};
 use idem_runtime::{Error, Key, Outcome, SqliteStore, SqliteTx, StoreError, idempotent};

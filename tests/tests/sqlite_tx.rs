@@ -3,7 +3,7 @@
 //! `inventory` update and a `ledger` insert in the same file) and the
 //! recorded outcome commit together or not at all.
 
-mod common;
+use crate::common;
 
 use common::tx::StoreKind;
 

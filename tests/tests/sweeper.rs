@@ -2,7 +2,7 @@
 //! (`sweep_expired(batch)`) and by the background `Sweeper`; live records
 //! stay and keep suppressing duplicates.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

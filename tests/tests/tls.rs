@@ -7,7 +7,7 @@
 //! server asks for a client certificate, the test CA's is taken and the
 //! second CA's, or none, is refused.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

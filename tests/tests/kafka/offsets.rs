@@ -344,7 +344,7 @@ async fn the_offset_commits_with_the_effect_when_the_consumer_dies_after_it() {
             .await;
     }
     let mut child = idem_tests::ChildTest::spawn(
-        "offsets::kafka_consumer_dies_after_a_commit",
+        "kafka::offsets::kafka_consumer_dies_after_a_commit",
         &[
             ("IDEM_KAFKA_TOPIC", &t.topic),
             ("IDEM_KAFKA_GROUP", &t.group),
