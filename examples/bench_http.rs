@@ -50,137 +50,21 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use axum::Router;
 use axum::body::Body;
-use axum::extract::{FromRequestParts, State};
-use axum::http::request::Parts;
-use axum::http::{Request, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::{Request, StatusCode};
 use axum::routing::post;
-use axum::{Json, Router};
 use idem_examples::cpu::{Cpu, Rounds, Watch, load_average, process_seconds};
 use idem_examples::http::Client;
+use idem_examples::payments::{App, account_of, pay_bare, pay_idem};
 use idem_examples::{env, median, statement_log};
-use idem_runtime::http::{Idempotency, RequestTx, TransactionOver};
+use idem_runtime::http::Idempotency;
 use idem_runtime::{ClaimOrder, PgStore};
-use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, PgPool};
 use tower_service::Service;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// The requests' account: the layer's scope, and the handlers' argument.
-fn account_of(parts: &Parts) -> Option<String> {
-    parts
-        .headers
-        .get("x-account")?
-        .to_str()
-        .ok()
-        .map(str::to_owned)
-}
-
-struct Account(String);
-
-impl<S: Send + Sync> FromRequestParts<S> for Account {
-    type Rejection = StatusCode;
-
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, StatusCode> {
-        account_of(parts)
-            .map(Account)
-            .ok_or(StatusCode::UNAUTHORIZED)
-    }
-}
-
-#[derive(Deserialize)]
-struct NewPayment {
-    amount: i64,
-}
-
-#[derive(Serialize)]
-struct Payment {
-    id: i64,
-    account: String,
-    amount: i64,
-}
-
-/// The server's state: the pool, and the run's `INSERT`.
-#[derive(Clone)]
-struct App {
-    pool: PgPool,
-    insert: Arc<str>,
-}
-
-/// A handler's failure: `500`, which the layer does not record.
-struct Failed(String);
-
-impl IntoResponse for Failed {
-    fn into_response(self) -> Response {
-        (StatusCode::INTERNAL_SERVER_ERROR, self.0).into_response()
-    }
-}
-
-impl From<sqlx::Error> for Failed {
-    fn from(e: sqlx::Error) -> Self {
-        Failed(e.to_string())
-    }
-}
-
-impl From<TransactionOver> for Failed {
-    fn from(e: TransactionOver) -> Self {
-        Failed(e.to_string())
-    }
-}
-
-/// The business statement, the same for every variant.
-async fn insert(
-    conn: &mut sqlx::PgConnection,
-    sql: &Arc<str>,
-    account: String,
-    amount: i64,
-) -> Result<Payment, sqlx::Error> {
-    let id = sqlx::query_scalar(AssertSqlSafe(Arc::clone(sql)))
-        .bind(&account)
-        .bind(amount)
-        .fetch_one(conn)
-        .await?;
-    Ok(Payment {
-        id,
-        account,
-        amount,
-    })
-}
-
-fn created(payment: Payment) -> Response {
-    let location = format!("/payments/{}", payment.id);
-    (
-        StatusCode::CREATED,
-        [(header::LOCATION, location)],
-        Json(payment),
-    )
-        .into_response()
-}
-
-async fn pay_bare(
-    State(app): State<App>,
-    Account(account): Account,
-    Json(new): Json<NewPayment>,
-) -> Result<Response, Failed> {
-    let mut tx = app.pool.begin().await?;
-    let payment = insert(&mut tx, &app.insert, account, new.amount).await?;
-    tx.commit().await?;
-    Ok(created(payment))
-}
-
-async fn pay_idem(
-    State(app): State<App>,
-    Account(account): Account,
-    tx: RequestTx<PgStore>,
-    Json(new): Json<NewPayment>,
-) -> Result<Response, Failed> {
-    let mut tx = tx.lock().await?;
-    let payment = insert(&mut tx, &app.insert, account, new.amount).await?;
-    Ok(created(payment))
-}
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Variant {
@@ -424,11 +308,7 @@ async fn bench(
         Idempotency::scoped_by("bench_http_pay", ttl, account_of).transaction(store.clone())?;
     let replayed =
         Idempotency::scoped_by("bench_http_replay", ttl, account_of).transaction(store.clone())?;
-    let app = App {
-        pool: pool.clone(),
-        insert: format!("INSERT INTO {payments} (account, amount) VALUES ($1, $2) RETURNING id")
-            .into(),
-    };
+    let app = App::new(pool.clone(), payments);
     let router = Router::new()
         .route("/bare", post(pay_bare))
         .merge(

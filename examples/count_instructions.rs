@@ -31,18 +31,42 @@
 //! * `redis-two`: that and a second `SET key <outcome> XX PX ttl`, two
 //!   round trips;
 //! * `redis-idem`: a lease-mode `#[idempotent]` handler with an empty body
-//!   on a `RedisStore`.
+//!   on a `RedisStore`;
+//! * `http-bare`: a `POST` of a payment handed to an axum `Router` in the
+//!   process (`Service::call`: no socket, so that what the count sees is
+//!   the route's work, not hyper's), whose handler runs `BEGIN; INSERT ...
+//!   RETURNING id; COMMIT` and answers `201` with the payment as JSON, the
+//!   `bare` route of `bench_http`; the response's body is read whole;
+//! * `http-extra`: the same with one more prepared `INSERT` (of the
+//!   payment's id and a text, into a table of its own) before the
+//!   `COMMIT`;
+//! * `http-idem`: the same `INSERT` through the request's `RequestTx`
+//!   behind the `Idempotency-Key` layer in transaction mode, with the
+//!   claim last (`ClaimOrder::Last`, `bench_http`'s default), a fresh key
+//!   a request.
 //!
 //! Every message is fresh. The tables and keys are the program's own
 //! (`count_*`, `count:*`), made at its start and removed at its end.
 //! `DATABASE_URL` and `REDIS_URL` name the servers (loopback by default).
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::{Outcome, PgStore, PgTx, RedisStore, idempotent};
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{Request, StatusCode};
+use axum::response::Response;
+use axum::routing::post;
+use axum::{Json, Router};
+use idem_examples::payments::{
+    Account, App, Failed, NewPayment, account_of, created, pay_bare, pay_idem,
+};
+use idem_runtime::http::Idempotency;
+use idem_runtime::{ClaimOrder, Outcome, PgStore, PgTx, RedisStore, idempotent};
 use serde::Deserialize;
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{Executor as _, PgPool};
+use sqlx::{AssertSqlSafe, Executor as _, PgPool};
+use tower_service::Service as _;
 
 #[derive(Debug, Clone, Deserialize)]
 struct Deduct {
@@ -100,10 +124,11 @@ const WARM_UP: u64 = 200;
 
 type Failure = Box<dyn std::error::Error>;
 
-async fn postgres(variant: &str, messages: u64) -> Result<(), Failure> {
+/// One connection to `DATABASE_URL`, kept.
+async fn pg_pool() -> Result<PgPool, Failure> {
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test?sslmode=disable".into());
-    let pool: PgPool = PgPoolOptions::new()
+    Ok(PgPoolOptions::new()
         .max_connections(1)
         .min_connections(1)
         .test_before_acquire(false)
@@ -112,7 +137,11 @@ async fn postgres(variant: &str, messages: u64) -> Result<(), Failure> {
         .idle_timeout(None)
         .max_lifetime(None)
         .connect(&url)
-        .await?;
+        .await?)
+}
+
+async fn postgres(variant: &str, messages: u64) -> Result<(), Failure> {
+    let pool = pg_pool().await?;
     let suffix = std::process::id();
     let (extra, dedup) = (
         format!("count_extra_{suffix}"),
@@ -317,6 +346,101 @@ async fn redis(variant: &str, messages: u64) -> Result<(), Failure> {
     result
 }
 
+/// The `http-extra` route's state: the payments, and the second `INSERT`.
+#[derive(Clone)]
+struct Extra {
+    app: App,
+    note: Arc<str>,
+}
+
+/// [`pay_bare`]'s transaction with one more prepared statement.
+async fn pay_extra(
+    State(extra): State<Extra>,
+    Account(account): Account,
+    Json(new): Json<NewPayment>,
+) -> Result<Response, Failed> {
+    let mut tx = extra.app.pool.begin().await?;
+    let payment = extra.app.insert(&mut tx, account, new.amount).await?;
+    sqlx::query(AssertSqlSafe(Arc::clone(&extra.note)))
+        .bind(payment.id)
+        .bind("42")
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(created(payment))
+}
+
+async fn http(variant: &str, messages: u64) -> Result<(), Failure> {
+    let path = match variant {
+        "http-bare" => "/bare",
+        "http-extra" => "/extra",
+        "http-idem" => "/idem",
+        other => return Err(format!("unknown variant {other}").into()),
+    };
+    let pool = pg_pool().await?;
+    let suffix = std::process::id();
+    let (payments, notes, dedup) = (
+        format!("count_payments_{suffix}"),
+        format!("count_notes_{suffix}"),
+        format!("count_http_{suffix}"),
+    );
+    pool.execute(AssertSqlSafe(format!(
+        "CREATE TABLE {payments} (id BIGSERIAL PRIMARY KEY, account TEXT NOT NULL, amount BIGINT NOT NULL);
+         CREATE TABLE {notes} (id BIGINT PRIMARY KEY, note TEXT NOT NULL)"
+    )))
+    .await?;
+    let result = async {
+        let store = PgStore::from_pool(pool.clone())
+            .with_table(&dedup)?
+            .with_claim_order(ClaimOrder::Last);
+        store.migrate().await?;
+        let layer = Idempotency::scoped_by("count_http", Duration::from_secs(86_400), account_of)
+            .transaction(store)?;
+        let app = App::new(pool.clone(), &payments);
+        let extra = Extra {
+            app: app.clone(),
+            note: format!("INSERT INTO {notes} (id, note) VALUES ($1, $2)").into(),
+        };
+        let router: Router = Router::new()
+            .route("/bare", post(pay_bare))
+            .merge(
+                Router::new()
+                    .route("/idem", post(pay_idem))
+                    .route_layer(layer),
+            )
+            .with_state(app)
+            .merge(
+                Router::new()
+                    .route("/extra", post(pay_extra))
+                    .with_state(extra),
+            );
+        for i in 0..WARM_UP + messages {
+            // The same request on every route: the bare ones ignore the key.
+            let request = Request::post(path)
+                .header("x-account", "acct-0")
+                .header("content-type", "application/json")
+                .header("idempotency-key", format!("\"k{i}\""))
+                .body(Body::from(format!("{{\"amount\":{}}}", i % 1000 + 1)))?;
+            let response = router.clone().call(request).await?;
+            if response.status() != StatusCode::CREATED
+                || response.headers().contains_key("idempotent-replayed")
+            {
+                return Err(
+                    format!("{variant}: request {i} answered {}", response.status()).into(),
+                );
+            }
+            axum::body::to_bytes(response.into_body(), usize::MAX).await?;
+        }
+        Ok::<(), Failure>(())
+    }
+    .await;
+    pool.execute(AssertSqlSafe(format!(
+        "DROP TABLE IF EXISTS {payments}, {notes}, {dedup}, {dedup}_outbox"
+    )))
+    .await?;
+    result
+}
+
 fn main() -> Result<(), Failure> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [variant, messages] = args.as_slice() else {
@@ -332,6 +456,7 @@ fn main() -> Result<(), Failure> {
         match variant.split('-').next() {
             Some("pg" | "pgbatch") => postgres(variant, messages).await,
             Some("redis") => redis(variant, messages).await,
+            Some("http") => http(variant, messages).await,
             _ => Err(format!("unknown variant {variant}").into()),
         }
     })

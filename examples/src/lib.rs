@@ -1,8 +1,10 @@
 //! Pieces shared by the examples: a throw-away database file, Redis clean-up,
 //! the benchmarks' medians and settings, a TCP proxy that delays traffic
 //! like a network ([`delay_proxy`]), the brokers of the `consume`
-//! example (the module `broker`, built with a broker's feature), and an
-//! HTTP client (the module `http`, with the `http` feature).
+//! example (the module `broker`, built with a broker's feature), an
+//! HTTP client (the module `http`, with the `http` feature), and the
+//! payment routes the HTTP benchmark and the instruction count share (the
+//! module `payments`, with the `http` and `postgres` features).
 
 // The RocketMQ broker of the `consume` example holds rocketmq-client-rust's
 // producer, whose types are deep.
@@ -23,6 +25,8 @@ pub mod cpu;
 pub mod delay_proxy;
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(all(feature = "http", feature = "postgres"))]
+pub mod payments;
 
 /// A fresh SQLite file under the system's temp directory, removed (with its
 /// WAL files) when dropped.
