@@ -66,6 +66,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, unreachable_pub, clippy::unwrap_used)]
 
+#[cfg(any(feature = "_sql", feature = "http"))]
+mod boxed;
 mod call;
 #[cfg(any(feature = "rabbitmq", feature = "nats", feature = "kafka"))]
 mod client_tls;

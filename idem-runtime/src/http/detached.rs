@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use tokio::sync::{oneshot, watch};
 
+use crate::boxed::boxed;
+
 /// The calls of a layer that run now, those whose caller went away among
 /// them: a server that stops waits for them with
 /// [`finished`](RunningCalls::finished) before its runtime ends, which
@@ -95,21 +97,27 @@ impl Drop for Started {
 #[derive(Debug)]
 pub(crate) struct Gone;
 
-/// Runs `work` on a task of its own and waits for it. Dropped (its caller
-/// went away), the wait leaves `work` running for up to `grace`; then it is
-/// dropped, and `route` is named in the warning. A panic in `work` goes on
-/// in the caller; `Err(Gone)` when the runtime dropped the task (it is
-/// shutting down).
+/// Runs the future `make` makes (the work) on a task of its own and waits
+/// for it. Dropped (its caller went away), the wait leaves the work running
+/// for up to `grace`; then it is dropped, and `route` is named in the
+/// warning. A panic in the work goes on in the caller; `Err(Gone)` when
+/// the runtime dropped the task (it is shutting down).
+///
+/// The work is made in its box ([`boxed`]): it holds the route's handler
+/// and its store's transaction, kilobytes that the task would otherwise
+/// copy as tokio moves it in and writes its stage (most of what the layer
+/// cost a request in copies, by the benchmarks chapter's counts).
 pub(crate) async fn run<F>(
     route: &'static str,
     grace: Duration,
     running: &RunningCalls,
-    work: F,
+    make: impl FnOnce() -> F,
 ) -> Result<F::Output, Gone>
 where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
+    let mut work = boxed(make);
     // Dropped with this future: the caller went away.
     let (_caller, left) = oneshot::channel::<()>();
     let started = running.started();
@@ -118,7 +126,6 @@ where
     // set for this thread only (`tracing::subscriber::set_default`).
     let call = async move {
         let _started = started;
-        let mut work = std::pin::pin!(work);
         tokio::select! {
             biased;
             out = &mut work => Some(out),

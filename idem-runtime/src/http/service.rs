@@ -395,7 +395,7 @@ where
             // that drops this future, does not stop the handler halfway.
             let (name, grace) = (route.config.name, route.config.grace);
             let running = layer.running.clone();
-            let call = async move { layer.mode.serve(&layer.route, inner, request).await };
+            let call = move || async move { layer.mode.serve(&layer.route, inner, request).await };
             match detached::run(name, grace, &running, call).await {
                 Ok(response) => Ok(response?.map(Either::Right)),
                 Err(detached::Gone) => Ok(Problem::Stopped.response().map(Either::Right)),

@@ -6,20 +6,16 @@
 //! by value from one await to the next. The SQL stores take the
 //! connections and transactions of their calls here (statements sent to
 //! the pool itself, as migrations send some, need none): the 14 KB are
-//! built once on the heap (one allocation a call), and the futures around
-//! them hold a pointer. The box is allocated before the future is made
-//! ([`boxed`]), so that an optimised build can make the future in it:
-//! `Box::pin` of a future already made copies its 14 KB from the stack
-//! into the box on every call.
-//! The benchmarks chapter's instruction counts show what it saved (the
-//! copies were 62 % of what idem added to a transaction-mode message).
-
-use std::pin::Pin;
+//! made once in a box of their own ([`boxed`](crate::boxed::boxed): one
+//! allocation a call), and the futures around them hold a pointer. The
+//! benchmarks chapter's instruction counts show what it saved (the copies
+//! were 62 % of what idem added to a transaction-mode message).
 
 use sqlx::pool::PoolConnection;
 use sqlx::{Pool, Transaction};
 
 use super::Dialect;
+use crate::boxed::boxed;
 
 /// A connection of `pool`.
 pub(super) async fn acquire<D: Dialect>(pool: &Pool<D>) -> Result<PoolConnection<D>, sqlx::Error> {
@@ -36,13 +32,4 @@ pub(super) async fn begin<D: Dialect>(
         Some(statement) => boxed(|| pool.begin_with(statement)).await,
         None => boxed(|| pool.begin()).await,
     }
-}
-
-/// The future `make` returns, made in a heap slot allocated first, so that
-/// the compiler can build it there rather than on the stack and copy it.
-/// Not `Box::pin(make())`, which copies: the release build's instruction
-/// counts (`scripts/instruction-counts.txt`) show the difference.
-fn boxed<F: Future>(make: impl FnOnce() -> F) -> Pin<Box<F>> {
-    let slot = Box::<F>::new_uninit();
-    Box::into_pin(Box::write(slot, make()))
 }
