@@ -5,10 +5,12 @@
 //! on each file's slowest test. A module runs alone with `cargo test
 //! --test behaviour <module>::`.
 //!
-//! Three files are binaries of their own: `registry_duplicate` (its clashing
-//! handler names would poison every handler here), `heartbeat` and `trace`
-//! (each installs a global tracing subscriber of its own), and the slow
-//! tests (see the slow-tests feature in Cargo.toml).
+//! Binaries of their own: `registry_duplicate` (its clashing handler names
+//! would poison every handler here), `heartbeat` and `trace` (each installs
+//! a global tracing subscriber of its own), and the seven slow tests (see
+//! the slow-tests feature in Cargo.toml). The modules here share the
+//! handlers' registry and the metrics recorder: a handler's name, and so
+//! the series a test reads, are its own across all of them.
 
 // the RocketMQ client's futures, nested in the tests' own
 #![recursion_limit = "256"]

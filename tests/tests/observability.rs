@@ -1,5 +1,6 @@
 //! The metrics a consumer's dashboard reads: calls by result, claim and body
-//! latency. Own binary, because it installs the process-wide recorder.
+//! latency, read back from the process-wide recorder (`common/recorder.rs`),
+//! whose series these tests tell apart by handler names of their own (`obs_*`).
 
 use crate::common;
 

@@ -4,7 +4,8 @@
 
 // The fixture holds rocketmq-client-rust's producer and pull consumer,
 // whose types are deep (idem's own consumer hides them behind trait
-// objects; a test's fixture need not).
+// objects; a test's fixture need not): the behaviour binary raises its
+// recursion limit for them (tests/behaviour.rs).
 
 use crate::common;
 
