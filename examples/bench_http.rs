@@ -8,7 +8,7 @@
 //! ROUNDS=7 SECS=3 TASKS=8 CLAIM=checked cargo run --release -p idem-examples --features http,postgres --example bench_http
 //! ```
 //!
-//! Three `POST` routes, each answering `201` with the payment as JSON and
+//! Five `POST` routes, each answering `201` with the payment as JSON and
 //! its `Location`:
 //!
 //! * `bare`: the handler opens a transaction of its own, inserts the
@@ -23,13 +23,19 @@
 //!   handler runs and its `INSERT` is rolled back when the commit finds the
 //!   key; `CLAIM=checked` (the store's default) reads the key's record
 //!   first, `CLAIM=first` claims it first (both answer a settled key before
-//!   the handler).
+//!   the handler);
+//! * the limits, `bare` with one more prepared statement in its
+//!   transaction, no layer (`payments::pay_extra`): `limit: + narrow row`
+//!   (the payment's id and a short text) and `limit: + layer's row` (the
+//!   row the layer records for a fresh request, written by hand into a
+//!   table of the store's migration: the response as the layer stores it,
+//!   a fingerprint as long as the layer's).
 //!
 //! `TASKS` clients (default 8), each a hyper client with its connection kept
 //! alive, send one request after another for `SECS` seconds (default 3) per
 //! variant; the server, the clients and PostgreSQL share the machine. Keys
 //! are scoped by an `x-account` header, one account a client. `ROUNDS`
-//! rounds (default 5) run the three variants interleaved, in an order
+//! rounds (default 5) run the variants interleaved, in an order
 //! rotated each round, after a warm-up second of each. The database is
 //! `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`), on a
 //! pool of `TASKS` connections shared by the handlers and the store; the
@@ -41,8 +47,10 @@
 //! clients, from `/proc/self/stat`) and the rest of the machine (the
 //! database, and anything else running); the statements each request
 //! sent, the CPU over the run, the ratios over all rounds and over the
-//! unmarked ones, and, on the last line, the ratios of the medians: `idempotent/bare` and `replay/fresh` (replay
-//! over idempotent). Every answer is checked (status, the replay marker),
+//! unmarked ones, the bytes of a row of the layer's table and of the
+//! limits', the limits' ratios and idempotent's to each, and, on the last
+//! line, the ratios of the medians: `idempotent/bare` and `replay/fresh`
+//! (replay over idempotent). Every answer is checked (status, the replay marker),
 //! and at the end the payments table must hold exactly one row per fresh
 //! request answered `201`: the replays inserted nothing.
 
@@ -56,7 +64,7 @@ use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use idem_examples::cpu::{Cpu, Rounds, Watch, load_average, process_seconds};
 use idem_examples::http::Client;
-use idem_examples::payments::{App, account_of, pay_bare, pay_idem};
+use idem_examples::payments::{App, Extra, account_of, pay_bare, pay_extra, pay_idem};
 use idem_examples::{env, median, statement_log};
 use idem_runtime::http::Idempotency;
 use idem_runtime::{ClaimOrder, PgStore};
@@ -71,9 +79,17 @@ enum Variant {
     Bare,
     Idem,
     Replay,
+    Extra,
+    Row,
 }
 
-const VARIANTS: [Variant; 3] = [Variant::Bare, Variant::Idem, Variant::Replay];
+const VARIANTS: [Variant; 5] = [
+    Variant::Bare,
+    Variant::Idem,
+    Variant::Replay,
+    Variant::Extra,
+    Variant::Row,
+];
 
 impl Variant {
     fn name(self) -> &'static str {
@@ -81,6 +97,8 @@ impl Variant {
             Variant::Bare => "bare",
             Variant::Idem => "idempotent",
             Variant::Replay => "replay",
+            Variant::Extra => "limit: + narrow row",
+            Variant::Row => "limit: + layer's row",
         }
     }
 }
@@ -99,6 +117,8 @@ impl Load {
     fn request(&self, variant: Variant, i: u64) -> (&'static str, Option<String>, String) {
         match variant {
             Variant::Bare => ("/bare", None, format!("{{\"amount\":{}}}", i % 1000 + 1)),
+            Variant::Extra => ("/extra", None, format!("{{\"amount\":{}}}", i % 1000 + 1)),
+            Variant::Row => ("/row", None, format!("{{\"amount\":{}}}", i % 1000 + 1)),
             Variant::Idem => {
                 let k = self.next_key.fetch_add(1, Ordering::Relaxed);
                 (
@@ -142,7 +162,9 @@ async fn send(
         .map_err(|e| format!("{}: {e}", variant.name()))?;
     let replayed = reply.header("idempotent-replayed");
     let expected = match variant {
-        Variant::Bare | Variant::Idem => reply.status == 201 && replayed.is_none(),
+        Variant::Bare | Variant::Idem | Variant::Extra | Variant::Row => {
+            reply.status == 201 && replayed.is_none()
+        }
         Variant::Replay => reply.status == 201 && replayed == Some("true"),
     };
     if !expected {
@@ -271,38 +293,60 @@ async fn main() -> Result<(), BoxError> {
         .await?;
     let run_id = format!("bench_http_{}", std::process::id());
     let (payments, dedup) = (format!("{run_id}_payments"), format!("{run_id}_keys"));
+    let (notes, rows) = (format!("{run_id}_notes"), format!("{run_id}_rows"));
     sqlx::raw_sql(AssertSqlSafe(format!(
-        "CREATE TABLE {payments} (id BIGSERIAL PRIMARY KEY, account TEXT NOT NULL, amount BIGINT NOT NULL)"
+        "CREATE TABLE {payments} (id BIGSERIAL PRIMARY KEY, account TEXT NOT NULL, amount BIGINT NOT NULL);
+         CREATE TABLE {notes} (id BIGINT PRIMARY KEY, note TEXT NOT NULL)"
     )))
     .execute(&pool)
     .await?;
     let result = bench(
         &pool,
-        &payments,
-        &dedup,
+        Tables {
+            payments: &payments,
+            dedup: &dedup,
+            notes: &notes,
+            rows: &rows,
+        },
         claim,
         (secs, rounds, tasks, replay_keys),
     )
     .await;
     sqlx::raw_sql(AssertSqlSafe(format!(
-        "DROP TABLE IF EXISTS {payments}, {dedup}, {dedup}_outbox"
+        "DROP TABLE IF EXISTS {payments}, {dedup}, {dedup}_outbox, {notes}, {rows}, {rows}_outbox"
     )))
     .execute(&pool)
     .await?;
     result
 }
 
+/// The run's tables: the payments, the layer's dedup table, and the
+/// limits' (a narrow one, and one of the store's migration).
+#[derive(Clone, Copy)]
+struct Tables<'a> {
+    payments: &'a str,
+    dedup: &'a str,
+    notes: &'a str,
+    rows: &'a str,
+}
+
 async fn bench(
     pool: &PgPool,
-    payments: &str,
-    dedup: &str,
+    tables: Tables<'_>,
     claim: ClaimOrder,
     (secs, rounds, tasks, replay_keys): (f64, usize, usize, u64),
 ) -> Result<(), BoxError> {
+    let Tables {
+        payments, dedup, ..
+    } = tables;
     let store = PgStore::from_pool(pool.clone())
         .with_table(dedup)?
         .with_claim_order(claim);
     store.migrate().await?;
+    PgStore::from_pool(pool.clone())
+        .with_table(tables.rows)?
+        .migrate()
+        .await?;
     let ttl = Duration::from_secs(3600);
     let fresh =
         Idempotency::scoped_by("bench_http_pay", ttl, account_of).transaction(store.clone())?;
@@ -321,7 +365,17 @@ async fn bench(
                 .route("/replay", post(pay_idem))
                 .route_layer(replayed),
         )
-        .with_state(app);
+        .with_state(app.clone())
+        .merge(
+            Router::new()
+                .route("/extra", post(pay_extra))
+                .with_state(Extra::note(app.clone(), tables.notes)),
+        )
+        .merge(
+            Router::new()
+                .route("/row", post(pay_extra))
+                .with_state(Extra::record(app, tables.rows)),
+        );
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
@@ -333,7 +387,7 @@ async fn bench(
         (secs, rounds, tasks, replay_keys),
         claim,
         pool,
-        payments,
+        tables,
     )
     .await;
     server.abort();
@@ -346,8 +400,9 @@ async fn rounds_of(
     (secs, rounds, tasks, replay_keys): (f64, usize, usize, u64),
     claim: ClaimOrder,
     pool: &PgPool,
-    payments: &str,
+    tables: Tables<'_>,
 ) -> Result<(), BoxError> {
+    let payments = tables.payments;
     let clients: Vec<Client> = (0..tasks).map(|_| Client::new(addr)).collect();
     let load = Arc::new(Load {
         next_key: AtomicU64::new(0),
@@ -388,12 +443,12 @@ async fn rounds_of(
     for v in VARIANTS {
         run(v, 1.0, &clients, &load).await?;
     }
-    let mut samples: [Vec<Sample>; 3] = Default::default();
+    let mut samples: [Vec<Sample>; VARIANTS.len()] = Default::default();
     let start = Watch::start()?;
     let mut marks = Rounds::default();
     for round in 1..=rounds {
         let watch = Watch::start()?;
-        let mut line = [0.0; 3];
+        let mut line = [0.0; VARIANTS.len()];
         for i in 0..VARIANTS.len() {
             let v = (i + round) % VARIANTS.len();
             let sample = run(VARIANTS[v], secs, &clients, &load).await?;
@@ -401,10 +456,12 @@ async fn rounds_of(
             samples[v].push(sample);
         }
         let cpu = marks.push(watch.stop()?);
-        println!(
-            "round {round}: bare {:.0} req/s, idempotent {:.0} req/s, replay {:.0} req/s ({cpu})",
-            line[0], line[1], line[2]
-        );
+        let rates: Vec<String> = VARIANTS
+            .iter()
+            .zip(line)
+            .map(|(v, rate)| format!("{} {rate:.0}", v.name()))
+            .collect();
+        println!("round {round}: {} req/s ({cpu})", rates.join(", "));
     }
     let over_run = start.stop()?;
 
@@ -435,12 +492,12 @@ async fn rounds_of(
     let rates = |v: usize| -> Vec<f64> { samples[v].iter().map(|s| s.rate).collect() };
     println!("{}", marks.summary());
     println!(
-        "{:<12} {:>10} {:>7}   CPU per request: this process (server, clients) + the rest (PostgreSQL)",
+        "{:<21} {:>10} {:>7}   CPU per request: this process (server, clients) + the rest (PostgreSQL)",
         "variant", "median r/s", "/bare"
     );
     for (v, variant) in VARIANTS.iter().enumerate() {
         println!(
-            "{:<12} {:>10.0} {:>7.3}   {:.0} us + {:.0} us",
+            "{:<21} {:>10.0} {:>7.3}   {:.0} us + {:.0} us",
             variant.name(),
             of(v, |s| s.rate),
             of(v, |s| s.rate) / of(0, |s| s.rate),
@@ -448,7 +505,7 @@ async fn rounds_of(
             of(v, |s| s.rest_us),
         );
     }
-    let [bare, idem, replay] = [0, 1, 2].map(|v| of(v, |s| s.rate));
+    let [bare, idem, replay, extra, row] = [0, 1, 2, 3, 4].map(|v| of(v, |s| s.rate));
     println!(
         "statements (= round trips) per request: {}",
         counts.join(", ")
@@ -456,15 +513,44 @@ async fn rounds_of(
     println!(
         "{rows} payments in the table, one per fresh request answered 201: the replays inserted none"
     );
+    // The rows' sizes: the layer's record against the one written by hand.
+    let mut widths = Vec::new();
+    for table in [tables.dedup, tables.rows, tables.notes] {
+        let width: f64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT COALESCE(avg(pg_column_size(t.*)), 0)::float8 FROM {table} t"
+        )))
+        .fetch_one(pool)
+        .await?;
+        widths.push(width);
+    }
+    println!(
+        "bytes a row: the layer's {:.0}, {} {:.0}, {} {:.0}",
+        widths[0],
+        Variant::Row.name(),
+        widths[1],
+        Variant::Extra.name(),
+        widths[2]
+    );
     println!(
         "cpu over the run: {over_run}; load average after {}",
         load_average()
     );
     let quiet = |v: usize| marks.medians(&rates(v));
     println!(
-        "over all rounds and unmarked ones: idempotent/bare {:.3}, replay/fresh {:.3}",
+        "over all rounds and unmarked ones: idempotent/bare {:.3}, replay/fresh {:.3}, \
+         idempotent/(+ layer's row) {:.3}, idempotent/(+ narrow row) {:.3}",
         quiet(1).ratio(&quiet(0)),
-        quiet(2).ratio(&quiet(1))
+        quiet(2).ratio(&quiet(1)),
+        quiet(1).ratio(&quiet(4)),
+        quiet(1).ratio(&quiet(3))
+    );
+    println!(
+        "limits: (+ narrow row)/bare {:.3}, (+ layer's row)/bare {:.3}; idempotent/(+ layer's row) {:.3}, \
+         idempotent/(+ narrow row) {:.3}",
+        extra / bare,
+        row / bare,
+        idem / row,
+        idem / extra
     );
     println!(
         "idempotent/bare {:.3}, replay/fresh {:.3}",

@@ -6,10 +6,14 @@
 //! * `bare`: a bare transaction doing the same insert (`BEGIN; INSERT;
 //!   COMMIT`),
 //! * `offsets-in-tx`: the idempotent handler with the consumer's offsets
-//!   written in its transaction (`Consumer::offsets_in`).
+//!   written in its transaction (`Consumer::offsets_in`);
+//! * `limit: + narrow row`: the bare transaction with one more prepared
+//!   statement (the order's id and a short text into a table of its own),
+//!   the least a dedup record adds.
 //!
-//! Rounds are interleaved in one run (idem, bare, offsets-in-tx, idem, ...);
-//! the last line is the ratio of the medians idem/bare.
+//! Rounds are interleaved in one run (idem, bare, offsets-in-tx, the
+//! limit, idem, ...); the last line is the ratio of the medians idem/bare,
+//! after the limit's and idem's against it.
 //!
 //! ```sh
 //! MESSAGES=5000 ROUNDS=5 cargo run --release -p idem-examples --features kafka,postgres --example bench_kafka
@@ -55,29 +59,39 @@ struct OrderPlaced {
     orders: String,
 }
 
-fn insert(orders: &str) -> String {
-    format!("INSERT INTO {orders} (order_id, sku) VALUES ($1, $2)")
+/// The business statement: the order's row.
+async fn insert(conn: &mut sqlx::PgConnection, msg: &OrderPlaced) -> Result<u64, sqlx::Error> {
+    let sql = format!("INSERT INTO {} (order_id, sku) VALUES ($1, $2)", msg.orders);
+    let done = sqlx::query(AssertSqlSafe(sql))
+        .bind(msg.order_id)
+        .bind(msg.sku)
+        .execute(conn)
+        .await?;
+    Ok(done.rows_affected())
 }
 
 #[idempotent(key = "order_id", ttl = "1h", store = "postgres")]
 async fn record(tx: &mut PgTx<'_>, msg: &OrderPlaced) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query(AssertSqlSafe(insert(&msg.orders)))
-        .bind(msg.order_id)
-        .bind(msg.sku)
-        .execute(&mut **tx)
-        .await?;
-    Ok(done.rows_affected())
+    insert(tx, msg).await
 }
 
-async fn record_bare(pool: &PgPool, msg: &OrderPlaced) -> Result<u64, sqlx::Error> {
+/// The business statement in a transaction of its own; with `extra`, one
+/// more prepared statement beside it (a narrow row in `<orders>_notes`).
+async fn record_bare(pool: &PgPool, msg: &OrderPlaced, extra: bool) -> Result<u64, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    let done = sqlx::query(AssertSqlSafe(insert(&msg.orders)))
+    let done = insert(&mut tx, msg).await?;
+    if extra {
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {}_notes (order_id, note) VALUES ($1, $2)",
+            msg.orders
+        )))
         .bind(msg.order_id)
-        .bind(msg.sku)
+        .bind("42")
         .execute(&mut *tx)
         .await?;
+    }
     tx.commit().await?;
-    Ok(done.rows_affected())
+    Ok(done)
 }
 
 /// When the first and the last message of a round were processed.
@@ -108,6 +122,7 @@ enum Variant {
     Idem,
     Bare,
     OffsetsInTx,
+    Extra,
 }
 
 impl Variant {
@@ -116,6 +131,17 @@ impl Variant {
             Variant::Idem => "idem",
             Variant::Bare => "bare",
             Variant::OffsetsInTx => "offsets-in-tx",
+            Variant::Extra => "limit: + narrow row",
+        }
+    }
+
+    /// Its part of a topic's name.
+    fn tag(self) -> &'static str {
+        match self {
+            Variant::Idem => "idem",
+            Variant::Bare => "bare",
+            Variant::OffsetsInTx => "offsets_in_tx",
+            Variant::Extra => "extra",
         }
     }
 }
@@ -169,7 +195,7 @@ async fn round(
     db: &Db,
     made: &mut Made,
 ) -> Result<(f64, Conditions), BoxError> {
-    let topic = format!("{run_id}_r{round}_{}", variant.name().replace('-', "_"));
+    let topic = format!("{run_id}_r{round}_{}", variant.tag());
     let consumer = Consumer::new(kafka::brokers(), &topic, &topic);
     made.topics.push(topic.clone());
     made.topics.extend(kafka::made_by(&consumer));
@@ -189,7 +215,7 @@ async fn round(
         });
     let consumer = match variant {
         Variant::OffsetsInTx => consumer.offsets_in(&db.store),
-        Variant::Idem | Variant::Bare => consumer,
+        Variant::Idem | Variant::Bare | Variant::Extra => consumer,
     };
     let clock = Arc::new(Clock::default());
     let stop = idem_runtime::consume::CancellationToken::new();
@@ -201,14 +227,14 @@ async fn round(
                 async move {
                     let r = match variant {
                         Variant::Idem | Variant::OffsetsInTx => record(&store, &msg).await,
-                        Variant::Bare => record_bare(&pool, &msg)
-                            .await
-                            .map(Outcome::Executed)
-                            .map_err(|error| Error::Handler {
-                                handler: "bare",
+                        Variant::Bare | Variant::Extra => {
+                            let done = record_bare(&pool, &msg, variant == Variant::Extra).await;
+                            done.map(Outcome::Executed).map_err(|error| Error::Handler {
+                                handler: variant.name(),
                                 key: Key::from_parts(&[&msg.order_id]).expect("a key"),
                                 error,
-                            }),
+                            })
+                        }
                     };
                     if r.is_ok() {
                         clock.tick();
@@ -296,8 +322,9 @@ async fn main() -> Result<(), BoxError> {
         .max_connections(16)
         .connect(&pg)
         .await?;
-    sqlx::query(AssertSqlSafe(format!(
-        "CREATE TABLE {orders} (order_id BIGINT PRIMARY KEY, sku BIGINT NOT NULL)"
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "CREATE TABLE {orders} (order_id BIGINT PRIMARY KEY, sku BIGINT NOT NULL);
+         CREATE TABLE {orders}_notes (order_id BIGINT PRIMARY KEY, note TEXT NOT NULL)"
     )))
     .execute(&pool)
     .await?;
@@ -317,8 +344,13 @@ async fn main() -> Result<(), BoxError> {
         std::thread::available_parallelism().map_or(0, usize::from),
         load_average()
     );
-    let variants = [Variant::Idem, Variant::Bare, Variant::OffsetsInTx];
-    let mut rates: [Vec<f64>; 3] = Default::default();
+    let variants = [
+        Variant::Idem,
+        Variant::Bare,
+        Variant::OffsetsInTx,
+        Variant::Extra,
+    ];
+    let mut rates: [Vec<f64>; 4] = Default::default();
     let mut made = Made {
         topics: Vec::new(),
         groups: Vec::new(),
@@ -329,7 +361,7 @@ async fn main() -> Result<(), BoxError> {
         for r in 0..rounds {
             let watch = Watch::start()?;
             for (v, variant) in variants.iter().enumerate() {
-                let id = r * 3 + v as u64;
+                let id = r * variants.len() as u64 + v as u64;
                 let (rate, cpu) =
                     round(*variant, id, messages, &run_id, &admin, &db, &mut made).await?;
                 println!("round {r} {}: {rate:.0} msg/s ({cpu})", variant.name());
@@ -351,25 +383,36 @@ async fn main() -> Result<(), BoxError> {
         }
     }
     let _ = sqlx::query(AssertSqlSafe(format!(
-        "DROP TABLE IF EXISTS {orders}, {dedup}, {dedup}_outbox, {offsets}"
+        "DROP TABLE IF EXISTS {orders}, {orders}_notes, {dedup}, {dedup}_outbox, {offsets}"
     )))
     .execute(&pool)
     .await;
     result?;
 
-    let [idem, bare, in_tx] = rates.map(|r| marks.medians(&r));
+    let [idem, bare, in_tx, extra] = rates.map(|r| marks.medians(&r));
     println!("{}", marks.summary());
     println!(
         "cpu over the run: {over_run}; load average after {}",
         load_average()
     );
-    println!("median: idem {idem} msg/s, bare {bare} msg/s, offsets-in-tx {in_tx} msg/s");
     println!(
-        "over all rounds and unmarked ones: offsets-in-tx/idem {:.3}, idem/bare {:.3}",
+        "median: idem {idem} msg/s, bare {bare} msg/s, offsets-in-tx {in_tx} msg/s, \
+         limit: + narrow row {extra} msg/s"
+    );
+    println!(
+        "over all rounds and unmarked ones: offsets-in-tx/idem {:.3}, idem/bare {:.3}, \
+         limit/bare {:.3}, idem/limit {:.3}",
         in_tx.ratio(&idem),
-        idem.ratio(&bare)
+        idem.ratio(&bare),
+        extra.ratio(&bare),
+        idem.ratio(&extra)
     );
     println!("offsets-in-tx/idem {:.3}", in_tx.all / idem.all);
+    println!(
+        "limit/bare {:.3}, idem/limit {:.3}",
+        extra.all / bare.all,
+        idem.all / extra.all
+    );
     println!("idem/bare {:.3}", idem.all / bare.all);
     Ok(())
 }

@@ -34,6 +34,14 @@
 //! * `idem + max_attempts`: with `max_attempts = 5`, which claims first and
 //!   takes a savepoint after the claim: the cost of counting failures.
 //!
+//! * the limits, the business transaction with statements of a dedup
+//!   record written by hand, no idem in the call ([`Limit`]): `+ narrow
+//!   row` (one more prepared statement, the narrow row of
+//!   `examples/pgbench-ceiling/end.sql`), `+ idem's row` (one more: the
+//!   row idem's claim-last writes, into a table of the store's migration)
+//!   and `+ read + row` (two more: the read `ClaimOrder::Checked` sends
+//!   first, then that row).
+//!
 //! The idem variants are the entries of [`IDEM`] (a handler, a table, the
 //! store's options); the first is the default whose ratio ends the output.
 //!
@@ -55,8 +63,11 @@
 //! to `bare` under the same setting and to itself connected directly, and
 //! that ratio to `bare` over the unmarked rounds only. Then
 //! it counts the statements (round trips) a fresh message and a duplicate
-//! cost, and ends with the line `idem/bare at 250us: <ratio>` for the
-//! default variant (at the largest delay when 250 is not among `DELAYS_US`).
+//! cost; prints, connected directly, claiming last and claiming checked
+//! (separate) each against the limit of its own statements and against the
+//! narrow row, and the bytes of a row of each table; and ends with the line
+//! `idem/bare at 250us: <ratio>` for the default variant (at the largest
+//! delay when 250 is not among `DELAYS_US`).
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::str::FromStr;
@@ -125,6 +136,102 @@ async fn deduct_bare(pool: &PgPool, msg: &Deduct) -> Result<(), sqlx::Error> {
     let mut tx = pool.begin().await?;
     deduct(&mut tx, msg.sku).await?;
     tx.commit().await
+}
+
+/// The key as idem stores it (`Key`'s length-prefixed parts), written by
+/// hand so that the limits' rows are as wide as idem's.
+fn stored_key(message_id: i64) -> String {
+    let id = message_id.to_string();
+    format!("{}:{id}", id.len())
+}
+
+/// A limit: the bare business transaction and, in it, statements of a
+/// dedup record written by hand, with no idem in the call. What idem
+/// cannot go above with the same statements.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Limit {
+    /// One more prepared statement, the narrow row of
+    /// `examples/pgbench-ceiling/end.sql` (a key, a status, an outcome, an
+    /// expiry; one index): the issue's one-extra-statement ceiling.
+    Narrow,
+    /// One more prepared statement: the row idem's claim-last writes, the
+    /// same columns and values, into a table of the store's own migration
+    /// (its primary key and its expiry index), by a plain `INSERT ... ON
+    /// CONFLICT DO NOTHING`.
+    Row,
+    /// Two more: the read of the key's record that `ClaimOrder::Checked`
+    /// sends before the body, then `Row`'s insert.
+    ReadRow,
+}
+
+impl Limit {
+    const ALL: [Limit; 3] = [Limit::Narrow, Limit::Row, Limit::ReadRow];
+    /// The tables: the narrow one of its own; `Row`'s made by a store's
+    /// migration (both row limits write it: their keys are fresh).
+    const NARROW_TABLE: &str = "bench_limit_narrow";
+    const ROW_TABLE: &str = "bench_limit_row";
+
+    fn label(self) -> &'static str {
+        match self {
+            Limit::Narrow => "limit: + narrow row",
+            Limit::Row => "limit: + idem's row",
+            Limit::ReadRow => "limit: + read + row",
+        }
+    }
+
+    async fn call(self, pool: &PgPool, msg: &Deduct) -> Result<(), sqlx::Error> {
+        let mut tx = pool.begin().await?;
+        if self == Limit::ReadRow {
+            sqlx::query(
+                "SELECT status, outcome, attempts, created_at, updated_at, expires_at, failures, \
+                 last_error, fingerprint, token, max_attempts, traceparent, \
+                 (extract(epoch from statement_timestamp()) * 1000)::bigint \
+                 FROM bench_limit_row WHERE handler = $1 AND key = $2",
+            )
+            .bind("bench_deduct")
+            .bind(stored_key(msg.message_id))
+            .fetch_optional(&mut *tx)
+            .await?;
+        }
+        deduct(&mut tx, msg.sku).await?;
+        let inserted = match self {
+            Limit::Narrow => sqlx::query(
+                "INSERT INTO bench_limit_narrow (handler, key, status, outcome, expires_at) \
+                 VALUES ($1, $2, 1, $3, now() + interval '24 hours') \
+                 ON CONFLICT DO NOTHING RETURNING status",
+            )
+            .bind("bench_deduct")
+            .bind(stored_key(msg.message_id))
+            .bind(msg.sku.to_string().into_bytes())
+            .fetch_optional(&mut *tx)
+            .await?
+            .is_some(),
+            Limit::Row | Limit::ReadRow => sqlx::query(
+                "INSERT INTO bench_limit_row (handler, key, status, outcome, attempts, failures, \
+                 created_at, updated_at, expires_at) VALUES ($1, $2, 'completed', $3, 1, 0, \
+                 (extract(epoch from statement_timestamp()) * 1000)::bigint, \
+                 (extract(epoch from statement_timestamp()) * 1000)::bigint, \
+                 (extract(epoch from statement_timestamp()) * 1000)::bigint + $4) \
+                 ON CONFLICT (handler, key) DO NOTHING",
+            )
+            .bind("bench_deduct")
+            .bind(stored_key(msg.message_id))
+            .bind(msg.sku.to_string())
+            .bind(86_400_000_i64)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+                == 1,
+        };
+        if !inserted {
+            return Err(sqlx::Error::Protocol(format!(
+                "{}: message {} was a duplicate",
+                self.label(),
+                msg.message_id
+            )));
+        }
+        tx.commit().await
+    }
 }
 
 /// The `#[idempotent]` handler an idem variant calls.
@@ -230,12 +337,14 @@ const IDEM: &[IdemVariant] = &[
 enum Variant {
     Bare,
     Idem(usize),
+    Limit(Limit),
 }
 
 impl Variant {
     fn all() -> Vec<Variant> {
         std::iter::once(Variant::Bare)
             .chain((0..IDEM.len()).map(Variant::Idem))
+            .chain(Limit::ALL.map(Variant::Limit))
             .collect()
     }
 
@@ -243,8 +352,16 @@ impl Variant {
         match self {
             Variant::Bare => "bare",
             Variant::Idem(i) => IDEM[i].label,
+            Variant::Limit(l) => l.label(),
         }
     }
+}
+
+/// A variant ready to call: bare, a limit, or an idem handler on its store.
+enum Call {
+    Bare,
+    Limit(Limit),
+    Idem(Handler, PgStore),
 }
 
 /// One network setting: its pool (direct or through a proxy) and a store
@@ -316,9 +433,11 @@ async fn run(
 ) -> f64 {
     messages_per_second(secs, tasks, |t, round| {
         let (pool, next_id) = (net.pool.clone(), next_id.clone());
-        let idem = match variant {
-            Variant::Bare => None,
-            Variant::Idem(i) => Some((IDEM[i].handler, net.stores[i].clone())),
+        // What a consumer calls: the variant with its store, if any.
+        let call = match variant {
+            Variant::Bare => Call::Bare,
+            Variant::Limit(limit) => Call::Limit(limit),
+            Variant::Idem(i) => Call::Idem(IDEM[i].handler, net.stores[i].clone()),
         };
         async move {
             let mut sku = (t as i64 * 1237) % 10_000;
@@ -328,9 +447,10 @@ async fn run(
                     sku: sku + 1,
                 };
                 sku = (sku + 7919) % 10_000;
-                match &idem {
-                    None => deduct_bare(&pool, &msg).await.map_err(|e| e.to_string()),
-                    Some((handler, store)) => handler.call(store, &msg).await.map(drop),
+                match &call {
+                    Call::Bare => deduct_bare(&pool, &msg).await.map_err(|e| e.to_string()),
+                    Call::Limit(limit) => limit.call(&pool, &msg).await.map_err(|e| e.to_string()),
+                    Call::Idem(handler, store) => handler.call(store, &msg).await.map(drop),
                 }
                 .unwrap_or_else(|e| panic!("{}: {e}", variant.label()));
                 round.handled();
@@ -406,6 +526,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .await?;
         store.migrate().await?;
     }
+    // The limits' tables: the narrow one as pgbench-ceiling's, the row one
+    // by the store's own migration.
+    sqlx::raw_sql(
+        "DROP TABLE IF EXISTS bench_limit_narrow, bench_limit_row, bench_limit_row_outbox;
+         CREATE TABLE bench_limit_narrow (handler TEXT NOT NULL, key TEXT NOT NULL,
+           status SMALLINT NOT NULL DEFAULT 0, outcome BYTEA, expires_at TIMESTAMPTZ NOT NULL,
+           PRIMARY KEY (handler, key));",
+    )
+    .execute(&setup.pool)
+    .await?;
+    PgStore::from_pool(setup.pool.clone())
+        .with_table(Limit::ROW_TABLE)?
+        .migrate()
+        .await?;
     let next_id = Arc::new(AtomicU64::new(1));
 
     let variants = Variant::all();
@@ -460,7 +594,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
         }
         println!(
-            "{:<20} {:>12} {:>8} {:>8} {:>10}   rounds",
+            "{:<30} {:>12} {:>8} {:>8} {:>10}   rounds",
             "variant", "median msg/s", "/bare", "/direct", "unmarked"
         );
         for (v, variant) in variants.iter().enumerate() {
@@ -471,7 +605,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .map(|x| format!("{x:.0}"))
                 .collect();
             println!(
-                "{:<20} {:>12.0} {:>8.3} {:>8.3} {:>10.3}   {}",
+                "{:<30} {:>12.0} {:>8.3} {:>8.3} {:>10.3}   {}",
                 variant.label(),
                 m,
                 m / at(n, 0),
@@ -509,10 +643,68 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await;
         report.push(format!("{}: fresh {f}, duplicate {d}", v.label));
     }
+    for limit in Limit::ALL {
+        let id = next_id.fetch_add(1, Ordering::Relaxed) as i64;
+        let n = statements_of(async {
+            limit.call(&setup.pool, &fresh(id)).await.expect("a limit");
+        })
+        .await;
+        report.push(format!("{} {n}", limit.label()));
+    }
     drop(_guard);
     println!(
         "statements (= round trips) per message: {}",
         report.join("; ")
+    );
+
+    // Each idem variant beside the limit of its statements, connected
+    // directly: what idem's own work costs, apart from the record's.
+    if let Some(d) = direct {
+        let of = |v: Variant| {
+            let i = variants.iter().position(|&x| x == v).expect("a variant");
+            (at(d, i), quiet(d, i))
+        };
+        let last = IDEM
+            .iter()
+            .position(|v| v.label == "idem, claim last, separate")
+            .expect("claim last, separate");
+        let checked = IDEM
+            .iter()
+            .position(|v| v.label == "idem, claim checked, separate")
+            .expect("claim checked, separate");
+        for (idem, limit) in [(last, Limit::Row), (checked, Limit::ReadRow)] {
+            let (i, iq) = of(Variant::Idem(idem));
+            let (l, lq) = of(Variant::Limit(limit));
+            let (n, nq) = of(Variant::Limit(Limit::Narrow));
+            println!(
+                "{} / {}: {:.3} (unmarked {:.3}); / {}: {:.3} (unmarked {:.3})",
+                IDEM[idem].label,
+                limit.label(),
+                i / l,
+                iq / lq,
+                Limit::Narrow.label(),
+                i / n,
+                iq / nq
+            );
+        }
+    }
+    // The rows' sizes: idem's against its limit's written by hand.
+    let width = |table: &str| {
+        let sql = format!("SELECT COALESCE(avg(pg_column_size(t.*)), 0)::float8 FROM {table} t");
+        let pool = setup.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, f64>(AssertSqlSafe(sql))
+                .fetch_one(&pool)
+                .await
+        }
+    };
+    println!(
+        "bytes a row: idem (claim last, separate) {:.0}, {} {:.0}, {} {:.0}",
+        width("bench_idem_last").await?,
+        Limit::Row.label(),
+        width(Limit::ROW_TABLE).await?,
+        Limit::Narrow.label(),
+        width(Limit::NARROW_TABLE).await?
     );
 
     // The default variant's ratio under every setting, the key one last:
@@ -535,7 +727,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     // Each dedup table, and the outbox table its store's migration makes.
-    let mut tables = vec!["bench_inventory".to_owned()];
+    let mut tables = vec![
+        "bench_inventory".to_owned(),
+        Limit::NARROW_TABLE.to_owned(),
+        Limit::ROW_TABLE.to_owned(),
+        format!("{}_outbox", Limit::ROW_TABLE),
+    ];
     for v in IDEM.iter() {
         tables.push(v.table.to_owned());
         tables.push(format!("{}_outbox", v.table));

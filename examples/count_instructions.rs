@@ -49,18 +49,13 @@
 //! (`count_*`, `count:*`), made at its start and removed at its end.
 //! `DATABASE_URL` and `REDIS_URL` name the servers (loopback by default).
 
-use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Router;
 use axum::body::Body;
-use axum::extract::State;
 use axum::http::{Request, StatusCode};
-use axum::response::Response;
 use axum::routing::post;
-use axum::{Json, Router};
-use idem_examples::payments::{
-    Account, App, Failed, NewPayment, account_of, created, pay_bare, pay_idem,
-};
+use idem_examples::payments::{App, Extra, account_of, pay_bare, pay_extra, pay_idem};
 use idem_runtime::http::Idempotency;
 use idem_runtime::{ClaimOrder, Outcome, PgStore, PgTx, RedisStore, idempotent};
 use serde::Deserialize;
@@ -346,30 +341,6 @@ async fn redis(variant: &str, messages: u64) -> Result<(), Failure> {
     result
 }
 
-/// The `http-extra` route's state: the payments, and the second `INSERT`.
-#[derive(Clone)]
-struct Extra {
-    app: App,
-    note: Arc<str>,
-}
-
-/// [`pay_bare`]'s transaction with one more prepared statement.
-async fn pay_extra(
-    State(extra): State<Extra>,
-    Account(account): Account,
-    Json(new): Json<NewPayment>,
-) -> Result<Response, Failed> {
-    let mut tx = extra.app.pool.begin().await?;
-    let payment = extra.app.insert(&mut tx, account, new.amount).await?;
-    sqlx::query(AssertSqlSafe(Arc::clone(&extra.note)))
-        .bind(payment.id)
-        .bind("42")
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await?;
-    Ok(created(payment))
-}
-
 async fn http(variant: &str, messages: u64) -> Result<(), Failure> {
     let path = match variant {
         "http-bare" => "/bare",
@@ -397,10 +368,7 @@ async fn http(variant: &str, messages: u64) -> Result<(), Failure> {
         let layer = Idempotency::scoped_by("count_http", Duration::from_secs(86_400), account_of)
             .transaction(store)?;
         let app = App::new(pool.clone(), &payments);
-        let extra = Extra {
-            app: app.clone(),
-            note: format!("INSERT INTO {notes} (id, note) VALUES ($1, $2)").into(),
-        };
+        let extra = Extra::note(app.clone(), &notes);
         let router: Router = Router::new()
             .route("/bare", post(pay_bare))
             .merge(

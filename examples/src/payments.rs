@@ -1,7 +1,8 @@
 //! The payment routes of the HTTP benchmark (`bench_http`) and of the
 //! instruction count's HTTP variants (`count_instructions`): one `INSERT`
 //! of a payment on PostgreSQL, answered `201` with the payment as JSON and
-//! its `Location`, by a handler with a transaction of its own ([`pay_bare`])
+//! its `Location`, by a handler with a transaction of its own ([`pay_bare`]),
+//! the same with one more statement beside it ([`pay_extra`]: the limits)
 //! or through the request's [`RequestTx`] behind the `Idempotency-Key`
 //! layer ([`pay_idem`]). With the `http` and `postgres` features.
 //!
@@ -176,5 +177,106 @@ pub async fn pay_idem(
 ) -> Result<Response, Failed> {
     let mut tx = tx.lock().await?;
     let payment = app.insert(&mut tx, account, new.amount).await?;
+    Ok(created(payment))
+}
+
+/// What a limit route writes beside the payment, in the same transaction:
+/// one more prepared statement, with no idem in the call.
+#[derive(Debug, Clone)]
+enum Beside {
+    /// A narrow row, the payment's id and a short text.
+    Note(Arc<str>),
+    /// The row the layer records for a fresh request, written by hand:
+    /// the same columns, and values as wide (the response as the layer
+    /// stores it, a fingerprint as long as its digest).
+    Record(Arc<str>),
+}
+
+/// The state of [`pay_extra`]: the payments, and what it writes beside
+/// them.
+#[derive(Debug, Clone)]
+pub struct Extra {
+    app: App,
+    beside: Beside,
+}
+
+impl Extra {
+    /// Writes `(id, note)` into `table` (`id BIGINT PRIMARY KEY, note TEXT
+    /// NOT NULL`): the one-more-statement limit.
+    pub fn note(app: App, table: &str) -> Extra {
+        let insert = format!("INSERT INTO {table} (id, note) VALUES ($1, $2)");
+        Extra {
+            app,
+            beside: Beside::Note(insert.into()),
+        }
+    }
+
+    /// Writes the layer's record of the request into `table`, a dedup
+    /// table made by [`PgStore::migrate`]: the limit of the layer's own
+    /// statement, the row it records, without the layer around it.
+    pub fn record(app: App, table: &str) -> Extra {
+        let now = "(extract(epoch from statement_timestamp()) * 1000)::bigint";
+        let insert = format!(
+            "INSERT INTO {table} (handler, key, status, outcome, attempts, failures, fingerprint, \
+             created_at, updated_at, expires_at) VALUES ($1, $2, 'completed', $3, 1, 0, $4, \
+             {now}, {now}, {now} + $5) ON CONFLICT (handler, key) DO NOTHING"
+        );
+        Extra {
+            app,
+            beside: Beside::Record(insert.into()),
+        }
+    }
+}
+
+/// [`pay_bare`]'s transaction with one more prepared statement: a narrow
+/// row ([`Extra::note`]) or the layer's record written by hand
+/// ([`Extra::record`]).
+pub async fn pay_extra(
+    State(extra): State<Extra>,
+    Account(account): Account,
+    Json(new): Json<NewPayment>,
+) -> Result<Response, Failed> {
+    let mut tx = extra.app.pool.begin().await?;
+    let payment = extra.app.insert(&mut tx, account, new.amount).await?;
+    match &extra.beside {
+        Beside::Note(insert) => {
+            sqlx::query(AssertSqlSafe(Arc::clone(insert)))
+                .bind(payment.id)
+                .bind("42")
+                .execute(&mut *tx)
+                .await?;
+        }
+        Beside::Record(insert) => {
+            // As the layer stores a `201`: its status, the headers it keeps
+            // and the body as text.
+            let body = serde_json::to_string(&payment).map_err(|e| Failed(e.to_string()))?;
+            let outcome = serde_json::json!({
+                "status": 201,
+                "headers": [
+                    ["content-type", "application/json"],
+                    ["location", format!("/payments/{}", payment.id)],
+                ],
+                "text": body,
+            });
+            // The layer's key (the scope and the sent key, length-prefixed
+            // as `Key` stores its parts) and fingerprint (32 hex digits).
+            let sent = format!("\"k{}\"", payment.id);
+            let key = format!(
+                "{}:{}|{}:{sent}",
+                payment.account.len(),
+                payment.account,
+                sent.len()
+            );
+            sqlx::query(AssertSqlSafe(Arc::clone(insert)))
+                .bind("bench_http_pay")
+                .bind(key)
+                .bind(outcome.to_string())
+                .bind("0".repeat(32))
+                .bind(3_600_000_i64)
+                .execute(&mut *tx)
+                .await?;
+        }
+    }
+    tx.commit().await?;
     Ok(created(payment))
 }
