@@ -39,7 +39,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use idem_examples::cpu::{Rounds, Watch, pids_seconds, process_seconds};
-use idem_examples::{env, messages_per_second};
+use idem_examples::{env, messages_per_second, pg_backends};
 use idem_runtime::{PgStore, PgTx, idempotent};
 use serde::Deserialize;
 use sqlx::PgPool;
@@ -195,25 +195,6 @@ async fn run(
     .await
 }
 
-/// The process ids of the backends of the pool's `tasks` connections,
-/// held at once so that each is a different one.
-async fn backends(
-    pool: &PgPool,
-    tasks: usize,
-) -> Result<Vec<u32>, Box<dyn std::error::Error + Send + Sync>> {
-    let mut held = Vec::with_capacity(tasks);
-    let mut pids = Vec::with_capacity(tasks);
-    for _ in 0..tasks {
-        let mut conn = pool.acquire().await?;
-        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-            .fetch_one(&mut *conn)
-            .await?;
-        pids.push(u32::try_from(pid)?);
-        held.push(conn);
-    }
-    Ok(pids)
-}
-
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let url = std::env::var("DATABASE_URL")
@@ -245,7 +226,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     for variant in VARIANTS {
         run(variant, &store, &pool, 0.5, tasks, batch, &next).await;
     }
-    let backends = backends(&pool, tasks).await?;
+    let backends = pg_backends(&pool, tasks).await?;
     let n = VARIANTS.len();
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); n];
     // Per variant: keys, this process's CPU seconds, PostgreSQL's.

@@ -19,6 +19,11 @@
 //! MESSAGES=5000 ROUNDS=5 cargo run --release -p idem-examples --features kafka,postgres --example bench_kafka
 //! ```
 //!
+//! The broker is `KAFKA_BROKERS` (default `127.0.0.1:9092`); the figures
+//! in the benchmarks chapter are on tansu in memory, started with `tansu
+//! broker --listener-url tcp://127.0.0.1:9092 --advertised-listener-url
+//! tcp://127.0.0.1:9092 --storage-engine memory://tansu/`.
+//!
 //! Each round publishes `MESSAGES` fresh messages, keyed by order id, to a
 //! fresh topic of 3 partitions first (not timed), then starts a consumer in
 //! a fresh group, which reads the backlog: the time runs from its first

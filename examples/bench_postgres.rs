@@ -60,8 +60,11 @@
 //! what the machine did meanwhile (busy, idle and steal shares from
 //! `/proc/stat`, marked `STOLEN` above 5 % steal; see
 //! `examples/src/cpu.rs`). It prints a table per setting: each variant's median throughput, its ratio
-//! to `bare` under the same setting and to itself connected directly, and
-//! that ratio to `bare` over the unmarked rounds only. Then
+//! to `bare` under the same setting and to itself connected directly,
+//! that ratio to `bare` over the unmarked rounds only, and the CPU a
+//! message cost (medians, in µs): this process (the consumers), the pool's
+//! PostgreSQL backends (`pg_backend_pid()`, `/proc/<pid>/stat`) and the
+//! rest of the machine. Then
 //! it counts the statements (round trips) a fresh message and a duplicate
 //! cost; prints, connected directly, claiming last and claiming checked
 //! (separate) each against the limit of its own statements and against the
@@ -73,11 +76,11 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use idem_examples::cpu::{Medians, Rounds, Watch};
+use idem_examples::cpu::{Cpu, Medians, Rounds, Watch, pids_seconds, process_seconds};
 use idem_examples::delay_proxy::{DelayProxy, added_round_trip, own_latency};
-use idem_examples::{env, messages_per_second, statement_log};
+use idem_examples::{env, median, messages_per_second, pg_backends, statement_log};
 use idem_runtime::{ClaimOrder, Outcome, PgStore, PgTx, RoundTrips, idempotent};
 use serde::Deserialize;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -370,6 +373,8 @@ struct Network {
     delay_us: u64,
     pool: PgPool,
     stores: Vec<PgStore>,
+    /// The PostgreSQL backends of the pool's connections.
+    backends: Vec<u32>,
     /// Kept alive while the pool is in use.
     _proxy: Option<DelayProxy>,
 }
@@ -414,24 +419,42 @@ impl Network {
                 PgStore::from_pool(pool.clone()).with_table(v.table)?,
             ));
         }
+        let backends = pg_backends(&pool, tasks)
+            .await
+            .map_err(|e| format!("the backends' process ids: {e}"))?;
         Ok(Network {
             delay_us,
             pool,
             stores,
+            backends,
             _proxy: proxy,
         })
     }
 }
 
-/// Runs one variant for `secs` with `tasks` consumers; returns messages/s.
+/// One variant's round: its rate, and the CPU a message cost this process
+/// (the consumers), the setting's PostgreSQL backends, and the rest of the
+/// machine (the kernel's loopback, the proxy, anything else running), in
+/// microseconds.
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    rate: f64,
+    process_us: f64,
+    server_us: f64,
+    rest_us: f64,
+}
+
+/// Runs one variant for `secs` with `tasks` consumers.
 async fn run(
     variant: Variant,
     net: &Network,
     secs: f64,
     tasks: usize,
     next_id: &Arc<AtomicU64>,
-) -> f64 {
-    messages_per_second(secs, tasks, |t, round| {
+) -> Result<Sample, Box<dyn std::error::Error>> {
+    let (machine, process, start) = (Cpu::now()?, process_seconds()?, Instant::now());
+    let server = pids_seconds(&net.backends)?;
+    let rate = messages_per_second(secs, tasks, |t, round| {
         let (pool, next_id) = (net.pool.clone(), next_id.clone());
         // What a consumer calls: the variant with its store, if any.
         let call = match variant {
@@ -457,7 +480,18 @@ async fn run(
             }
         }
     })
-    .await
+    .await;
+    let messages = rate * start.elapsed().as_secs_f64();
+    let busy = Cpu::now()?.busy_seconds_since(machine);
+    let own = process_seconds()? - process;
+    let server = pids_seconds(&net.backends)? - server;
+    let per = |seconds: f64| seconds * 1e6 / messages.max(1.0);
+    Ok(Sample {
+        rate,
+        process_us: per(own),
+        server_us: per(server),
+        rest_us: per(busy - own - server),
+    })
 }
 
 /// How many statements one call sends, with sqlx's statement log and the
@@ -555,9 +589,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     // Warm-up: connections, prepared statements, caches.
     for &(n, v) in &pairs {
-        run(variants[v], &nets[n], 1.0, tasks, &next_id).await;
+        run(variants[v], &nets[n], 1.0, tasks, &next_id).await?;
     }
     let mut tps: Vec<Vec<f64>> = vec![Vec::new(); pairs.len()];
+    let mut cpu_us: Vec<Vec<Sample>> = vec![Vec::new(); pairs.len()];
     let mut marks = Rounds::default();
     for round in 1..=rounds {
         let watch = Watch::start()?;
@@ -565,7 +600,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         for i in 0..pairs.len() {
             let k = (i + round) % pairs.len();
             let (n, v) = pairs[k];
-            tps[k].push(run(variants[v], &nets[n], secs, tasks, &next_id).await);
+            let sample = run(variants[v], &nets[n], secs, tasks, &next_id).await?;
+            tps[k].push(sample.rate);
+            cpu_us[k].push(sample);
         }
         let cpu = marks.push(watch.stop()?);
         // The default variant against bare, in each setting.
@@ -594,8 +631,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
         }
         println!(
-            "{:<30} {:>12} {:>8} {:>8} {:>10}   rounds",
-            "variant", "median msg/s", "/bare", "/direct", "unmarked"
+            "{:<30} {:>12} {:>8} {:>8} {:>10} {:>23}   rounds",
+            "variant", "median msg/s", "/bare", "/direct", "unmarked", "CPU us: own+server+rest"
         );
         for (v, variant) in variants.iter().enumerate() {
             let m = at(n, v);
@@ -604,13 +641,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .iter()
                 .map(|x| format!("{x:.0}"))
                 .collect();
+            let cpu = &cpu_us[n * variants.len() + v];
+            let of = |f: fn(&Sample) -> f64| median(cpu.iter().map(f).collect());
+            let (own, server, rest) =
+                (of(|c| c.process_us), of(|c| c.server_us), of(|c| c.rest_us));
             println!(
-                "{:<30} {:>12.0} {:>8.3} {:>8.3} {:>10.3}   {}",
+                "{:<30} {:>12.0} {:>8.3} {:>8.3} {:>10.3} {:>23}   {}",
                 variant.label(),
                 m,
                 m / at(n, 0),
                 vs_direct,
                 quiet(n, v) / quiet(n, 0),
+                format!("{own:.0} + {server:.0} + {rest:.0}"),
                 rounds.join(" ")
             );
         }

@@ -90,6 +90,29 @@ pub async fn delete_redis_prefix(url: &str, prefix: &str) -> Result<u64, redis::
     }
 }
 
+/// The process ids of the PostgreSQL backends of `pool`'s first `n`
+/// connections, held at once so that each is a different one: with a pool
+/// of `n` connections that stay open, the processes whose CPU
+/// ([`cpu::pids_seconds`]) is the server's share of the pool's work. With
+/// the `postgres` feature.
+#[cfg(feature = "postgres")]
+pub async fn pg_backends(
+    pool: &sqlx::PgPool,
+    n: usize,
+) -> Result<Vec<u32>, Box<dyn std::error::Error + Send + Sync>> {
+    let mut held = Vec::with_capacity(n);
+    let mut pids = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut conn = pool.acquire().await?;
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *conn)
+            .await?;
+        pids.push(u32::try_from(pid)?);
+        held.push(conn);
+    }
+    Ok(pids)
+}
+
 /// The median of benchmark samples (the upper middle one for an even count).
 pub fn median(mut samples: Vec<f64>) -> f64 {
     samples.sort_by(f64::total_cmp);
