@@ -46,11 +46,12 @@
 //! rate, and the CPU time a request cost this process (the server and the
 //! clients, from `/proc/self/stat`) and the rest of the machine (the
 //! database, and anything else running); the statements each request
-//! sent, the CPU over the run, the ratios over all rounds and over the
-//! unmarked ones, the bytes of a row of the layer's table and of the
-//! limits', the limits' ratios and idempotent's to each, and, on the last
+//! sent, the bytes of a row of the layer's table and of the limits', the
+//! CPU over the run, the ratios over all rounds and over the unmarked
+//! ones, the limits' ratios and idempotent's to each, and, on the last
 //! line, the ratios of the medians: `idempotent/bare` and `replay/fresh`
-//! (replay over idempotent). Every answer is checked (status, the replay marker),
+//! (replay over idempotent). The limits add one statement, as the layer
+//! does claiming last; with `CLAIM=checked` or `first` it sends two. Every answer is checked (status, the replay marker),
 //! and at the end the payments table must hold exactly one row per fresh
 //! request answered `201`: the replays inserted nothing.
 

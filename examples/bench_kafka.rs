@@ -9,11 +9,15 @@
 //!   written in its transaction (`Consumer::offsets_in`);
 //! * `limit: + narrow row`: the bare transaction with one more prepared
 //!   statement (the order's id and a short text into a table of its own),
-//!   the least a dedup record adds.
+//!   the least a dedup record adds;
+//! * `limit: idem + narrow row`: the idempotent handler with that
+//!   statement in its body, the least the offsets in the transaction (one
+//!   more statement) can cost.
 //!
-//! Rounds are interleaved in one run (idem, bare, offsets-in-tx, the
-//! limit, idem, ...); the last line is the ratio of the medians idem/bare,
-//! after the limit's and idem's against it.
+//! Rounds are interleaved in one run, in an order rotated each round
+//! (idem, bare, offsets-in-tx, the limits; then bare first, ...); the last line is the ratio of the medians
+//! idem/bare, after the limits' ratios and idem's and offsets-in-tx's
+//! against them.
 //!
 //! ```sh
 //! MESSAGES=5000 ROUNDS=5 cargo run --release -p idem-examples --features kafka,postgres --example bench_kafka
@@ -75,25 +79,40 @@ async fn insert(conn: &mut sqlx::PgConnection, msg: &OrderPlaced) -> Result<u64,
     Ok(done.rows_affected())
 }
 
+/// One more prepared statement: a narrow row in `<orders>_notes`.
+async fn note(conn: &mut sqlx::PgConnection, msg: &OrderPlaced) -> Result<(), sqlx::Error> {
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {}_notes (order_id, note) VALUES ($1, $2)",
+        msg.orders
+    )))
+    .bind(msg.order_id)
+    .bind("42")
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 #[idempotent(key = "order_id", ttl = "1h", store = "postgres")]
 async fn record(tx: &mut PgTx<'_>, msg: &OrderPlaced) -> Result<u64, sqlx::Error> {
     insert(tx, msg).await
 }
 
+/// [`record`] with one more statement in its transaction ([`note`]): the
+/// limit of the offsets in the transaction, which add one.
+#[idempotent(key = "order_id", ttl = "1h", store = "postgres")]
+async fn record_noted(tx: &mut PgTx<'_>, msg: &OrderPlaced) -> Result<u64, sqlx::Error> {
+    let done = insert(tx, msg).await?;
+    note(tx, msg).await?;
+    Ok(done)
+}
+
 /// The business statement in a transaction of its own; with `extra`, one
-/// more prepared statement beside it (a narrow row in `<orders>_notes`).
+/// more prepared statement beside it ([`note`]).
 async fn record_bare(pool: &PgPool, msg: &OrderPlaced, extra: bool) -> Result<u64, sqlx::Error> {
     let mut tx = pool.begin().await?;
     let done = insert(&mut tx, msg).await?;
     if extra {
-        sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {}_notes (order_id, note) VALUES ($1, $2)",
-            msg.orders
-        )))
-        .bind(msg.order_id)
-        .bind("42")
-        .execute(&mut *tx)
-        .await?;
+        note(&mut tx, msg).await?;
     }
     tx.commit().await?;
     Ok(done)
@@ -128,6 +147,7 @@ enum Variant {
     Bare,
     OffsetsInTx,
     Extra,
+    IdemExtra,
 }
 
 impl Variant {
@@ -137,6 +157,7 @@ impl Variant {
             Variant::Bare => "bare",
             Variant::OffsetsInTx => "offsets-in-tx",
             Variant::Extra => "limit: + narrow row",
+            Variant::IdemExtra => "limit: idem + narrow row",
         }
     }
 
@@ -147,6 +168,7 @@ impl Variant {
             Variant::Bare => "bare",
             Variant::OffsetsInTx => "offsets_in_tx",
             Variant::Extra => "extra",
+            Variant::IdemExtra => "idem_extra",
         }
     }
 }
@@ -220,7 +242,7 @@ async fn round(
         });
     let consumer = match variant {
         Variant::OffsetsInTx => consumer.offsets_in(&db.store),
-        Variant::Idem | Variant::Bare | Variant::Extra => consumer,
+        Variant::Idem | Variant::Bare | Variant::Extra | Variant::IdemExtra => consumer,
     };
     let clock = Arc::new(Clock::default());
     let stop = idem_runtime::consume::CancellationToken::new();
@@ -232,6 +254,7 @@ async fn round(
                 async move {
                     let r = match variant {
                         Variant::Idem | Variant::OffsetsInTx => record(&store, &msg).await,
+                        Variant::IdemExtra => record_noted(&store, &msg).await,
                         Variant::Bare | Variant::Extra => {
                             let done = record_bare(&pool, &msg, variant == Variant::Extra).await;
                             done.map(Outcome::Executed).map_err(|error| Error::Handler {
@@ -354,8 +377,9 @@ async fn main() -> Result<(), BoxError> {
         Variant::Bare,
         Variant::OffsetsInTx,
         Variant::Extra,
+        Variant::IdemExtra,
     ];
-    let mut rates: [Vec<f64>; 4] = Default::default();
+    let mut rates: [Vec<f64>; 5] = Default::default();
     let mut made = Made {
         topics: Vec::new(),
         groups: Vec::new(),
@@ -365,7 +389,11 @@ async fn main() -> Result<(), BoxError> {
     let result: Result<(), BoxError> = async {
         for r in 0..rounds {
             let watch = Watch::start()?;
-            for (v, variant) in variants.iter().enumerate() {
+            // The order rotates each round, so that no variant always
+            // runs first (or after the same one).
+            for i in 0..variants.len() {
+                let v = (i + r as usize) % variants.len();
+                let variant = &variants[v];
                 let id = r * variants.len() as u64 + v as u64;
                 let (rate, cpu) =
                     round(*variant, id, messages, &run_id, &admin, &db, &mut made).await?;
@@ -394,7 +422,7 @@ async fn main() -> Result<(), BoxError> {
     .await;
     result?;
 
-    let [idem, bare, in_tx, extra] = rates.map(|r| marks.medians(&r));
+    let [idem, bare, in_tx, extra, idem_extra] = rates.map(|r| marks.medians(&r));
     println!("{}", marks.summary());
     println!(
         "cpu over the run: {over_run}; load average after {}",
@@ -402,21 +430,27 @@ async fn main() -> Result<(), BoxError> {
     );
     println!(
         "median: idem {idem} msg/s, bare {bare} msg/s, offsets-in-tx {in_tx} msg/s, \
-         limit: + narrow row {extra} msg/s"
+         limit: + narrow row {extra} msg/s, limit: idem + narrow row {idem_extra} msg/s"
     );
     println!(
         "over all rounds and unmarked ones: offsets-in-tx/idem {:.3}, idem/bare {:.3}, \
-         limit/bare {:.3}, idem/limit {:.3}",
+         limit/bare {:.3}, idem/limit {:.3}, (idem + narrow row)/idem {:.3}, \
+         offsets-in-tx/(idem + narrow row) {:.3}",
         in_tx.ratio(&idem),
         idem.ratio(&bare),
         extra.ratio(&bare),
-        idem.ratio(&extra)
+        idem.ratio(&extra),
+        idem_extra.ratio(&idem),
+        in_tx.ratio(&idem_extra)
     );
     println!("offsets-in-tx/idem {:.3}", in_tx.all / idem.all);
     println!(
-        "limit/bare {:.3}, idem/limit {:.3}",
+        "limit/bare {:.3}, idem/limit {:.3}; (idem + narrow row)/idem {:.3}, \
+         offsets-in-tx/(idem + narrow row) {:.3}",
         extra.all / bare.all,
-        idem.all / extra.all
+        idem.all / extra.all,
+        idem_extra.all / idem.all,
+        in_tx.all / idem_extra.all
     );
     println!("idem/bare {:.3}", idem.all / bare.all);
     Ok(())

@@ -155,7 +155,7 @@ fn stored_key(message_id: i64) -> String {
 enum Limit {
     /// One more prepared statement, the narrow row of
     /// `examples/pgbench-ceiling/end.sql` (a key, a status, an outcome, an
-    /// expiry; one index): the one-extra-statement ceiling.
+    /// expiry; one index): the one-extra-statement ceiling.
     Narrow,
     /// One more prepared statement: the row idem's claim-last writes, the
     /// same columns and values, into a table of the store's own migration
@@ -433,9 +433,12 @@ impl Network {
 }
 
 /// One variant's round: its rate, and the CPU a message cost this process
-/// (the consumers), the setting's PostgreSQL backends, and the rest of the
-/// machine (the kernel's loopback, the proxy, anything else running), in
-/// microseconds.
+/// (the consumers, and the delay proxy's threads under a delay), the
+/// setting's PostgreSQL backends, and the rest of the machine (the kernel's
+/// loopback, anything else running), in microseconds. The backends are
+/// found by their process ids, so the split needs the server on this
+/// machine, and its connections open for the run (sqlx closes a
+/// connection after 30 minutes, and one idle for 10).
 #[derive(Clone, Copy, Debug)]
 struct Sample {
     rate: f64,

@@ -258,23 +258,31 @@ pub async fn pay_extra(
                 ],
                 "text": body,
             });
-            // The layer's key (the scope and the sent key, length-prefixed
-            // as `Key` stores its parts) and fingerprint (32 hex digits).
-            let sent = format!("\"k{}\"", payment.id);
+            // The layer's key (the scope and the sent key without its
+            // quotes, length-prefixed as `Key` stores its parts) and
+            // fingerprint (32 hex digits).
+            let sent = format!("k{}", payment.id);
             let key = format!(
                 "{}:{}|{}:{sent}",
                 payment.account.len(),
                 payment.account,
                 sent.len()
             );
-            sqlx::query(AssertSqlSafe(Arc::clone(insert)))
+            let written = sqlx::query(AssertSqlSafe(Arc::clone(insert)))
                 .bind("bench_http_pay")
                 .bind(key)
                 .bind(outcome.to_string())
                 .bind("0".repeat(32))
                 .bind(3_600_000_i64)
                 .execute(&mut *tx)
-                .await?;
+                .await?
+                .rows_affected();
+            if written != 1 {
+                return Err(Failed(format!(
+                    "payment {}: its record was written already",
+                    payment.id
+                )));
+            }
         }
     }
     tx.commit().await?;
