@@ -153,6 +153,10 @@ impl Report {
     }
 }
 
+/// The longest a last call may take: its lease, its store's timeouts and
+/// retries many times over.
+const CALL_BOUND: Duration = Duration::from_secs(60);
+
 /// Runs the consumers over the ids of `slots` while `change` (blocking: it
 /// drives the cluster) runs on a thread of its own, stops them when it
 /// returns and `linger` has passed, lets every message settle, and makes a
@@ -208,16 +212,26 @@ pub(super) async fn phase(
                 // with a killed master stands until its lease runs out.
                 let deadline = Instant::now() + Duration::from_secs(15);
                 loop {
-                    let r = if handler == SINGLE {
-                        apply_one(&traffic.stores[0], &msg, &traffic.ledger).await
-                    } else {
-                        apply_batch(
-                            &traffic.stores[0],
-                            std::slice::from_ref(&msg),
-                            &traffic.ledger,
-                        )
-                        .await
-                        .and_then(|mut a| a.pop().expect("one answer"))
+                    let call = async {
+                        if handler == SINGLE {
+                            apply_one(&traffic.stores[0], &msg, &traffic.ledger).await
+                        } else {
+                            apply_batch(
+                                &traffic.stores[0],
+                                std::slice::from_ref(&msg),
+                                &traffic.ledger,
+                            )
+                            .await
+                            .and_then(|mut a| a.pop().expect("one answer"))
+                        }
+                    };
+                    // A call that never answers fails the phase with its
+                    // key, rather than leaving the test waiting.
+                    let Ok(r) = tokio::time::timeout(CALL_BOUND, call).await else {
+                        return Err(format!(
+                            "{key}: no answer within {CALL_BOUND:?} (the store's \
+                             commands time out after 2 s)"
+                        ));
                     };
                     match r {
                         Ok(Outcome::Duplicate(_)) => return Ok(()),
