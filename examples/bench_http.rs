@@ -66,7 +66,7 @@ use axum::routing::post;
 use idem_examples::cpu::{Cpu, Rounds, Watch, load_average, process_seconds};
 use idem_examples::http::Client;
 use idem_examples::payments::{App, Extra, account_of, pay_bare, pay_extra, pay_idem};
-use idem_examples::{env, median, statement_log};
+use idem_examples::{env, median, row_bytes, statement_log};
 use idem_runtime::http::Idempotency;
 use idem_runtime::{ClaimOrder, PgStore};
 use sqlx::postgres::PgPoolOptions;
@@ -116,17 +116,14 @@ impl Load {
     /// A client's `i`-th request of `variant`: its path, key and body (the
     /// replay keys are the same for every account, each its own in its scope).
     fn request(&self, variant: Variant, i: u64) -> (&'static str, Option<String>, String) {
+        let amount = format!("{{\"amount\":{}}}", i % 1000 + 1);
         match variant {
-            Variant::Bare => ("/bare", None, format!("{{\"amount\":{}}}", i % 1000 + 1)),
-            Variant::Extra => ("/extra", None, format!("{{\"amount\":{}}}", i % 1000 + 1)),
-            Variant::Row => ("/row", None, format!("{{\"amount\":{}}}", i % 1000 + 1)),
+            Variant::Bare => ("/bare", None, amount),
+            Variant::Extra => ("/extra", None, amount),
+            Variant::Row => ("/row", None, amount),
             Variant::Idem => {
                 let k = self.next_key.fetch_add(1, Ordering::Relaxed);
-                (
-                    "/idem",
-                    Some(format!("\"k{k}\"")),
-                    format!("{{\"amount\":{}}}", i % 1000 + 1),
-                )
+                ("/idem", Some(format!("\"k{k}\"")), amount)
             }
             Variant::Replay => {
                 let r = i % self.replay_keys;
@@ -515,22 +512,13 @@ async fn rounds_of(
         "{rows} payments in the table, one per fresh request answered 201: the replays inserted none"
     );
     // The rows' sizes: the layer's record against the one written by hand.
-    let mut widths = Vec::new();
-    for table in [tables.dedup, tables.rows, tables.notes] {
-        let width: f64 = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT COALESCE(avg(pg_column_size(t.*)), 0)::float8 FROM {table} t"
-        )))
-        .fetch_one(pool)
-        .await?;
-        widths.push(width);
-    }
     println!(
         "bytes a row: the layer's {:.0}, {} {:.0}, {} {:.0}",
-        widths[0],
+        row_bytes(pool, tables.dedup).await?,
         Variant::Row.name(),
-        widths[1],
+        row_bytes(pool, tables.rows).await?,
         Variant::Extra.name(),
-        widths[2]
+        row_bytes(pool, tables.notes).await?
     );
     println!(
         "cpu over the run: {over_run}; load average after {}",

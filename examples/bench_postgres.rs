@@ -80,7 +80,7 @@ use std::time::{Duration, Instant};
 
 use idem_examples::cpu::{Cpu, Medians, Rounds, Watch, pids_seconds, process_seconds};
 use idem_examples::delay_proxy::{DelayProxy, added_round_trip, own_latency};
-use idem_examples::{env, median, messages_per_second, pg_backends, statement_log};
+use idem_examples::{env, median, messages_per_second, pg_backends, row_bytes, statement_log};
 use idem_runtime::{ClaimOrder, Outcome, PgStore, PgTx, RoundTrips, idempotent};
 use serde::Deserialize;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -183,6 +183,7 @@ impl Limit {
     }
 
     async fn call(self, pool: &PgPool, msg: &Deduct) -> Result<(), sqlx::Error> {
+        let key = stored_key(msg.message_id);
         let mut tx = pool.begin().await?;
         if self == Limit::ReadRow {
             sqlx::query(
@@ -192,7 +193,7 @@ impl Limit {
                  FROM bench_limit_row WHERE handler = $1 AND key = $2",
             )
             .bind("bench_deduct")
-            .bind(stored_key(msg.message_id))
+            .bind(&key)
             .fetch_optional(&mut *tx)
             .await?;
         }
@@ -204,7 +205,7 @@ impl Limit {
                  ON CONFLICT DO NOTHING RETURNING status",
             )
             .bind("bench_deduct")
-            .bind(stored_key(msg.message_id))
+            .bind(&key)
             .bind(msg.sku.to_string().into_bytes())
             .fetch_optional(&mut *tx)
             .await?
@@ -218,7 +219,7 @@ impl Limit {
                  ON CONFLICT (handler, key) DO NOTHING",
             )
             .bind("bench_deduct")
-            .bind(stored_key(msg.message_id))
+            .bind(&key)
             .bind(msg.sku.to_string())
             .bind(86_400_000_i64)
             .execute(&mut *tx)
@@ -594,8 +595,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for &(n, v) in &pairs {
         run(variants[v], &nets[n], 1.0, tasks, &next_id).await?;
     }
-    let mut tps: Vec<Vec<f64>> = vec![Vec::new(); pairs.len()];
-    let mut cpu_us: Vec<Vec<Sample>> = vec![Vec::new(); pairs.len()];
+    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); pairs.len()];
     let mut marks = Rounds::default();
     for round in 1..=rounds {
         let watch = Watch::start()?;
@@ -603,22 +603,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         for i in 0..pairs.len() {
             let k = (i + round) % pairs.len();
             let (n, v) = pairs[k];
-            let sample = run(variants[v], &nets[n], secs, tasks, &next_id).await?;
-            tps[k].push(sample.rate);
-            cpu_us[k].push(sample);
+            samples[k].push(run(variants[v], &nets[n], secs, tasks, &next_id).await?);
         }
         let cpu = marks.push(watch.stop()?);
         // The default variant against bare, in each setting.
         let line: Vec<String> = (0..nets.len())
             .map(|n| {
-                let at = |v: usize| tps[n * variants.len() + v][round - 1];
+                let at = |v: usize| samples[n * variants.len() + v][round - 1].rate;
                 format!("{} idem/bare {:.3}", nets[n].label(), at(1) / at(0))
             })
             .collect();
         println!("round {round}: {} ({cpu})", line.join(", "));
     }
     println!("{}", marks.summary());
-    let medians: Vec<Medians> = tps.iter().map(|t| marks.medians(t)).collect();
+    let medians: Vec<Medians> = samples
+        .iter()
+        .map(|s| marks.medians(&s.iter().map(|s| s.rate).collect::<Vec<_>>()))
+        .collect();
     let at = |n: usize, v: usize| medians[n * variants.len() + v].all;
     let quiet = |n: usize, v: usize| medians[n * variants.len() + v].quiet.unwrap_or(f64::NAN);
 
@@ -640,11 +641,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         for (v, variant) in variants.iter().enumerate() {
             let m = at(n, v);
             let vs_direct = direct.map_or(f64::NAN, |d| m / at(d, v));
-            let rounds: Vec<String> = tps[n * variants.len() + v]
-                .iter()
-                .map(|x| format!("{x:.0}"))
-                .collect();
-            let cpu = &cpu_us[n * variants.len() + v];
+            let cpu = &samples[n * variants.len() + v];
+            let rounds: Vec<String> = cpu.iter().map(|s| format!("{:.0}", s.rate)).collect();
             let of = |f: fn(&Sample) -> f64| median(cpu.iter().map(f).collect());
             let (own, server, rest) =
                 (of(|c| c.process_us), of(|c| c.server_us), of(|c| c.rest_us));
@@ -734,22 +732,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     // The rows' sizes: idem's against its limit's written by hand.
-    let width = |table: &str| {
-        let sql = format!("SELECT COALESCE(avg(pg_column_size(t.*)), 0)::float8 FROM {table} t");
-        let pool = setup.pool.clone();
-        async move {
-            sqlx::query_scalar::<_, f64>(AssertSqlSafe(sql))
-                .fetch_one(&pool)
-                .await
-        }
-    };
+    let last = IDEM
+        .iter()
+        .find(|v| v.label == "idem, claim last, separate")
+        .expect("claim last, separate");
     println!(
-        "bytes a row: idem (claim last, separate) {:.0}, {} {:.0}, {} {:.0}",
-        width("bench_idem_last").await?,
+        "bytes a row: {} {:.0}, {} {:.0}, {} {:.0}",
+        last.label,
+        row_bytes(&setup.pool, last.table).await?,
         Limit::Row.label(),
-        width(Limit::ROW_TABLE).await?,
+        row_bytes(&setup.pool, Limit::ROW_TABLE).await?,
         Limit::Narrow.label(),
-        width(Limit::NARROW_TABLE).await?
+        row_bytes(&setup.pool, Limit::NARROW_TABLE).await?
     );
 
     // The default variant's ratio under every setting, the key one last:

@@ -113,6 +113,19 @@ pub async fn pg_backends(
     Ok(pids)
 }
 
+/// The mean bytes of a row of `table` (`pg_column_size` of the whole
+/// row; 0 when it is empty): what the benchmarks print to show that a
+/// limit's rows are as wide as idem's. `table` is the program's own name,
+/// not user input. With the `postgres` feature.
+#[cfg(feature = "postgres")]
+pub async fn row_bytes(pool: &sqlx::PgPool, table: &str) -> Result<f64, sqlx::Error> {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT COALESCE(avg(pg_column_size(t.*)), 0)::float8 FROM {table} t"
+    )))
+    .fetch_one(pool)
+    .await
+}
+
 /// The median of benchmark samples (the upper middle one for an even count).
 pub fn median(mut samples: Vec<f64>) -> f64 {
     samples.sort_by(f64::total_cmp);
